@@ -1,0 +1,70 @@
+"""The `mlxd` command.
+
+For now: `mlxd engine` runs the engine alone in the foreground (DESIGN.md,
+Fixed conventions). up/down/restart/status arrive with the supervisor and
+operations issues.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from mlxd import __version__, exit_codes
+from mlxd.config import ConfigError, config_path, default_home, load_config
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mlxd", description="Dependable local MLX serving (OpenAI API).")
+    p.add_argument("--version", action="version", version=f"mlxd {__version__}")
+    p.add_argument("--home", type=Path, help="state directory (default $MLXD_HOME or ~/.mlxd)")
+    p.add_argument("--config", type=Path, help="config file (default $MLXD_HOME/mlxd.toml)")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    eng = sub.add_parser("engine", help="run the MLX engine alone in the foreground",
+                         description="Run the MLX engine in the foreground on the configured port. "
+                                     "With no model configured it serves the built-in demo model.")
+    eng.add_argument("--host", help="bind address (default 127.0.0.1)")
+    eng.add_argument("--port", type=int, help="port (default 8080)")
+    eng.add_argument("--model", help="model id or alias to preload (default: the 'default' alias)")
+
+    cfg = sub.add_parser("config", help="show the effective config, or its path")
+    cfg.add_argument("action", choices=["show", "path", "validate"], nargs="?", default="show")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    home = (args.home or default_home()).expanduser()
+    if args.home:
+        os.environ["MLXD_HOME"] = str(home)
+    path = args.config or config_path(home)
+    if args.command == "config" and args.action == "path":
+        print(path)
+        return exit_codes.OK
+    try:
+        config = load_config(path, home)
+    except ConfigError as exc:
+        print(f"mlxd: {exc}", file=sys.stderr)
+        return exit_codes.CONFIG
+    if args.command == "config":
+        print(config.model_dump_json(indent=2) if args.action == "show" else f"{path}: valid")
+        return exit_codes.OK
+    if args.command == "engine":
+        engine_overrides = {k: v for k, v in (("host", args.host), ("port", args.port),
+                                               ("default_model", args.model)) if v is not None}
+        if engine_overrides:
+            config = config.model_copy(update={"engine": config.engine.model_copy(update=engine_overrides)})
+        if config.resolve(config.engine.default_model) is None:
+            print(f"mlxd: unknown model {config.engine.default_model!r}", file=sys.stderr)
+            return exit_codes.USAGE
+        from mlxd.engine.main import run_engine
+
+        return run_engine(config)
+    return exit_codes.USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""mlxd's configuration: one TOML file, validated with pydantic.
+
+`$MLXD_HOME/mlxd.toml` (default home `~/.mlxd`) is the single source of truth;
+generated configs (supervisord, LiteLLM, launchd) are derived from it. A
+missing file means the defaults: the built-in demo model behind every alias.
+
+Environment overrides (each documented in README.md):
+  MLXD_HOME          state directory (default ~/.mlxd)
+  MLXD_CONFIG        config file path (default $MLXD_HOME/mlxd.toml)
+  MLXD_ENGINE_HOST   engine bind address
+  MLXD_ENGINE_PORT   engine port
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+REQUIRED_ALIASES = ("fast", "default", "coding", "reasoning")
+DEMO_MODEL_ID = "demo"
+# A model id is a plain name: never a path, so a request cannot point the
+# engine at arbitrary files (ids are looked up in the config, nothing else).
+MODEL_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}$"
+
+
+class ConfigError(ValueError):
+    """The config file is unreadable or invalid; the message names the key."""
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSpec(Strict):
+    """One MLX model. Exactly one of path / repo / demo says where it is."""
+
+    path: str | None = None  # a local model folder
+    repo: str | None = None  # a Hugging Face repo id, e.g. mlx-community/...-4bit
+    demo: Literal["a", "b"] | None = None  # a built-in demo model variant
+    ollama: str | None = None  # the Ollama model the gateway falls back to
+    context_tokens: int | None = Field(default=None, gt=0)  # KV allowance override
+
+    @model_validator(mode="after")
+    def _exactly_one_source(self) -> "ModelSpec":
+        given = [k for k in ("path", "repo", "demo") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of path, repo, demo (got {given or 'none'})")
+        return self
+
+
+class EngineConfig(Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=1, le=65535)
+    default_model: str = "default"  # alias or id preloaded at start
+    max_queue: int = Field(default=8, ge=0)  # waiting requests beyond the running one
+    queue_timeout_s: float = Field(default=120.0, gt=0)  # longest wait for the worker
+    request_deadline_s: float = Field(default=600.0, gt=0)  # wall clock per generation
+    max_prompt_tokens: int = Field(default=32768, gt=0)
+    max_tokens_cap: int = Field(default=8192, gt=0)  # ceiling on max_tokens
+    default_max_tokens: int = Field(default=1024, gt=0)
+    memory_fraction: float = Field(default=0.75, gt=0, le=1.0)
+    context_tokens: int = Field(default=8192, gt=0)  # KV allowance in the estimate
+    heavy_patterns: list[str] = Field(
+        default_factory=lambda: ["70b", "72b", "90b", "104b", "110b", "123b", "235b", "405b", "480b", "671b"]
+    )
+    shutdown_grace_s: float = Field(default=10.0, ge=0)
+    stuck_grace_s: float = Field(default=30.0, gt=0)  # deadline overrun before "stuck"
+
+
+class Config(Strict):
+    home: Path
+    engine: EngineConfig = EngineConfig()
+    models: dict[str, ModelSpec] = Field(default_factory=lambda: {DEMO_MODEL_ID: ModelSpec(demo="a")})
+    aliases: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check_names(self) -> "Config":
+        for name in list(self.models) + list(self.aliases):
+            if not re.match(MODEL_ID_PATTERN, name):
+                raise ValueError(f"model/alias name {name!r} must match {MODEL_ID_PATTERN}")
+        for alias, target in self.aliases.items():
+            if target not in self.models:
+                raise ValueError(f"aliases.{alias} points at {target!r}, which is not under [models]")
+            if alias in self.models:
+                raise ValueError(f"aliases.{alias} is also a model id; pick one")
+        return self
+
+    @property
+    def all_aliases(self) -> dict[str, str]:
+        """Configured aliases plus the required ones, which default to the
+        first configured model (the demo model when none is configured)."""
+        first = next(iter(self.models))
+        merged = {a: first for a in REQUIRED_ALIASES}
+        merged.update(self.aliases)
+        return merged
+
+    def resolve(self, name: str) -> str | None:
+        """Alias or model id -> model id; None when unknown."""
+        if name in self.models:
+            return name
+        return self.all_aliases.get(name)
+
+    @property
+    def demo_dir(self) -> Path:
+        return self.home / "models"
+
+
+def default_home() -> Path:
+    return Path(os.environ.get("MLXD_HOME") or Path.home() / ".mlxd").expanduser()
+
+
+def config_path(home: Path | None = None) -> Path:
+    env = os.environ.get("MLXD_CONFIG")
+    return Path(env).expanduser() if env else (home or default_home()) / "mlxd.toml"
+
+
+def _format_error(exc: ValidationError, source: str) -> str:
+    lines = [f"invalid config {source}:"]
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        lines.append(f"  {key}: {err['msg']}")
+    return "\n".join(lines)
+
+
+def parse_config(data: dict, home: Path, source: str = "<dict>") -> Config:
+    """Validate a parsed TOML document (pure: no file or environment access)."""
+    try:
+        return Config(home=home, **data)
+    except ValidationError as exc:
+        raise ConfigError(_format_error(exc, source)) from None
+    except TypeError as exc:  # e.g. a top-level key given twice
+        raise ConfigError(f"invalid config {source}: {exc}") from None
+
+
+def apply_env_overrides(data: dict, env: dict[str, str]) -> dict:
+    """Return a copy of the TOML document with MLXD_* overrides applied."""
+    data = {**data, "engine": dict(data.get("engine", {}))}
+    if "MLXD_ENGINE_HOST" in env:
+        data["engine"]["host"] = env["MLXD_ENGINE_HOST"]
+    if "MLXD_ENGINE_PORT" in env:
+        data["engine"]["port"] = env["MLXD_ENGINE_PORT"]
+    return data
+
+
+def load_config(path: Path | None = None, home: Path | None = None) -> Config:
+    """Read the config file (defaults when it does not exist) plus env overrides."""
+    home = home or default_home()
+    path = path or config_path(home)
+    data: dict = {}
+    if path.exists():
+        try:
+            data = tomllib.loads(path.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"cannot read config {path}: {exc}") from None
+    return parse_config(apply_env_overrides(data, dict(os.environ)), home, str(path))

@@ -1,0 +1,358 @@
+"""Tiny random-weight demo models that mlx-lm loads like any real checkpoint.
+
+Why: tests and the "no model configured" default need a model, and nothing may be
+downloaded (no Hugging Face, no Mac). So mlxd *builds* one: a real mlx-lm
+architecture (``llama``) with seeded random weights, a byte-level BPE tokenizer
+trained locally on a small corpus embedded below, and a ChatML chat template.
+The folder is a plain model folder (config.json, model.safetensors,
+tokenizer.json, tokenizer_config.json, ...), loaded by ``mlx_lm.utils.load``.
+It generates nonsense, quickly, which is enough to exercise every protocol,
+queue, cache, crash and fallback path for real (DESIGN.md "Testing without a Mac").
+
+Builds are deterministic (same variant -> byte-identical files), idempotent (a
+stamp file marks a complete build) and atomic (built in a temporary sibling
+folder, then renamed into place). ``write_heavy_model_description`` writes only
+the config.json of a huge model, for heavy-model exclusion tests.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import uuid
+import zlib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+BUILDER_VERSION = 1
+STAMP = ".mlxd-demo.json"
+BOS, IM_START, IM_END, PAD = "<|begin_of_text|>", "<|im_start|>", "<|im_end|>", "<|pad|>"
+SPECIAL_TOKENS = [BOS, IM_START, IM_END, PAD]  # ids 0..3, in this order
+# Files a build writes; an unstamped folder holding only these may be replaced.
+_OUR_FILES = {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+              "special_tokens_map.json", "generation_config.json", STAMP}
+
+
+@dataclass(frozen=True)
+class DemoSpec:
+    hidden_size: int
+    num_hidden_layers: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    vocab_size: int
+    seed: int
+    max_position_embeddings: int
+    dtype: str  # an mlx.core dtype name: "float32", "bfloat16", "float16"
+
+
+VARIANTS: dict[str, DemoSpec] = {
+    # The default: ~2.9M params (11.6 MB), several hundred tokens/s on 2 CPU cores.
+    "a": DemoSpec(256, 4, 512, 4, 2, 1024, 1234, 4096, "float32"),
+    # A second, distinct model: other seed, ~3.5x the weight bytes.
+    "b": DemoSpec(384, 6, 1024, 6, 2, 1024, 5678, 8192, "float32"),
+}
+
+CHAT_TEMPLATE = """{{- bos_token -}}
+{%- set ns = namespace(skip_first=false) -%}
+{%- if tools -%}
+<|im_start|>system
+{% if messages and messages[0].role == 'system' %}{{ messages[0].content }}
+
+{% set ns.skip_first = true %}{% endif -%}
+# Tools
+
+You may call one or more functions. Their JSON schemas are inside <tools></tools>:
+<tools>
+{% for tool in tools %}{{ tool | tojson }}
+{% endfor %}</tools>
+
+For each call, return a JSON object with the function name and arguments inside <tool_call></tool_call> tags:
+<tool_call>
+{"name": <function-name>, "arguments": <args-json-object>}
+</tool_call><|im_end|>
+{% endif -%}
+{%- for message in messages -%}
+{%- if not (loop.first and ns.skip_first) -%}
+{%- set content = message.content if message.content is not none else '' -%}
+{%- if content is not string -%}
+{%- set content = content | selectattr('type', 'equalto', 'text') | map(attribute='text') | join('') -%}
+{%- endif -%}
+{%- if message.role in ['system', 'user'] -%}
+<|im_start|>{{ message.role }}
+{{ content }}<|im_end|>
+{% elif message.role == 'assistant' -%}
+<|im_start|>assistant
+{{ content }}
+{%- for call in message.tool_calls or [] -%}
+{%- set tool_call = call.function if call.function is defined else call -%}
+{%- if content or not loop.first %}{{ '\\n' }}{% endif -%}
+<tool_call>
+{"name": "{{ tool_call.name }}", "arguments": {% if tool_call.arguments is string %}{{ tool_call.arguments }}{% else %}{{ tool_call.arguments | tojson }}{% endif %}}
+</tool_call>
+{%- endfor -%}
+<|im_end|>
+{% elif message.role == 'tool' -%}
+<|im_start|>tool
+{% if message.name is defined and message.name %}[{{ message.name }}] {% endif %}{{ content }}<|im_end|>
+{% else -%}
+{{ raise_exception("demo chat template: unknown message role '" ~ message.role ~ "' (expected system, user, assistant or tool)") }}
+{%- endif -%}
+{%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+<|im_start|>assistant
+{% endif -%}
+"""
+
+_CORPUS = r'''
+The quick brown fox jumps over the lazy dog. A server that keeps running when one part
+fails is more useful than a fast one that falls over. When the engine crashes, the
+supervisor restarts it, and the gateway sends requests to the fallback until it is back.
+Memory is the scarce resource on a laptop: a model that does not fit must be refused
+before it is loaded, not after the machine starts to swap. Requests wait in a queue;
+each one has a deadline, and a client that goes away should free its slot at once.
+Tokens stream back one by one. The first token takes longest, because the prompt must
+be processed; after that, every step is a small matrix product per layer.
+Once upon a time, in a small village by the sea, there lived an old fisherman and his
+daughter. Every morning they rowed out past the lighthouse, and every evening they came
+home with silver fish, stories, and salt in their hair. "Tomorrow," she said, "we will
+sail further than anyone has before." He laughed, but he did not say no.
+Monday, Tuesday, Wednesday, Thursday, Friday, Saturday and Sunday. January, February,
+March, April, May, June, July, August, September, October, November, December.
+One, two, three, four, five, six, seven, eight, nine, ten, eleven, twelve, hundred.
+0 1 2 3 4 5 6 7 8 9 10 42 100 256 1024 2048 4096 65536 3.14159 2.71828 1e-5 0x7f
+Questions? Answers! Why not; because: it works -- mostly (see the notes [1], {2}).
+
+def fibonacci(n: int) -> list[int]:
+    """Return the first n Fibonacci numbers."""
+    result = [0, 1]
+    while len(result) < n:
+        result.append(result[-1] + result[-2])
+    return result[:n]
+
+class Queue:
+    def __init__(self, capacity=8):
+        self.items = []
+        self.capacity = capacity
+
+    def push(self, item):
+        if len(self.items) >= self.capacity:
+            raise RuntimeError("queue is full")
+        self.items.append(item)
+
+for i in range(10):
+    print(f"step {i}: value={i * i}")
+
+import json, os, sys
+with open("config.json", "r", encoding="utf-8") as f:
+    config = json.load(f)
+return {"status": "ok", "model": config.get("model_type"), "tokens": 128}
+
+{"role": "user", "content": "What is the weather in Paris?"}
+{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}
+{"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}
+
+fn main() { let x: Vec<u32> = (0..10).collect(); println!("{:?}", x); }
+SELECT id, name, created_at FROM users WHERE active = true ORDER BY name LIMIT 10;
+$ curl -s http://127.0.0.1:8080/v1/chat/completions -H "Content-Type: application/json"
+$ export PATH="$HOME/.local/bin:$PATH" && echo done
+<html><body><p class="note">Hello, world!</p></body></html>
+
+héllo wörld 你好 🙂 café naïve über façade señor Ærø smörgåsbord ñandú
+Привет мир. こんにちは世界. 안녕하세요. Γειά σου Κόσμε. שלום עולם. مرحبا بالعالم
+emoji: 🙂 😀 🚀 ✨ ❤️ 👍 — “quotes” ‘single’ … • € £ ¥ ° ± × ÷ → ← ✓
+'''
+
+
+def _train_tokenizer(vocab_size: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    # The corpus is fed line by line in a fixed order; ties in pair counts are
+    # broken deterministically by the trainer, so the result is byte-identical.
+    tok.train_from_iterator(_CORPUS.strip().splitlines(), trainer=trainer)
+    if tok.get_vocab_size() != vocab_size:  # the model's vocab must match exactly
+        raise RuntimeError(f"demo tokenizer reached {tok.get_vocab_size()} tokens, "
+                           f"wanted {vocab_size}: enlarge the corpus")
+    bos_id = tok.token_to_id(BOS)
+    tok.post_processor = processors.TemplateProcessing(  # prepend BOS, as Llama 3 does
+        single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, bos_id)])
+    return tok
+
+
+def _model_config(spec: DemoSpec, ids: dict[str, int]) -> dict:
+    shape = {k: v for k, v in asdict(spec).items() if k not in ("seed", "dtype")}
+    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **shape,
+            "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "hidden_act": "silu",
+            "tie_word_embeddings": False,  # own lm_head, so the EOS row can be zeroed
+            "torch_dtype": spec.dtype, "bos_token_id": ids[BOS],
+            "eos_token_id": ids[IM_END], "pad_token_id": ids[PAD]}
+
+
+def _write_weights(path: Path, config: dict, spec: DemoSpec, eos_id: int) -> None:
+    import mlx.core as mx
+    import numpy as np
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import llama
+
+    # Instantiating the real class gives exactly the names and shapes mlx-lm expects
+    # (its own random init is lazy and never evaluated).
+    model = llama.Model(llama.ModelArgs.from_dict(config))
+    weights = {}
+    for name, param in sorted(tree_flatten(model.parameters())):
+        # One RNG stream per tensor, seeded by (variant seed, name): independent of order.
+        rng = np.random.default_rng([spec.seed, zlib.crc32(name.encode())])
+        if name.endswith("norm.weight"):
+            arr = np.ones(param.shape, np.float32)
+        else:  # HF-style init: N(0, 0.02) keeps activations in a sane range
+            arr = (rng.standard_normal(param.shape, np.float32) * 0.02).astype(np.float32)
+        if name == "lm_head.weight":
+            # EOS logit is exactly 0 while the others spread around 0, so across
+            # ~1000 tokens some logit is almost always higher: greedy decoding
+            # practically never stops on EOS and tests can rely on reaching max_tokens.
+            arr[eos_id] = 0.0
+        weights[name] = mx.array(arr).astype(getattr(mx, spec.dtype))
+    mx.save_safetensors(str(path), weights, metadata={"format": "mlx"})
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def _stamp(variant: str, spec: DemoSpec) -> dict:
+    return {"builder_version": BUILDER_VERSION, "variant": variant, "seed": spec.seed,
+            "spec": asdict(spec)}
+
+
+def _is_complete(dest: Path, stamp: dict) -> bool:
+    try:
+        found = json.loads((dest / STAMP).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return found == stamp and (dest / "model.safetensors").is_file()
+
+
+def _build_into(folder: Path, variant: str, spec: DemoSpec, say: Callable[[str], None]) -> None:
+    say(f"demo model {variant}: training tokenizer (vocab {spec.vocab_size})")
+    tok = _train_tokenizer(spec.vocab_size)
+    tok.save(str(folder / "tokenizer.json"))
+    ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
+    config = _model_config(spec, ids)
+    _write_json(folder / "config.json", config)
+    _write_json(folder / "generation_config.json", {
+        "bos_token_id": ids[BOS], "eos_token_id": ids[IM_END], "pad_token_id": ids[PAD]})
+    _write_json(folder / "special_tokens_map.json", {
+        "bos_token": BOS, "eos_token": IM_END, "pad_token": PAD,
+        "additional_special_tokens": [IM_START]})
+    _write_json(folder / "tokenizer_config.json", {
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": BOS, "eos_token": IM_END,
+        "pad_token": PAD, "additional_special_tokens": [IM_START],
+        "model_max_length": spec.max_position_embeddings, "clean_up_tokenization_spaces": False,
+        "chat_template": CHAT_TEMPLATE})
+    say(f"demo model {variant}: writing weights ({spec.num_hidden_layers} layers, "
+        f"hidden {spec.hidden_size}, {spec.dtype})")
+    _write_weights(folder / "model.safetensors", config, spec, ids[IM_END])
+    _write_json(folder / STAMP, _stamp(variant, spec))  # last: marks the build complete
+
+
+def _remove_stale_partials(dest: Path) -> None:
+    """Removes temporary build folders of builders that died (their pid is gone)."""
+    for tmp in dest.parent.glob(f".{dest.name}.building-*"):
+        try:
+            os.kill(int(tmp.name.rsplit("-", 2)[1]), 0)
+        except ProcessLookupError:
+            shutil.rmtree(tmp, ignore_errors=True)
+        except (ValueError, IndexError, OSError):
+            pass  # not our name pattern, or alive (PermissionError: another user's)
+
+
+def _move_aside(dest: Path) -> None:
+    """Removes an unstamped or outdated build at dest, refusing foreign folders."""
+    if not dest.exists():
+        return
+    if dest.is_symlink() or not dest.is_dir() or not {p.name for p in dest.iterdir()} <= _OUR_FILES:
+        raise FileExistsError(f"{dest} exists and is not a demo model build; not replacing it")
+    trash = dest.parent / f".{dest.name}.trash-{uuid.uuid4().hex}"
+    try:
+        os.rename(dest, trash)
+    except FileNotFoundError:  # another builder moved it first
+        return
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def build_demo_model(dest: Path, variant: str = "a", *,
+                     progress: Callable[[str], None] | None = None) -> Path:
+    """Builds (once) the demo model `variant` into folder `dest`; returns dest.
+
+    Returns at once when dest holds a complete build of this variant (stamp file).
+    Otherwise builds into a temporary sibling folder and renames it into place, so a
+    crash never leaves a half model that looks complete, and concurrent builders do
+    not corrupt each other (a loser discards its own copy). A stale or unstamped
+    build at dest is replaced; a folder holding anything else raises FileExistsError.
+    """
+    dest = Path(dest)
+    spec = VARIANTS[variant]  # KeyError names the unknown variant
+    stamp = _stamp(variant, spec)
+    if _is_complete(dest, stamp):
+        return dest
+    say = progress or (lambda _msg: None)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_partials(dest)
+    tmp = dest.parent / f".{dest.name}.building-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        _build_into(tmp, variant, spec, say)
+        for _attempt in range(5):
+            try:  # fails while dest is a non-empty folder, e.g. another builder's
+                os.rename(tmp, dest)
+                say(f"demo model {variant}: ready at {dest}")
+                break
+            except OSError as e:
+                error = e
+            if _is_complete(dest, stamp):
+                break  # another builder finished first: theirs is identical, keep it
+            _move_aside(dest)  # stale or half build: replace it
+        else:
+            raise RuntimeError(f"could not move the demo model build into {dest}") from error
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def write_heavy_model_description(dest: Path, *, params_billion: float = 70,
+                                  quant_bits: int | None = None) -> Path:
+    """Writes only a config.json (no weights, no tokenizer) of a llama model of about
+    `params_billion` parameters: the nearest Llama 3 shape, with the layer count fitted
+    (70 -> hidden 8192, 79 layers, intermediate 28672, 64/8 heads, vocab 128256: 69.7e9),
+    optionally with an mlx-community style "quantization" entry. Returns dest."""
+    vocab = 128256
+    shapes = {1.2: (2048, 8192, 32), 8.0: (4096, 14336, 32), 70.6: (8192, 28672, 64),
+              405.0: (16384, 53248, 128)}  # Llama 3 sizes: (hidden, intermediate, heads)
+    nearest = min(shapes, key=lambda b: abs(math.log(b / max(params_billion, 0.01))))
+    hidden, inter, heads = shapes[nearest]
+    kv_dim = 8 * (hidden // heads)  # 8 kv heads
+    per_layer = 2 * hidden * hidden + 2 * hidden * kv_dim + 3 * hidden * inter + 2 * hidden
+    fixed = 2 * vocab * hidden + hidden  # embeddings, lm_head, final norm
+    layers = max(1, round((params_billion * 1e9 - fixed) / per_layer))
+    config = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "hidden_size": hidden, "num_hidden_layers": layers, "intermediate_size": inter,
+        "num_attention_heads": heads, "num_key_value_heads": 8, "vocab_size": vocab,
+        "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+        "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "bos_token_id": 128000, "eos_token_id": 128009,
+    }
+    if quant_bits is not None:
+        config["quantization"] = {"group_size": 64, "bits": quant_bits}
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    _write_json(dest / "config.json", config)
+    return dest

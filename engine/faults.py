@@ -1,0 +1,114 @@
+"""Fault injection: reproduce a Metal crash, hang or MLX error on demand.
+
+Off unless the engine's environment sets it; nothing over HTTP can turn it
+on. Two sources, both read by the worker:
+
+  MLXD_FAULT="ACTION@POINT[:N]"       fixed for the process's life
+  MLXD_FAULT_FILE=/path/to/file       the file holds a spec; it is read at
+                                      each job start and while idle, and
+                                      deleted when the fault fires (one shot)
+
+ACTION: abort  (os.abort(): SIGABRT, as Metal's check_error does)
+        hang   (block forever, ignoring cancellation)
+        raise  (raise RuntimeError with a Metal-like message, as mlx >= 0.32)
+        exit   (os._exit(1), like an uncaught Python error)
+POINT:  boot   (engine start, before the preload)
+        load   (before loading a model)
+        start  (a request was admitted, before its first token)
+        token  (after N generated tokens; N defaults to 1)
+        idle   (the worker is idle)
+Several specs may be joined with commas.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ACTIONS = ("abort", "hang", "raise", "exit")
+POINTS = ("boot", "load", "start", "token", "idle")
+METAL_MESSAGE = "[METAL] Command buffer execution failed: Insufficient Memory (00000008:kIOGPUCommandBufferCallbackErrorOutOfMemory) (fault injected by MLXD_FAULT)"
+
+
+class InjectedMLXError(RuntimeError):
+    """Stands in for the RuntimeError mlx raises on a Metal failure."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    action: str
+    point: str
+    n: int = 1
+
+    def fires_at(self, point: str, tokens: int = 0) -> bool:
+        if point != self.point:
+            return False
+        return point != "token" or tokens >= self.n
+
+
+def parse_faults(spec: str) -> tuple[Fault, ...]:
+    """'abort@token:3,raise@load' -> Faults (pure). ValueError names the bad part."""
+    faults = []
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        action, sep, where = part.partition("@")
+        point, _, n = where.partition(":")
+        if not sep or action not in ACTIONS or point not in POINTS:
+            raise ValueError(f"bad fault spec {part!r}: want ACTION@POINT[:N] with ACTION in {ACTIONS}, POINT in {POINTS}")
+        try:
+            count = int(n) if n else 1
+        except ValueError:
+            raise ValueError(f"bad fault spec {part!r}: N must be an integer") from None
+        faults.append(Fault(action, point, count))
+    return tuple(faults)
+
+
+def trigger(fault: Fault) -> None:
+    """Carry the fault out. Does not return except for 'raise' (which raises)."""
+    if fault.action == "abort":
+        os.abort()
+    if fault.action == "exit":
+        os._exit(1)
+    if fault.action == "raise":
+        raise InjectedMLXError(METAL_MESSAGE)
+    forever = threading.Event()
+    while True:  # hang: a stuck GPU call does not answer cancellation either
+        forever.wait(3600)
+        time.sleep(0)
+
+
+class FaultInjector:
+    """Owned by the worker thread. Cheap when no fault is configured."""
+
+    def __init__(self, env_spec: str | None, spec_file: str | None) -> None:
+        self._fixed = parse_faults(env_spec) if env_spec else ()
+        self._file = Path(spec_file) if spec_file else None
+        self.active: tuple[Fault, ...] = self._fixed
+
+    @classmethod
+    def from_environ(cls) -> "FaultInjector":
+        return cls(os.environ.get("MLXD_FAULT"), os.environ.get("MLXD_FAULT_FILE"))
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._fixed) or self._file is not None
+
+    def refresh(self) -> None:
+        """Re-read the fault file (at job start and while idle)."""
+        if self._file is None:
+            return
+        try:
+            from_file = parse_faults(self._file.read_text())
+        except (OSError, ValueError):
+            from_file = ()
+        self.active = self._fixed + from_file
+
+    def check(self, point: str, tokens: int = 0) -> None:
+        for fault in self.active:
+            if fault.fires_at(point, tokens):
+                if fault not in self._fixed and self._file is not None:
+                    self._file.unlink(missing_ok=True)  # one shot
+                    self.active = self._fixed
+                trigger(fault)

@@ -1,0 +1,211 @@
+"""Heavy-model exclusion: estimate a model's memory before loading it and
+refuse it when it does not fit the budget.
+
+Memory pressure is what makes Metal abort the engine, so a model that cannot
+fit is refused with a clear error instead of being loaded to crash later.
+Estimate = weights + KV cache for the allowed context. Weights come, in order
+of trust, from the safetensors index's total_size, the safetensors headers,
+the config's shape (parameter count x bytes per parameter), or the model's
+name ("...-70B-...-4bit"). The functions here are pure except
+`read_weight_bytes`, which reads file headers only.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+GIB = 1024**3
+
+DTYPE_BYTES = {
+    "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "U32": 4, "I16": 2, "U16": 2,
+    "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1,
+}
+TORCH_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+
+
+@dataclass(frozen=True)
+class Footprint:
+    weights_bytes: int | None  # None: unknown
+    kv_bytes: int
+    source: str  # how weights_bytes was found
+
+    @property
+    def total_bytes(self) -> int | None:
+        return None if self.weights_bytes is None else self.weights_bytes + self.kv_bytes
+
+
+@dataclass(frozen=True)
+class Verdict:
+    allowed: bool
+    reason: str  # a sentence for the error message and the logs
+
+
+# --- weights -------------------------------------------------------------
+
+def safetensors_header_bytes(header: dict[str, Any]) -> int:
+    """Tensor bytes described by one safetensors header (pure)."""
+    total = 0
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        start, end = info["data_offsets"]
+        total += end - start
+    return total
+
+
+def read_weight_bytes(model_dir: Path) -> tuple[int, str] | None:
+    """Weight bytes from the index's total_size or the files' headers."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            total = json.loads(index.read_text()).get("metadata", {}).get("total_size")
+            if isinstance(total, int) and total > 0:
+                return total, "safetensors index"
+        except (OSError, json.JSONDecodeError):
+            pass
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        return None
+    total = 0
+    for f in files:
+        try:
+            with f.open("rb") as fh:
+                (n,) = struct.unpack("<Q", fh.read(8))
+                if n > 100 * 1024**2:
+                    return None
+                total += safetensors_header_bytes(json.loads(fh.read(n)))
+        except (OSError, struct.error, json.JSONDecodeError, KeyError, ValueError, TypeError):
+            return None
+    return total, "safetensors headers"
+
+
+def _text_config(config: dict[str, Any]) -> dict[str, Any]:
+    # Multimodal configs keep the language model's shape in text_config.
+    return config.get("text_config") or config
+
+
+def params_from_config(config: dict[str, Any]) -> int | None:
+    """Approximate parameter count of a decoder-only transformer (pure)."""
+    c = _text_config(config)
+    try:
+        hidden = int(c["hidden_size"])
+        layers = int(c["num_hidden_layers"])
+        vocab = int(c["vocab_size"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    heads = int(c.get("num_attention_heads") or max(1, hidden // 128))
+    kv_heads = int(c.get("num_key_value_heads") or heads)
+    head_dim = int(c.get("head_dim") or hidden // heads)
+    inter = int(c.get("intermediate_size") or 4 * hidden)
+    experts = int(c.get("num_local_experts") or c.get("num_experts") or 1)
+    moe_inter = int(c.get("moe_intermediate_size") or inter)
+    attention = hidden * head_dim * (heads * 2 + kv_heads * 2)
+    mlp = 3 * hidden * (moe_inter * experts if experts > 1 else inter)
+    embeddings = vocab * hidden * (1 if c.get("tie_word_embeddings") else 2)
+    return embeddings + layers * (attention + mlp + 2 * hidden)
+
+
+def bytes_per_param(config: dict[str, Any]) -> float:
+    q = config.get("quantization") or config.get("quantization_config") or {}
+    if isinstance(q, dict) and q.get("bits"):
+        bits = int(q["bits"])
+        group = int(q.get("group_size") or 64)
+        return bits / 8 + 4 / group  # packed weights + a scale and bias per group (fp16)
+    dtype = str(_text_config(config).get("torch_dtype") or config.get("torch_dtype") or "float16")
+    return TORCH_DTYPE_BYTES.get(dtype, 2)
+
+
+_PARAMS_IN_NAME = re.compile(r"(?<![0-9a-z.])(\d+(?:\.\d+)?)\s*b(?![a-z])", re.IGNORECASE)
+_BITS_IN_NAME = re.compile(r"(\d+)[-_]?bit", re.IGNORECASE)
+_MOE_IN_NAME = re.compile(r"(\d+)x(\d+(?:\.\d+)?)b", re.IGNORECASE)
+
+
+def weights_from_name(name: str) -> int | None:
+    """'Llama-3.3-70B-Instruct-4bit' -> ~39 GB (pure). None when no size is named."""
+    base = name.rsplit("/", 1)[-1]
+    moe = _MOE_IN_NAME.search(base)
+    if moe:
+        params = int(moe.group(1)) * float(moe.group(2)) * 1e9
+    else:
+        sizes = [float(m.group(1)) for m in _PARAMS_IN_NAME.finditer(base)]
+        if not sizes:
+            return None
+        params = max(sizes) * 1e9  # "A3B"-style active counts are smaller than the total
+    bits = _BITS_IN_NAME.search(base)
+    per_param = (int(bits.group(1)) / 8 + 4 / 64) if bits else 2.0
+    return int(params * per_param)
+
+
+# --- KV cache --------------------------------------------------------------
+
+def kv_cache_bytes(config: dict[str, Any], context_tokens: int, bytes_per_value: int = 2) -> int:
+    """K and V for every layer over `context_tokens` positions (pure)."""
+    c = _text_config(config)
+    try:
+        hidden = int(c["hidden_size"])
+        layers = int(c["num_hidden_layers"])
+    except (KeyError, TypeError, ValueError):
+        return 0
+    heads = int(c.get("num_attention_heads") or max(1, hidden // 128))
+    kv_heads = int(c.get("num_key_value_heads") or heads)
+    head_dim = int(c.get("head_dim") or hidden // heads)
+    window = c.get("sliding_window") if c.get("use_sliding_window") else None
+    positions = min(context_tokens, int(window)) if window else context_tokens
+    return 2 * layers * kv_heads * head_dim * positions * bytes_per_value
+
+
+# --- putting it together -----------------------------------------------------
+
+def estimate_footprint(
+    config: dict[str, Any] | None,
+    weight_file_bytes: tuple[int, str] | None,
+    name: str,
+    context_tokens: int,
+) -> Footprint:
+    """Best estimate from what is known (pure)."""
+    kv = kv_cache_bytes(config, context_tokens) if config else 0
+    if weight_file_bytes is not None:
+        return Footprint(weight_file_bytes[0], kv, weight_file_bytes[1])
+    if config:
+        params = params_from_config(config)
+        if params is not None:
+            return Footprint(int(params * bytes_per_param(config)), kv, "config shape")
+    by_name = weights_from_name(name)
+    if by_name is not None:
+        # No config: assume a 10% KV allowance on top of the weights.
+        return Footprint(by_name, by_name // 10, "model name")
+    return Footprint(None, kv, "unknown")
+
+
+def memory_budget(total_bytes: int, fraction: float) -> int:
+    return int(total_bytes * fraction)
+
+
+def matches_heavy_pattern(name: str, patterns: list[str]) -> str | None:
+    lowered = name.lower()
+    for p in patterns:
+        if re.search(rf"(?<![0-9a-z.]){re.escape(p.lower())}(?![a-z0-9])", lowered):
+            return p
+    return None
+
+
+def judge(name: str, footprint: Footprint, budget_bytes: int, heavy_patterns: list[str]) -> Verdict:
+    """Admit or refuse a model (pure)."""
+    total = footprint.total_bytes
+    if total is None:
+        pattern = matches_heavy_pattern(name, heavy_patterns)
+        if pattern:
+            return Verdict(False, f"model {name!r} matches the heavy pattern {pattern!r} and its size is unknown "
+                                  f"(budget {budget_bytes / GIB:.1f} GiB)")
+        return Verdict(True, f"size of {name!r} unknown; no heavy pattern matches")
+    if total > budget_bytes:
+        return Verdict(False, f"model {name!r} needs about {total / GIB:.1f} GiB "
+                              f"(weights {footprint.weights_bytes / GIB:.1f} GiB from {footprint.source} + "
+                              f"KV cache {footprint.kv_bytes / GIB:.1f} GiB), over the memory budget of "
+                              f"{budget_bytes / GIB:.1f} GiB")
+    return Verdict(True, f"model {name!r} needs about {total / GIB:.2f} GiB of {budget_bytes / GIB:.1f} GiB")

@@ -1,0 +1,281 @@
+"""The OpenAI wire format: request models (validated by pydantic) and the
+response/chunk builders.
+
+Unknown request fields are ignored, as OpenAI-compatible servers do, so that
+clients sending `user`, `metadata`, `parallel_tool_calls`... keep working.
+Everything we accept is honoured; what we cannot honour (n > 1, logprobs, a
+structured response_format) is a clear 400 so the gateway can fall back.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+
+# A generous bound on max_tokens: values up to it are clamped to the engine's
+# cap; beyond it the request is nonsense and gets a 400.
+MAX_TOKENS_SANITY = 1_000_000
+MAX_STOP_SEQUENCES = 4
+
+ModelName = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+
+
+def clean_text(text: str) -> str:
+    """Replace lone surrogates (valid JSON, invalid Unicode) with U+FFFD so
+    tokenizers never see them."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+
+
+class Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class TextPart(Lenient):
+    type: Literal["text"]
+    text: str
+
+
+class FunctionCall(Lenient):
+    name: str
+    arguments: str | dict[str, Any] = "{}"
+
+
+class ToolCall(Lenient):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(Lenient):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+    @model_validator(mode="after")
+    def _content_required(self) -> "ChatMessage":
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError(f"a {self.role} message needs content")
+        return self
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return clean_text("".join(part.text for part in self.content))
+        return clean_text(self.content or "")
+
+    def for_template(self) -> dict[str, Any]:
+        """The message as chat templates expect it (tool-call arguments as dicts,
+        the 'developer' role as 'system')."""
+        out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        if self.name:
+            out["name"] = self.name
+        if self.tool_call_id:
+            out["tool_call_id"] = self.tool_call_id
+        if self.tool_calls:
+            out["tool_calls"] = [_template_tool_call(tc) for tc in self.tool_calls]
+        return out
+
+
+def _template_tool_call(tc: ToolCall) -> dict[str, Any]:
+    args = tc.function.arguments
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except json.JSONDecodeError:
+            pass  # keep the raw string; templates render it as given
+    return {"id": tc.id, "type": "function", "function": {"name": tc.function.name, "arguments": args}}
+
+
+class StreamOptions(Lenient):
+    include_usage: bool = False
+
+
+class ResponseFormat(Lenient):
+    type: str
+
+
+class SamplingFields(Lenient):
+    """Fields shared by /v1/chat/completions and /v1/completions."""
+
+    model: ModelName
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_SANITY)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=0, le=100_000)
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
+    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    stop: str | list[str] | None = Field(default=None, validate_default=True)
+    n: int = Field(default=1, ge=1, le=128)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0)
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
+    logprobs: bool | int | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _check_stop(cls, v: str | list[str] | None) -> list[str]:
+        stops = [v] if isinstance(v, str) else list(v or [])
+        if len(stops) > MAX_STOP_SEQUENCES:
+            raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences")
+        if any(not s or len(s) > 256 for s in stops):
+            raise ValueError("stop sequences must be 1 to 256 characters")
+        return stops
+
+    @field_validator("n")
+    @classmethod
+    def _single_choice(cls, v: int) -> int:
+        if v != 1:
+            raise ValueError("only n=1 is supported (the engine generates one sequence at a time)")
+        return v
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, v: bool | int | None) -> bool | int | None:
+        if v:
+            raise ValueError("logprobs are not supported by this engine")
+        return v
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_ids(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for key in v or {}:
+            if not key.isdigit() or len(key) > 9:
+                raise ValueError(f"logit_bias keys must be token ids, got {key[:40]!r}")
+        return v
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_SANITY)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
+
+    @field_validator("response_format")
+    @classmethod
+    def _plain_text_only(cls, v: ResponseFormat | None) -> ResponseFormat | None:
+        if v is not None and v.type != "text":
+            raise ValueError(f"response_format {v.type!r} is not supported by the MLX engine (only 'text')")
+        return v
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[str] | list[int]
+    echo: bool = False
+    suffix: str | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _single_prompt(cls, v: str | list[str] | list[int]) -> str | list[int]:
+        if isinstance(v, list) and v and isinstance(v[0], str):
+            if len(v) != 1:
+                raise ValueError("only one prompt per request is supported")
+            return clean_text(v[0])
+        if isinstance(v, list) and not v:
+            raise ValueError("prompt must not be empty")
+        return clean_text(v) if isinstance(v, str) else v
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, v: bool) -> bool:
+        if v:
+            raise ValueError("echo is not supported")
+        return v
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, v: str | None) -> str | None:
+        if v:
+            raise ValueError("suffix (fill-in-the-middle) is not supported")
+        return v
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+        }
+
+
+class ResponseBuilder:
+    """Builds response bodies and SSE chunks for one request (one id, one
+    `created`, one model name), in chat or text-completion shape."""
+
+    def __init__(self, kind: Literal["chat", "completion"], model: str, fingerprint: str) -> None:
+        self.kind = kind
+        self.model = model
+        self.fingerprint = fingerprint
+        self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+        self._chunk_object = "chat.completion.chunk" if kind == "chat" else "text_completion"
+        # The constant head of every chunk, serialised once (per-token cost matters).
+        head = {"id": self.id, "object": self._chunk_object, "created": self.created, "model": self.model,
+                "system_fingerprint": self.fingerprint}
+        self._chunk_head = json.dumps(head)[:-1]
+
+    def full(self, text: str, finish_reason: str, usage: Usage) -> dict[str, Any]:
+        if self.kind == "chat":
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish_reason,
+                      "logprobs": None}
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}
+            obj = "text_completion"
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "system_fingerprint": self.fingerprint, "choices": [choice], "usage": usage.as_dict()}
+
+    def _sse(self, choices: str, usage: str = "") -> bytes:
+        return f'data: {self._chunk_head}, "choices": {choices}{usage}}}\n\n'.encode()
+
+    def role_chunk(self) -> bytes:
+        if self.kind != "chat":
+            return b""
+        return self._sse('[{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null}]')
+
+    def delta_chunk(self, text: str) -> bytes:
+        t = json.dumps(text)
+        if self.kind == "chat":
+            return self._sse(f'[{{"index": 0, "delta": {{"content": {t}}}, "finish_reason": null}}]')
+        return self._sse(f'[{{"index": 0, "text": {t}, "finish_reason": null}}]')
+
+    def finish_chunk(self, finish_reason: str) -> bytes:
+        r = json.dumps(finish_reason)
+        if self.kind == "chat":
+            return self._sse(f'[{{"index": 0, "delta": {{}}, "finish_reason": {r}}}]')
+        return self._sse(f'[{{"index": 0, "text": "", "finish_reason": {r}}}]')
+
+    def usage_chunk(self, usage: Usage) -> bytes:
+        return self._sse("[]", f', "usage": {json.dumps(usage.as_dict())}')
+
+
+def sse_error(body: dict[str, Any]) -> bytes:
+    """An error event inside a stream (the stream then ends without [DONE])."""
+    return f"data: {json.dumps(body)}\n\n".encode()
+
+
+SSE_DONE = b"data: [DONE]\n\n"

@@ -1,0 +1,64 @@
+"""Crash classification: what an engine exit means (pure).
+
+The engine's exit status says a lot (a signal, or one of mlxd's exit codes),
+and the tail of its stderr says the rest: MLX's Metal messages survive in it
+even when the process died by SIGABRT. The crash listener (issue 3) feeds
+this with what supervisord and the engine's log give it.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+import signal
+
+from mlxd import exit_codes
+
+
+class ExitClass(enum.Enum):
+    CLEAN_STOP = "clean_stop"
+    SIGABRT = "sigabrt"  # Metal's check_error aborts the process
+    SIGKILL = "sigkill"  # e.g. the OS killing it for memory
+    OTHER_SIGNAL = "other_signal"
+    MLX_ERROR = "mlx_error"  # MLX raised; the engine exited on purpose to restart clean
+    PRELOAD_FAILED = "preload_failed"
+    CONFIG_ERROR = "config_error"
+    PYTHON_EXCEPTION = "python_exception"
+    UNKNOWN = "unknown"
+
+
+METAL_PATTERNS = (
+    r"\[METAL\] Command buffer execution failed",
+    r"Insufficient Memory",
+    r"kIOGPUCommandBufferCallbackErrorOutOfMemory",
+    r"check_error",
+    r"\[metal::malloc\]",
+)
+_METAL = re.compile("|".join(METAL_PATTERNS))
+
+
+def mentions_metal_error(stderr_tail: str) -> bool:
+    return bool(_METAL.search(stderr_tail))
+
+
+def classify_exit(returncode: int, stderr_tail: str = "") -> ExitClass:
+    """`returncode` as subprocess reports it: negative for a signal,
+    128+N when a shell or wrapper reports signal N."""
+    sig = -returncode if returncode < 0 else (returncode - 128 if 128 < returncode < 160 else None)
+    if sig == signal.SIGABRT:
+        return ExitClass.SIGABRT
+    if sig == signal.SIGKILL:
+        return ExitClass.SIGKILL
+    if sig in (signal.SIGTERM, signal.SIGINT) or returncode == exit_codes.OK:
+        return ExitClass.CLEAN_STOP
+    if sig is not None:
+        return ExitClass.OTHER_SIGNAL
+    if returncode == exit_codes.MLX_ERROR or mentions_metal_error(stderr_tail):
+        return ExitClass.MLX_ERROR
+    if returncode == exit_codes.PRELOAD_FAILED:
+        return ExitClass.PRELOAD_FAILED
+    if returncode == exit_codes.CONFIG:
+        return ExitClass.CONFIG_ERROR
+    if "Traceback (most recent call last)" in stderr_tail:
+        return ExitClass.PYTHON_EXCEPTION
+    return ExitClass.UNKNOWN

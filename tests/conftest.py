@@ -1,0 +1,95 @@
+"""Shared fixtures: demo models built once per session, and real engine
+processes on free loopback ports, stopped by pid when the test ends."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+from mlxd.engine.demo_model import build_demo_model, write_heavy_model_description
+from testkit import EngineProcess, spawn_engine, wait_healthy
+
+
+@dataclass
+class DemoModels:
+    a: Path
+    b: Path
+    heavy: Path
+
+
+@pytest.fixture(scope="session")
+def demo_models(tmp_path_factory: pytest.TempPathFactory) -> DemoModels:
+    root = tmp_path_factory.mktemp("models")
+    return DemoModels(
+        a=build_demo_model(root / "demo-a", "a"),
+        b=build_demo_model(root / "demo-b", "b"),
+        heavy=write_heavy_model_description(root / "Llama-3.3-70B-Instruct", params_billion=70),
+    )
+
+
+def engine_toml(models: DemoModels, engine: dict | None = None, extra_models: str = "") -> str:
+    engine_lines = "\n".join(f"{k} = {v!r}" if not isinstance(v, str) else f'{k} = "{v}"'
+                             for k, v in (engine or {}).items())
+    return f"""
+[engine]
+{engine_lines}
+
+[models.demo-a]
+path = "{models.a}"
+
+[models.demo-b]
+path = "{models.b}"
+
+[models.llama-70b]
+path = "{models.heavy}"
+
+[models.big-72b-remote]
+repo = "mlx-community/Qwen2.5-72B-Instruct-4bit"
+
+[aliases]
+default = "demo-a"
+fast = "demo-a"
+second = "demo-b"
+heavy = "llama-70b"
+{extra_models}
+"""
+
+
+@pytest.fixture
+def start_engine(tmp_path_factory: pytest.TempPathFactory,
+                 demo_models: DemoModels) -> Iterator[Callable[..., EngineProcess]]:
+    """Start engines with a config of our demo models; each returns once
+    /health says ok (or, with wait_ok=False, once spawned). All are stopped
+    by pid at the end of the test."""
+    started: list[EngineProcess] = []
+
+    def start(engine: dict | None = None, env: dict | None = None, wait_ok: bool = True,
+              toml: str | None = None) -> EngineProcess:
+        home = tmp_path_factory.mktemp("home")
+        ep = spawn_engine(home, toml if toml is not None else engine_toml(demo_models, engine), env)
+        started.append(ep)
+        if wait_ok:
+            wait_healthy(ep)
+        return ep
+
+    yield start
+    for ep in started:
+        ep.stop()
+
+
+# Small caps keep the limit tests fast.
+SHARED_ENGINE = {"max_queue": 4, "max_tokens_cap": 64, "max_prompt_tokens": 4096}
+
+
+@pytest.fixture(scope="module")
+def shared_engine(tmp_path_factory: pytest.TempPathFactory, demo_models: DemoModels) -> Iterator[EngineProcess]:
+    """One engine for the tests of a module that neither stop nor crash it."""
+    ep = spawn_engine(tmp_path_factory.mktemp("home-shared"), engine_toml(demo_models, SHARED_ENGINE))
+    try:
+        wait_healthy(ep)
+        yield ep
+    finally:
+        ep.stop()

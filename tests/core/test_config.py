@@ -1,0 +1,48 @@
+"""Config parsing as a table of documents and outcomes."""
+
+from pathlib import Path
+
+import pytest
+
+from mlxd.config import REQUIRED_ALIASES, ConfigError, apply_env_overrides, parse_config
+
+HOME = Path("/nonexistent-home")
+
+
+def test_empty_config_serves_the_demo_model_under_every_required_alias():
+    cfg = parse_config({}, HOME)
+    assert list(cfg.models) == ["demo"] and cfg.models["demo"].demo == "a"
+    for alias in REQUIRED_ALIASES:
+        assert cfg.resolve(alias) == "demo"
+    assert cfg.engine.port == 8080 and cfg.engine.host == "127.0.0.1"
+
+
+@pytest.mark.parametrize("doc, key_in_error", [
+    ({"engine": {"port": 0}}, "engine.port"),
+    ({"engine": {"max_queue": -1}}, "engine.max_queue"),
+    ({"engine": {"memory_fraction": 1.5}}, "engine.memory_fraction"),
+    ({"engine": {"bogus": 1}}, "engine.bogus"),
+    ({"models": {"m": {}}}, "models.m"),
+    ({"models": {"m": {"path": "/x", "repo": "a/b"}}}, "models.m"),
+    ({"models": {"../evil": {"path": "/x"}}}, "must match"),
+    ({"models": {"m": {"path": "/x"}}, "aliases": {"coding": "nope"}}, "aliases.coding"),
+])
+def test_invalid_configs_name_the_key(doc, key_in_error):
+    with pytest.raises(ConfigError) as err:
+        parse_config(doc, HOME, "test.toml")
+    assert key_in_error in str(err.value)
+
+
+def test_aliases_resolve_and_unknown_names_do_not():
+    cfg = parse_config({"models": {"qwen": {"repo": "mlx-community/Qwen3-4B-4bit"}, "demo": {"demo": "a"}},
+                        "aliases": {"coding": "qwen"}}, HOME)
+    assert cfg.resolve("coding") == "qwen"
+    assert cfg.resolve("default") == "qwen"  # required aliases default to the first model
+    assert cfg.resolve("qwen") == "qwen"
+    assert cfg.resolve("../qwen") is None and cfg.resolve("/etc/passwd") is None
+
+
+def test_env_overrides_engine_port_and_host():
+    doc = apply_env_overrides({"engine": {"port": 1234}}, {"MLXD_ENGINE_PORT": "9999", "MLXD_ENGINE_HOST": "0.0.0.0"})
+    cfg = parse_config(doc, HOME)
+    assert cfg.engine.port == 9999 and cfg.engine.host == "0.0.0.0"

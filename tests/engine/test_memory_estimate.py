@@ -1,0 +1,96 @@
+"""Heavy-model estimate on fabricated configs and headers (pure functions)."""
+
+import json
+import struct
+
+import pytest
+
+from mlxd.engine import memory_estimate as me
+
+GIB = 1024**3
+LLAMA_8B = {"hidden_size": 4096, "num_hidden_layers": 32, "intermediate_size": 14336, "num_attention_heads": 32,
+            "num_key_value_heads": 8, "vocab_size": 128256, "torch_dtype": "bfloat16"}
+LLAMA_70B = {"hidden_size": 8192, "num_hidden_layers": 80, "intermediate_size": 28672, "num_attention_heads": 64,
+             "num_key_value_heads": 8, "vocab_size": 128256, "torch_dtype": "bfloat16"}
+
+
+@pytest.mark.parametrize("config, params_b", [(LLAMA_8B, 8.03), (LLAMA_70B, 70.6)])
+def test_params_from_config_match_published_sizes(config, params_b):
+    assert me.params_from_config(config) / 1e9 == pytest.approx(params_b, rel=0.03)
+
+
+@pytest.mark.parametrize("config, expected", [
+    (LLAMA_8B, 2.0),
+    ({**LLAMA_8B, "quantization": {"bits": 4, "group_size": 64}}, 0.5 + 4 / 64),
+    ({**LLAMA_8B, "torch_dtype": "float32"}, 4.0),
+])
+def test_bytes_per_param(config, expected):
+    assert me.bytes_per_param(config) == pytest.approx(expected)
+
+
+def test_kv_cache_bytes_llama_8b_8k_context():
+    # 2 (K,V) x 32 layers x 8 kv heads x 128 dims x 8192 tokens x 2 bytes = 1 GiB
+    assert me.kv_cache_bytes(LLAMA_8B, 8192) == GIB
+
+
+def test_kv_cache_respects_sliding_window():
+    cfg = {**LLAMA_8B, "use_sliding_window": True, "sliding_window": 4096}
+    assert me.kv_cache_bytes(cfg, 32768) == me.kv_cache_bytes(LLAMA_8B, 4096)
+
+
+@pytest.mark.parametrize("name, approx_gb", [
+    ("mlx-community/Llama-3.3-70B-Instruct-4bit", 70 * (0.5 + 4 / 64)),
+    ("Qwen2.5-7B-Instruct", 7 * 2),
+    ("mlx-community/Mixtral-8x7B-Instruct-v0.1-4bit", 56 * (0.5 + 4 / 64)),
+    ("Qwen3-30B-A3B-8bit", 30 * (1 + 4 / 64)),
+    ("mistral-small-3.1-24b-instruct-2503-bf16", 24 * 2),
+])
+def test_weights_from_name(name, approx_gb):
+    assert me.weights_from_name(name) / 1e9 == pytest.approx(approx_gb, rel=0.01)
+
+
+@pytest.mark.parametrize("name", ["my-model", "phi-mini", "gpt2"])
+def test_weights_from_name_unknown(name):
+    assert me.weights_from_name(name) is None
+
+
+def test_safetensors_headers_are_summed(tmp_path):
+    header = {"__metadata__": {"format": "mlx"}, "w": {"dtype": "F16", "shape": [10, 10], "data_offsets": [0, 200]},
+              "b": {"dtype": "F32", "shape": [10], "data_offsets": [200, 240]}}
+    raw = json.dumps(header).encode()
+    (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * 240)
+    assert me.read_weight_bytes(tmp_path) == (240, "safetensors headers")
+
+
+def test_index_total_size_wins(tmp_path):
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 12345}}))
+    assert me.read_weight_bytes(tmp_path) == (12345, "safetensors index")
+
+
+def test_corrupt_header_is_unknown_not_a_crash(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"\xff" * 4)
+    assert me.read_weight_bytes(tmp_path) is None
+
+
+BUDGET = 24 * GIB
+
+
+@pytest.mark.parametrize("name, footprint, allowed, words", [
+    ("llama-8b", me.Footprint(16 * GIB, GIB, "config shape"), True, "needs about"),
+    ("llama-70b", me.Footprint(140 * GIB, 2 * GIB, "config shape"), False, "over the memory budget of 24.0 GiB"),
+    ("Qwen2.5-72B-Instruct", me.Footprint(None, 0, "unknown"), False, "heavy pattern '72b'"),
+    ("command-r-plus-104b", me.Footprint(None, 0, "unknown"), False, "heavy pattern '104b'"),
+    ("my-model", me.Footprint(None, 0, "unknown"), True, "unknown"),
+    ("tiny-1.72b", me.Footprint(None, 0, "unknown"), True, "unknown"),   # '72b' inside 1.72b is not a match
+])
+def test_judge(name, footprint, allowed, words):
+    verdict = me.judge(name, footprint, BUDGET, ["70b", "72b", "104b"])
+    assert verdict.allowed is allowed and words in verdict.reason
+
+
+def test_estimate_prefers_files_then_config_then_name():
+    assert me.estimate_footprint(LLAMA_8B, (5, "safetensors headers"), "x", 8192).source == "safetensors headers"
+    assert me.estimate_footprint(LLAMA_8B, None, "x", 8192).source == "config shape"
+    assert me.estimate_footprint(None, None, "Llama-70B", 8192).source == "model name"
+    fp = me.estimate_footprint(None, None, "mystery", 8192)
+    assert fp.source == "unknown" and fp.total_bytes is None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 
 import uvicorn
@@ -33,7 +34,13 @@ class EngineServer(uvicorn.Server):
 
     def handle_exit(self, sig: int, frame) -> None:  # type: ignore[override]
         self.engine.begin_drain()
-        super().handle_exit(sig, frame)
+        # uvicorn's own handler records the signal and re-raises it after
+        # shutdown, so a clean drain would end as "killed by SIGTERM"; a
+        # drained engine exits 0 instead.
+        if self.should_exit and sig == signal.SIGINT:
+            self.force_exit = True
+        else:
+            self.should_exit = True
 
 
 def build_demo_models(config: Config) -> None:

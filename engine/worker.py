@@ -440,10 +440,16 @@ class ModelWorker(threading.Thread):
                     break
         finally:
             self.active_generations -= 1
+        self.counters["generated_tokens"] += generated
+        self.counters["prompt_tokens"] += len(prompt)
+        if finish == "cancelled":
+            # Client gone, or the drain's grace ran out: never end such an
+            # answer as if it were complete.
+            job.channel.put(Failed(EngineError(503, "generation cancelled: the engine is shutting down",
+                                               code="engine_unavailable", retry_after=5)))
+            return
         tail = stops.flush()
         if tail:
             job.channel.put(Delta(tail))
-        self.counters["generated_tokens"] += generated
-        self.counters["prompt_tokens"] += len(prompt)
         job.channel.put(Finished(finish, len(prompt), generated))
         self._sample_memory()

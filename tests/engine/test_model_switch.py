@@ -1,0 +1,50 @@
+"""The one-model cache: switching unloads first, memory comes back, and
+repeated switches do not grow the process."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlxd.engine.memory_estimate import read_weight_bytes
+from testkit import chat, metric
+
+pytestmark = pytest.mark.timeout(300)
+MIB = 2**20
+
+
+def test_switch_unloads_first_and_memory_returns_to_the_pre_load_level(start_engine, demo_models):
+    eng = start_engine()
+    weights_a = read_weight_bytes(demo_models.a)[0]
+    weights_b = read_weight_bytes(demo_models.b)[0]
+    h = eng.health()
+    assert h["resident_model"] == "demo-a"  # the default model is preloaded
+    baseline = h["memory"]["mlx_active_before_first_load"]
+    assert h["memory"]["mlx_active_bytes"] - baseline == pytest.approx(weights_a, rel=0.05)
+
+    assert chat(eng.url, model="second").status_code == 200
+    h = eng.health()
+    mem = h["memory"]
+    assert h["resident_model"] == "demo-b"
+    # After the unload, MLX's active memory is back at the level before any load ...
+    assert abs(mem["mlx_active_after_last_unload"] - baseline) < 1 * MIB
+    # ... and from then on the peak covers model b (and one short generation) only:
+    # the two models were never resident together.
+    assert mem["mlx_peak_bytes"] < weights_a + weights_b
+    assert mem["mlx_active_bytes"] - baseline == pytest.approx(weights_b, rel=0.05)
+    assert metric(eng.url, "mlxd_engine_model_unloads") == 1
+
+
+def test_twenty_alternating_switches_do_not_grow_rss(start_engine):
+    eng = start_engine()
+    models = ["demo-b", "demo-a"]
+    for i in range(4):  # warm up allocator and caches
+        assert chat(eng.url, model=models[i % 2], max_tokens=2).status_code == 200
+    rss_start = eng.health()["memory"]["rss_bytes"]
+    active_start = eng.health()["memory"]["mlx_active_bytes"]
+    for i in range(20):
+        assert chat(eng.url, model=models[i % 2], max_tokens=2).status_code == 200
+    h = eng.health()
+    assert h["counters"]["model_loads"] == 1 + 4 + 20
+    assert h["memory"]["mlx_active_bytes"] == pytest.approx(active_start, abs=1 * MIB)
+    growth = h["memory"]["rss_bytes"] - rss_start
+    assert growth < 40 * MIB, f"RSS grew by {growth / MIB:.1f} MiB over 20 switches"

@@ -357,6 +357,34 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return (f"{param}: {msg}{more}" if param else f"{msg}{more}"), param
 
 
+class RequestCounter:
+    """Counts answers by route and status. A plain ASGI middleware: starlette's
+    BaseHTTPMiddleware would hide client disconnects from the handlers."""
+
+    ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
+
+    def __init__(self, app, metrics: EngineMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = [499]  # unless a response starts, the client went away
+
+        async def send_and_note(message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_note)
+        finally:
+            route = scope["path"] if scope["path"] in self.ROUTES else "other"
+            self.metrics.requests.labels(route, str(status[0])).inc()
+
+
 def create_app(engine: Engine) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -365,6 +393,7 @@ def create_app(engine: Engine) -> FastAPI:
         await asyncio.to_thread(engine.stop, 5.0)
 
     app = FastAPI(title="mlxd engine", version="0.1.0", lifespan=lifespan)
+    app.add_middleware(RequestCounter, metrics=engine.metrics)
 
     @app.exception_handler(EngineError)
     async def _engine_error(request: Request, exc: EngineError) -> JSONResponse:
@@ -390,14 +419,6 @@ def create_app(engine: Engine) -> FastAPI:
     @app.exception_handler(ClientGone)
     async def _gone(request: Request, exc: ClientGone) -> Response:
         return Response(status_code=499)  # nobody reads it; nginx's "client closed request"
-
-    @app.middleware("http")
-    async def _count(request: Request, call_next):
-        response = await call_next(request)
-        engine.metrics.requests.labels(request.url.path if request.url.path.startswith("/v1/") or
-                                       request.url.path in ("/health", "/metrics") else "other",
-                                       str(response.status_code)).inc()
-        return response
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:

@@ -33,6 +33,7 @@ from .model_registry import ModelRegistry
 from .stop_matcher import StopMatcher
 
 log = logging.getLogger("mlxd.engine.worker")
+MAX_BACKLOG = 2048  # events buffered for a slow reader before the worker waits
 
 
 # --- events: worker -> handler --------------------------------------------
@@ -80,6 +81,11 @@ class EventChannel:
                 self._loop.call_soon_threadsafe(self._wake)
             except RuntimeError:  # loop closed: nobody is listening any more
                 pass
+
+    @property
+    def backlog(self) -> int:
+        """Events not yet taken by the handler (a slow client's lag)."""
+        return len(self._items)
 
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
@@ -391,6 +397,14 @@ class ModelWorker(threading.Thread):
         args = getattr(self._model, "args", None)
         return int(getattr(args, "vocab_size", 0) or len(self._tokenizer.vocab))
 
+    def _wait_for_reader(self, job: Job, deadline: float) -> None:
+        """Backpressure: a client that reads slower than we generate makes
+        the worker wait (bounded by the deadline) instead of buffering
+        without limit."""
+        while job.channel.backlog > MAX_BACKLOG // 2 and not job.cancelled.is_set() and time.monotonic() < deadline:
+            self._heartbeat()  # waiting on a client is not being stuck
+            time.sleep(0.005)
+
     def _generate(self, job: Job, prompt: list[int]) -> None:
         import mlx.core as mx
         from mlx_lm.generate import stream_generate
@@ -425,6 +439,8 @@ class ModelWorker(threading.Thread):
                 text = stops.feed(resp.text)
                 if text:
                     job.channel.put(Delta(text))
+                    if job.channel.backlog > MAX_BACKLOG:
+                        self._wait_for_reader(job, deadline)
                 if stops.stopped:
                     finish = "stop"
                     break

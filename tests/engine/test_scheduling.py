@@ -20,7 +20,8 @@ def hold_worker(url: str, max_tokens: int = 100_000) -> requests.Response:
     """Start a long streamed generation and return once its first token is
     here: the worker is busy until the response is closed."""
     r = requests.post(url + "/v1/completions", stream=True, timeout=60,
-                      json={"model": "default", "prompt": "hold", "max_tokens": max_tokens, "stream": True})
+                      json={"model": "default", "prompt": "hold", "max_tokens": max_tokens, "stream": True,
+                            "temperature": 0})  # greedy: the demo model then never picks EOS
     assert r.status_code == 200
     r.lines = r.iter_lines()  # kept with the response: a collected iterator closes the stream
     wait_until(lambda: next(r.lines).startswith(b"data: "), 30, interval=0, what="first streamed token")

@@ -51,6 +51,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import psutil
 import requests
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -90,6 +91,10 @@ class Trace:
     # known exactly in-process only (a server sends nothing for a token whose
     # text is empty, e.g. half of a multi-byte character).
     window_tokens: int | None = None
+    # CPU seconds spent during the run (filled in by measure()).
+    server_cpu_s: float = 0.0
+    client_cpu_s: float = 0.0
+    background_cores: float | None = None
 
 
 @dataclass
@@ -109,6 +114,13 @@ class Sample:
     cached_prompt_tokens: int | None
     decode_window_tokens: int
     window_source: str  # "exact", "in-process reference" or "assumed (no empty-text tokens)"
+    # CPU per generated token: the generating process (the server, or this
+    # process in-process) and the HTTP client (this process); noise-robust.
+    server_cpu_us_per_token: float
+    client_cpu_us_per_token: float
+    # CPU used by everything else on the machine during the run, in cores
+    # (other programs competing for the CPUs make the run slower).
+    background_cores: float | None
     chunk_times_ms: list[float] = field(repr=False)  # relative to t0
 
 
@@ -136,7 +148,34 @@ def to_sample(tr: Trace, model: str, way: str, rnd: int, warmup: bool, ref_windo
                   content_chunks=len(tr.chunk_times), total_s=tr.t_end - tr.t0, finish_reason=tr.finish_reason,
                   text_sha1=sha, cached_prompt_tokens=tr.cached_prompt_tokens, decode_window_tokens=window,
                   window_source=source,
+                  server_cpu_us_per_token=tr.server_cpu_s / max(tr.completion_tokens, 1) * 1e6,
+                  client_cpu_us_per_token=tr.client_cpu_s / max(tr.completion_tokens, 1) * 1e6,
+                  background_cores=tr.background_cores,
                   chunk_times_ms=[round((t - tr.t0) * 1e3, 3) for t in tr.chunk_times])
+
+
+def _busy_cpu_s() -> float:
+    t = psutil.cpu_times()
+    return sum(t) - t.idle - getattr(t, "iowait", 0.0)
+
+
+def measure(runner: "InProcess | HttpWay", prompt: str, max_tokens: int) -> Trace:
+    """One run, with CPU accounting: the generating process, the client and
+    the rest of the machine."""
+    server = psutil.Process(runner.server.proc.pid) if isinstance(runner, HttpWay) else None
+    busy0, wall0 = _busy_cpu_s(), now()
+    srv0 = sum(server.cpu_times()[:2]) if server else 0.0
+    me0 = time.process_time()
+    tr = runner.run(prompt, max_tokens)
+    me = time.process_time() - me0
+    srv = sum(server.cpu_times()[:2]) - srv0 if server else 0.0
+    busy, wall = _busy_cpu_s() - busy0, now() - wall0
+    if server:
+        tr.server_cpu_s, tr.client_cpu_s = srv, me
+    else:
+        tr.server_cpu_s, tr.client_cpu_s = me, 0.0
+    tr.background_cores = max(0.0, busy - srv - me) / wall if wall > 0 else None
+    return tr
 
 
 # --- the three ways ----------------------------------------------------------------
@@ -432,6 +471,9 @@ def summarize(samples: list[Sample], ways: list[str]) -> dict[str, Any]:
         out[way] = {"runs": len(ss), "decode_tok_s_median": _median(dec), "decode_tok_s_min": min(dec),
                     "decode_tok_s_max": max(dec), "ttft_ms_median": _median(ttft), "ttft_ms_min": min(ttft),
                     "ttft_ms_max": max(ttft), "total_s_median": _median([s.total_s for s in ss]),
+                    "server_cpu_us_per_token_median": _median([s.server_cpu_us_per_token for s in ss]),
+                    "client_cpu_us_per_token_median": _median([s.client_cpu_us_per_token for s in ss]),
+                    "background_cores_median": _median([s.background_cores or 0.0 for s in ss]),
                     "completion_tokens": sorted({s.completion_tokens for s in ss}),
                     "prompt_tokens": sorted({s.prompt_tokens for s in ss})}
     base = out.get("inproc")
@@ -485,10 +527,13 @@ def markdown(results: dict[str, Any], settings: dict[str, Any], info: dict[str, 
         f"mlx {info['mlx']} ({info['mlx_device']}), mlx-lm {info['mlx_lm']}, "
         f"uvicorn {info['http_stack']['uvicorn']} + {'httptools' if info['http_stack']['httptools'] else 'h11'}",
         f"greedy, max_tokens {settings['max_tokens']}, {settings['rounds']} rounds after {settings['warmup']} "
-        f"warmup(s) per way; medians (min–max). decode tok/s = (tokens−1)/(t_last−t_first chunk).",
+        f"warmup(s) per way, ways interleaved; medians (min–max). decode tok/s = (window−1)/(t_last−t_first) "
+        f"over content-carrying chunks; TTFT = request sent → first content chunk; CPU = generating process + "
+        f"HTTP client, µs per generated token.",
         "",
-        "| model | way | decode tok/s | × in-process | TTFT ms | TTFT vs in-process | tokens (prompt+gen) |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| model | way | decode tok/s | × in-process | TTFT ms | TTFT vs in-process | CPU µs/token | "
+        "tokens (prompt+gen) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for model, res in results.items():
         for way, st in res["summary"].items():
@@ -501,7 +546,8 @@ def markdown(results: dict[str, Any], settings: dict[str, Any], info: dict[str, 
             lines.append(
                 f"| {model} | {LABEL[way]} | {st['decode_tok_s_median']:.1f} ({st['decode_tok_s_min']:.0f}–"
                 f"{st['decode_tok_s_max']:.0f}) | {ratio_s} | {st['ttft_ms_median']:.1f} ({st['ttft_ms_min']:.1f}–"
-                f"{st['ttft_ms_max']:.1f}) | {ttft_vs} | "
+                f"{st['ttft_ms_max']:.1f}) | {ttft_vs} | {st['server_cpu_us_per_token_median']:.0f}"
+                f"{'' if way == 'inproc' else '+%.0f' % st['client_cpu_us_per_token_median']} | "
                 f"{'/'.join(map(str, st['prompt_tokens']))}+{'/'.join(map(str, st['completion_tokens']))} |")
     goal = settings["goal_ratio"]
     verdicts = []
@@ -512,6 +558,11 @@ def markdown(results: dict[str, Any], settings: dict[str, Any], info: dict[str, 
                             f"({'MET' if eng >= goal else 'NOT MET'})")
     if verdicts:
         lines += ["", "Goal (engine ≥ %.2f× in-process decode tok/s): " % goal + "; ".join(verdicts)]
+    bg = max((st["background_cores_median"] for res in results.values() for st in res["summary"].values()),
+             default=0.0)
+    if bg > 0.2:
+        lines += ["", f"Warning: other programs used up to {bg:.2f} of {info['cpu_count']} CPU cores (median per "
+                      "run) while this ran; the tok/s figures are noisy. CPU µs/token is the steadier measure."]
     notes = [n for res in results.values() for n in res["notes"]]
     if notes:
         lines += [""] + [f"- note: {n}" for n in notes]
@@ -556,14 +607,15 @@ def bench_model(name: str, model_path: Path, args: argparse.Namespace, ways: lis
                 if isinstance(runner, HttpWay) and runner.server.proc.poll() is not None:
                     raise BenchError(f"{runner.server.name} died (exit {runner.server.proc.returncode}):\n"
                                      f"{runner.server.log_tail()}")
-                s = to_sample(runner.run(args.prompt, args.max_tokens), name, way, rnd, warm, ref_windows)
+                s = to_sample(measure(runner, args.prompt, args.max_tokens), name, way, rnd, warm, ref_windows)
                 samples.append(s)
                 if way == "inproc":
                     ref_windows[s.text_sha1] = s.decode_window_tokens
                 tag = f"warmup {rnd + 1}/{args.warmup}" if warm else f"round {rnd + 1}/{args.rounds}"
                 say(f"   [{n:2d}/{total}] {name} {tag:12s} {LABEL[way]:13s} TTFT {s.ttft_ms:7.1f} ms  "
                     f"decode {s.decode_tok_s:7.1f} tok/s  {s.prompt_tokens}+{s.completion_tokens} tok  "
-                    f"{s.total_s:5.2f}s")
+                    f"{s.total_s:5.2f}s  CPU/tok {s.server_cpu_us_per_token:5.0f}+{s.client_cpu_us_per_token:3.0f} us"
+                    f"  background {s.background_cores:.2f} cores")
         finally:
             for r in runners.values():
                 r.close()

@@ -238,10 +238,12 @@ class ResponseBuilder:
                 "system_fingerprint": self.fingerprint}
         self._chunk_head = json.dumps(head)[:-1]
 
-    def full(self, text: str, finish_reason: str, usage: Usage) -> dict[str, Any]:
+    def full(self, text: str, finish_reason: str, usage: Usage, tool_calls: list[dict] | None = None) -> dict[str, Any]:
         if self.kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish_reason,
-                      "logprobs": None}
+            message: dict[str, Any] = {"role": "assistant", "content": text if text or not tool_calls else None}
+            if tool_calls:
+                message["tool_calls"] = tool_calls
+            choice = {"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}
             obj = "chat.completion"
         else:
             choice = {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}
@@ -262,6 +264,10 @@ class ResponseBuilder:
         if self.kind == "chat":
             return self._sse(f'[{{"index": 0, "delta": {{"content": {t}}}, "finish_reason": null}}]')
         return self._sse(f'[{{"index": 0, "text": {t}, "finish_reason": null}}]')
+
+    def tool_calls_chunk(self, calls: list[dict], first_index: int) -> bytes:
+        indexed = [{"index": first_index + i, **c} for i, c in enumerate(calls)]
+        return self._sse(f'[{{"index": 0, "delta": {{"tool_calls": {json.dumps(indexed)}}}, "finish_reason": null}}]')
 
     def finish_chunk(self, finish_reason: str) -> bytes:
         r = json.dumps(finish_reason)

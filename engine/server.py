@@ -36,7 +36,8 @@ from .metrics import CONTENT_TYPE, EngineMetrics
 from .model_registry import ModelRegistry
 from .protocol import (SSE_DONE, ChatCompletionRequest, CompletionRequest, ResponseBuilder, SamplingFields, Usage,
                        sse_error)
-from .worker import Delta, Event, EventChannel, Failed, Finished, Job, ModelWorker, Phase, SamplingParams, Started
+from .worker import (Delta, Event, EventChannel, Failed, Finished, Job, ModelWorker, Phase, SamplingParams, Started,
+                     ToolCalls)
 
 log = logging.getLogger("mlxd.engine")
 POLL_S = 0.25  # how often a waiting handler checks for disconnects and timeouts
@@ -236,12 +237,16 @@ class Engine:
 
     async def _collect(self, feed: "JobFeed", builder: ResponseBuilder) -> Response:
         parts: list[str] = []
+        calls: list[dict] = []
         while True:
             for ev in await feed.batch(check_disconnect=True):
                 if isinstance(ev, Delta):
                     parts.append(ev.text)
+                elif isinstance(ev, ToolCalls):
+                    calls.extend(ev.calls)
                 elif isinstance(ev, Finished):
-                    body = builder.full("".join(parts), ev.finish_reason, Usage(ev.prompt_tokens, ev.completion_tokens))
+                    body = builder.full("".join(parts), ev.finish_reason, Usage(ev.prompt_tokens, ev.completion_tokens),
+                                        calls)
                     return JSONResponse(body, headers={"X-Request-Id": feed.job.id})
                 elif isinstance(ev, Failed):
                     raise ev.error
@@ -249,6 +254,7 @@ class Engine:
     async def _stream(self, feed: "JobFeed", builder: ResponseBuilder, started: Started,
                       include_usage: bool) -> AsyncIterator[bytes]:
         job = feed.job
+        calls_sent = 0
         try:
             yield builder.role_chunk()
             while True:
@@ -257,6 +263,9 @@ class Engine:
                 for ev in await feed.batch(check_disconnect=False):
                     if isinstance(ev, Delta):
                         out += builder.delta_chunk(ev.text)
+                    elif isinstance(ev, ToolCalls):
+                        out += builder.tool_calls_chunk(ev.calls, calls_sent)
+                        calls_sent += len(ev.calls)
                     elif isinstance(ev, Finished):
                         out += builder.finish_chunk(ev.finish_reason)
                         if include_usage:

@@ -31,6 +31,7 @@ from .faults import FaultInjector
 from .model_cache import Load, Unload, plan_release, plan_switch
 from .model_registry import ModelRegistry
 from .stop_matcher import StopMatcher
+from .tool_calls import ToolCallSplitter, format_tool_calls
 
 log = logging.getLogger("mlxd.engine.worker")
 MAX_BACKLOG = 2048  # events buffered for a slow reader before the worker waits
@@ -49,6 +50,11 @@ class Delta:
 
 
 @dataclass(frozen=True)
+class ToolCalls:
+    calls: list[dict]  # OpenAI-shaped tool calls
+
+
+@dataclass(frozen=True)
 class Finished:
     finish_reason: str
     prompt_tokens: int
@@ -60,7 +66,7 @@ class Failed:
     error: EngineError
 
 
-Event = Started | Delta | Finished | Failed
+Event = Started | Delta | ToolCalls | Finished | Failed
 
 
 class EventChannel:
@@ -397,6 +403,16 @@ class ModelWorker(threading.Thread):
         args = getattr(self._model, "args", None)
         return int(getattr(args, "vocab_size", 0) or len(self._tokenizer.vocab))
 
+    def _emit_tool_calls(self, job: Job, bodies: list[str]) -> bool:
+        if not bodies:
+            return False
+        calls, unparsed = format_tool_calls(bodies, self._tokenizer.tool_parser, job.tools)
+        if calls:
+            job.channel.put(ToolCalls(calls))
+        if unparsed:
+            job.channel.put(Delta(unparsed))
+        return bool(calls)
+
     def _wait_for_reader(self, job: Job, deadline: float) -> None:
         """Backpressure: a client that reads slower than we generate makes
         the worker wait (bounded by the deadline) instead of buffering
@@ -418,6 +434,10 @@ class ModelWorker(threading.Thread):
         processors = make_logits_processors(p.logit_bias, p.repetition_penalty, presence_penalty=p.presence_penalty,
                                             frequency_penalty=p.frequency_penalty)
         stops = StopMatcher(list(p.stop))
+        tok = self._tokenizer
+        splitter = (ToolCallSplitter(tok.tool_call_start, tok.tool_call_end)
+                    if job.tools and getattr(tok, "has_tool_calling", False) else None)
+        called = False
         deadline = time.monotonic() + job.deadline_s
         token_faults = any(f.point == "token" for f in self.faults.active)
         finish, generated = "length", 0
@@ -437,6 +457,9 @@ class ModelWorker(threading.Thread):
                 if token_faults:
                     self.faults.check("token", generated)
                 text = stops.feed(resp.text)
+                if splitter is not None:
+                    text, bodies = splitter.feed(text)
+                    called = self._emit_tool_calls(job, bodies) or called
                 if text:
                     job.channel.put(Delta(text))
                     if job.channel.backlog > MAX_BACKLOG:
@@ -465,7 +488,14 @@ class ModelWorker(threading.Thread):
                                                code="engine_unavailable", retry_after=5)))
             return
         tail = stops.flush()
+        if splitter is not None:
+            text, bodies = splitter.feed(tail)
+            more, last = splitter.flush()
+            tail = text + more
+            called = self._emit_tool_calls(job, bodies + last) or called
         if tail:
             job.channel.put(Delta(tail))
+        if called and finish == "stop":
+            finish = "tool_calls"
         job.channel.put(Finished(finish, len(prompt), generated))
         self._sample_memory()

@@ -577,6 +577,7 @@ def bench_model(name: str, model_path: Path, args: argparse.Namespace, ways: lis
     servers: list[Server] = []
     samples: list[Sample] = []
     ref_windows: dict[str, int] = {}
+    discarded: list[Sample] = []
     with tempfile.TemporaryDirectory(prefix="mlxd-bench-") as tmp:
         workdir = Path(tmp)
         try:
@@ -607,7 +608,15 @@ def bench_model(name: str, model_path: Path, args: argparse.Namespace, ways: lis
                 if isinstance(runner, HttpWay) and runner.server.proc.poll() is not None:
                     raise BenchError(f"{runner.server.name} died (exit {runner.server.proc.returncode}):\n"
                                      f"{runner.server.log_tail()}")
-                s = to_sample(measure(runner, args.prompt, args.max_tokens), name, way, rnd, warm, ref_windows)
+                tries = 1 if warm or args.max_background is None else 1 + args.retries
+                for attempt in range(tries):
+                    s = to_sample(measure(runner, args.prompt, args.max_tokens), name, way, rnd, warm, ref_windows)
+                    if attempt + 1 == tries or (s.background_cores or 0.0) <= args.max_background:
+                        break
+                    discarded.append(s)
+                    say(f"   [{n:2d}/{total}] {name} {LABEL[way]}: background load {s.background_cores:.2f} cores > "
+                        f"{args.max_background}: run discarded, retrying in 2s")
+                    time.sleep(2.0)
                 samples.append(s)
                 if way == "inproc":
                     ref_windows[s.text_sha1] = s.decode_window_tokens
@@ -626,7 +635,7 @@ def bench_model(name: str, model_path: Path, args: argparse.Namespace, ways: lis
     for n in notes:
         say(f"   note: {n}")
     return {"model_path": str(model_path), "summary": summarize(samples, ways), "notes": notes,
-            "samples": [asdict(s) for s in samples]}
+            "samples": [asdict(s) for s in samples], "discarded_samples": [asdict(s) for s in discarded]}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -639,18 +648,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help=f"where demo models are built ({DEFAULT_CACHE})")
     p.add_argument("--ways", default=",".join(WAYS),
                    help=f"comma-separated subset of {','.join(WAYS)} (default: all three)")
-    p.add_argument("--rounds", type=int, help="measured rounds (default 5; --quick 3)")
+    p.add_argument("--rounds", type=int, help="measured rounds (default 7; --quick 3)")
     p.add_argument("--warmup", type=int, help="warmup runs per way (default 1)")
     p.add_argument("--max-tokens", type=int, help="tokens per run (default 256; --quick 128)")
     p.add_argument("--prompt", default=DEFAULT_PROMPT, help="the prompt string")
-    p.add_argument("--quick", action="store_true", help="fewer, shorter runs (about a minute)")
+    p.add_argument("--quick", action="store_true", help="fewer, shorter runs (well under a minute)")
     p.add_argument("--mlx-lm-prompt-cache", action="store_true",
                    help="leave mlx_lm.server's prompt cache on (it then skips the prefill of a repeated prompt)")
+    p.add_argument("--max-background", type=float, metavar="CORES",
+                   help="re-run a measured run (up to --retries times) when other programs used more than CORES "
+                        "CPU cores during it (default: keep every run)")
+    p.add_argument("--retries", type=int, default=3, help="re-runs per run for --max-background (default 3)")
     p.add_argument("--startup-timeout", type=float, default=120.0, help="seconds for a server to become ready")
     p.add_argument("--goal", type=float, default=0.97, dest="goal_ratio", help="target engine/in-process ratio")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON results (default {DEFAULT_OUT})")
     args = p.parse_args(argv)
-    args.rounds = args.rounds if args.rounds is not None else (3 if args.quick else 5)
+    args.rounds = args.rounds if args.rounds is not None else (3 if args.quick else 7)
     args.warmup = args.warmup if args.warmup is not None else 1
     args.max_tokens = args.max_tokens if args.max_tokens is not None else (128 if args.quick else 256)
     if args.rounds < 1 or args.warmup < 0 or args.max_tokens < 2:
@@ -695,7 +708,8 @@ def main(argv: list[str] | None = None) -> int:
     settings = {"max_tokens": args.max_tokens, "rounds": args.rounds, "warmup": args.warmup,
                 "ways": args.ways_list, "prompt": args.prompt, "sampling": {"temperature": 0.0},
                 "endpoint": "/v1/completions (stream, include_usage)", "quick": args.quick,
-                "mlx_lm_server_prompt_cache": args.mlx_lm_prompt_cache, "goal_ratio": args.goal_ratio,
+                "mlx_lm_server_prompt_cache": args.mlx_lm_prompt_cache,
+                "max_background_cores": args.max_background, "goal_ratio": args.goal_ratio,
                 "metrics": {"ttft": "t0 (before the request is sent / before tokenizing) -> first chunk with "
                                     "non-empty text",
                             "decode_tok_s": "(window - 1) / (t_last - t_first), first/last chunk with non-empty "

@@ -9,6 +9,7 @@ on. Two sources, both read by the worker:
                                       deleted when the fault fires (one shot)
 
 ACTION: abort  (os.abort(): SIGABRT, as Metal's check_error does)
+        oom    (print MLX's real Metal out-of-memory message to stderr, then abort)
         hang   (block forever, ignoring cancellation)
         raise  (raise RuntimeError with a Metal-like message, as mlx >= 0.32)
         exit   (os._exit(1), like an uncaught Python error)
@@ -17,7 +18,9 @@ POINT:  boot   (engine start, before the preload)
         start  (a request was admitted, before its first token)
         token  (after N generated tokens; N defaults to 1)
         idle   (the worker is idle)
-Several specs may be joined with commas.
+Several specs may be joined with commas. MLXD_FAULT_MATCH="text" limits
+start/token faults to requests whose prompt contains the text (a "poison"
+request, for the quarantine tests).
 """
 
 from __future__ import annotations
@@ -28,9 +31,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-ACTIONS = ("abort", "hang", "raise", "exit")
+ACTIONS = ("abort", "oom", "hang", "raise", "exit")
 POINTS = ("boot", "load", "start", "token", "idle")
-METAL_MESSAGE = "[METAL] Command buffer execution failed: Insufficient Memory (00000008:kIOGPUCommandBufferCallbackErrorOutOfMemory) (fault injected by MLXD_FAULT)"
+# What libmlx prints before aborting when Metal runs out of memory.
+METAL_OOM_MESSAGE = ("libc++abi: terminating due to uncaught exception of type std::runtime_error: "
+                     "[METAL] Command buffer execution failed: Insufficient Memory "
+                     "(00000008:kIOGPUCommandBufferCallbackErrorOutOfMemory)")
+METAL_MESSAGE = "[METAL] Command buffer execution failed: Internal Error (0000000e:Internal Error) (fault injected)"
 
 
 class InjectedMLXError(RuntimeError):
@@ -69,6 +76,9 @@ def trigger(fault: Fault) -> None:
     """Carry the fault out. Does not return except for 'raise' (which raises)."""
     if fault.action == "abort":
         os.abort()
+    if fault.action == "oom":
+        os.write(2, (METAL_OOM_MESSAGE + "\n").encode())
+        os.abort()
     if fault.action == "exit":
         os._exit(1)
     if fault.action == "raise":
@@ -82,14 +92,19 @@ def trigger(fault: Fault) -> None:
 class FaultInjector:
     """Owned by the worker thread. Cheap when no fault is configured."""
 
-    def __init__(self, env_spec: str | None, spec_file: str | None) -> None:
+    def __init__(self, env_spec: str | None, spec_file: str | None, match: str | None = None) -> None:
         self._fixed = parse_faults(env_spec) if env_spec else ()
+        self.match = match or None
         self._file = Path(spec_file) if spec_file else None
         self.active: tuple[Fault, ...] = self._fixed
 
     @classmethod
     def from_environ(cls) -> "FaultInjector":
-        return cls(os.environ.get("MLXD_FAULT"), os.environ.get("MLXD_FAULT_FILE"))
+        return cls(os.environ.get("MLXD_FAULT"), os.environ.get("MLXD_FAULT_FILE"), os.environ.get("MLXD_FAULT_MATCH"))
+
+    def applies_to(self, prompt_text: str) -> bool:
+        """Request-bound faults fire only for matching requests."""
+        return self.match is None or self.match in prompt_text
 
     @property
     def enabled(self) -> bool:
@@ -105,7 +120,9 @@ class FaultInjector:
             from_file = ()
         self.active = self._fixed + from_file
 
-    def check(self, point: str, tokens: int = 0) -> None:
+    def check(self, point: str, tokens: int = 0, request_text: str | None = None) -> None:
+        if request_text is not None and not self.applies_to(request_text):
+            return
         for fault in self.active:
             if fault.fires_at(point, tokens):
                 if fault not in self._fixed and self._file is not None:

@@ -28,12 +28,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mlxd import exit_codes
 from mlxd.config import Config
+from mlxd.paths import StatePaths
 
 from .admission import AdmissionQueue
 from .errors import EngineError
 from .faults import FaultInjector
 from .metrics import CONTENT_TYPE, EngineMetrics
 from .model_registry import ModelRegistry
+from .quarantine import QuarantineList
 from .protocol import (SSE_DONE, ChatCompletionRequest, CompletionRequest, ResponseBuilder, SamplingFields, Usage,
                        sse_error)
 from .worker import (Delta, Event, EventChannel, Failed, Finished, Job, ModelWorker, Phase, SamplingParams, Started,
@@ -58,8 +60,11 @@ class Engine:
         self.registry = registry
         self.admission: AdmissionQueue[Job] = AdmissionQueue(config.engine.max_queue)
         default = config.resolve(config.engine.default_model)
+        self.paths = StatePaths(config.home)
+        self.paths.run.mkdir(parents=True, exist_ok=True)
+        self.quarantine = QuarantineList(self.paths.quarantine)
         self.worker = ModelWorker(registry, self.admission, faults, self._on_fatal_from_worker,
-                                  config.engine.max_prompt_tokens, default)
+                                  config.engine.max_prompt_tokens, default, self.paths.inflight)
         self.metrics = EngineMetrics()
         self.started_at = time.monotonic()
         self.draining = False
@@ -209,6 +214,7 @@ class Engine:
 
     async def run(self, request: Request, req: SamplingFields, kind: str) -> Response:
         job = self.make_job(req, kind)
+        self.quarantine.check(job.fingerprint)
         if self.draining:
             raise EngineError(503, "the engine is shutting down", code="engine_unavailable", retry_after=5)
         refusal = self.admission.offer(job)

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import gc
+import os
 import hashlib
 import json
 import logging
@@ -23,7 +25,10 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
+
+from mlxd.paths import write_json_atomic
 
 from .admission import AdmissionQueue
 from .errors import EngineError, bad_request
@@ -150,6 +155,13 @@ class Job:
     created: float = field(default_factory=time.monotonic)
 
     @property
+    def text(self) -> str:
+        """The request's text, for fault matching."""
+        if self.messages is not None:
+            return "\n".join(str(m.get("content", "")) for m in self.messages)
+        return self.prompt if isinstance(self.prompt, str) else ""
+
+    @functools.cached_property
     def fingerprint(self) -> str:
         """Identifies the request's content (for the crash journal)."""
         body = json.dumps([self.model_id, self.messages, self.tools, self.prompt], sort_keys=True, default=str)
@@ -195,6 +207,7 @@ class ModelWorker(threading.Thread):
         on_fatal: Callable[[BaseException, Job | None], None],
         max_prompt_tokens: int,
         default_model: str | None,
+        inflight_path: Path | None = None,
     ) -> None:
         super().__init__(name="mlxd-model-worker", daemon=True)
         self.registry = registry
@@ -203,6 +216,9 @@ class ModelWorker(threading.Thread):
         self.on_fatal = on_fatal
         self.max_prompt_tokens = max_prompt_tokens
         self.default_model = default_model
+        # The request in flight, on disk: after a crash the listener reads
+        # it to journal (and eventually quarantine) the request.
+        self.inflight_path = inflight_path
         self._stop_event = threading.Event()
         # Owned by this thread; other threads read the published snapshots.
         self._model: Any = None
@@ -226,6 +242,8 @@ class ModelWorker(threading.Thread):
 
     def run(self) -> None:
         try:
+            if self.inflight_path is not None:
+                self.inflight_path.unlink(missing_ok=True)  # the listener has read it by now
             self.faults.refresh()
             self.faults.check("boot")
             self._preload()
@@ -339,11 +357,12 @@ class ModelWorker(threading.Thread):
         started = time.monotonic()
         self.counters["jobs"] += 1
         self.current_job = job
+        self._record_inflight(job)
         try:
             if job.cancelled.is_set():
                 return
             self.faults.refresh()
-            self.faults.check("start")
+            self.faults.check("start", request_text=job.text)
             self._ensure_model(job.model_id, job)
             self._publish(Phase.PREFILL, job)
             tokens = self._tokenize(job)
@@ -361,7 +380,21 @@ class ModelWorker(threading.Thread):
             self.current_job = None
             if self.status.phase is not Phase.FAILED:
                 self._publish(Phase.IDLE)
+                self._record_inflight(None)
             self.admission.done(job, time.monotonic() - started)
+
+    def _record_inflight(self, job: Job | None) -> None:
+        if self.inflight_path is None:
+            return
+        try:
+            if job is None:
+                self.inflight_path.unlink(missing_ok=True)
+            else:
+                write_json_atomic(self.inflight_path, {"request_id": job.id, "fingerprint": job.fingerprint,
+                                                       "model": job.model_id, "pid": os.getpid(),
+                                                       "started": time.time()}, durable=False)
+        except OSError as exc:  # a full disk must not take requests down
+            log.warning("cannot record the in-flight request: %s", exc)
 
     def _tokenize(self, job: Job) -> list[int]:
         tok = self._tokenizer
@@ -439,7 +472,7 @@ class ModelWorker(threading.Thread):
                     if job.tools and getattr(tok, "has_tool_calling", False) else None)
         called = False
         deadline = time.monotonic() + job.deadline_s
-        token_faults = any(f.point == "token" for f in self.faults.active)
+        token_faults = any(f.point == "token" for f in self.faults.active) and self.faults.applies_to(job.text)
         finish, generated = "length", 0
         self.active_generations += 1
         self.max_observed_concurrency = max(self.max_observed_concurrency, self.active_generations)

@@ -1,0 +1,120 @@
+"""Where mlxd keeps its state: one directory ($MLXD_HOME), one layout.
+
+  mlxd.toml                      the config (the single source of truth)
+  key                            the gateway key (0600)
+  run/   supervisord.sock, supervisord.pid, engine.pid, engine.exit.json,
+         engine.inflight.json    (live process state; stale after a crash)
+  logs/  supervisord.log, engine.log, engine.err.log, listener.log
+  state/ crashes.jsonl, quarantine.json, supervision.json
+  generated/ supervisord.conf    (generated from mlxd.toml, never edited)
+  models/ demo-a, demo-b          (built-in demo models)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class StatePaths:
+    home: Path
+
+    @property
+    def run(self) -> Path:
+        return self.home / "run"
+
+    @property
+    def logs(self) -> Path:
+        return self.home / "logs"
+
+    @property
+    def state(self) -> Path:
+        return self.home / "state"
+
+    @property
+    def generated(self) -> Path:
+        return self.home / "generated"
+
+    @property
+    def socket(self) -> Path:
+        return self.run / "supervisord.sock"
+
+    @property
+    def supervisord_pid(self) -> Path:
+        return self.run / "supervisord.pid"
+
+    @property
+    def supervisord_conf(self) -> Path:
+        return self.generated / "supervisord.conf"
+
+    @property
+    def engine_pid(self) -> Path:
+        return self.run / "engine.pid"
+
+    @property
+    def engine_exit(self) -> Path:
+        return self.run / "engine.exit.json"
+
+    @property
+    def inflight(self) -> Path:
+        return self.run / "engine.inflight.json"
+
+    @property
+    def journal(self) -> Path:
+        return self.state / "crashes.jsonl"
+
+    @property
+    def quarantine(self) -> Path:
+        return self.state / "quarantine.json"
+
+    @property
+    def supervision(self) -> Path:
+        return self.state / "supervision.json"
+
+    @property
+    def engine_stderr(self) -> Path:
+        return self.logs / "engine.err.log"
+
+    def make_dirs(self) -> None:
+        for d in (self.run, self.logs, self.state, self.generated):
+            d.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.run, 0o700)  # the control socket lives here
+
+
+def write_atomic(path: Path, data: str | bytes, mode: int = 0o644, durable: bool = True) -> None:
+    """Write a whole file or nothing: a kill -9 at any moment leaves either
+    the old content or the new (temp file, rename). `durable` adds an fsync,
+    for files that must also survive a power cut."""
+    raw = data.encode() if isinstance(data, str) else data
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, mode)
+        os.write(fd, raw)
+        if durable:
+            os.fsync(fd)
+        os.close(fd)
+        fd = -1
+        os.replace(tmp, path)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def write_json_atomic(path: Path, obj: Any, durable: bool = True) -> None:
+    write_atomic(path, json.dumps(obj, indent=1, sort_keys=True), durable=durable)
+
+
+def read_json(path: Path) -> Any | None:
+    """A JSON file's content, or None when missing or unreadable."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None

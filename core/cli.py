@@ -1,8 +1,10 @@
-"""The `mlxd` command.
+"""The `mlxd` command (DESIGN.md, Fixed conventions).
 
-For now: `mlxd engine` runs the engine alone in the foreground (DESIGN.md,
-Fixed conventions). up/down/restart/status arrive with the supervisor and
-operations issues.
+  mlxd engine               the engine alone, in the foreground
+  mlxd up [--detach]        supervisord with the engine and the crash listener
+  mlxd down                 stop everything
+  mlxd restart [engine|all] an operator's restart (clears a crash loop)
+  mlxd status [--json]      what runs, health, crashes; exit 0 healthy, 1 degraded, 2 down
 """
 
 from __future__ import annotations
@@ -29,6 +31,15 @@ def _parser() -> argparse.ArgumentParser:
     eng.add_argument("--host", help="bind address (default 127.0.0.1)")
     eng.add_argument("--port", type=int, help="port (default 8080)")
     eng.add_argument("--model", help="model id or alias to preload (default: the 'default' alias)")
+
+    up = sub.add_parser("up", help="run mlxd under supervisord (foreground unless --detach)")
+    up.add_argument("--detach", action="store_true", help="start in the background and return once ready")
+    up.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for ready with --detach")
+    sub.add_parser("down", help="stop supervisord, the engine and the listener")
+    rs = sub.add_parser("restart", help="restart the engine (clears a crash loop) or everything")
+    rs.add_argument("what", choices=["engine", "all"], nargs="?", default="engine")
+    st = sub.add_parser("status", help="show what runs and how it is doing")
+    st.add_argument("--json", action="store_true", help="machine-readable output")
 
     cfg = sub.add_parser("config", help="show the effective config, or its path")
     cfg.add_argument("action", choices=["show", "path", "validate"], nargs="?", default="show")
@@ -63,7 +74,9 @@ def main(argv: list[str] | None = None) -> int:
         from mlxd.engine.main import run_engine
 
         return run_engine(config)
-    return exit_codes.USAGE
+    from mlxd.supervisor import operate
+
+    return operate.run_command(args, config)
 
 
 if __name__ == "__main__":

@@ -72,9 +72,26 @@ class EngineConfig(Strict):
     stuck_grace_s: float = Field(default=30.0, gt=0)  # deadline overrun before "stuck"
 
 
+class SupervisorConfig(Strict):
+    """Restart policy and hang detection (see supervisor/policy.py)."""
+
+    backoff_base_s: float = Field(default=1.0, ge=0)
+    backoff_cap_s: float = Field(default=60.0, ge=0)
+    healthy_reset_s: float = Field(default=120.0, gt=0)
+    loop_crashes: int = Field(default=5, ge=1)
+    loop_window_s: float = Field(default=600.0, gt=0)
+    cooldown_s: float = Field(default=300.0, ge=0)
+    health_interval_s: float = Field(default=1.0, gt=0)
+    health_failures: int = Field(default=3, ge=1)
+    start_grace_s: float = Field(default=120.0, ge=0)
+    quarantine_s: float = Field(default=3600.0, ge=0)
+    journal_max_bytes: int = Field(default=1_000_000, ge=10_000)
+
+
 class Config(Strict):
     home: Path
     engine: EngineConfig = EngineConfig()
+    supervisor: SupervisorConfig = SupervisorConfig()
     models: dict[str, ModelSpec] = Field(default_factory=lambda: {DEMO_MODEL_ID: ModelSpec(demo="a")})
     aliases: dict[str, str] = Field(default_factory=dict)
 

@@ -5,8 +5,8 @@ on. Two sources, both read by the worker:
 
   MLXD_FAULT="ACTION@POINT[:N]"       fixed for the process's life
   MLXD_FAULT_FILE=/path/to/file       the file holds a spec; it is read at
-                                      each job start and while idle, and
-                                      deleted when the fault fires (one shot)
+                                      boot, at each job start and while
+                                      idle; remove the file to stop it
 
 ACTION: abort  (os.abort(): SIGABRT, as Metal's check_error does)
         oom    (print MLX's real Metal out-of-memory message to stderr, then abort)
@@ -125,7 +125,4 @@ class FaultInjector:
             return
         for fault in self.active:
             if fault.fires_at(point, tokens):
-                if fault not in self._fixed and self._file is not None:
-                    self._file.unlink(missing_ok=True)  # one shot
-                    self.active = self._fixed
                 trigger(fault)

@@ -2,12 +2,11 @@
 
 supervisord cannot tell us why the engine died: its events carry no exit
 status or signal, let alone the fault site. On macOS, ReportCrash writes a
-crash report to ~/Library/Logs/DiagnosticReports/ for every process that dies
-by a crash signal, and that report names the signal, the faulting thread and
-queue, its stack and the "Application Specific Information" (e.g. libc++abi's
-"terminating due to uncaught exception ... [METAL] ..."). The crash listener
-looks up the report for the dead engine's pid and writes a one-line summary of
-it to the crash journal.
+report to ~/Library/Logs/DiagnosticReports/ for a process killed by a crash
+signal, naming the signal, the faulting thread, its queue and stack, and the
+"Application Specific Information" (e.g. libc++abi's uncaught-exception
+message). The crash listener finds the dead engine's report by pid and puts a
+one-line summary of it in the crash journal.
 
 The `.ips` format (macOS 12+) is two JSON objects: the first line is the IPS
 metadata (`bug_type` "309" for a crash report), the rest is the report body
@@ -18,8 +17,8 @@ metadata (`bug_type` "309" for a crash report), the rest is the report body
 from __future__ import annotations
 
 import json
-import os
 import re
+import stat
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path, PurePosixPath
@@ -29,6 +28,9 @@ MAX_FILES = 50  # newest reports looked at per lookup
 MAX_REPORT_BYTES = 4 * 1024 * 1024  # real reports are tens to hundreds of KB
 TOP_FRAMES = 8
 _OOM = re.compile(r"kIOGPUCommandBufferCallbackErrorOutOfMemory|Insufficient Memory")
+# Images of the abort()/terminate machinery: the summary names the first frame past them.
+_PLUMBING = ("libsystem_kernel.dylib", "libsystem_pthread.dylib", "libsystem_c.dylib",
+             "libsystem_platform.dylib", "libc++abi.dylib", "libobjc.A.dylib")
 
 
 @dataclass(frozen=True)
@@ -111,7 +113,8 @@ def parse_ips(text: str) -> CrashReport | None:
             continue
         i = frame.get("imageIndex")
         image = images[i] if isinstance(i, int) and 0 <= i < len(images) else {}
-        symbol = frame.get("symbol") or f"0x{frame.get('imageOffset', 0):x}"
+        offset = frame.get("imageOffset")
+        symbol = frame.get("symbol") or (f"0x{offset:x}" if isinstance(offset, int) else "???")
         shown = f"{symbol} ({image.get('name') or '???'})"
         frames.append(shown)
         if first_mlx is None and (_is_mlx_image(image) or str(symbol).startswith("mlx::")):
@@ -156,7 +159,9 @@ def summary(report: CrashReport, limit: int = 400) -> str:
     mlx::core::gpu::check_error(MTL::CommandBuffer*) (libmlx.dylib) on
     com.Metal.CompletionQueueDispatch: abort() called"."""
     line = " ".join(x for x in (report.exception_type, report.signal) if x) or "crash"
-    where = report.first_mlx_frame or (report.top_frames[0] if report.top_frames else None)
+    where = report.first_mlx_frame or next(
+        (f for f in report.top_frames if not f.endswith(tuple(f" ({i})" for i in _PLUMBING))),
+        report.top_frames[0] if report.top_frames else None)
     if where:
         line += f" in {where}"
     if report.faulting_thread_queue:
@@ -186,21 +191,13 @@ def find_report(reports_dir: Path, pid: int, died_at: float, *,
     whose pid matches and whose capture time (if any) is within the window.
     pids are reused, hence the time checks."""
     candidates: list[tuple[float, Path]] = []
-    try:
-        with os.scandir(reports_dir) as entries:
-            for entry in entries:
-                if not entry.name.endswith(".ips"):
-                    continue
-                try:
-                    if not entry.is_file():
-                        continue
-                    mtime = entry.stat().st_mtime
-                except OSError:
-                    continue
-                if abs(mtime - died_at) <= window_s:
-                    candidates.append((mtime, Path(entry.path)))
-    except OSError:  # missing folder, or not ours to read
-        return None
+    for path in Path(reports_dir).glob("*.ips"):  # a missing folder yields nothing
+        try:
+            st = path.stat()
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode) and abs(st.st_mtime - died_at) <= window_s:
+            candidates.append((st.st_mtime, path))
     for _, path in sorted(candidates, key=lambda c: c[0], reverse=True)[:MAX_FILES]:
         text = _read_capped(path)
         report = parse_ips(text) if text is not None else None

@@ -21,6 +21,8 @@ class ExitClass(enum.Enum):
     SIGKILL = "sigkill"  # e.g. the OS killing it for memory
     OTHER_SIGNAL = "other_signal"
     MLX_ERROR = "mlx_error"  # MLX raised; the engine exited on purpose to restart clean
+    METAL_OOM = "metal_oom"  # Metal ran out of memory (its message is in stderr)
+    HANG = "hang"  # alive but not serving: we killed it
     PRELOAD_FAILED = "preload_failed"
     CONFIG_ERROR = "config_error"
     PYTHON_EXCEPTION = "python_exception"
@@ -37,14 +39,28 @@ METAL_PATTERNS = (
 _METAL = re.compile("|".join(METAL_PATTERNS))
 
 
+_METAL_OOM = re.compile(r"Insufficient Memory|OutOfMemory|\[metal::malloc\]|out of memory", re.IGNORECASE)
+
+
 def mentions_metal_error(stderr_tail: str) -> bool:
     return bool(_METAL.search(stderr_tail))
 
 
-def classify_exit(returncode: int, stderr_tail: str = "") -> ExitClass:
-    """`returncode` as subprocess reports it: negative for a signal,
-    128+N when a shell or wrapper reports signal N."""
-    sig = -returncode if returncode < 0 else (returncode - 128 if 128 < returncode < 160 else None)
+def exit_signal(returncode: int) -> int | None:
+    """The signal that ended the process: negative returncodes (subprocess)
+    or 128+N (a wrapper or shell)."""
+    if returncode < 0:
+        return -returncode
+    return returncode - 128 if 128 < returncode < 160 else None
+
+
+def classify_exit(returncode: int, stderr_tail: str = "", killed_for_hang: bool = False) -> ExitClass:
+    """What an engine exit means, from its status and its stderr's tail."""
+    if killed_for_hang:
+        return ExitClass.HANG
+    sig = exit_signal(returncode)
+    if sig != signal.SIGKILL and _METAL_OOM.search(stderr_tail) and mentions_metal_error(stderr_tail):
+        return ExitClass.METAL_OOM
     if sig == signal.SIGABRT:
         return ExitClass.SIGABRT
     if sig == signal.SIGKILL:

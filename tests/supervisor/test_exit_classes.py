@@ -12,7 +12,13 @@ from mlxd.supervisor.exit_classes import ExitClass, classify_exit
     (137, "", ExitClass.SIGKILL),
     (-11, "", ExitClass.OTHER_SIGNAL),
     (86, "", ExitClass.MLX_ERROR),
-    (1, "RuntimeError: [METAL] Command buffer execution failed: Insufficient Memory", ExitClass.MLX_ERROR),
+    (1, "RuntimeError: [METAL] Command buffer execution failed: Internal Error", ExitClass.MLX_ERROR),
+    (-6, "libc++abi: terminating due to uncaught exception of type std::runtime_error: [METAL] Command buffer "
+         "execution failed: Insufficient Memory (00000008:kIOGPUCommandBufferCallbackErrorOutOfMemory)",
+     ExitClass.METAL_OOM),
+    (86, "RuntimeError: [metal::malloc] Attempting to allocate 40000000000 bytes which is greater than the "
+         "maximum allowed buffer size", ExitClass.METAL_OOM),
+    (-6, "Fatal Python error: Aborted", ExitClass.SIGABRT),
     (79, "", ExitClass.PRELOAD_FAILED),
     (78, "", ExitClass.CONFIG_ERROR),
     (1, "Traceback (most recent call last):\n  ValueError: x", ExitClass.PYTHON_EXCEPTION),
@@ -20,3 +26,7 @@ from mlxd.supervisor.exit_classes import ExitClass, classify_exit
 ])
 def test_classify_exit(returncode, stderr, expected):
     assert classify_exit(returncode, stderr) is expected
+
+
+def test_a_kill_for_a_hang_is_a_hang_whatever_the_signal():
+    assert classify_exit(-9, "", killed_for_hang=True) is ExitClass.HANG

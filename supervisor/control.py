@@ -1,0 +1,128 @@
+"""Operating supervisord: prepare the state dir, start (foreground or
+detached), talk XML-RPC over the 0700 unix socket, stop, restart the engine,
+and clear what a kill -9 may have left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import xmlrpc.client
+from pathlib import Path
+
+import psutil
+
+from mlxd.config import Config
+from mlxd.paths import StatePaths, read_json, write_atomic
+
+from .supervisord_conf import render_supervisord_conf
+
+
+def rpc(paths: StatePaths) -> xmlrpc.client.ServerProxy:
+    from supervisor.xmlrpc import SupervisorTransport
+
+    transport = SupervisorTransport(None, None, serverurl=f"unix://{paths.socket}")
+    return xmlrpc.client.ServerProxy("http://127.0.0.1", transport=transport)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return " ".join(psutil.Process(pid).cmdline())
+    except (psutil.Error, OSError):
+        return ""
+
+
+def supervisord_pid(paths: StatePaths) -> int | None:
+    """The pid of our live supervisord, or None (a stale pid file is not one)."""
+    try:
+        pid = int(paths.supervisord_pid.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return pid if "supervisord" in _cmdline(pid) else None
+
+
+def clean_stale(paths: StatePaths) -> list[str]:
+    """After a kill -9 of supervisord: remove its pid file and socket and stop
+    an orphaned engine still holding the port and GPU memory."""
+    notes = []
+    if supervisord_pid(paths) is not None:
+        return notes
+    for f in (paths.supervisord_pid, paths.socket):
+        if f.exists():
+            f.unlink()
+            notes.append(f"removed stale {f.name}")
+    rec = read_json(paths.engine_pid) or {}
+    for key in ("pid", "runner_pid"):
+        pid = rec.get(key)
+        if pid and "mlxd" in _cmdline(int(pid)):
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+                notes.append(f"stopped orphaned engine process {pid}")
+            except OSError:
+                pass
+    return notes
+
+
+def prepare(config: Config) -> Path:
+    """State directory and a freshly generated supervisord.conf."""
+    paths = StatePaths(config.home)
+    paths.make_dirs()
+    write_atomic(paths.supervisord_conf, render_supervisord_conf(config))
+    return paths.supervisord_conf
+
+
+def supervisord_argv(conf: Path) -> list[str]:
+    return [sys.executable, "-m", "supervisor.supervisord", "-n", "-c", str(conf)]
+
+
+def wait_for_socket(paths: StatePaths, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if rpc(paths).supervisor.getState()["statename"] == "RUNNING":
+                return True
+        except (OSError, xmlrpc.client.Error):
+            pass
+        time.sleep(0.1)
+    return False
+
+
+def start_detached(config: Config, timeout: float = 30.0) -> int:
+    """Start supervisord in the background; returns its pid once it answers."""
+    conf = prepare(config)
+    paths = StatePaths(config.home)
+    out = (paths.logs / "supervisord.out").open("ab")
+    proc = subprocess.Popen(supervisord_argv(conf), stdout=out, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True, env=os.environ.copy())
+    if not wait_for_socket(paths, timeout):
+        raise RuntimeError(f"supervisord did not come up in {timeout:.0f}s; see {paths.logs / 'supervisord.out'}")
+    return proc.pid
+
+
+def shutdown(paths: StatePaths, timeout: float = 60.0) -> bool:
+    pid = supervisord_pid(paths)
+    if pid is None:
+        return False
+    try:
+        rpc(paths).supervisor.shutdown()
+    except (OSError, xmlrpc.client.Error):
+        os.kill(pid, signal.SIGTERM)
+    try:
+        psutil.Process(pid).wait(timeout)
+    except psutil.NoSuchProcess:
+        pass
+    except psutil.TimeoutExpired:
+        os.kill(pid, signal.SIGKILL)
+    return True
+
+
+def restart_engine(paths: StatePaths) -> None:
+    """An operator's restart: stop (draining) if running, then start. The
+    listener sees an operator's start and clears the crash history."""
+    server = rpc(paths)
+    info = server.supervisor.getProcessInfo("engine")
+    if info["statename"] in ("RUNNING", "STARTING"):
+        server.supervisor.stopProcess("engine", True)
+    server.supervisor.startProcess("engine", False)

@@ -1,0 +1,63 @@
+"""The engine's runner: supervisord's `engine` program.
+
+supervisord's events do not carry a child's exit status or signal, so this
+small parent (stdlib only, starts in milliseconds) runs `mlxd engine`, waits
+for it and writes the real status to run/engine.exit.json before exiting
+with the same meaning (the code, or 128 + the signal). It also notices when
+supervisord itself is gone (kill -9, crash) and stops the engine, so that no
+orphan keeps the port and the GPU memory.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from mlxd.paths import StatePaths, write_json_atomic
+
+PARENT_POLL_S = 0.5
+ORPHAN_STOP_GRACE_S = 5.0
+
+
+def _watch_parent(child: subprocess.Popen, parent: int) -> None:
+    while child.poll() is None:
+        if os.getppid() != parent:  # reparented: supervisord died
+            print("mlxd-engine-runner: supervisord is gone; stopping the engine", file=sys.stderr, flush=True)
+            child.terminate()
+            try:
+                child.wait(ORPHAN_STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                child.kill()
+            return
+        time.sleep(PARENT_POLL_S)
+
+
+def main() -> int:
+    paths = StatePaths(Path(os.environ["MLXD_HOME"]))
+    cmd = [sys.executable, "-m", "mlxd.cli", "engine", *sys.argv[1:]]
+    parent = os.getppid()
+    started = time.time()
+    child = subprocess.Popen(cmd)
+    write_json_atomic(paths.engine_pid, {"pid": child.pid, "runner_pid": os.getpid(), "started": started},
+                      durable=False)
+
+    def forward(signum: int, _frame) -> None:
+        if child.poll() is None:
+            child.send_signal(signum)  # the engine drains on TERM; a repeat is harmless
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, forward)
+    threading.Thread(target=_watch_parent, args=(child, parent), daemon=True).start()
+    returncode = child.wait()
+    write_json_atomic(paths.engine_exit, {"pid": child.pid, "runner_pid": os.getpid(), "returncode": returncode,
+                                          "started": started, "ended": time.time()})
+    return returncode if returncode >= 0 else 128 - returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())

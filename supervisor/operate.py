@@ -1,0 +1,132 @@
+"""The stack commands of `mlxd`: up, down, restart, status (thin shells over
+control.py and status.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import urllib.request
+
+from mlxd import exit_codes
+from mlxd.config import Config
+from mlxd.paths import StatePaths
+
+from . import control
+from .status import collect_status
+
+STATUS_EXIT = {"healthy": 0, "degraded": 1, "down": 2}
+
+
+def _wait_ready(config: Config, timeout: float) -> bool:
+    url = f"http://127.0.0.1:{config.engine.port}/health"
+    deadline = time.monotonic() + timeout
+    shown = ""
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    print("\rengine: ready" + " " * 30, file=sys.stderr)
+                    return True
+        except urllib.error.HTTPError as e:
+            try:
+                phase = json.loads(e.read()).get("reason") or "starting"
+            except ValueError:
+                phase = "starting"
+            if phase != shown:
+                print(f"\rengine: {phase}" + " " * 20, end="", file=sys.stderr, flush=True)
+                shown = phase
+        except OSError:
+            pass
+        time.sleep(0.2)
+    return False
+
+
+def cmd_up(args: argparse.Namespace, config: Config) -> int:
+    paths = StatePaths(config.home)
+    pid = control.supervisord_pid(paths)
+    if pid is not None:
+        print(f"mlxd is already running (supervisord pid {pid}); see `mlxd status`")
+        return exit_codes.OK
+    for note in control.clean_stale(paths):
+        print(f"mlxd: {note}", file=sys.stderr)
+    if not args.detach:
+        conf = control.prepare(config)
+        argv = control.supervisord_argv(conf)
+        os.execv(argv[0], argv)
+    pid = control.start_detached(config)
+    print(f"supervisord started (pid {pid}); waiting for the engine...", file=sys.stderr)
+    if not _wait_ready(config, args.timeout):
+        print(f"mlxd: the engine is not ready after {args.timeout:.0f}s; see `mlxd status` and "
+              f"{paths.logs}", file=sys.stderr)
+        return 1
+    print(f"engine: http://127.0.0.1:{config.engine.port}/v1")
+    return exit_codes.OK
+
+
+def cmd_down(config: Config) -> int:
+    if control.shutdown(StatePaths(config.home)):
+        print("mlxd stopped")
+    else:
+        print("mlxd was not running")
+    return exit_codes.OK
+
+
+def cmd_restart(args: argparse.Namespace, config: Config) -> int:
+    paths = StatePaths(config.home)
+    if control.supervisord_pid(paths) is None:
+        print("mlxd is not running; start it with `mlxd up`", file=sys.stderr)
+        return 2
+    if args.what == "engine":
+        control.restart_engine(paths)
+        print("engine restarted", file=sys.stderr)
+        return exit_codes.OK if _wait_ready(config, 300) else 1
+    control.shutdown(paths)
+    return cmd_up(argparse.Namespace(detach=True, timeout=300.0), config)
+
+
+def format_status(st: dict) -> str:
+    lines = [f"mlxd: {st['overall']}   (home {st['home']})"]
+    sup = st["supervisord"]
+    lines.append(f"  supervisord   {'running pid ' + str(sup['pid']) if sup['running'] else 'not running'}")
+    for p in st["processes"] or []:
+        up = f"up {p['uptime_s']:.0f}s" if p["uptime_s"] is not None else ""
+        lines.append(f"  {p['name']:<13} {p['state']:<9} pid {p['pid'] or '-':<7} {up}")
+    h = st["engine"]["health"] or {}
+    mem = h.get("memory") or {}
+    lines.append(f"  engine health {h.get('status', 'no answer')}  model {h.get('resident_model') or '-'}  "
+                 f"queue {h.get('queue_depth', '-')}  MLX active {mem.get('mlx_active_bytes', 0) / 2**20:.0f} MiB  "
+                 f"RSS {mem.get('rss_bytes', 0) / 2**20:.0f} MiB")
+    sv = st["supervision"] or {}
+    if sv:
+        extra = ""
+        if sv.get("restart_at"):
+            extra = f"  next start in {max(0.0, sv['restart_at'] - st['time']):.0f}s"
+        lines.append(f"  supervision   {sv.get('mode')}{extra}")
+    c = st["crashes"]
+    last = c["last"]
+    last_s = f"  last: {last['class']} at {time.strftime('%H:%M:%S', time.localtime(last['time']))}" if last else ""
+    lines.append(f"  crashes       {c['last_hour']} last hour, {c['last_day']} last day{last_s}")
+    if st["quarantined_requests"]:
+        lines.append(f"  quarantined   {st['quarantined_requests']} request(s)")
+    return "\n".join(lines)
+
+
+def cmd_status(args: argparse.Namespace, config: Config) -> int:
+    st = collect_status(config)
+    print(json.dumps(st, indent=2, default=str) if args.json else format_status(st))
+    return STATUS_EXIT[st["overall"]]
+
+
+def run_command(args: argparse.Namespace, config: Config) -> int:
+    if args.command == "up":
+        return cmd_up(args, config)
+    if args.command == "down":
+        return cmd_down(config)
+    if args.command == "restart":
+        return cmd_restart(args, config)
+    if args.command == "status":
+        return cmd_status(args, config)
+    return exit_codes.USAGE

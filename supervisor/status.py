@@ -1,0 +1,81 @@
+"""Status data for `mlxd status`: one function, one JSON-able dict.
+
+Reads what is there without changing anything: supervisord's process table
+(XML-RPC), the engine's /health, the listener's state file and the crash
+journal. Each part degrades to None when its source is absent.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+import xmlrpc.client
+from typing import Any
+
+from mlxd.config import Config
+from mlxd.paths import StatePaths, read_json
+
+from . import journal
+from .control import rpc, supervisord_pid
+
+
+def _engine_health(config: Config) -> dict[str, Any]:
+    host = config.engine.host if config.engine.host not in ("0.0.0.0", "::") else "127.0.0.1"
+    url = f"http://{host}:{config.engine.port}/health"
+    try:
+        with urllib.request.urlopen(url, timeout=2.0) as r:
+            return {"url": url, "http_status": r.status, "health": json.loads(r.read())}
+    except urllib.error.HTTPError as e:
+        try:
+            body = json.loads(e.read())
+        except ValueError:
+            body = None
+        return {"url": url, "http_status": e.code, "health": body}
+    except (OSError, ValueError):
+        return {"url": url, "http_status": None, "health": None}
+
+
+def _processes(paths: StatePaths) -> list[dict[str, Any]] | None:
+    try:
+        infos = rpc(paths).supervisor.getAllProcessInfo()
+    except (OSError, xmlrpc.client.Error):
+        return None
+    now = time.time()
+    return [{"name": i["name"], "state": i["statename"], "pid": i["pid"] or None,
+             "uptime_s": round(now - i["start"], 1) if i["statename"] == "RUNNING" and i["start"] else None,
+             "description": i["description"]} for i in infos]
+
+
+def overall(sup_pid: int | None, engine_ok: bool, mode: str | None) -> str:
+    """healthy / degraded (serving through the fallback) / down (pure)."""
+    if sup_pid is None:
+        return "down"
+    if engine_ok:
+        return "healthy"
+    return "degraded" if mode in ("degraded", "backoff", "starting", "running") else "down"
+
+
+def collect_status(config: Config) -> dict[str, Any]:
+    paths = StatePaths(config.home)
+    now = time.time()
+    sup_pid = supervisord_pid(paths)
+    records = journal.read_records(paths.journal)
+    supervision = read_json(paths.supervision) if sup_pid else None
+    engine = _engine_health(config)
+    last = records[-1] if records else None
+    quarantine = (read_json(paths.quarantine) or {}).get("fingerprints", {})
+    return {
+        "time": now,
+        "home": str(config.home),
+        "supervisord": {"running": sup_pid is not None, "pid": sup_pid},
+        "processes": _processes(paths) if sup_pid else None,
+        "engine": engine,
+        "supervision": supervision,
+        "crashes": {**journal.crash_counts(records, now),
+                    "last": {k: last.get(k) for k in ("time", "class", "signal", "exit_code", "model", "request_id")}
+                    if last else None},
+        "quarantined_requests": sum(1 for t in quarantine.values() if t > now),
+        "overall": overall(sup_pid, engine["http_status"] == 200, (supervision or {}).get("mode")),
+    }

@@ -390,9 +390,12 @@ class ModelWorker(threading.Thread):
             if job is None:
                 self.inflight_path.unlink(missing_ok=True)
             else:
-                write_json_atomic(self.inflight_path, {"request_id": job.id, "fingerprint": job.fingerprint,
-                                                       "model": job.model_id, "pid": os.getpid(),
-                                                       "started": time.time()}, durable=False)
+                m = self.memory
+                write_json_atomic(self.inflight_path, {
+                    "request_id": job.id, "fingerprint": job.fingerprint, "model": job.model_id,
+                    "pid": os.getpid(), "started": time.time(),
+                    "memory": {"mlx_active_bytes": m.active_bytes, "mlx_peak_bytes": m.peak_bytes,
+                               "mlx_cache_bytes": m.cache_bytes}}, durable=False)
         except OSError as exc:  # a full disk must not take requests down
             log.warning("cannot record the in-flight request: %s", exc)
 

@@ -27,8 +27,11 @@ ORPHAN_STOP_GRACE_S = 5.0
 def _watch_parent(child: subprocess.Popen, parent: int) -> None:
     while child.poll() is None:
         if os.getppid() != parent:  # reparented: supervisord died
-            print("mlxd-engine-runner: supervisord is gone; stopping the engine", file=sys.stderr, flush=True)
             child.terminate()
+            try:  # our stderr was a pipe to supervisord: it may be gone too
+                print("mlxd-engine-runner: supervisord is gone; stopping the engine", file=sys.stderr, flush=True)
+            except OSError:
+                pass
             try:
                 child.wait(ORPHAN_STOP_GRACE_S)
             except subprocess.TimeoutExpired:

@@ -212,6 +212,7 @@ class Supervision:
         tail = info.get("stderr_tail", "")
         klass = classify_exit(rc, tail, killed_for_hang=action.killed_for == "hang")
         health = self.last_health or {}
+        inflight = info.get("inflight") or {}
         started = info.get("started")
         record = {
             "time": info.get("ended") or time.time(),
@@ -219,11 +220,11 @@ class Supervision:
             "pid": info.get("pid"),
             "exit_code": rc if rc >= 0 and exit_signal(rc) is None else None,
             "signal": _signal_name(exit_signal(rc)),
-            "model": health.get("resident_model"),
+            "model": inflight.get("model") or health.get("resident_model"),
             "uptime_s": round(info["ended"] - started, 3) if started and info.get("ended") else None,
-            "memory": health.get("memory"),
-            "request_id": info.get("inflight", {}).get("request_id"),
-            "fingerprint": info.get("inflight", {}).get("fingerprint"),
+            "memory": inflight.get("memory") or health.get("memory"),
+            "request_id": inflight.get("request_id"),
+            "fingerprint": inflight.get("fingerprint"),
             "stderr_tail": "\n".join(tail.strip().splitlines()[-12:])[-2000:],
             "restart_in_s": action.restart_in_s,
             "degraded": action.degraded,

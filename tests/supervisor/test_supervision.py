@@ -1,0 +1,255 @@
+"""Crash-aware supervision end to end: real supervisord, the real engine
+with fault injection, our runner and listener, in a temporary state dir."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import psutil
+import pytest
+import requests
+
+from mlxd.paths import StatePaths, read_json
+from mlxd.supervisor.journal import read_records
+from testkit import chat, free_port, wait_until
+
+pytestmark = pytest.mark.timeout(240)
+MLXD = [sys.executable, "-m", "mlxd.cli"]
+
+
+@dataclass
+class Stack:
+    home: Path
+    port: int
+    env: dict
+    fault_file: Path
+
+    @property
+    def paths(self) -> StatePaths:
+        return StatePaths(self.home)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def mlxd(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        return subprocess.run([*MLXD, *args], env=self.env, capture_output=True, text=True, timeout=timeout)
+
+    def status(self) -> dict:
+        return json.loads(self.mlxd("status", "--json").stdout)
+
+    def healthy(self) -> bool:
+        try:
+            return requests.get(self.url + "/health", timeout=2).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def engine_pid(self) -> int | None:
+        return (read_json(self.paths.engine_pid) or {}).get("pid")
+
+    def records(self) -> list[dict]:
+        return read_records(self.paths.journal)
+
+    def supervision(self) -> dict:
+        return read_json(self.paths.supervision) or {}
+
+    def process_pid(self, name: str) -> int | None:
+        for p in self.status()["processes"] or []:
+            if p["name"] == name:
+                return p["pid"]
+        return None
+
+
+def _kill_everything(stack: Stack) -> None:
+    """Teardown by pid, whatever state the test left: supervisord, then any
+    engine or runner it may have orphaned."""
+    pids = []
+    try:
+        pids.append(int(stack.paths.supervisord_pid.read_text()))
+    except (OSError, ValueError):
+        pass
+    rec = read_json(stack.paths.engine_pid) or {}
+    pids += [p for p in (rec.get("runner_pid"), rec.get("pid")) if p]
+    for pid in pids:
+        try:
+            for child in psutil.Process(pid).children(recursive=True):
+                child.kill()
+            os.kill(pid, signal.SIGKILL)
+        except (psutil.Error, OSError):
+            pass
+
+
+@pytest.fixture
+def stack(tmp_path_factory: pytest.TempPathFactory, demo_models) -> Iterator:
+    """A factory: start mlxd (supervisord + engine + listener) with extra
+    [supervisor]/[engine] settings and environment; stopped after the test."""
+    stacks: list[Stack] = []
+
+    def start(supervisor: str = "", engine: str = "", env: dict | None = None, fault: str | None = None) -> Stack:
+        home = tmp_path_factory.mktemp("stack")
+        port = free_port()
+        fault_file = home / "fault"
+        if fault:
+            fault_file.write_text(fault)
+        (home / "mlxd.toml").write_text(f"""
+[engine]
+port = {port}
+stuck_grace_s = 1.0
+{engine}
+[supervisor]
+backoff_base_s = 0.2
+health_interval_s = 0.25
+start_grace_s = 20
+{supervisor}
+[models.demo-a]
+path = "{demo_models.a}"
+[aliases]
+default = "demo-a"
+""")
+        full_env = {**os.environ, "MLXD_HOME": str(home), "HF_HUB_OFFLINE": "1",
+                    "MLXD_FAULT_FILE": str(fault_file), **(env or {})}
+        for key in ("MLXD_CONFIG", "MLXD_FAULT"):
+            if key not in (env or {}):
+                full_env.pop(key, None)
+        st = Stack(home, port, full_env, fault_file)
+        stacks.append(st)
+        boot_fault = bool(fault and "@boot" in fault)  # it will never be ready: do not wait
+        up = st.mlxd("up", "--detach", "--timeout", "0" if boot_fault else "90")
+        assert up.returncode == 0 or boot_fault, up.stderr
+        return st
+
+    yield start
+    for st in stacks:
+        st.mlxd("down", timeout=60)
+        _kill_everything(st)
+
+
+def test_sigabrt_mid_generation_is_journaled_and_the_engine_comes_back(stack):
+    st = stack(fault="abort@token:3")
+    first_pid = st.engine_pid()
+    with pytest.raises(requests.RequestException):
+        chat(st.url, max_tokens=50)
+    st.fault_file.unlink()
+    wait_until(lambda: st.records(), 30, what="a journal record")
+    rec = st.records()[-1]
+    assert rec["class"] == "sigabrt" and rec["signal"] == "SIGABRT" and rec["pid"] == first_pid
+    assert rec["request_id"] and rec["fingerprint"] and rec["model"] == "demo-a"
+    assert rec["uptime_s"] > 0 and rec["memory"]["mlx_active_bytes"] > 0
+    assert rec["restart_in_s"] == 0.0  # the first crash after a run restarts at once
+    wait_until(st.healthy, 60, what="engine healthy again")
+    assert st.engine_pid() != first_pid
+    assert chat(st.url).status_code == 200
+    status = st.status()
+    assert status["overall"] == "healthy" and status["crashes"]["last_hour"] == 1
+    assert status["crashes"]["last"]["class"] == "sigabrt"
+
+
+def test_metal_oom_message_in_stderr_is_classified_metal_oom(stack):
+    st = stack(fault="oom@token:2")
+    with pytest.raises(requests.RequestException):
+        chat(st.url, max_tokens=50)
+    st.fault_file.unlink()
+    wait_until(lambda: st.records(), 30, what="a journal record")
+    rec = st.records()[-1]
+    assert rec["class"] == "metal_oom" and rec["signal"] == "SIGABRT"
+    assert "kIOGPUCommandBufferCallbackErrorOutOfMemory" in rec["stderr_tail"]
+    wait_until(st.healthy, 60, what="engine healthy again")
+
+
+def test_crash_loop_backs_off_then_degrades_stays_quiet_and_recovers(stack):
+    st = stack(supervisor="loop_crashes = 4\ncooldown_s = 6\nhealthy_reset_s = 60", fault="abort@boot")
+    wait_until(lambda: st.supervision().get("mode") == "degraded", 90, what="degraded after the crash loop")
+    recs = st.records()
+    assert [r["class"] for r in recs] == ["sigabrt"] * 4
+    assert [r["restart_in_s"] for r in recs] == [0.0, 0.2, 0.4, None]  # growing backoff, then none
+    assert recs[-1]["degraded"] is True
+    gaps = [b["time"] - a["time"] for a, b in zip(recs, recs[1:])]
+    assert gaps[2] > gaps[0]  # the waits grew between crashes
+    assert st.status()["overall"] == "degraded"
+    # During the cool-down: no restarts, and supervisord + listener stay idle.
+    procs = [psutil.Process(int(st.paths.supervisord_pid.read_text())), psutil.Process(st.process_pid("crashwatch"))]
+    cpu0 = sum(sum(p.cpu_times()[:2]) for p in procs)
+    t0 = time.monotonic()
+    wait_until(lambda: time.monotonic() - t0 > 3, 5, interval=0.5, what="3 s of cool-down")
+    cpu = sum(sum(p.cpu_times()[:2]) for p in procs) - cpu0
+    assert len(st.records()) == 4 and st.supervision()["mode"] == "degraded"
+    assert cpu < 0.5, f"supervisord + listener used {cpu:.2f}s CPU in 3s of cool-down"
+    # Fixed meanwhile: after the cool-down one probation start succeeds.
+    st.fault_file.unlink()
+    wait_until(st.healthy, 60, what="recovery after the cool-down")
+    assert len(st.records()) == 4
+
+
+def test_explicit_restart_ends_a_crash_loop_at_once(stack):
+    st = stack(supervisor="loop_crashes = 2\ncooldown_s = 600", fault="abort@boot")
+    wait_until(lambda: st.supervision().get("mode") == "degraded", 60, what="degraded")
+    st.fault_file.unlink()
+    r = st.mlxd("restart", "engine")
+    assert r.returncode == 0, r.stderr
+    assert st.healthy() and st.supervision()["mode"] == "running"
+
+
+def test_hang_is_killed_and_restarted_within_the_deadline(stack):
+    st = stack(fault="hang@token:2")
+    first_pid = st.engine_pid()
+    t0 = time.monotonic()
+    r = chat(st.url, max_tokens=50)
+    assert r.status_code == 503 and r.json()["error"]["code"] == "engine_stuck"
+    st.fault_file.unlink()
+    wait_until(lambda: st.records(), 30, what="a journal record")
+    detected = time.monotonic() - t0
+    rec = st.records()[-1]
+    assert rec["class"] == "hang" and rec["pid"] == first_pid
+    assert detected < 1.0 + 5  # stuck_grace_s + a few seconds
+    wait_until(st.healthy, 60, what="engine healthy again")
+    assert chat(st.url).status_code == 200
+
+
+def test_a_request_that_crashes_twice_is_quarantined_and_others_are_served(stack):
+    st = stack(env={"MLXD_FAULT_MATCH": "poison"}, fault="abort@token:2")
+    poison = "please process this poison payload"
+    for crash in (1, 2):
+        with pytest.raises(requests.RequestException):
+            chat(st.url, content=poison, max_tokens=20)
+        wait_until(lambda: len(st.records()) == crash, 30, what=f"crash {crash} journaled")
+        wait_until(st.healthy, 60, what="engine back")
+    fps = {r["fingerprint"] for r in st.records()}
+    assert len(fps) == 1
+    wait_until(lambda: st.paths.quarantine.exists(), 10, what="quarantine list written")
+    r = chat(st.url, content=poison, max_tokens=20)
+    assert r.status_code == 422 and r.json()["error"]["code"] == "request_quarantined"
+    assert chat(st.url, content="an ordinary question", max_tokens=5).status_code == 200
+    assert st.status()["quarantined_requests"] == 1
+
+
+def test_kill_9_of_the_listener_is_survived(stack):
+    st = stack()
+    engine_pid = st.engine_pid()
+    old = st.process_pid("crashwatch")
+    os.kill(old, signal.SIGKILL)
+    wait_until(lambda: (p := st.process_pid("crashwatch")) and p != old, 30, what="listener restarted")
+    assert st.engine_pid() == engine_pid and st.healthy()  # the engine was not touched
+    st.fault_file.write_text("abort@idle")  # and crashes are still handled
+    wait_until(lambda: st.records(), 30, what="crash journaled by the new listener")
+    st.fault_file.unlink()
+    wait_until(st.healthy, 60, what="engine back")
+
+
+def test_kill_9_of_supervisord_leaves_nothing_that_blocks_the_next_start(stack):
+    st = stack()
+    sup = int(st.paths.supervisord_pid.read_text())
+    engine = psutil.Process(st.engine_pid())
+    os.kill(sup, signal.SIGKILL)
+    engine.wait(15)  # the runner noticed and stopped the orphaned engine
+    wait_until(lambda: not st.healthy(), 10, what="port released")
+    up = st.mlxd("up", "--detach", "--timeout", "90")
+    assert up.returncode == 0, up.stderr + up.stdout
+    assert st.healthy() and int(st.paths.supervisord_pid.read_text()) != sup

@@ -6,4 +6,9 @@ mlxd.launchd (launchd/). This package holds what they share: the config and
 the `mlxd` command.
 """
 
+import time as _time
+
 __version__ = "0.1.0"
+# When this process started running mlxd code (before any heavy import): the
+# engine reports it so that recovery time can be split into spawn and load.
+STARTED_AT = _time.time()

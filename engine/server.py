@@ -26,6 +26,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+import mlxd
 from mlxd import exit_codes
 from mlxd.config import Config
 from mlxd.paths import StatePaths
@@ -45,6 +46,7 @@ log = logging.getLogger("mlxd.engine")
 POLL_S = 0.25  # how often a waiting handler checks for disconnects and timeouts
 LOAD_TIMEOUT_S = 1800.0  # a load (with download) longer than this counts as stuck
 FINGERPRINT = "mlxd-" + uuid.uuid4().hex[:8]  # changes with every engine process
+PROCESS_STARTED_AT = mlxd.STARTED_AT
 
 
 class ClientGone(Exception):
@@ -170,6 +172,9 @@ class Engine:
             },
             "counters": dict(self.worker.counters),
             "uptime_s": round(time.monotonic() - self.started_at, 3),
+            # Wall-clock instants, for recovery timing: process spawn -> ready.
+            "process_started_at": PROCESS_STARTED_AT,
+            "ready_at": self.worker.ready_at,
             "pid": os.getpid(),
         }
         return (200 if status == "ok" else 503), body

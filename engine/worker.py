@@ -231,6 +231,7 @@ class ModelWorker(threading.Thread):
         self.active_before_first_load: int | None = None
         self.active_after_last_unload: int | None = None
         self.ready = threading.Event()  # preload finished (or was skipped)
+        self.ready_at: float | None = None  # wall clock, when ready was set
         self.active_generations = 0
         self.max_observed_concurrency = 0
         self.counters = {"model_loads": 0, "model_unloads": 0, "generated_tokens": 0, "prompt_tokens": 0,
@@ -247,6 +248,7 @@ class ModelWorker(threading.Thread):
             self.faults.refresh()
             self.faults.check("boot")
             self._preload()
+            self.ready_at = time.time()
             self.ready.set()
             while not self._stop_event.is_set():
                 job = self.admission.take(timeout=0.25)

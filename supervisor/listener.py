@@ -37,6 +37,7 @@ from .policy import (EngineExited, EngineStarted, Health, KillEngine, Mode, Oper
 log = logging.getLogger("mlxd.listener")
 STDERR_TAIL_BYTES = 16_384
 REPORT_WAIT_S = 5.0  # macOS writes its crash report a moment after the crash
+LOOP_S = 0.05  # the supervision loop's step: bounds how late a crash is noticed
 
 
 def policy_from_config(config: Config) -> Policy:
@@ -91,6 +92,7 @@ class Supervision:
         self.stderr_offset = 0
         self.exit_info: dict[str, Any] = {}
         self.pending_records: list[tuple[float, dict[str, Any]]] = []  # waiting for a macOS crash report
+        self.exit_file_mtime = self._exit_file_mtime()
 
     # --- the owner loop ------------------------------------------------------
     def run(self) -> None:
@@ -98,10 +100,11 @@ class Supervision:
         next_poll = 0.0
         while True:
             try:
-                item = self.events.get(timeout=0.2)
+                item = self.events.get(timeout=LOOP_S)
             except queue.Empty:
                 item = None
             now = time.time()
+            self._nudge_on_exit()
             if item is not None:
                 self._on_process_event(*item)
             if now >= next_poll and self.state.mode is Mode.RUNNING:
@@ -112,6 +115,24 @@ class Supervision:
                 self.apply(event)
             self.apply(Tick(now))
             self._flush_pending(now)
+
+    def _exit_file_mtime(self) -> float | None:
+        try:
+            return self.paths.engine_exit.stat().st_mtime
+        except OSError:
+            return None
+
+    def _nudge_on_exit(self) -> None:
+        """supervisord reaps children only once per pass of its 1 s poll loop;
+        the runner's exit file says at once that the engine is gone, and any
+        XML-RPC call wakes supervisord to reap it and tell us."""
+        mtime = self._exit_file_mtime()
+        if mtime != self.exit_file_mtime:
+            self.exit_file_mtime = mtime
+            try:
+                self.rpc.supervisor.getState()
+            except Exception:  # noqa: BLE001 - only a wake-up call
+                pass
 
     def apply(self, event: Any) -> None:
         new, actions = decide(self.state, event, self.policy)
@@ -216,6 +237,7 @@ class Supervision:
         started = info.get("started")
         record = {
             "time": info.get("ended") or time.time(),
+            "handled_at": time.time(),  # when the listener saw the exit
             "class": klass.value,
             "pid": info.get("pid"),
             "exit_code": rc if rc >= 0 and exit_signal(rc) is None else None,

@@ -201,8 +201,11 @@ def test_hang_is_killed_and_restarted_within_the_deadline(stack):
     st = stack(fault="hang@token:2")
     first_pid = st.engine_pid()
     t0 = time.monotonic()
-    r = chat(st.url, max_tokens=50)
-    assert r.status_code == 503 and r.json()["error"]["code"] == "engine_stuck"
+    try:  # the engine's own 503 and the listener's kill race: either ends the request
+        r = chat(st.url, max_tokens=50)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "engine_stuck"
+    except requests.ConnectionError:
+        pass
     st.fault_file.unlink()
     wait_until(lambda: st.records(), 30, what="a journal record")
     detected = time.monotonic() - t0

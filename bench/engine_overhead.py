@@ -10,6 +10,8 @@ token counts are checked through `usage`), greedy sampling (temperature 0) and
 a fixed max_tokens. The demo models never emit EOS, so every run generates
 exactly max_tokens tokens. The three ways alternate in rounds (the starting
 way rotates each round) after warmup runs, and the medians are compared.
+CPU time per token (server process + client) is recorded as well: it shows
+the overhead even when other programs make the timings noisy.
 
 Metrics, identical for all three ways (see bench/README.md):
   TTFT            t0 -> first content-carrying chunk (non-empty text), where
@@ -22,9 +24,9 @@ Metrics, identical for all three ways (see bench/README.md):
                   in-process run measures it, servers reuse it for equal output)
 
 Usage:
-  .venv/bin/python bench/engine_overhead.py             # demo models a and b (~2-3 min)
-  .venv/bin/python bench/engine_overhead.py --quick     # ~1 min
-  .venv/bin/python bench/engine_overhead.py --model /path/to/mlx/model --rounds 7
+  .venv/bin/python bench/engine_overhead.py             # demo models a and b (~1-2 min on 2 cores)
+  .venv/bin/python bench/engine_overhead.py --quick     # well under a minute
+  .venv/bin/python bench/engine_overhead.py --model /path/to/mlx/model --rounds 9
 
 Progress goes to stderr (one line per run), the Markdown table to stdout,
 all raw samples to --out (JSON).
@@ -291,15 +293,24 @@ class HttpWay:
 _children: list[subprocess.Popen] = []
 
 
-def _child_setup() -> None:
-    """In the child, before exec (Linux): die with the benchmark even if it is
-    SIGKILLed and never reaches its `finally`."""
+def _resolve_prctl() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
     try:
         import ctypes
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except Exception:  # noqa: BLE001 - best effort only
-        pass
+        return ctypes.CDLL(None, use_errno=True).prctl  # resolved here, not in the forked child
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _resolve_prctl()
+
+
+def _child_setup() -> None:
+    """In the child, before exec (Linux): get SIGTERM when the benchmark dies,
+    even by SIGKILL, when it never reaches its `finally`."""
+    _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def free_port() -> int:
@@ -341,7 +352,7 @@ def spawn(name: str, argv: list[str], env: dict[str, str], log_path: Path, port:
     with log_path.open("wb") as log:
         proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True,  # a Ctrl-C reaches us only; we stop them ourselves
-                                preexec_fn=_child_setup if sys.platform.startswith("linux") else None)
+                                preexec_fn=_child_setup if _PRCTL is not None else None)
     _children.append(proc)
     return Server(name, proc, f"http://127.0.0.1:{port}", health_path, log_path)
 

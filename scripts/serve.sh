@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# README's run command: set up the virtualenv, then run mlxd in the foreground
-# (the engine on the built-in demo model unless $MLXD_HOME/mlxd.toml names a
-# real one). Extra arguments go to `mlxd engine`.
+# README's run command: set up the virtualenv, then run mlxd in the foreground:
+# supervisord with the engine (on the built-in demo model unless
+# $MLXD_HOME/mlxd.toml names a real one) and the crash listener. Ctrl-C stops
+# it all. Extra arguments go to `mlxd up` (e.g. --detach).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$root/scripts/setup.sh"
 export LITELLM_LOCAL_MODEL_COST_MAP=True
-exec "$root/.venv/bin/mlxd" engine "$@"
+exec "$root/.venv/bin/mlxd" up "$@"

@@ -35,5 +35,9 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "$want" > "$stamp"
 else
   # Relink our own files (new modules need it in strict mode); no network.
-  "${pip[@]}" install --quiet --no-deps --no-build-isolation -e "$root" --config-settings editable_mode=strict
+  if ! out="$("${pip[@]}" install --quiet --no-deps --no-build-isolation -e "$root" \
+              --config-settings editable_mode=strict 2>&1)"; then
+    echo "$out" >&2
+    exit 1
+  fi
 fi

@@ -53,17 +53,45 @@ def cmd_up(args: argparse.Namespace, config: Config) -> int:
     for note in control.clean_stale(paths):
         print(f"mlxd: {note}", file=sys.stderr)
     if not args.detach:
-        conf = control.prepare(config)
-        argv = control.supervisord_argv(conf)
-        os.execv(argv[0], argv)
+        return _run_foreground(config, args.timeout)
     pid = control.start_detached(config)
     print(f"supervisord started (pid {pid}); waiting for the engine...", file=sys.stderr)
     if not _wait_ready(config, args.timeout):
         print(f"mlxd: the engine is not ready after {args.timeout:.0f}s; see `mlxd status` and "
               f"{paths.logs}", file=sys.stderr)
         return 1
-    print(f"engine: http://127.0.0.1:{config.engine.port}/v1")
+    _print_endpoint(config)
     return exit_codes.OK
+
+
+def _print_endpoint(config: Config) -> None:
+    base = f"http://127.0.0.1:{config.engine.port}/v1"
+    print(f"mlxd is serving: {base}\n"
+          f"  curl -s {base}/chat/completions -H 'Content-Type: application/json' \\\n"
+          f"    -d '{{\"model\": \"default\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'\n"
+          f"  status: mlxd status    stop: Ctrl-C (or mlxd down)")
+
+
+def _run_foreground(config: Config, timeout: float) -> int:
+    """supervisord as our child: progress and the endpoint are printed, its
+    exit status is ours (launchd's KeepAlive reads it), signals are passed on."""
+    import signal
+    import subprocess
+
+    conf = control.prepare(config)
+    proc = subprocess.Popen(control.supervisord_argv(conf))
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda signum, _f: proc.send_signal(signum))
+    print(f"supervisord started (pid {proc.pid}); waiting for the engine...", file=sys.stderr)
+    if _wait_ready(config, timeout):
+        _print_endpoint(config)
+    else:
+        print(f"mlxd: the engine is not ready after {timeout:.0f}s; see `mlxd status`", file=sys.stderr)
+    while True:
+        try:
+            return proc.wait()
+        except InterruptedError:
+            continue
 
 
 def cmd_down(config: Config) -> int:

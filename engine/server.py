@@ -237,7 +237,16 @@ class Engine:
         builder = ResponseBuilder(kind, req.model, FINGERPRINT)  # type: ignore[arg-type]
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return StreamingResponse(self._stream(feed, builder, started, include_usage),
+            try:
+                # Headers go out with the first token, not before: an engine
+                # that dies in prefill (where Metal usually runs out of memory)
+                # has then sent nothing, and the gateway can still fall back.
+                first = await feed.wait_output()
+            except BaseException:
+                job.cancelled.set()
+                self.open_requests -= 1
+                raise
+            return StreamingResponse(self._stream(feed, builder, first, include_usage),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Request-Id": job.id})
         try:
@@ -262,16 +271,18 @@ class Engine:
                 elif isinstance(ev, Failed):
                     raise ev.error
 
-    async def _stream(self, feed: "JobFeed", builder: ResponseBuilder, started: Started,
+    async def _stream(self, feed: "JobFeed", builder: ResponseBuilder, first: list[Event],
                       include_usage: bool) -> AsyncIterator[bytes]:
         job = feed.job
         calls_sent = 0
+        pending: list[Event] | None = first
         try:
             yield builder.role_chunk()
             while True:
                 out = bytearray()
                 done = False
-                for ev in await feed.batch(check_disconnect=False):
+                events, pending = (pending, None) if pending is not None else (await feed.batch(False), None)
+                for ev in events:
                     if isinstance(ev, Delta):
                         out += builder.delta_chunk(ev.text)
                     elif isinstance(ev, ToolCalls):
@@ -317,6 +328,17 @@ class JobFeed:
                     return ev
                 if isinstance(ev, Failed):
                     raise ev.error
+
+    async def wait_output(self) -> list[Event]:
+        """Events up to the first output (a token, tool call or the end);
+        raises the error if the job failed first."""
+        while True:
+            events = await self.batch(check_disconnect=True)
+            for ev in events:
+                if isinstance(ev, Failed):
+                    raise ev.error
+                if isinstance(ev, (Delta, ToolCalls, Finished)):
+                    return events
 
     async def batch(self, check_disconnect: bool) -> list[Event]:
         """Every event available, waiting (in bounded steps) for at least one."""

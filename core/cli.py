@@ -32,6 +32,10 @@ def _parser() -> argparse.ArgumentParser:
     eng.add_argument("--port", type=int, help="port (default 8080)")
     eng.add_argument("--model", help="model id or alias to preload (default: the 'default' alias)")
 
+    gw = sub.add_parser("gateway", help="run the LiteLLM gateway alone in the foreground")
+    gw.add_argument("--host", help="bind address (default 127.0.0.1)")
+    gw.add_argument("--port", type=int, help="port (default 4000)")
+
     up = sub.add_parser("up", help="run mlxd under supervisord (foreground unless --detach)")
     up.add_argument("--detach", action="store_true", help="start in the background and return once ready")
     up.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for ready with --detach")
@@ -40,6 +44,9 @@ def _parser() -> argparse.ArgumentParser:
     rs.add_argument("what", choices=["engine", "all"], nargs="?", default="engine")
     st = sub.add_parser("status", help="show what runs and how it is doing")
     st.add_argument("--json", action="store_true", help="machine-readable output")
+
+    key = sub.add_parser("key", help="show or rotate the gateway key")
+    key.add_argument("action", choices=["show", "rotate", "path"], nargs="?", default="show")
 
     cfg = sub.add_parser("config", help="show the effective config, or its path")
     cfg.add_argument("action", choices=["show", "path", "validate"], nargs="?", default="show")
@@ -74,6 +81,27 @@ def main(argv: list[str] | None = None) -> int:
         from mlxd.engine.main import run_engine
 
         return run_engine(config)
+    if args.command == "key":
+        from mlxd.gateway.keys import ensure_key, rotate_key
+        from mlxd.paths import StatePaths
+
+        paths = StatePaths(config.home)
+        paths.home.mkdir(parents=True, exist_ok=True)
+        if args.action == "path":
+            print(paths.key)
+        elif args.action == "rotate":
+            rotate_key(paths)  # the gateway re-reads the file: no restart needed
+            print(f"new key written to {paths.key} (the old one no longer works)")
+        else:
+            print(ensure_key(paths))
+        return exit_codes.OK
+    if args.command == "gateway":
+        overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+        if overrides:
+            config = config.model_copy(update={"gateway": config.gateway.model_copy(update=overrides)})
+        from mlxd.gateway.main import run_gateway
+
+        return run_gateway(config)
     from mlxd.supervisor import operate
 
     return operate.run_command(args, config)

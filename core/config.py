@@ -9,6 +9,9 @@ Environment overrides (each documented in README.md):
   MLXD_CONFIG        config file path (default $MLXD_HOME/mlxd.toml)
   MLXD_ENGINE_HOST   engine bind address
   MLXD_ENGINE_PORT   engine port
+  MLXD_GATEWAY_HOST  gateway bind address
+  MLXD_GATEWAY_PORT  gateway port
+  MLXD_OLLAMA_URL    Ollama's address
 """
 
 from __future__ import annotations
@@ -88,10 +91,24 @@ class SupervisorConfig(Strict):
     journal_max_bytes: int = Field(default=1_000_000, ge=10_000)
 
 
+class GatewayConfig(Strict):
+    """The LiteLLM proxy in front of the engine (see gateway/)."""
+
+    host: str = "127.0.0.1"  # "0.0.0.0" (or a bridge address) for Docker agents; the key is always required
+    port: int = Field(default=4000, ge=1, le=65535)
+    ollama_url: str = "http://127.0.0.1:11434"
+    default_ollama_model: str | None = "llama3.2:3b"  # fallback for models without their own `ollama`
+    only_light: bool = False  # every alias -> the light model on MLX (see light_model)
+    light_model: str | None = None  # model id; default: the first model that fits the memory budget
+    busy_spill: bool = False  # a busy engine sends requests to Ollama at once instead of queueing
+    enabled: bool = True
+
+
 class Config(Strict):
     home: Path
     engine: EngineConfig = EngineConfig()
     supervisor: SupervisorConfig = SupervisorConfig()
+    gateway: GatewayConfig = GatewayConfig()
     models: dict[str, ModelSpec] = Field(default_factory=lambda: {DEMO_MODEL_ID: ModelSpec(demo="a")})
     aliases: dict[str, str] = Field(default_factory=dict)
 
@@ -100,6 +117,8 @@ class Config(Strict):
         for name in list(self.models) + list(self.aliases):
             if not re.match(MODEL_ID_PATTERN, name):
                 raise ValueError(f"model/alias name {name!r} must match {MODEL_ID_PATTERN}")
+        if self.gateway.light_model is not None and self.gateway.light_model not in self.models:
+            raise ValueError(f"gateway.light_model {self.gateway.light_model!r} is not under [models]")
         for alias, target in self.aliases.items():
             if target not in self.models:
                 raise ValueError(f"aliases.{alias} points at {target!r}, which is not under [models]")
@@ -161,6 +180,13 @@ def apply_env_overrides(data: dict, env: dict[str, str]) -> dict:
         data["engine"]["host"] = env["MLXD_ENGINE_HOST"]
     if "MLXD_ENGINE_PORT" in env:
         data["engine"]["port"] = env["MLXD_ENGINE_PORT"]
+    data["gateway"] = dict(data.get("gateway", {}))
+    if "MLXD_GATEWAY_HOST" in env:
+        data["gateway"]["host"] = env["MLXD_GATEWAY_HOST"]
+    if "MLXD_GATEWAY_PORT" in env:
+        data["gateway"]["port"] = env["MLXD_GATEWAY_PORT"]
+    if "MLXD_OLLAMA_URL" in env:
+        data["gateway"]["ollama_url"] = env["MLXD_OLLAMA_URL"]
     return data
 
 

@@ -25,6 +25,14 @@ class StatePaths:
     home: Path
 
     @property
+    def key(self) -> Path:
+        return self.home / "key"
+
+    @property
+    def litellm_config(self) -> Path:
+        return self.generated / "litellm.yaml"
+
+    @property
     def run(self) -> Path:
         return self.home / "run"
 

@@ -60,7 +60,9 @@ class Engine:
         self.config = config
         self.limits = config.engine
         self.registry = registry
-        self.admission: AdmissionQueue[Job] = AdmissionQueue(config.engine.max_queue)
+        # busy_spill: a busy engine answers 429 at once, and the gateway sends
+        # the request to Ollama instead of letting it wait here.
+        self.admission: AdmissionQueue[Job] = AdmissionQueue(0 if config.gateway.busy_spill else config.engine.max_queue)
         default = config.resolve(config.engine.default_model)
         self.paths = StatePaths(config.home)
         self.paths.run.mkdir(parents=True, exist_ok=True)

@@ -20,9 +20,33 @@ from .status import collect_status
 STATUS_EXIT = {"healthy": 0, "degraded": 1, "down": 2}
 
 
+def _gateway_url(config: Config) -> str:
+    host = config.gateway.host if config.gateway.host not in ("0.0.0.0", "::") else "127.0.0.1"
+    return f"http://{host}:{config.gateway.port}"
+
+
 def _wait_ready(config: Config, timeout: float) -> bool:
-    url = f"http://127.0.0.1:{config.engine.port}/health"
+    """Poll the engine's /health (showing its phase), then the gateway's."""
     deadline = time.monotonic() + timeout
+    if not _wait_engine(config, deadline):
+        return False
+    if not config.gateway.enabled:
+        return True
+    print("gateway: starting", file=sys.stderr, flush=True)
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(_gateway_url(config) + "/mlxd/health", timeout=2) as r:
+                if r.status == 200:
+                    print("gateway: ready", file=sys.stderr)
+                    return True
+        except OSError:
+            pass
+        time.sleep(0.2)
+    return False
+
+
+def _wait_engine(config: Config, deadline: float) -> bool:
+    url = f"http://127.0.0.1:{config.engine.port}/health"
     shown = ""
     while time.monotonic() < deadline:
         try:
@@ -65,9 +89,16 @@ def cmd_up(args: argparse.Namespace, config: Config) -> int:
 
 
 def _print_endpoint(config: Config) -> None:
-    base = f"http://127.0.0.1:{config.engine.port}/v1"
-    print(f"mlxd is serving: {base}\n"
-          f"  curl -s {base}/chat/completions -H 'Content-Type: application/json' \\\n"
+    if config.gateway.enabled:
+        base = _gateway_url(config) + "/v1"
+        key_file = StatePaths(config.home).key
+        auth = f"-H \"Authorization: Bearer $(cat {key_file})\" "
+        where = f"mlxd is serving: {base}   (key in {key_file})"
+    else:
+        base, auth = f"http://127.0.0.1:{config.engine.port}/v1", ""
+        where = f"mlxd is serving (engine only): {base}"
+    print(f"{where}\n"
+          f"  curl -s {base}/chat/completions {auth}-H 'Content-Type: application/json' \\\n"
           f"    -d '{{\"model\": \"default\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'\n"
           f"  status: mlxd status    stop: Ctrl-C (or mlxd down)")
 
@@ -124,6 +155,9 @@ def format_status(st: dict) -> str:
         lines.append(f"  {p['name']:<13} {p['state']:<9} pid {p['pid'] or '-':<7} {up}")
     h = st["engine"]["health"] or {}
     mem = h.get("memory") or {}
+    gw = st.get("gateway")
+    if gw is not None:
+        lines.append(f"  gateway       {'ok' if gw['http_status'] == 200 else 'no answer'}  {gw['url'].rsplit('/', 2)[0]}")
     lines.append(f"  engine health {h.get('status', 'no answer')}  model {h.get('resident_model') or '-'}  "
                  f"queue {h.get('queue_depth', '-')}  MLX active {mem.get('mlx_active_bytes', 0) / 2**20:.0f} MiB  "
                  f"RSS {mem.get('rss_bytes', 0) / 2**20:.0f} MiB")

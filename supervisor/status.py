@@ -21,9 +21,21 @@ from . import journal
 from .control import rpc, supervisord_pid
 
 
+def _loopback(host: str) -> str:
+    return host if host not in ("0.0.0.0", "::", "") else "127.0.0.1"
+
+
 def _engine_health(config: Config) -> dict[str, Any]:
-    host = config.engine.host if config.engine.host not in ("0.0.0.0", "::") else "127.0.0.1"
-    url = f"http://{host}:{config.engine.port}/health"
+    return _get_json(f"http://{_loopback(config.engine.host)}:{config.engine.port}/health")
+
+
+def _gateway_health(config: Config) -> dict[str, Any] | None:
+    if not config.gateway.enabled:
+        return None
+    return _get_json(f"http://{_loopback(config.gateway.host)}:{config.gateway.port}/mlxd/health")
+
+
+def _get_json(url: str) -> dict[str, Any]:
     try:
         with urllib.request.urlopen(url, timeout=2.0) as r:
             return {"url": url, "http_status": r.status, "health": json.loads(r.read())}
@@ -48,9 +60,10 @@ def _processes(paths: StatePaths) -> list[dict[str, Any]] | None:
              "description": i["description"]} for i in infos]
 
 
-def overall(sup_pid: int | None, engine_ok: bool, mode: str | None) -> str:
-    """healthy / degraded (serving through the fallback) / down (pure)."""
-    if sup_pid is None:
+def overall(sup_pid: int | None, engine_ok: bool, mode: str | None, gateway_ok: bool | None = None) -> str:
+    """healthy / degraded (serving through the fallback) / down (pure).
+    gateway_ok is None when there is no gateway (engine only)."""
+    if sup_pid is None or gateway_ok is False:
         return "down"
     if engine_ok:
         return "healthy"
@@ -64,6 +77,7 @@ def collect_status(config: Config) -> dict[str, Any]:
     records = journal.read_records(paths.journal)
     supervision = read_json(paths.supervision) if sup_pid else None
     engine = _engine_health(config)
+    gateway = _gateway_health(config) if sup_pid else None
     last = records[-1] if records else None
     quarantine = (read_json(paths.quarantine) or {}).get("fingerprints", {})
     return {
@@ -72,10 +86,12 @@ def collect_status(config: Config) -> dict[str, Any]:
         "supervisord": {"running": sup_pid is not None, "pid": sup_pid},
         "processes": _processes(paths) if sup_pid else None,
         "engine": engine,
+        "gateway": gateway,
         "supervision": supervision,
         "crashes": {**journal.crash_counts(records, now),
                     "last": {k: last.get(k) for k in ("time", "class", "signal", "exit_code", "model", "request_id")}
                     if last else None},
         "quarantined_requests": sum(1 for t in quarantine.values() if t > now),
-        "overall": overall(sup_pid, engine["http_status"] == 200, (supervision or {}).get("mode")),
+        "overall": overall(sup_pid, engine["http_status"] == 200, (supervision or {}).get("mode"),
+                           None if gateway is None else gateway["http_status"] == 200),
     }

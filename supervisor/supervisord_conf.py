@@ -21,6 +21,30 @@ def _q(value: str | Path) -> str:
     return str(value).replace("%", "%%")
 
 
+def _gateway_program(config: Config, python: str, env: str) -> str:
+    if not config.gateway.enabled:
+        return ""
+    p = StatePaths(config.home)
+    # The gateway holds no model: supervisord's own restart (about 1 s) is right for it.
+    return f"""[program:gateway]
+command={_q(python)} -m mlxd.cli gateway
+autostart=true
+autorestart=true
+startsecs=0
+stopsignal=TERM
+stopwaitsecs=10
+stopasgroup=true
+killasgroup=true
+stdout_logfile={_q(p.logs / 'gateway.log')}
+stdout_logfile_maxbytes=10MB
+stdout_logfile_backups=3
+redirect_stderr=true
+environment={env}
+priority=200
+
+"""
+
+
 def render_supervisord_conf(config: Config, python: str = sys.executable) -> str:
     """The whole supervisord.conf (pure)."""
     p = StatePaths(config.home)
@@ -68,7 +92,7 @@ stderr_logfile_backups=3
 environment={env}
 priority=100
 
-[eventlistener:crashwatch]
+{_gateway_program(config, python, env)}[eventlistener:crashwatch]
 command={_q(python)} -m mlxd.supervisor.listener
 events=PROCESS_STATE,TICK_5
 autostart=true

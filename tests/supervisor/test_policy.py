@@ -101,3 +101,17 @@ def test_a_killed_hang_is_recorded_as_such():
     state, _ = decide(state, Health(40, ok=False, unhealthy=True), P)
     state, acts = decide(state, EngineExited(41, crash=True), P)
     assert acts == [RecordCrash(0.0, False, "hang"), StartEngine()]
+
+
+@pytest.mark.parametrize("sup, engine_ok, mode, gateway_ok, expected", [
+    (None, True, "running", True, "down"),
+    (1, True, "running", True, "healthy"),
+    (1, True, "running", None, "healthy"),          # engine only, no gateway configured
+    (1, False, "degraded", True, "degraded"),      # Ollama serves through the gateway
+    (1, False, "backoff", True, "degraded"),
+    (1, True, "running", False, "down"),           # nobody can reach the engine
+    (1, False, "stopped", True, "down"),
+])
+def test_overall_status(sup, engine_ok, mode, gateway_ok, expected):
+    from mlxd.supervisor.status import overall
+    assert overall(sup, engine_ok, mode, gateway_ok) == expected

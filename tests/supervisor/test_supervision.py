@@ -109,6 +109,8 @@ backoff_base_s = 0.2
 health_interval_s = 0.25
 start_grace_s = 20
 {supervisor}
+[gateway]
+enabled = false
 [models.demo-a]
 path = "{demo_models.a}"
 [aliases]

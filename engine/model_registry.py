@@ -109,7 +109,9 @@ class ModelRegistry:
         """Raise the `model_too_large` refusal for a heavy model."""
         verdict = self.info(model_id).verdict
         if not verdict.allowed:
-            raise EngineError(422, f"{verdict.reason}; refused to protect the engine from running out of memory",
+            # 400, not 422: LiteLLM 1.106's proxy answers a primary's 422 with a 200 "null"
+            # instead of falling back; a 400 falls back to Ollama as it should.
+            raise EngineError(400, f"{verdict.reason}; refused to protect the engine from running out of memory",
                               code="model_too_large", param="model")
 
     def load_target(self, model_id: str) -> str:

@@ -32,11 +32,11 @@ class QuarantineList:
             self._mtime = mtime
 
     def check(self, fingerprint: str, now: float | None = None) -> None:
-        """Raise the 422 `request_quarantined` refusal for a poison request."""
+        """Raise the 400 `request_quarantined` refusal for a poison request."""
         self._reload()
         until = self._until.get(fingerprint)
         now = time.time() if now is None else now
         if until is not None and now < until:
-            raise EngineError(422, f"this request crashed the engine twice; it is refused until "
+            raise EngineError(400, f"this request crashed the engine twice; it is refused until "
                                    f"{time.strftime('%H:%M:%S', time.localtime(until))} "
                                    f"(fingerprint {fingerprint})", code="request_quarantined")

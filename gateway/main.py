@@ -56,6 +56,9 @@ def run_gateway(config: Config) -> int:
     ensure_key(paths)
     write_litellm_config(config)
     os.environ["CONFIG_FILE_PATH"] = str(paths.litellm_config)
+    # LiteLLM's Ollama provider looks models up at $OLLAMA_API_BASE whatever
+    # the deployment's api_base says.
+    os.environ["OLLAMA_API_BASE"] = config.gateway.ollama_url
 
     import uvicorn
     from litellm.proxy.proxy_server import app as litellm_app

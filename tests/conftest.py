@@ -3,6 +3,8 @@ processes on free loopback ports, stopped by pid when the test ends."""
 
 from __future__ import annotations
 
+import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -10,7 +12,7 @@ from typing import Callable, Iterator
 import pytest
 
 from mlxd.engine.demo_model import build_demo_model, write_heavy_model_description
-from testkit import EngineProcess, spawn_engine, wait_healthy
+from testkit import EngineProcess, Stack, kill_stack, free_port, spawn_engine, wait_healthy
 
 
 @dataclass
@@ -93,3 +95,71 @@ def shared_engine(tmp_path_factory: pytest.TempPathFactory, demo_models: DemoMod
         yield ep
     finally:
         ep.stop()
+
+
+@contextmanager
+def stack_factory(tmp_path_factory: pytest.TempPathFactory, demo_models: DemoModels) -> Iterator:
+    """Start mlxd stacks (supervisord + engine + listener, maybe the gateway)
+    in temp homes on free ports; all are stopped (by pid, too) at the end."""
+    stacks: list[Stack] = []
+
+    def start(supervisor: str = "", engine: str = "", env: dict | None = None, fault: str | None = None,
+              gateway: str | None = None, models: str = "") -> Stack:
+        """gateway: None for no gateway, else extra [gateway] settings."""
+        home = tmp_path_factory.mktemp("stack")
+        port = free_port()
+        gw_port = free_port()
+        gw = "enabled = false" if gateway is None else f"port = {gw_port}\n{gateway}"
+        fault_file = home / "fault"
+        if fault:
+            fault_file.write_text(fault)
+        (home / "mlxd.toml").write_text(f"""
+[engine]
+port = {port}
+stuck_grace_s = 1.0
+{engine}
+[supervisor]
+backoff_base_s = 0.2
+health_interval_s = 0.25
+start_grace_s = 20
+{supervisor}
+[gateway]
+{gw}
+[models.demo-a]
+path = "{demo_models.a}"
+{models}
+[aliases]
+default = "demo-a"
+""")
+        full_env = {**os.environ, "MLXD_HOME": str(home), "HF_HUB_OFFLINE": "1",
+                    "MLXD_FAULT_FILE": str(fault_file), **(env or {})}
+        for key in ("MLXD_CONFIG", "MLXD_FAULT"):
+            if key not in (env or {}):
+                full_env.pop(key, None)
+        st = Stack(home, port, full_env, fault_file, gw_port if gateway is not None else None)
+        stacks.append(st)
+        boot_fault = bool(fault and "@boot" in fault)  # it will never be ready: do not wait
+        up = st.mlxd("up", "--detach", "--timeout", "0" if boot_fault else "120")
+        assert up.returncode == 0 or boot_fault, up.stderr
+        return st
+
+    try:
+        yield start
+    finally:
+        for st in stacks:
+            st.mlxd("down", timeout=60)
+            kill_stack(st)
+
+
+@pytest.fixture
+def stack(tmp_path_factory: pytest.TempPathFactory, demo_models: DemoModels) -> Iterator:
+    """A factory of mlxd stacks for one test."""
+    with stack_factory(tmp_path_factory, demo_models) as start:
+        yield start
+
+
+@pytest.fixture(scope="module")
+def module_stack(tmp_path_factory: pytest.TempPathFactory, demo_models: DemoModels) -> Iterator:
+    """A factory of mlxd stacks shared by the tests of one module."""
+    with stack_factory(tmp_path_factory, demo_models) as start:
+        yield start

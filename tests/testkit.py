@@ -10,12 +10,17 @@ import signal
 import socket
 import subprocess
 import sys
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import psutil
 import requests
+
+from mlxd.paths import StatePaths, read_json
+from mlxd.supervisor.journal import read_records
 
 MLXD = [sys.executable, "-m", "mlxd.cli"]
 
@@ -107,3 +112,78 @@ def metric(url: str, name: str) -> float:
     m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
     assert m, f"metric {name} not found"
     return float(m.group(1))
+
+
+
+
+@dataclass
+class Stack:
+    """A running mlxd (supervisord, engine, listener, maybe the gateway)."""
+
+    home: Path
+    port: int
+    env: dict
+    fault_file: Path
+    gateway_port: int | None = None
+
+    @property
+    def gateway_url(self) -> str:
+        return f"http://127.0.0.1:{self.gateway_port}"
+
+    @property
+    def key(self) -> str:
+        return self.paths.key.read_text().strip()
+
+    @property
+    def paths(self) -> StatePaths:
+        return StatePaths(self.home)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def mlxd(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        return subprocess.run([*MLXD, *args], env=self.env, capture_output=True, text=True, timeout=timeout)
+
+    def status(self) -> dict:
+        return json.loads(self.mlxd("status", "--json").stdout)
+
+    def healthy(self) -> bool:
+        try:
+            return requests.get(self.url + "/health", timeout=2).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def engine_pid(self) -> int | None:
+        return (read_json(self.paths.engine_pid) or {}).get("pid")
+
+    def records(self) -> list[dict]:
+        return read_records(self.paths.journal)
+
+    def supervision(self) -> dict:
+        return read_json(self.paths.supervision) or {}
+
+    def process_pid(self, name: str) -> int | None:
+        for p in self.status()["processes"] or []:
+            if p["name"] == name:
+                return p["pid"]
+        return None
+
+
+def kill_stack(stack: Stack) -> None:
+    """Teardown by pid, whatever state the test left: supervisord, then any
+    engine or runner it may have orphaned."""
+    pids = []
+    try:
+        pids.append(int(stack.paths.supervisord_pid.read_text()))
+    except (OSError, ValueError):
+        pass
+    rec = read_json(stack.paths.engine_pid) or {}
+    pids += [p for p in (rec.get("runner_pid"), rec.get("pid")) if p]
+    for pid in pids:
+        try:
+            for child in psutil.Process(pid).children(recursive=True):
+                child.kill()
+            os.kill(pid, signal.SIGKILL)
+        except (psutil.Error, OSError):
+            pass

@@ -120,7 +120,7 @@ def test_heavy_model_refused_before_any_load(shared_engine, model):
     resident = shared_engine.health()["resident_model"]
     r = chat(shared_engine.url, model=model)
     err = r.json()["error"]
-    assert r.status_code == 422 and err["code"] == "model_too_large" and err["param"] == "model"
+    assert r.status_code == 400 and err["code"] == "model_too_large" and err["param"] == "model"
     assert "GiB" in err["message"]
     assert metric(shared_engine.url, "mlxd_engine_model_loads") == loads
     assert shared_engine.health()["resident_model"] == resident

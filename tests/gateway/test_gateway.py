@@ -1,0 +1,214 @@
+"""The gateway end to end: real supervisord + engine + LiteLLM proxy, with
+the Ollama stand-in (a test double of Ollama's HTTP API) as the fallback,
+driven with the official `openai` client and `requests`."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import openai
+import pytest
+import requests
+
+from doubles.ollama_standin import marker, start_standin
+from mlxd.supervisor.control import rpc
+from testkit import metric, wait_until
+
+pytestmark = pytest.mark.timeout(300)
+FAULT_WORD = "boom"  # faults fire only for prompts with this word (MLXD_FAULT_MATCH)
+OLLAMA_MODEL = "llama3.2:3b"
+OLLAMA_MARK = marker(OLLAMA_MODEL).split(":")[0]  # "[ollama-standin"
+
+
+@pytest.fixture(scope="module")
+def ollama():
+    standin = start_standin(models=(OLLAMA_MODEL, "llama3.1:70b"))
+    try:
+        yield standin
+    finally:
+        standin.stop()
+
+
+@pytest.fixture(scope="module")
+def st(module_stack, ollama, demo_models):
+    return module_stack(
+        engine="max_queue = 1\nmax_tokens_cap = 100000",
+        gateway=f'ollama_url = "{ollama.url}"\ndefault_ollama_model = "{OLLAMA_MODEL}"',
+        models=f'[models.big]\npath = "{demo_models.heavy}"\nollama = "llama3.1:70b"',
+        env={"MLXD_FAULT_MATCH": FAULT_WORD},
+    )
+
+
+@pytest.fixture
+def client(st) -> openai.OpenAI:
+    return openai.OpenAI(base_url=st.gateway_url + "/v1", api_key=st.key, max_retries=0, timeout=60)
+
+
+@pytest.fixture(autouse=True)
+def engine_back_to_normal(st):
+    """Each test starts with no fault and a healthy engine, and leaves it so."""
+    st.fault_file.unlink(missing_ok=True)
+    wait_until(st.healthy, 60, what="engine healthy")
+    yield
+    st.fault_file.unlink(missing_ok=True)
+    info = rpc(st.paths).supervisor.getProcessInfo("engine")
+    if info["statename"] != "RUNNING":
+        rpc(st.paths).supervisor.startProcess("engine", False)
+    wait_until(st.healthy, 60, what="engine healthy again")
+
+
+def ask(client: openai.OpenAI, content: str = "hello there", model: str = "default", **kw):
+    return client.chat.completions.create(model=model, messages=[{"role": "user", "content": content}],
+                                          max_tokens=8, temperature=0, **kw)
+
+
+def stream_text(client: openai.OpenAI, content: str, model: str = "default") -> tuple[str, list]:
+    chunks = list(ask(client, content, model, stream=True))
+    return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices), chunks
+
+
+def from_ollama(text: str | None) -> bool:
+    return bool(text) and text.startswith(OLLAMA_MARK)
+
+
+def test_the_engine_answers_through_the_gateway(client, st):
+    r = ask(client)
+    assert not from_ollama(r.choices[0].message.content) and r.usage.completion_tokens == 8
+    text, chunks = stream_text(client, "hello there")
+    assert not from_ollama(text) and chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_missing_or_wrong_key_is_401_in_openai_format(st):
+    url = st.gateway_url + "/v1/chat/completions"
+    body = {"model": "default", "messages": [{"role": "user", "content": "hi"}]}
+    for headers in ({}, {"Authorization": "Bearer sk-wrong"}, {"Authorization": "Basic abc"}, {"x-api-key": "no"}):
+        r = requests.post(url, json=body, headers=headers, timeout=10)
+        assert r.status_code == 401, headers
+        err = r.json()["error"]
+        assert err["code"] == "invalid_api_key" and err["type"] == "authentication_error"
+    for path in ("/v1/models", "/health", "/key/generate", "/ui"):
+        assert requests.get(st.gateway_url + path, timeout=10).status_code == 401, path
+    assert requests.post(url, json={**body, "max_tokens": 2}, headers={"x-api-key": st.key}, timeout=60).ok
+    assert requests.get(st.gateway_url + "/mlxd/health", timeout=5).status_code == 200  # liveness is open
+    assert os.stat(st.paths.key).st_mode & 0o777 == 0o600
+
+
+def test_key_rotation_takes_effect_without_a_restart(st):
+    old = st.key
+    r = st.mlxd("key", "rotate")
+    assert r.returncode == 0 and old not in r.stdout
+    new = st.key
+    body = {"model": "default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    url = st.gateway_url + "/v1/chat/completions"
+    assert requests.post(url, json=body, headers={"Authorization": f"Bearer {old}"}, timeout=30).status_code == 401
+    assert requests.post(url, json=body, headers={"Authorization": f"Bearer {new}"}, timeout=60).status_code == 200
+
+
+def test_heavy_alias_goes_to_ollama_without_touching_the_engine(client, st, ollama):
+    before = metric(st.url, "mlxd_engine_model_loads"), _engine_chat_requests(st)
+    r = ask(client, "what is heavy", model="big")
+    assert r.choices[0].message.content.startswith(marker("llama3.1:70b"))
+    assert (metric(st.url, "mlxd_engine_model_loads"), _engine_chat_requests(st)) == before
+
+
+def _engine_chat_requests(st) -> float:
+    text = requests.get(st.url + "/metrics", timeout=5).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith('mlxd_engine_requests_total{endpoint="/v1/chat/completions"'))
+
+
+def test_stopped_engine_falls_back_quickly_and_traffic_returns(client, st):
+    rpc(st.paths).supervisor.stopProcess("engine", True)
+    t0 = time.monotonic()
+    r = ask(client, "are you there")
+    assert from_ollama(r.choices[0].message.content)
+    assert time.monotonic() - t0 < 1.5  # no retry ladder
+    text, _ = stream_text(client, "streamed while down")
+    assert from_ollama(text) and "streamed while down" in text
+    rpc(st.paths).supervisor.startProcess("engine", False)
+    wait_until(st.healthy, 60, what="engine back")
+    assert not from_ollama(ask(client).choices[0].message.content)  # back to the engine at once
+
+
+def test_crash_during_a_non_streaming_request_still_gives_a_complete_answer(client, st):
+    st.fault_file.write_text("abort@token:3")
+    r = ask(client, f"{FAULT_WORD} please")
+    assert from_ollama(r.choices[0].message.content) and r.choices[0].finish_reason in ("stop", "length")
+    wait_until(lambda: any(rec["class"] == "sigabrt" for rec in st.records()), 30, what="crash journaled")
+
+
+def test_engine_death_before_the_first_token_fails_the_stream_over(client, st):
+    st.fault_file.write_text("abort@start")
+    text, chunks = stream_text(client, f"{FAULT_WORD} stream me")
+    assert from_ollama(text) and chunks[-1].choices[0].finish_reason in ("stop", "length")
+
+
+def test_mid_stream_crash_is_an_explicit_error_and_never_a_silent_done(st):
+    # Late enough that the client has received engine tokens: from then on a
+    # fallback could only splice two answers, so it must be an explicit error.
+    st.fault_file.write_text("abort@token:60")
+    lines = []
+    with requests.post(st.gateway_url + "/v1/chat/completions", stream=True, timeout=60,
+                       headers={"Authorization": f"Bearer {st.key}"},
+                       json={"model": "default", "stream": True, "max_tokens": 200, "temperature": 0,
+                             "messages": [{"role": "user", "content": f"{FAULT_WORD} go"}]}) as r:
+        assert r.status_code == 200
+        try:
+            lines = [ln for ln in r.iter_lines() if ln]
+        except requests.exceptions.ChunkedEncodingError:
+            pass  # a cut connection is explicit too
+    from_engine = [ln for ln in lines if b'"mlxd-' in ln and b'"content"' in ln]
+    assert len(from_engine) >= 10, "the engine had streamed tokens before it died"
+    assert not any(OLLAMA_MARK.encode() in ln for ln in lines)  # no spliced second answer
+    assert b"data: [DONE]" not in lines
+    assert b'"error"' in lines[-1]  # told explicitly
+
+
+def test_busy_engine_429_falls_back_to_ollama(client, st):
+    # One request holds the worker, one waits in the engine's 1-place queue.
+    holder = requests.post(st.url + "/v1/completions", stream=True, timeout=60,
+                           json={"model": "default", "prompt": "hold", "max_tokens": 100000, "stream": True,
+                                 "temperature": 0})
+    holder.lines = holder.iter_lines()
+    next(holder.lines)
+    waiter = requests.Session()
+    import threading
+    t = threading.Thread(target=lambda: waiter.post(st.url + "/v1/completions", timeout=60,
+                                                    json={"model": "default", "prompt": "w", "max_tokens": 2}))
+    t.start()
+    try:
+        wait_until(lambda: requests.get(st.url + "/health", timeout=5).json()["queue_depth"] == 1, 30,
+                   what="engine queue full")
+        r = ask(client, "busy?")
+        assert from_ollama(r.choices[0].message.content)
+    finally:
+        holder.close()
+        t.join(60)
+
+
+def test_a_quarantined_request_is_answered_by_ollama(client, st):
+    st.fault_file.write_text("abort@token:2")
+    poison = f"{FAULT_WORD} poison request"
+    for crash in (1, 2):
+        n = len([r for r in st.records() if r.get("fingerprint")])
+        assert from_ollama(ask(client, poison).choices[0].message.content)  # the client never notices
+        wait_until(lambda: len([r for r in st.records() if r.get("fingerprint")]) > n, 30, what="crash journaled")
+        wait_until(st.healthy, 60, what="engine back")
+    wait_until(lambda: st.paths.quarantine.exists() and json.loads(st.paths.quarantine.read_text())["fingerprints"],
+               10, what="quarantine list")
+    direct = requests.post(st.url + "/v1/chat/completions", timeout=30,
+                           json={"model": "default", "max_tokens": 8, "temperature": 0,
+                                 "messages": [{"role": "user", "content": poison}]})
+    assert direct.status_code == 400 and direct.json()["error"]["code"] == "request_quarantined"
+    assert from_ollama(ask(client, poison).choices[0].message.content)
+    st.fault_file.unlink()
+    assert not from_ollama(ask(client, "an ordinary question").choices[0].message.content)
+
+
+def test_status_shows_the_gateway(st):
+    status = st.status()
+    assert status["gateway"]["http_status"] == 200 and status["overall"] == "healthy"
+    names = {p["name"]: p["state"] for p in status["processes"]}
+    assert names == {"engine": "RUNNING", "gateway": "RUNNING", "crashwatch": "RUNNING"}

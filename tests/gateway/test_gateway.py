@@ -212,3 +212,14 @@ def test_status_shows_the_gateway(st):
     assert status["gateway"]["http_status"] == 200 and status["overall"] == "healthy"
     names = {p["name"]: p["state"] for p in status["processes"]}
     assert names == {"engine": "RUNNING", "gateway": "RUNNING", "crashwatch": "RUNNING"}
+
+
+def test_the_key_is_in_no_log_and_no_generated_file(client, st):
+    ask(client)
+    requests.post(st.gateway_url + "/v1/chat/completions", json={}, timeout=10,
+                  headers={"Authorization": "Bearer sk-mlxd-wrong"})
+    key = st.key
+    for path in list(st.paths.logs.rglob("*")) + list(st.paths.generated.rglob("*")) + [st.paths.supervision]:
+        if path.is_file():
+            assert key not in path.read_text(errors="replace"), path
+    assert key not in st.mlxd("status", "--json").stdout

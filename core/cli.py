@@ -48,8 +48,16 @@ def _parser() -> argparse.ArgumentParser:
     key = sub.add_parser("key", help="show or rotate the gateway key")
     key.add_argument("action", choices=["show", "rotate", "path"], nargs="?", default="show")
 
+    lg = sub.add_parser("logs", help="show (and follow) a component's logs")
+    lg.add_argument("component", choices=["engine", "gateway", "listener", "supervisord", "all"], nargs="?",
+                    default="all")
+    lg.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
+    lg.add_argument("-n", "--lines", type=int, default=40, help="lines of history (default 40)")
+    dr = sub.add_parser("doctor", help="check this machine and the config; say what to fix")
+    dr.add_argument("--json", action="store_true")
+
     cfg = sub.add_parser("config", help="show the effective config, or its path")
-    cfg.add_argument("action", choices=["show", "path", "validate"], nargs="?", default="show")
+    cfg.add_argument("action", choices=["show", "path", "validate", "reference"], nargs="?", default="show")
     return p
 
 
@@ -59,8 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.home:
         os.environ["MLXD_HOME"] = str(home)
     path = args.config or config_path(home)
-    if args.command == "config" and args.action == "path":
-        print(path)
+    if args.command == "config" and args.action in ("path", "reference"):
+        from mlxd.config import reference_markdown
+
+        print(path if args.action == "path" else reference_markdown())
         return exit_codes.OK
     try:
         config = load_config(path, home)
@@ -81,6 +91,15 @@ def main(argv: list[str] | None = None) -> int:
         from mlxd.engine.main import run_engine
 
         return run_engine(config)
+    if args.command == "logs":
+        from mlxd.logs import run_logs
+        from mlxd.paths import StatePaths
+
+        return run_logs(StatePaths(config.home), args.component, args.follow, args.lines)
+    if args.command == "doctor":
+        from mlxd.doctor import run_doctor
+
+        return run_doctor(config, args.json)
     if args.command == "key":
         from mlxd.gateway.keys import ensure_key, rotate_key
         from mlxd.paths import StatePaths

@@ -76,6 +76,7 @@ def cmd_up(args: argparse.Namespace, config: Config) -> int:
         return exit_codes.OK
     for note in control.clean_stale(paths):
         print(f"mlxd: {note}", file=sys.stderr)
+    _first_run(config)
     if not args.detach:
         return _run_foreground(config, args.timeout)
     pid = control.start_detached(config)
@@ -86,6 +87,20 @@ def cmd_up(args: argparse.Namespace, config: Config) -> int:
         return 1
     _print_endpoint(config)
     return exit_codes.OK
+
+
+def _first_run(config: Config) -> None:
+    """A default config with a hint, and the key, on the very first `up`."""
+    from mlxd.config import config_path, write_default_config
+    from mlxd.gateway.keys import ensure_key
+
+    path = config_path(config.home)
+    if write_default_config(path):
+        print(f"mlxd: wrote a default config to {path}: every alias serves the built-in demo model.\n"
+              f"      For a real model add e.g. [models.qwen] repo = \"mlx-community/Qwen3-4B-Instruct-2507-4bit\" "
+              f"there (see the comments in it).", file=sys.stderr)
+    if config.gateway.enabled:
+        ensure_key(StatePaths(config.home))
 
 
 def _print_endpoint(config: Config) -> None:

@@ -46,3 +46,20 @@ def test_env_overrides_engine_port_and_host():
     doc = apply_env_overrides({"engine": {"port": 1234}}, {"MLXD_ENGINE_PORT": "9999", "MLXD_ENGINE_HOST": "0.0.0.0"})
     cfg = parse_config(doc, HOME)
     assert cfg.engine.port == 9999 and cfg.engine.host == "0.0.0.0"
+
+
+def test_docs_config_reference_is_current():
+    from mlxd.config import reference_markdown
+
+    doc = Path(__file__).resolve().parents[2] / "docs" / "CONFIG.md"
+    assert doc.read_text().strip() == reference_markdown().strip(), "run: mlxd config reference > docs/CONFIG.md"
+
+
+def test_invalid_config_file_names_the_key(tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "mlxd.toml").write_text("[engine]\nport = 'eighty'\n")
+    r = subprocess.run([sys.executable, "-m", "mlxd.cli", "--home", str(tmp_path), "config", "validate"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 78 and "engine.port" in r.stderr

@@ -1,0 +1,572 @@
+#!/usr/bin/env python3
+"""Gateway overhead: streamed chat completions direct to the engine vs through the gateway.
+
+  direct    POST http://127.0.0.1:<engine port>/v1/chat/completions (no key)
+  gateway   POST http://127.0.0.1:<gateway port>/v1/chat/completions with
+            `Authorization: Bearer <$MLXD_HOME/key>` (our key guard + LiteLLM's proxy)
+
+Both against one supervised stack started the way a user starts it
+(`mlxd up --detach` with a throw-away MLXD_HOME), same model, same prompt,
+greedy (temperature 0), fixed max_tokens (the demo models never emit EOS, so
+every run generates exactly max_tokens tokens). The two ways alternate in
+rounds (the first way swaps each round) after warmup runs; medians compared.
+
+Metrics, defined as in bench/engine_overhead.py (its helpers are imported):
+  TTFT            request sent -> first content-carrying chunk (non-empty delta.content)
+  decode tok/s    (window - 1) / (t_last - t_first) over the first/last content chunks
+  CPU             engine, gateway and client CPU per generated token, and the
+                  gateway's CPU per streamed chunk (its per-chunk cost)
+Also: time from `mlxd up --detach` to ready (engine /health 200 AND an
+authenticated chat completion through the gateway answered 200), median of
+--ready-runs fresh starts.
+
+Usage:
+  .venv/bin/python bench/gateway_overhead.py            # about 1.5 min on 2 cores
+  .venv/bin/python bench/gateway_overhead.py --quick    # about 40 s
+
+Progress goes to stderr (one line per run), the Markdown table to stdout,
+everything (machine, versions, settings, raw samples) to --out (JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+import requests
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import engine_overhead as eo  # noqa: E402  (bench/ is not a package: the shared measuring helpers)
+
+ROOT = eo.ROOT
+DEFAULT_OUT = ROOT / "bench" / "results" / "gateway_overhead.json"
+WAYS = ("direct", "gateway")
+LABEL = {"direct": "direct to engine", "gateway": "through gateway"}
+say = eo.say
+now = eo.now
+BenchError = eo.BenchError
+
+
+# --- the client -------------------------------------------------------------------------
+
+class ChatWay(eo.HttpWay):
+    """engine_overhead's minimal-work streaming client, on /v1/chat/completions
+    (its SSE parser already reads `delta.content`)."""
+
+    def __init__(self, way: str, url: str, model_name: str, key: str | None) -> None:
+        super().__init__(way, url, model_name, server=None)  # type: ignore[arg-type]
+        self.headers = {"Content-Type": "application/json"}
+        if key:
+            self.headers["Authorization"] = f"Bearer {key}"
+
+    def run(self, prompt: str, max_tokens: int, read_timeout: float = 300.0) -> eo.Trace:
+        payload = json.dumps({"model": self.model_name, "messages": [{"role": "user", "content": prompt}],
+                              "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
+                              "stream_options": {"include_usage": True}}).encode()
+        events: list[tuple[float, bytes]] = []
+        t0 = now()
+        with self.session.post(self.url + "/v1/chat/completions", data=payload, stream=True,
+                               headers=self.headers, timeout=(10, read_timeout)) as r:
+            if r.status_code != 200:
+                raise BenchError(f"{self.way}: HTTP {r.status_code}: {r.text[:500]}")
+            raw, buf = r.raw, b""
+            while True:
+                data = raw.read1(65536)  # whatever has arrived; never waits for a full buffer
+                t = now()
+                if not data:
+                    break
+                buf += data
+                while (i := buf.find(b"\n\n")) >= 0:
+                    events.append((t, buf[:i]))
+                    buf = buf[i + 2:]
+        t_end = events[-1][0] if events else now()
+        return self._parse(t0, events, t_end)
+
+
+@dataclass
+class GwSample(eo.Sample):
+    # eo.Sample's server_cpu_us_per_token is the engine's here.
+    gateway_cpu_us_per_token: float = 0.0
+    gateway_cpu_us_per_chunk: float = 0.0  # per content chunk streamed
+
+
+def _cpu_s(p: psutil.Process | None) -> float:
+    if p is None:
+        return 0.0
+    t = p.cpu_times()
+    return t.user + t.system
+
+
+def measure(runner: ChatWay, prompt: str, max_tokens: int, engine: psutil.Process,
+            gateway: psutil.Process) -> tuple[eo.Trace, float]:
+    """One run with CPU accounting: engine, gateway (even for direct runs: it
+    should be idle then), this client and the rest of the machine."""
+    busy0, wall0 = eo._busy_cpu_s(), now()
+    e0, g0, me0 = _cpu_s(engine), _cpu_s(gateway), time.process_time()
+    tr = runner.run(prompt, max_tokens)
+    me = time.process_time() - me0
+    e, g = _cpu_s(engine) - e0, _cpu_s(gateway) - g0
+    busy, wall = eo._busy_cpu_s() - busy0, now() - wall0
+    tr.server_cpu_s, tr.client_cpu_s = e, me
+    tr.background_cores = max(0.0, busy - e - g - me) / wall if wall > 0 else None
+    return tr, g
+
+
+def to_sample(tr: eo.Trace, gw_cpu_s: float, model: str, way: str, rnd: int, warm: bool) -> GwSample:
+    s = eo.to_sample(tr, model, way, rnd, warm, {})
+    return GwSample(**asdict(s), gateway_cpu_us_per_token=gw_cpu_s / max(tr.completion_tokens, 1) * 1e6,
+                    gateway_cpu_us_per_chunk=gw_cpu_s / max(len(tr.chunk_times), 1) * 1e6)
+
+
+# --- the stack (`mlxd up --detach` ... `mlxd down`) --------------------------------------------
+
+def mlxd_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "mlxd.cli", *args]
+
+
+class Stack:
+    def __init__(self, home: Path, model_path: Path, env: dict[str, str]) -> None:
+        self.home = home
+        self.engine_port, self.gateway_port = eo.free_port(), eo.free_port()
+        closed = eo.free_port()  # nothing listens there: the Ollama fallback is "down"
+        home.mkdir(parents=True, exist_ok=True)
+        (home / "mlxd.toml").write_text(
+            f"[engine]\nport = {self.engine_port}\nmax_tokens_cap = 100000\n\n"
+            f'[gateway]\nport = {self.gateway_port}\nollama_url = "http://127.0.0.1:{closed}"\n\n'
+            f"[models.bench]\npath = {json.dumps(str(model_path.resolve()))}\n\n"
+            '[aliases]\ndefault = "bench"\n')
+        self.env = {**env, "MLXD_HOME": str(home)}
+        self.engine_url = f"http://127.0.0.1:{self.engine_port}"
+        self.gateway_url = f"http://127.0.0.1:{self.gateway_port}"
+        self.up_count = 0
+
+    @property
+    def key(self) -> str | None:
+        try:
+            return (self.home / "key").read_text().strip() or None
+        except OSError:
+            return None
+
+    def _engine_ok(self) -> bool:
+        try:
+            return requests.get(self.engine_url + "/health", timeout=2).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def _gateway_ok(self) -> bool:
+        key = self.key
+        if not key:
+            return False
+        try:
+            r = requests.post(self.gateway_url + "/v1/chat/completions", timeout=30,
+                              headers={"Authorization": f"Bearer {key}"},
+                              json={"model": "default", "messages": [{"role": "user", "content": "hi"}],
+                                    "max_tokens": 1, "temperature": 0.0})
+            return r.status_code == 200
+        except requests.RequestException:
+            return False
+
+    def up(self, timeout: float) -> dict[str, float]:
+        """`mlxd up --detach`, polled from outside: seconds from launching it to
+        the engine's /health answering 200, to the gateway answering an
+        authenticated chat completion with 200, and to `up` returning."""
+        self.up_count += 1
+        log = self.home / f"up-{self.up_count}.log"
+        marks: dict[str, float] = {}
+        stop = threading.Event()
+
+        def poll() -> None:
+            while not stop.is_set() and ("engine" not in marks or "gateway" not in marks):
+                if "engine" not in marks and self._engine_ok():
+                    marks["engine"] = now()
+                if "gateway" not in marks and self._gateway_ok():
+                    marks["gateway"] = now()
+                time.sleep(0.05)
+
+        t0 = now()
+        with log.open("wb") as f:
+            proc = subprocess.Popen(mlxd_argv("up", "--detach", "--timeout", str(int(timeout))), env=self.env,
+                                    stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        poller = threading.Thread(target=poll, daemon=True)
+        poller.start()
+        try:
+            rc = proc.wait(timeout + 30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc = -1
+        marks["up_returned"] = now()
+        if rc != 0:
+            stop.set()
+            raise BenchError(f"`mlxd up --detach` exited {rc}:\n{log.read_text(errors='replace')[-3000:]}\n"
+                             f"{self.log_tail('gateway.log')}")
+        poller.join(timeout)
+        stop.set()
+        if "engine" not in marks or "gateway" not in marks:
+            raise BenchError(f"the stack was not ready {timeout:.0f}s after `mlxd up --detach`:\n"
+                             f"{self.log_tail('gateway.log')}")
+        out = {k: marks[k] - t0 for k in ("engine", "gateway", "up_returned")}
+        out["ready"] = max(out["engine"], out["gateway"])
+        return out
+
+    def pids(self) -> tuple[int, int]:
+        """(engine pid, gateway pid): the engine from run/engine.pid, the
+        gateway from its open /mlxd/health."""
+        engine = json.loads((self.home / "run" / "engine.pid").read_text())["pid"]
+        gateway = requests.get(self.gateway_url + "/mlxd/health", timeout=5).json()["pid"]
+        return int(engine), int(gateway)
+
+    def log_tail(self, name: str, n: int = 30) -> str:
+        try:
+            lines = (self.home / "logs" / name).read_text(errors="replace").splitlines()
+            return f"--- {name} (last {n} lines):\n" + "\n".join(lines[-n:])
+        except OSError:
+            return f"(no {name})"
+
+    def down(self) -> float:
+        """`mlxd down`; if that fails or leaves supervisord behind, its pids are
+        killed (supervisord and its process tree, by pid). Returns seconds."""
+        t0 = now()
+        try:
+            r = subprocess.run(mlxd_argv("down"), env=self.env, capture_output=True, text=True, timeout=120)
+            ok = r.returncode == 0
+            if not ok:
+                say(f"   `mlxd down` exited {r.returncode}: {r.stderr.strip()[-500:]}")
+        except subprocess.TimeoutExpired:
+            ok = False
+            say("   `mlxd down` timed out")
+        took = now() - t0
+        self._kill_leftovers(quiet=ok)
+        return took
+
+    def _kill_leftovers(self, quiet: bool) -> None:
+        """By pid, only processes of this MLXD_HOME (pid files can be stale)."""
+        procs: list[psutil.Process] = []
+        for name in ("supervisord.pid", "engine.pid"):
+            try:
+                text = (self.home / "run" / name).read_text().strip()
+                pid = int(json.loads(text)["pid"]) if text.startswith("{") else int(text)
+                p = psutil.Process(pid)
+                if p.environ().get("MLXD_HOME") == str(self.home) or str(self.home) in " ".join(p.cmdline()):
+                    procs += [p] + p.children(recursive=True)
+            except (OSError, ValueError, KeyError, psutil.Error):
+                pass
+        procs = [p for p in procs if p.is_running()]
+        if not procs:
+            return
+        say(f"   killing leftover pids {[p.pid for p in procs]}" + ("" if quiet else " (`mlxd down` failed)"))
+        for p in procs:
+            try:
+                p.terminate()
+            except psutil.Error:
+                pass
+        _, alive = psutil.wait_procs(procs, timeout=10)
+        for p in alive:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+
+
+# --- info, statistics, output ------------------------------------------------------------------
+
+def machine_info() -> dict[str, Any]:
+    info = eo.machine_info()
+    for d in ("litellm", "litellm-proxy-extras", "litellm-enterprise", "httpx", "aiohttp", "openai", "orjson",
+              "sse-starlette", "pydantic"):
+        info["http_stack"][d] = eo._version(d)
+    try:
+        info["git"]["gateway_dirty"] = bool(subprocess.run(
+            ["git", "-C", str(ROOT), "status", "--porcelain", "--", "gateway"], capture_output=True, text=True,
+            timeout=10).stdout.strip())
+    except Exception:  # noqa: BLE001
+        pass
+    return info
+
+
+def summarize(samples: list[GwSample]) -> dict[str, Any]:
+    measured = [s for s in samples if not s.warmup]
+    out: dict[str, Any] = {}
+    for way in WAYS:
+        ss = [s for s in measured if s.way == way]
+        if not ss:
+            continue
+        dec, ttft = [s.decode_tok_s for s in ss], [s.ttft_ms for s in ss]
+        out[way] = {"runs": len(ss),
+                    "decode_tok_s_median": eo._median(dec), "decode_tok_s_min": min(dec),
+                    "decode_tok_s_max": max(dec),
+                    "ttft_ms_median": eo._median(ttft), "ttft_ms_min": min(ttft), "ttft_ms_max": max(ttft),
+                    "total_s_median": eo._median([s.total_s for s in ss]),
+                    "content_chunks_median": eo._median([s.content_chunks for s in ss]),
+                    "engine_cpu_us_per_token_median": eo._median([s.server_cpu_us_per_token for s in ss]),
+                    "gateway_cpu_us_per_token_median": eo._median([s.gateway_cpu_us_per_token for s in ss]),
+                    "gateway_cpu_us_per_chunk_median": eo._median([s.gateway_cpu_us_per_chunk for s in ss]),
+                    "client_cpu_us_per_token_median": eo._median([s.client_cpu_us_per_token for s in ss]),
+                    "background_cores_median": eo._median([s.background_cores or 0.0 for s in ss]),
+                    "completion_tokens": sorted({s.completion_tokens for s in ss}),
+                    "prompt_tokens": sorted({s.prompt_tokens for s in ss})}
+    if "direct" in out and "gateway" in out:
+        d, g = out["direct"], out["gateway"]
+        direct_by_round = {s.round: s for s in measured if s.way == "direct"}
+        pairs = [(s, direct_by_round[s.round]) for s in measured if s.way == "gateway" and s.round in direct_by_round]
+        out["comparison"] = {
+            "decode_ratio": g["decode_tok_s_median"] / d["decode_tok_s_median"],
+            "decode_ratio_paired_median": eo._median([a.decode_tok_s / b.decode_tok_s for a, b in pairs]),
+            "ttft_extra_ms": g["ttft_ms_median"] - d["ttft_ms_median"],
+            "ttft_extra_ms_paired_median": eo._median([a.ttft_ms - b.ttft_ms for a, b in pairs]),
+        }
+    return out
+
+
+def check_consistency(samples: list[GwSample]) -> list[str]:
+    measured = [s for s in samples if not s.warmup]
+    notes = []
+    for what in ("prompt_tokens", "completion_tokens", "text_sha1"):
+        vals = {(s.way, getattr(s, what)) for s in measured}
+        if len({v for _, v in vals}) > 1:
+            notes.append(f"{what} differ between runs/ways: {sorted(vals)}")
+    notes.append("decode window = completion tokens for both ways (no in-process reference here); both ways "
+                 "produce the same text, so the window — and the ratio — is the same for both")
+    return notes
+
+
+def _fmt_range(st: dict[str, Any], key: str, fmt: str) -> str:
+    return (f"{format(st[key + '_median'], fmt)} ({format(st[key + '_min'], fmt)}–{format(st[key + '_max'], fmt)})")
+
+
+def markdown(res: dict[str, Any], settings: dict[str, Any], info: dict[str, Any]) -> str:
+    hs = info["http_stack"]
+    summ = res["summary"]
+    lines = [
+        f"### Gateway overhead — {info['date']}",
+        "",
+        f"{info['platform']}, {info['cpu_count']} CPUs ({info['cpu'] or '?'}), Python {info['python']}, "
+        f"mlx {info['mlx']} ({info['mlx_device']}), litellm {hs.get('litellm')}, uvicorn {hs.get('uvicorn')}, "
+        f"httpx {hs.get('httpx')}, aiohttp {hs.get('aiohttp')}",
+        f"{res['model']}; streamed /v1/chat/completions, greedy, max_tokens {settings['max_tokens']}, "
+        f"{settings['rounds']} rounds after {settings['warmup']} warmup(s) per way, first way alternating; "
+        f"medians (min–max). CPU: µs per generated token (engine / gateway / client), and the gateway's µs per "
+        f"streamed content chunk.",
+        "",
+        "| way | decode tok/s | × direct | TTFT ms | TTFT vs direct | chunks | CPU µs/token engine / gateway / "
+        "client | gateway µs/chunk |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    cmp_ = summ.get("comparison", {})
+    for way in WAYS:
+        st = summ.get(way)
+        if not st:
+            continue
+        if way == "direct":
+            ratio, extra, gw_chunk = "1.000", "—", "—"
+        else:
+            ratio = f"**{cmp_['decode_ratio']:.3f}** (paired {cmp_['decode_ratio_paired_median']:.3f})"
+            extra = f"**{cmp_['ttft_extra_ms']:+.1f} ms** (paired {cmp_['ttft_extra_ms_paired_median']:+.1f})"
+            gw_chunk = f"{st['gateway_cpu_us_per_chunk_median']:.0f}"
+        lines.append(
+            f"| {LABEL[way]} | {_fmt_range(st, 'decode_tok_s', '.1f')} | {ratio} | "
+            f"{_fmt_range(st, 'ttft_ms', '.1f')} | {extra} | {st['content_chunks_median']:.0f} | "
+            f"{st['engine_cpu_us_per_token_median']:.0f} / {st['gateway_cpu_us_per_token_median']:.0f} / "
+            f"{st['client_cpu_us_per_token_median']:.0f} | {gw_chunk} |")
+    if cmp_:
+        r, t = cmp_["decode_ratio"], cmp_["ttft_extra_ms"]
+        ok_r, ok_t = r >= settings["goal_ratio"], t <= settings["goal_ttft_ms"]
+        lines += ["", f"Goal: throughput ≥ {settings['goal_ratio']}× direct: {r:.3f}× "
+                      f"({'MET' if ok_r else 'NOT MET'}); TTFT ≤ +{settings['goal_ttft_ms']:g} ms: {t:+.1f} ms "
+                      f"({'MET' if ok_t else 'NOT MET'})."]
+    ready = res.get("ready")
+    if ready and ready["runs"]:
+        lines += ["", f"`mlxd up --detach` → ready (engine /health 200 and an authenticated chat completion through "
+                      f"the gateway 200), median of {len(ready['runs'])} fresh starts:", "",
+                  "| measure | median s | runs s |", "|---|---:|---|"]
+        for key, label in (("engine", "engine healthy"), ("gateway", "gateway answers an authenticated request"),
+                           ("ready", "**ready (both)**"), ("up_returned", "`mlxd up --detach` returned"),
+                           ("down", "`mlxd down` took")):
+            vals = [r[key] for r in ready["runs"]]
+            lines.append(f"| {label} | {eo._median(vals):.2f} | {', '.join(f'{v:.2f}' for v in vals)} |")
+    bg = max((st.get("background_cores_median", 0.0) for k, st in summ.items() if k in WAYS), default=0.0)
+    if bg > 0.2:
+        lines += ["", f"Warning: other programs used up to {bg:.2f} of {info['cpu_count']} CPU cores (median per "
+                      "run) during the runs; tok/s figures are noisy, the CPU columns are steadier."]
+    if res["notes"]:
+        lines += [""] + [f"- note: {n}" for n in res["notes"]]
+    return "\n".join(lines)
+
+
+# --- the benchmark ---------------------------------------------------------------------------
+
+def run_rounds(stack: Stack, name: str, args: argparse.Namespace) -> list[GwSample]:
+    engine_pid, gateway_pid = stack.pids()
+    engine, gateway = psutil.Process(engine_pid), psutil.Process(gateway_pid)
+    key = stack.key
+    if not key:
+        raise BenchError(f"no key in {stack.home / 'key'}")
+    runners = {"direct": ChatWay("direct", stack.engine_url, "default", None),
+               "gateway": ChatWay("gateway", stack.gateway_url, "default", key)}
+    say(f"   engine pid {engine_pid} on :{stack.engine_port}, gateway pid {gateway_pid} on :{stack.gateway_port}")
+    plan = [(w, i, True) for i in range(args.warmup) for w in WAYS]
+    for r in range(args.rounds):
+        order = list(WAYS) if r % 2 == 0 else list(reversed(WAYS))
+        plan += [(w, r, False) for w in order]
+    samples: list[GwSample] = []
+    try:
+        for n, (way, rnd, warm) in enumerate(plan, 1):
+            if not (engine.is_running() and gateway.is_running()):
+                raise BenchError("the engine or the gateway died:\n" + stack.log_tail("gateway.log")
+                                 + "\n" + stack.log_tail("engine.err.log"))
+            tr, gw_cpu = measure(runners[way], args.prompt, args.max_tokens, engine, gateway)
+            s = to_sample(tr, gw_cpu, name, way, rnd, warm)
+            samples.append(s)
+            tag = f"warmup {rnd + 1}/{args.warmup}" if warm else f"round {rnd + 1}/{args.rounds}"
+            say(f"   [{n:2d}/{len(plan)}] {tag:12s} {LABEL[way]:16s} TTFT {s.ttft_ms:7.1f} ms  "
+                f"decode {s.decode_tok_s:7.1f} tok/s  {s.prompt_tokens}+{s.completion_tokens} tok "
+                f"{s.content_chunks:3d} chunks  {s.total_s:5.2f}s  CPU/tok engine {s.server_cpu_us_per_token:5.0f} "
+                f"gateway {s.gateway_cpu_us_per_token:4.0f} client {s.client_cpu_us_per_token:3.0f} us  "
+                f"background {s.background_cores:.2f} cores")
+            time.sleep(args.pause)
+    finally:
+        for r in runners.values():
+            r.close()
+    return samples
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", type=Path, metavar="PATH", help="an mlx-lm model folder (default: demo model a)")
+    p.add_argument("--variant", choices=["a", "b"], default="a", help="demo model when no --model (default a)")
+    p.add_argument("--cache-dir", type=Path, default=eo.DEFAULT_CACHE,
+                   help=f"where demo models are built ({eo.DEFAULT_CACHE})")
+    p.add_argument("--rounds", type=int, help="measured rounds (default 15; --quick 5)")
+    p.add_argument("--warmup", type=int, help="warmup runs per way (default 2)")
+    p.add_argument("--max-tokens", type=int, help="tokens per run (default 256; --quick 128)")
+    p.add_argument("--prompt", default=eo.DEFAULT_PROMPT, help="the user message")
+    p.add_argument("--ready-runs", type=int, help="fresh `mlxd up --detach` starts timed to ready (default 3; "
+                                                  "--quick 1)")
+    p.add_argument("--pause", type=float, default=0.2, help="seconds between runs (default 0.2)")
+    p.add_argument("--quick", action="store_true", help="fewer, shorter runs (about 40 s)")
+    p.add_argument("--timeout", type=float, default=300.0, help="`mlxd up --timeout` (default 300)")
+    p.add_argument("--goal-ratio", type=float, default=0.9, help="target gateway/direct decode ratio (0.9)")
+    p.add_argument("--goal-ttft-ms", type=float, default=5.0, help="target extra TTFT in ms (5)")
+    p.add_argument("--keep-home", action="store_true", help="keep the temporary MLXD_HOME (logs) and print it")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON results (default {DEFAULT_OUT})")
+    a = p.parse_args(argv)
+    a.rounds = a.rounds if a.rounds is not None else (5 if a.quick else 15)
+    a.warmup = a.warmup if a.warmup is not None else 2
+    a.max_tokens = a.max_tokens if a.max_tokens is not None else (128 if a.quick else 256)
+    a.ready_runs = a.ready_runs if a.ready_runs is not None else (1 if a.quick else 3)
+    if a.rounds < 1 or a.warmup < 0 or a.max_tokens < 2 or a.ready_runs < 0:
+        p.error("need --rounds >= 1, --warmup >= 0, --max-tokens >= 2, --ready-runs >= 0")
+    return a
+
+
+def model_to_run(args: argparse.Namespace) -> tuple[str, Path]:
+    if args.model:
+        if not (args.model / "config.json").is_file():
+            raise BenchError(f"{args.model} is not an mlx-lm model folder (no config.json)")
+        return args.model.resolve().name, args.model.resolve()
+    from mlxd.engine.demo_model import VARIANTS, build_demo_model
+
+    dest = args.cache_dir / f"demo-{args.variant}"
+    say(f"demo model {args.variant}: {dest}")
+    build_demo_model(dest, args.variant, progress=lambda m: say(f"   {m}"))
+    spec = VARIANTS[args.variant]
+    return f"demo-{args.variant} ({spec.hidden_size}x{spec.num_hidden_layers})", dest
+
+
+def _on_sigterm(signum, frame):  # noqa: ARG001
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
+    settings = {"max_tokens": args.max_tokens, "rounds": args.rounds, "warmup": args.warmup,
+                "prompt": args.prompt, "sampling": {"temperature": 0.0}, "quick": args.quick,
+                "endpoint": "/v1/chat/completions (stream, include_usage), model 'default'",
+                "ready_runs": args.ready_runs, "pause_s": args.pause, "goal_ratio": args.goal_ratio,
+                "goal_ttft_ms": args.goal_ttft_ms,
+                "metrics": {"ttft": "request sent -> first chunk with non-empty delta.content",
+                            "decode_tok_s": "(window - 1) / (t_last - t_first) over the first/last content "
+                                            "chunks; window = completion_tokens",
+                            "ready": "from launching `mlxd up --detach` to both: engine /health 200 and an "
+                                     "authenticated non-streamed chat completion (max_tokens 1) through the "
+                                     "gateway 200 (polled every 50 ms)"}}
+    started = time.monotonic()
+    res: dict[str, Any] = {}
+    tmp = tempfile.mkdtemp(prefix="mlxd-gwbench-")
+    stack: Stack | None = None
+    try:
+        info = machine_info()
+        name, path = model_to_run(args)
+        res["model"], res["model_path"] = name, str(path)
+        env = eo.child_env(LITELLM_LOCAL_MODEL_COST_MAP="True")
+        for k in ("MLXD_HOME", "MLXD_ENGINE_PORT", "MLXD_ENGINE_HOST", "MLXD_GATEWAY_PORT", "MLXD_GATEWAY_HOST",
+                  "MLXD_OLLAMA_URL"):
+            env.pop(k, None)
+        # 1) throughput and TTFT, on one stack
+        stack = Stack(Path(tmp) / "home", path, env)
+        say(f"== {name}: mlxd up --detach (MLXD_HOME {stack.home})")
+        first = stack.up(args.timeout)
+        say(f"   stack ready in {first['ready']:.2f}s (engine {first['engine']:.2f}s, gateway "
+            f"{first['gateway']:.2f}s, up returned {first['up_returned']:.2f}s)")
+        samples = run_rounds(stack, name, args)
+        first["down"] = stack.down()
+        stack = None
+        # 2) up -> ready: fresh starts, each with its own new MLXD_HOME and ports
+        ready_runs = []
+        for i in range(args.ready_runs):
+            stack = Stack(Path(tmp) / f"home-ready-{i + 1}", path, env)
+            t = stack.up(args.timeout)
+            t["down"] = stack.down()
+            stack = None
+            ready_runs.append(t)
+            say(f"   [ready {i + 1}/{args.ready_runs}] ready {t['ready']:.2f}s (engine healthy {t['engine']:.2f}s, "
+                f"gateway authenticated 200 {t['gateway']:.2f}s, up returned {t['up_returned']:.2f}s; "
+                f"down {t['down']:.2f}s)")
+            time.sleep(1.0)
+        res["summary"] = summarize(samples)
+        res["notes"] = check_consistency(samples)
+        res["ready"] = {"first_stack": first, "runs": ready_runs,
+                        "median": {k: eo._median([r[k] for r in ready_runs]) for k in
+                                   ("engine", "gateway", "ready", "up_returned", "down")} if ready_runs else None}
+        res["samples"] = [asdict(s) for s in samples]
+    except KeyboardInterrupt:
+        say("interrupted: stopping the stack")
+        return 130
+    except BenchError as exc:
+        say(f"error: {exc}")
+        return 1
+    finally:
+        if stack is not None:
+            stack.down()
+        if args.keep_home:
+            say(f"MLXD_HOMEs kept under {tmp}")
+        else:
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+    settings["wall_s"] = round(time.monotonic() - started, 1)
+    info["loadavg_at_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"machine": info, "settings": settings, "results": res}, indent=1,
+                                   allow_nan=True) + "\n")
+    print(markdown(res, settings, info))
+    say(f"\nraw samples: {args.out} (total {settings['wall_s']:.0f}s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

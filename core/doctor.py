@@ -1,0 +1,157 @@
+"""`mlxd doctor`: is this machine ready to run mlxd? Each check says pass,
+warn or fail, with a fix hint. Nothing is changed."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import sys
+import urllib.request
+from dataclasses import asdict, dataclass
+from importlib import metadata
+
+from mlxd.config import Config
+from mlxd.paths import StatePaths
+
+PACKAGES = ("mlx", "mlx-lm", "mlx-vlm", "litellm", "supervisor", "fastapi", "uvicorn")
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # pass / warn / fail
+    detail: str
+    fix: str = ""
+
+
+def check_python() -> Check:
+    v = sys.version_info
+    ok = v >= (3, 11)
+    return Check("python", "pass" if ok else "fail", f"{platform.python_version()} at {sys.executable}",
+                 "" if ok else "install Python 3.11 or newer")
+
+
+def check_packages() -> Check:
+    found, missing = [], []
+    for p in PACKAGES:
+        try:
+            found.append(f"{p} {metadata.version(p)}")
+        except metadata.PackageNotFoundError:
+            missing.append(p)
+    if missing:
+        return Check("packages", "fail", "missing: " + ", ".join(missing), "run ./scripts/setup.sh")
+    return Check("packages", "pass", ", ".join(found))
+
+
+def check_backend(config: Config) -> Check:
+    try:
+        import mlx.core as mx
+
+        from mlxd.engine.model_registry import system_memory_budget
+
+        backend = "Metal" if mx.metal.is_available() else ("CUDA" if getattr(mx, "cuda", None)
+                                                              and mx.cuda.is_available() else "CPU")
+        budget, source = system_memory_budget(config.engine.memory_fraction)
+    except Exception as exc:  # noqa: BLE001 - a broken mlx install is what we report
+        return Check("mlx backend", "fail", f"mlx does not load: {exc}", "reinstall: ./scripts/setup.sh")
+    status = "pass" if backend == "Metal" or sys.platform != "darwin" else "warn"
+    return Check("mlx backend", status, f"{backend}; model memory budget {budget / 2**30:.1f} GiB "
+                 f"({config.engine.memory_fraction:.0%} of {source})",
+                 "" if status == "pass" else "on a Mac, MLX should use Metal: check `pip show mlx-metal`")
+
+
+def _port_state(host: str, port: int) -> str:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+            return "free"
+        except OSError:
+            return "in use"
+
+
+def check_ports(config: Config, running: bool) -> list[Check]:
+    out = []
+    for name, host, port in (("engine port", config.engine.host, config.engine.port),
+                             ("gateway port", config.gateway.host, config.gateway.port)):
+        state = _port_state(host, port)
+        if state == "free" or running:
+            out.append(Check(name, "pass", f"{host}:{port} {state}{' (mlxd is running)' if running else ''}"))
+        else:
+            out.append(Check(name, "fail", f"{host}:{port} is taken by another program",
+                             f"free it, or set a different port in {config.home / 'mlxd.toml'}"))
+    return out
+
+
+def check_key(paths: StatePaths) -> Check:
+    if not paths.key.exists():
+        return Check("gateway key", "warn", f"{paths.key} not created yet", "it is created by `mlxd up` or `mlxd key`")
+    mode = os.stat(paths.key).st_mode & 0o777
+    if mode & 0o077:
+        return Check("gateway key", "fail", f"{paths.key} has mode {mode:o}", f"chmod 600 {paths.key}")
+    return Check("gateway key", "pass", f"{paths.key} (mode 600)")
+
+
+def check_ollama(config: Config) -> Check:
+    url = config.gateway.ollama_url.rstrip("/") + "/api/version"
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            version = json.loads(r.read()).get("version", "?")
+        return Check("ollama", "pass", f"Ollama {version} at {config.gateway.ollama_url}")
+    except (OSError, ValueError):
+        return Check("ollama", "warn", f"no answer at {config.gateway.ollama_url}: no fallback while the engine is down",
+                     "install and start Ollama (https://ollama.com), then `ollama pull "
+                     f"{config.gateway.default_ollama_model or 'llama3.2:3b'}`")
+
+
+def check_models(config: Config) -> list[Check]:
+    try:
+        from mlxd.engine.model_registry import ModelRegistry, system_memory_budget
+
+        registry = ModelRegistry(config, system_memory_budget(config.engine.memory_fraction)[0])
+    except Exception as exc:  # noqa: BLE001
+        return [Check("models", "fail", f"cannot estimate: {exc}")]
+    out = []
+    for model_id in config.models:
+        info = registry.info(model_id)
+        where = info.spec.repo or info.spec.path or f"built-in demo {info.spec.demo}"
+        if info.verdict.allowed:
+            out.append(Check(f"model {model_id}", "pass", f"{where}: {info.verdict.reason}"))
+        else:
+            out.append(Check(f"model {model_id}", "warn", f"{where}: {info.verdict.reason}",
+                             "served by Ollama only; pick a smaller or more quantized MLX model for the engine"))
+    return out
+
+
+def run_checks(config: Config) -> list[Check]:
+    from mlxd.supervisor.control import supervisord_pid
+
+    paths = StatePaths(config.home)
+    running = supervisord_pid(paths) is not None
+    checks = [check_python(), check_packages(), check_backend(config), *check_ports(config, running),
+              check_key(paths), Check("config", "pass", f"{config.home / 'mlxd.toml'} is valid"),
+              check_ollama(config), *check_models(config)]
+    try:
+        from mlxd.launchd.service import status_summary
+
+        s = status_summary(config)
+        checks.append(Check(s.get("kind", "autostart"), "pass" if s.get("installed") else "warn",
+                            s.get("detail", ""), "" if s.get("installed") else
+                            f"`mlxd {s.get('kind', 'launchd')} install` to start mlxd at login"))
+    except Exception:  # noqa: BLE001 - autostart is optional
+        pass
+    return checks
+
+
+def run_doctor(config: Config, as_json: bool) -> int:
+    checks = run_checks(config)
+    if as_json:
+        print(json.dumps([asdict(c) for c in checks], indent=2))
+    else:
+        for c in checks:
+            print(f"{c.status.upper():4}  {c.name:<16} {c.detail}")
+            if c.fix:
+                print(f"{'':6}{'':<16} fix: {c.fix}")
+    return 1 if any(c.status == "fail" for c in checks) else 0

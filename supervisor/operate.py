@@ -173,9 +173,13 @@ def format_status(st: dict) -> str:
     gw = st.get("gateway")
     if gw is not None:
         lines.append(f"  gateway       {'ok' if gw['http_status'] == 200 else 'no answer'}  {gw['url'].rsplit('/', 2)[0]}")
-    lines.append(f"  engine health {h.get('status', 'no answer')}  model {h.get('resident_model') or '-'}  "
-                 f"queue {h.get('queue_depth', '-')}  MLX active {mem.get('mlx_active_bytes', 0) / 2**20:.0f} MiB  "
-                 f"RSS {mem.get('rss_bytes', 0) / 2**20:.0f} MiB")
+    lines.append(f"  engine        {h.get('status', 'no answer')}  model {h.get('resident_model') or '-'}  "
+                 f"queue {h.get('queue_depth', '-')}  in flight {h.get('in_flight') or '-'}")
+    if mem:
+        gib = 2**30
+        lines.append(f"  memory        MLX active {mem.get('mlx_active_bytes', 0) / gib:.2f} GiB, "
+                     f"peak {mem.get('mlx_peak_bytes', 0) / gib:.2f} GiB, RSS {mem.get('rss_bytes', 0) / gib:.2f} GiB "
+                     f"of budget {mem.get('budget_bytes', 0) / gib:.1f} GiB")
     sv = st["supervision"] or {}
     if sv:
         extra = ""
@@ -186,6 +190,15 @@ def format_status(st: dict) -> str:
     last = c["last"]
     last_s = f"  last: {last['class']} at {time.strftime('%H:%M:%S', time.localtime(last['time']))}" if last else ""
     lines.append(f"  crashes       {c['last_hour']} last hour, {c['last_day']} last day{last_s}")
+    ol = st.get("ollama")
+    if ol is not None:
+        lines.append(f"  ollama        {'answers (' + str(ol['version']) + ')' if ol['reachable'] else 'no answer'}"
+                     f"  {ol['url']}{'' if ol['reachable'] else '  (no fallback while the engine is down)'}")
+    au = st.get("autostart")
+    if au:
+        lines.append(f"  {au.get('kind', 'autostart'):<13} {au.get('detail', '')}")
+    for f in st.get("foreign_listeners") or []:
+        lines.append(f"  WARNING       port {f['port']} ({f['for']}) is held by pid {f['pid']}: {f['cmdline']}")
     if st["quarantined_requests"]:
         lines.append(f"  quarantined   {st['quarantined_requests']} request(s)")
     return "\n".join(lines)

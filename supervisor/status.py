@@ -60,6 +60,57 @@ def _processes(paths: StatePaths) -> list[dict[str, Any]] | None:
              "description": i["description"]} for i in infos]
 
 
+def _ollama(config: Config) -> dict[str, Any]:
+    url = config.gateway.ollama_url.rstrip("/")
+    got = _get_json(url + "/api/version")
+    return {"url": url, "reachable": got["http_status"] == 200,
+            "version": (got["health"] or {}).get("version") if got["health"] else None}
+
+
+def _port_owners(config: Config, ours: set[int]) -> list[dict[str, Any]]:
+    """Processes listening on our ports that are not ours: reported, never
+    killed (a stale engine from another home, or a foreign program)."""
+    import psutil
+
+    wanted = {config.engine.port: "engine", config.gateway.port: "gateway"}
+    found = []
+    try:
+        conns = psutil.net_connections(kind="inet")
+    except (psutil.Error, OSError):
+        return found
+    for c in conns:
+        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port in wanted and c.pid and c.pid not in ours:
+            try:
+                cmd = " ".join(psutil.Process(c.pid).cmdline())[:120]
+            except psutil.Error:
+                cmd = "?"
+            found.append({"port": c.laddr.port, "for": wanted[c.laddr.port], "pid": c.pid, "cmdline": cmd})
+    return found
+
+
+def _our_pids(sup_pid: int | None) -> set[int]:
+    import psutil
+
+    if sup_pid is None:
+        return set()
+    try:
+        p = psutil.Process(sup_pid)
+        return {sup_pid} | {c.pid for c in p.children(recursive=True)}
+    except psutil.Error:
+        return set()
+
+
+def _autostart(config: Config) -> dict[str, Any] | None:
+    try:
+        from mlxd.launchd.service import status_summary
+    except ImportError:
+        return None
+    try:
+        return status_summary(config)
+    except Exception:  # noqa: BLE001 - status never fails because of autostart
+        return None
+
+
 def overall(sup_pid: int | None, engine_ok: bool, mode: str | None, gateway_ok: bool | None = None) -> str:
     """healthy / degraded (serving through the fallback) / down (pure).
     gateway_ok is None when there is no gateway (engine only)."""
@@ -92,6 +143,9 @@ def collect_status(config: Config) -> dict[str, Any]:
                     "last": {k: last.get(k) for k in ("time", "class", "signal", "exit_code", "model", "request_id")}
                     if last else None},
         "quarantined_requests": sum(1 for t in quarantine.values() if t > now),
+        "ollama": _ollama(config) if config.gateway.enabled else None,
+        "autostart": _autostart(config),
+        "foreign_listeners": _port_owners(config, _our_pids(sup_pid)),
         "overall": overall(sup_pid, engine["http_status"] == 200, (supervision or {}).get("mode"),
                            None if gateway is None else gateway["http_status"] == 200),
     }

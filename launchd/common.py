@@ -1,0 +1,68 @@
+"""What the launchd and systemd units share (pure): the command that runs
+mlxd, the service's environment, and how long a clean stop may take."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Mapping
+
+from mlxd.config import Config
+from mlxd.supervisor.supervisord_conf import render_supervisord_conf
+
+# A service starts with a bare environment: name every directory it may need
+# (Homebrew on Apple Silicon, then Intel, then the system's).
+BASE_PATH = ("/opt/homebrew/bin", "/usr/local/bin", "/usr/bin", "/bin", "/usr/sbin", "/sbin")
+
+# The documented config overrides (core/config.py) that `install` carries into
+# the unit, so the service runs the config `mlxd up` would run now. Nothing
+# else: never a key, never a fault-injection switch.
+PASSTHROUGH_ENV = ("MLXD_CONFIG", "MLXD_ENGINE_HOST", "MLXD_ENGINE_PORT", "MLXD_GATEWAY_HOST",
+                   "MLXD_GATEWAY_PORT", "MLXD_OLLAMA_URL")
+
+STOP_MARGIN_S = 15  # SIGKILLs, reaping and supervisord's own exit
+
+
+def mlxd_argv(python: str | None = None) -> list[str]:
+    """The command that runs `mlxd` (without a subcommand): this venv's python
+    by absolute path. Not resolved through symlinks: a venv's python is a
+    link to the base interpreter, and only the link finds the venv."""
+    return [os.path.abspath(python or sys.executable), "-m", "mlxd.cli"]
+
+
+def default_path_env(python: str | None = None) -> str:
+    """PATH for the service: the venv's bin first, then BASE_PATH."""
+    return ":".join(dict.fromkeys([os.path.dirname(mlxd_argv(python)[0]), *BASE_PATH]))
+
+
+def stop_timeout_s(config: Config) -> int:
+    """Seconds a clean stop may take. supervisord stops its programs one after
+    another (by priority), each given its stopwaitsecs before SIGKILL, so the
+    worst case is their sum (the engine's is shutdown_grace_s + 10). Read
+    from the generated supervisord.conf so the two never drift apart."""
+    conf = render_supervisord_conf(config, python="python")
+    return sum(int(s) for s in re.findall(r"^stopwaitsecs=(\d+)$", conf, re.M)) + STOP_MARGIN_S
+
+
+def check_argv(argv: list[str]) -> list[str]:
+    if not argv or not os.path.isabs(argv[0]):
+        raise ValueError(f"the mlxd command must start with an absolute path, got {argv!r}")
+    return list(argv)
+
+
+def service_env(config: Config, path_env: str, extra_env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The service's whole environment; every path in it absolute."""
+    if not config.home.is_absolute():
+        raise ValueError(f"MLXD_HOME must be absolute, got {config.home}")
+    entries = path_env.split(":")
+    if not all(os.path.isabs(e) for e in entries):
+        raise ValueError(f"every PATH entry must be absolute, got {path_env!r}")
+    env = {"PATH": path_env, "MLXD_HOME": str(config.home)}
+    for name, value in (extra_env or {}).items():
+        if name not in PASSTHROUGH_ENV:
+            raise ValueError(f"{name} is not one of mlxd's config overrides {PASSTHROUGH_ENV}")
+        if name == "MLXD_CONFIG" and not os.path.isabs(value):
+            raise ValueError(f"MLXD_CONFIG must be absolute, got {value!r}")
+        env[name] = value
+    return env

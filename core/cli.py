@@ -5,6 +5,8 @@
   mlxd down                 stop everything
   mlxd restart [engine|all] an operator's restart (clears a crash loop)
   mlxd status [--json]      what runs, health, crashes; exit 0 healthy, 1 degraded, 2 down
+  mlxd logs [component] [-f], mlxd doctor, mlxd config [show|path|validate|reference],
+  mlxd key [show|rotate|path], mlxd launchd|systemd install|uninstall|status
 """
 
 from __future__ import annotations
@@ -47,6 +49,11 @@ def _parser() -> argparse.ArgumentParser:
 
     key = sub.add_parser("key", help="show or rotate the gateway key")
     key.add_argument("action", choices=["show", "rotate", "path"], nargs="?", default="show")
+
+    for name, what in (("launchd", "a launchd LaunchAgent (macOS)"), ("systemd", "a systemd user unit (Linux)")):
+        sv = sub.add_parser(name, help=f"install, uninstall or show {what} that runs mlxd at login")
+        sv.add_argument("action", choices=["install", "uninstall", "status"])
+        sv.set_defaults(platform=name)
 
     lg = sub.add_parser("logs", help="show (and follow) a component's logs")
     lg.add_argument("component", choices=["engine", "gateway", "listener", "supervisord", "all"], nargs="?",
@@ -91,6 +98,10 @@ def main(argv: list[str] | None = None) -> int:
         from mlxd.engine.main import run_engine
 
         return run_engine(config)
+    if args.command in ("launchd", "systemd"):
+        from mlxd.launchd.service import run_command as run_service
+
+        return run_service(args, config)
     if args.command == "logs":
         from mlxd.logs import run_logs
         from mlxd.paths import StatePaths

@@ -25,15 +25,16 @@ def _gateway_url(config: Config) -> str:
     return f"http://{host}:{config.gateway.port}"
 
 
-def _wait_ready(config: Config, timeout: float) -> bool:
-    """Poll the engine's /health (showing its phase), then the gateway's."""
+def _wait_ready(config: Config, timeout: float, alive=lambda: True) -> bool:
+    """Poll the engine's /health (showing its phase), then the gateway's;
+    give up early when `alive()` says supervisord is gone."""
     deadline = time.monotonic() + timeout
-    if not _wait_engine(config, deadline):
+    if not _wait_engine(config, deadline, alive):
         return False
     if not config.gateway.enabled:
         return True
     print("gateway: starting", file=sys.stderr, flush=True)
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and alive():
         try:
             with urllib.request.urlopen(_gateway_url(config) + "/mlxd/health", timeout=2) as r:
                 if r.status == 200:
@@ -45,10 +46,10 @@ def _wait_ready(config: Config, timeout: float) -> bool:
     return False
 
 
-def _wait_engine(config: Config, deadline: float) -> bool:
+def _wait_engine(config: Config, deadline: float, alive) -> bool:
     url = f"http://127.0.0.1:{config.engine.port}/health"
     shown = ""
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and alive():
         try:
             with urllib.request.urlopen(url, timeout=2) as r:
                 if r.status == 200:
@@ -129,7 +130,7 @@ def _run_foreground(config: Config, timeout: float) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda signum, _f: proc.send_signal(signum))
     print(f"supervisord started (pid {proc.pid}); waiting for the engine...", file=sys.stderr)
-    if _wait_ready(config, timeout):
+    if _wait_ready(config, timeout, alive=lambda: proc.poll() is None):
         _print_endpoint(config)
     else:
         print(f"mlxd: the engine is not ready after {timeout:.0f}s; see `mlxd status`", file=sys.stderr)
@@ -141,7 +142,9 @@ def _run_foreground(config: Config, timeout: float) -> int:
 
 
 def cmd_down(config: Config) -> int:
-    if control.shutdown(StatePaths(config.home)):
+    from mlxd.launchd.common import stop_timeout_s
+
+    if control.shutdown(StatePaths(config.home), timeout=stop_timeout_s(config)):
         print("mlxd stopped")
     else:
         print("mlxd was not running")
@@ -157,7 +160,9 @@ def cmd_restart(args: argparse.Namespace, config: Config) -> int:
         control.restart_engine(paths)
         print("engine restarted", file=sys.stderr)
         return exit_codes.OK if _wait_ready(config, 300) else 1
-    control.shutdown(paths)
+    from mlxd.launchd.common import stop_timeout_s
+
+    control.shutdown(paths, timeout=stop_timeout_s(config))
     return cmd_up(argparse.Namespace(detach=True, timeout=300.0), config)
 
 

@@ -1,0 +1,652 @@
+"""Crash soak: many chat requests through the gateway while the engine is
+killed again and again; every request's fate is recorded and checked.
+
+It starts its own stack in a temp MLXD_HOME on free ports (supervisord +
+engine + crash listener + gateway, with the Ollama stand-in from
+tests/doubles as the fallback), runs N client threads (the `openai`
+package, through the gateway, with the key) that send a mix of streaming
+and non-streaming chat requests, and a fault driver that kills the engine
+about once per `--fault-every` requests, always tearing the stack down.
+
+Faults (the driver waits for a healthy engine first, so each lands on a
+serving engine): `abort@start`, `abort@token:N`, `abort@idle` (SIGABRT by
+fault injection), `sigkill` (kill -9 of run/engine.pid), `hang@token:N`
+(the supervisor's stuck detection kills it), `raise@token:N` (an MLX
+exception: exit 86), optionally `oom@token:N`. A fault-file fault stays
+until the crash is journaled (state/crashes.jsonl grows), then the file is
+removed. For `abort@idle` the clients are held back if the worker never
+idles by itself.
+
+Per request: backend (engine, or the stand-in: content starting with
+"[ollama-standin:"), outcome, latency. Outcomes: `ok` (non-streaming
+answer with a finish_reason), `complete` (stream with a finish_reason and
+`data: [DONE]`), `failed` (an exception before any content: a lost
+request), `stream_error` (an explicit error after content: an error event
+or a cut connection), `silent_truncation` (a stream that ended with no
+finish_reason and no error), `incomplete` (a non-streaming answer without
+a finish_reason), `spliced` (engine text then stand-in text in one stream).
+
+  .venv/bin/python bench/soak.py [--requests 1000] [--max-seconds 900] [--clients 4] [--seed 1]
+
+Report: Markdown on stdout, everything in bench/results/soak.json (--out).
+Exit status 0 when nothing was lost or silently cut, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import random
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+import openai
+import psutil
+import requests
+
+from mlxd.paths import StatePaths, read_json
+from mlxd.supervisor.journal import read_records
+
+ROOT = Path(__file__).resolve().parents[1]
+MLXD = [sys.executable, "-m", "mlxd.cli"]
+OLLAMA_MODEL = "llama3.2:3b"
+STANDIN_MARK = "[ollama-standin:"
+DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mlxd-bench"
+
+# kind -> (the journal class it should produce, spec maker; None: not a fault-file fault)
+FAULTS = {
+    "abort@start": ("sigabrt", lambda rng: "abort@start"),
+    "abort@token": ("sigabrt", lambda rng: f"abort@token:{rng.randint(2, 14)}"),
+    "abort@idle": ("sigabrt", lambda rng: "abort@idle"),
+    "sigkill": ("sigkill", None),
+    "hang@token": ("hang", lambda rng: f"hang@token:{rng.randint(2, 14)}"),
+    "raise@token": ("mlx_error", lambda rng: f"raise@token:{rng.randint(2, 14)}"),
+    "oom@token": ("metal_oom", lambda rng: f"oom@token:{rng.randint(2, 14)}"),
+}
+DEFAULT_KINDS = ("abort@start", "abort@token", "abort@idle", "sigkill", "hang@token", "raise@token")
+GOOD = ("ok", "complete")
+EXPLICIT = ("failed", "stream_error")
+
+
+@dataclass
+class Settings:
+    requests: int = 1000
+    max_seconds: float = 900.0
+    clients: int = 4
+    seed: int = 1
+    stream_ratio: float = 0.5
+    min_tokens: int = 16
+    max_tokens: int = 64
+    fault_every: float = 20.0  # mean requests between faults (uniform in [0.5, 1.5] x this)
+    kinds: tuple[str, ...] = DEFAULT_KINDS
+    plan: tuple[str, ...] | None = None  # fixed fault kinds in order (then no more faults), else random
+    fault_wait_s: float = 30.0  # a fault not journaled by then counts as not fired
+    request_timeout_s: float = 60.0
+    stuck_grace_s: float = 1.5
+    healthy_reset_s: float = 2.0
+    loop_crashes: int = 1_000_000  # never degrade unless asked
+    cooldown_s: float = 10.0
+    model: Path | None = None  # an mlx-lm model folder; default: demo model a, built once into DEFAULT_CACHE
+    progress_every: int = 50
+
+
+def _load_by_path(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(cond, timeout: float, interval: float = 0.02, stop: threading.Event | None = None):
+    """Poll `cond` until truthy (returns it) or the deadline (returns None)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not (stop is not None and stop.is_set()):
+        value = cond()
+        if value:
+            return value
+        time.sleep(interval)
+    return None
+
+
+# --- the stack ---------------------------------------------------------------------------
+
+class SoakStack:
+    """supervisord + engine + crash listener + gateway in a temp home, and the stand-in."""
+
+    def __init__(self, s: Settings, home_root: Path | None = None) -> None:
+        self.s = s
+        self.home = Path(tempfile.mkdtemp(prefix="mlxd-soak-", dir=home_root))
+        self.paths = StatePaths(self.home)
+        self.fault_file = self.home / "fault"
+        self.port, self.gateway_port = free_port(), free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.gateway_url = f"http://127.0.0.1:{self.gateway_port}"
+        self.standin = None
+        self.env: dict = {}
+
+    def start(self) -> None:
+        standin_mod = _load_by_path("mlxd_soak_ollama_standin", ROOT / "tests" / "doubles" / "ollama_standin.py")
+        self.standin = standin_mod.start_standin(models=(OLLAMA_MODEL,))
+        model = self.s.model
+        if model is None:
+            from mlxd.engine.demo_model import build_demo_model
+            model = build_demo_model(DEFAULT_CACHE / "demo-a", "a")
+        s = self.s
+        (self.home / "mlxd.toml").write_text(f"""
+[engine]
+port = {self.port}
+stuck_grace_s = {s.stuck_grace_s}
+[supervisor]
+backoff_base_s = 0.2
+backoff_cap_s = 2.0
+healthy_reset_s = {s.healthy_reset_s}
+loop_crashes = {s.loop_crashes}
+cooldown_s = {s.cooldown_s}
+health_interval_s = 0.25
+start_grace_s = 20
+[gateway]
+port = {self.gateway_port}
+ollama_url = "{self.standin.url}"
+default_ollama_model = "{OLLAMA_MODEL}"
+[models.soak]
+path = "{model}"
+[aliases]
+default = "soak"
+""")
+        env = {**os.environ, "MLXD_HOME": str(self.home), "HF_HUB_OFFLINE": "1",
+               "LITELLM_LOCAL_MODEL_COST_MAP": "True", "MLXD_FAULT_FILE": str(self.fault_file)}
+        for key in ("MLXD_CONFIG", "MLXD_FAULT", "MLXD_FAULT_MATCH"):
+            env.pop(key, None)
+        self.env = env
+        up = self.mlxd("up", "--detach", "--timeout", "180", timeout=240)
+        if up.returncode != 0:
+            raise RuntimeError(f"mlxd up failed ({up.returncode}):\n{up.stdout}\n{up.stderr}")
+
+    def mlxd(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        return subprocess.run([*MLXD, *args], env=self.env, capture_output=True, text=True, timeout=timeout)
+
+    @property
+    def key(self) -> str:
+        return self.paths.key.read_text().strip()
+
+    def healthy(self) -> bool:
+        try:
+            return requests.get(self.url + "/health", timeout=2).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def engine_pid(self) -> int | None:
+        return (read_json(self.paths.engine_pid) or {}).get("pid")
+
+    def records(self) -> list[dict]:
+        return read_records(self.paths.journal)
+
+    def supervision_mode(self) -> str | None:
+        return (read_json(self.paths.supervision) or {}).get("mode")
+
+    def stop(self) -> None:
+        """mlxd down, then SIGKILL by pid whatever is left (supervisord, runner, engine)."""
+        self.fault_file.unlink(missing_ok=True)
+        try:
+            self.mlxd("down", timeout=60)
+        except (subprocess.TimeoutExpired, OSError):
+            pass
+        pids = []
+        try:
+            pids.append(int(self.paths.supervisord_pid.read_text()))
+        except (OSError, ValueError):
+            pass
+        rec = read_json(self.paths.engine_pid) or {}
+        pids += [p for p in (rec.get("runner_pid"), rec.get("pid")) if p]
+        for pid in pids:
+            try:
+                for child in psutil.Process(pid).children(recursive=True):
+                    child.kill()
+                os.kill(pid, signal.SIGKILL)
+            except (psutil.Error, OSError):
+                pass
+        if self.standin is not None:
+            self.standin.stop()
+
+
+# --- one request -----------------------------------------------------------------------
+
+class _Probe:
+    """What the raw bytes of the last response showed: [DONE] and the tail."""
+
+    def __init__(self) -> None:
+        self.done = False
+        self.tail = b""
+
+
+class _WatchedStream(httpx.SyncByteStream):
+    def __init__(self, inner, probe: _Probe) -> None:
+        self.inner, self.probe = inner, probe
+
+    def __iter__(self):
+        for chunk in self.inner:
+            buf = self.probe.tail + chunk
+            if b"data: [DONE]" in buf:
+                self.probe.done = True
+            self.probe.tail = buf[-600:]
+            yield chunk
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class ProbeTransport(httpx.HTTPTransport):
+    """An httpx transport that lets a client thread see whether the SSE
+    stream really ended with `data: [DONE]` (the openai client hides it)."""
+
+    probe = _Probe()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.probe = _Probe()
+        response = super().handle_request(request)
+        response.stream = _WatchedStream(response.stream, self.probe)
+        return response
+
+
+def make_client(base_url: str, key: str, timeout: float) -> tuple[openai.OpenAI, ProbeTransport]:
+    transport = ProbeTransport()
+    http = httpx.Client(transport=transport, timeout=timeout)
+    return openai.OpenAI(base_url=base_url + "/v1", api_key=key, max_retries=0, timeout=timeout,
+                         http_client=http), transport
+
+
+def request_shape(seed: int, i: int, s: Settings) -> tuple[bool, int, str]:
+    """(stream, max_tokens, prompt) of request i: a function of the seed only."""
+    rng = random.Random(f"{seed}-{i}")
+    stream = rng.random() < s.stream_ratio
+    max_tokens = rng.randint(s.min_tokens, s.max_tokens)
+    words = " ".join(rng.choice(("alpha", "beta", "gamma", "delta", "tell", "me", "more", "why"))
+                     for _ in range(rng.randint(3, 80)))
+    return stream, max_tokens, f"soak request {i}: {words}"  # unique: never quarantined as a repeat
+
+
+def _error_fields(exc: BaseException) -> dict:
+    body = getattr(exc, "body", None)
+    code = body.get("code") if isinstance(body, dict) else None
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        code = body["error"].get("code")
+    return {"error_type": type(exc).__name__, "status": getattr(exc, "status_code", None), "code": code,
+            "error": str(exc)[:500]}
+
+
+def backend_of(text: str) -> str:
+    return "ollama" if text.startswith(STANDIN_MARK) else "engine"
+
+
+def one_request(client: openai.OpenAI, probe_of: ProbeTransport, i: int, s: Settings) -> dict:
+    stream, max_tokens, prompt = request_shape(s.seed, i, s)
+    rec: dict = {"i": i, "stream": stream, "max_tokens": max_tokens, "t0": time.time()}
+    t0 = time.monotonic()
+    parts: list[str] = []
+    finish = None
+    try:
+        kw = dict(model="default", messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens,
+                  temperature=0.7)
+        if stream:
+            for chunk in client.chat.completions.create(stream=True, **kw):
+                if chunk.choices:
+                    c = chunk.choices[0]
+                    if c.delta and c.delta.content:
+                        if not parts:
+                            rec["ttft_s"] = time.monotonic() - t0
+                        parts.append(c.delta.content)
+                    finish = c.finish_reason or finish
+        else:
+            r = client.chat.completions.create(**kw)
+            parts.append(r.choices[0].message.content or "")
+            finish = r.choices[0].finish_reason
+            rec["completion_tokens"] = r.usage.completion_tokens if r.usage else None
+        error = None
+    except Exception as exc:  # noqa: BLE001 - every failure is recorded, by type
+        error = exc
+    rec["latency_s"] = time.monotonic() - t0
+    text = "".join(parts)
+    rec.update(finish_reason=finish, chars=len(text), backend=backend_of(text) if parts else None)
+    if stream:
+        rec["done_seen"] = probe_of.probe.done
+    if parts and STANDIN_MARK in text and not text.startswith(STANDIN_MARK):
+        rec["outcome"] = "spliced"
+    elif error is not None:
+        rec["outcome"] = "stream_error" if parts else "failed"
+        rec.update(_error_fields(error))
+        if stream:
+            rec["raw_tail"] = probe_of.probe.tail.decode(errors="replace")[-300:]
+    elif finish is None:
+        rec["outcome"] = "silent_truncation" if stream else "incomplete"
+        rec["raw_tail"] = probe_of.probe.tail.decode(errors="replace")[-300:]
+    else:
+        rec["outcome"] = "complete" if stream else "ok"
+        if stream and not rec["done_seen"]:
+            rec["no_done"] = True  # a finish_reason but no [DONE]: reported, not a truncation
+    return rec
+
+
+# --- the fault driver ---------------------------------------------------------------------
+
+class Soak:
+    """Owns the run's shared state: the request counter, the records, the client gate."""
+
+    def __init__(self, s: Settings, stack: SoakStack, say=print) -> None:
+        self.s, self.stack, self.say = s, stack, say
+        self.lock = threading.Lock()
+        self.next_i = 0
+        self.records: list[dict] = []
+        self.faults: list[dict] = []
+        self.modes: list[tuple[float, str]] = []  # supervision mode changes
+        self.stop = threading.Event()
+        self.gate = threading.Event()  # set: clients may start requests
+        self.gate.set()
+        self.t_start = 0.0
+        self.deadline = 0.0
+
+    def completed(self) -> int:
+        with self.lock:
+            return len(self.records)
+
+    def take_index(self) -> int | None:
+        with self.lock:
+            if self.next_i >= self.s.requests or time.monotonic() >= self.deadline or self.stop.is_set():
+                return None
+            self.next_i += 1
+            return self.next_i - 1
+
+    def client_loop(self) -> None:
+        client, probe = make_client(self.stack.gateway_url, self.stack.key, self.s.request_timeout_s)
+        try:
+            while True:
+                self.gate.wait(self.s.fault_wait_s)
+                i = self.take_index()
+                if i is None:
+                    return
+                rec = one_request(client, probe, i, self.s)
+                rec["t"] = rec.pop("t0") - self.t_wall
+                with self.lock:
+                    self.records.append(rec)
+                    n = len(self.records)
+                if n % self.s.progress_every == 0:
+                    self.progress(n)
+        finally:
+            client.close()
+
+    def progress(self, n: int) -> None:
+        with self.lock:
+            c = Counter(r["outcome"] for r in self.records)
+            b = Counter(r["backend"] for r in self.records if r["outcome"] in GOOD)
+        restarts = len(self.stack.records())
+        self.say(f"[{n:5d}/{self.s.requests}] {time.monotonic() - self.t_start:6.1f}s  engine {b['engine']}  "
+                 f"ollama {b['ollama']}  failed {c['failed']}  stream_error {c['stream_error']}  "
+                 f"silent {c['silent_truncation']}  faults {len(self.faults)}  restarts {restarts}")
+
+    def monitor_loop(self) -> None:
+        last = None
+        while not self.stop.wait(0.2):
+            mode = self.stack.supervision_mode()
+            if mode != last:
+                self.modes.append((time.time() - self.t_wall, mode))
+                last = mode
+
+    def driver_loop(self) -> None:
+        rng = random.Random(self.s.seed)
+        plan = list(self.s.plan) if self.s.plan is not None else None
+        while not self.stop.is_set():
+            if plan is not None and not plan:
+                return
+            if not wait_for(self.stack.healthy, 120, 0.05, self.stop):
+                if not self.stop.is_set():
+                    self.say("fault driver: the engine is not healthy after 120 s; no more faults")
+                return
+            base = self.completed()
+            gap = max(1, round(rng.uniform(0.5, 1.5) * self.s.fault_every))
+            if not wait_for(lambda: self.completed() >= base + gap, 1e9, 0.02, self.stop):
+                return
+            kind = plan.pop(0) if plan is not None else rng.choice(self.s.kinds)
+            self.faults.append(self.inject(kind, rng))
+
+    def inject(self, kind: str, rng: random.Random) -> dict:
+        expected, make_spec = FAULTS[kind]
+        n_before = len(self.stack.records())
+        f = {"kind": kind, "expected_class": expected, "at_request": self.completed(),
+             "t": time.time() - self.t_wall}
+        t0 = time.monotonic()
+        journaled = lambda: len(self.stack.records()) > n_before  # noqa: E731
+        if make_spec is None:  # SIGKILL of the engine at a random moment
+            time.sleep(rng.uniform(0.0, 0.5))
+            pid = self.stack.engine_pid()
+            f["spec"] = f"SIGKILL {pid}"
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except (OSError, TypeError, ValueError) as exc:
+                f["error"] = repr(exc)
+            fired = wait_for(journaled, self.s.fault_wait_s)
+        else:
+            f["spec"] = make_spec(rng)
+            self.stack.fault_file.write_text(f["spec"])
+            try:
+                fired = wait_for(journaled, 2.0 if kind == "abort@idle" else self.s.fault_wait_s)
+                if not fired and kind == "abort@idle":  # the worker never idled: hold the clients back
+                    self.gate.clear()
+                    f["clients_held"] = True
+                    fired = wait_for(journaled, self.s.fault_wait_s)
+            finally:
+                self.stack.fault_file.unlink(missing_ok=True)
+                self.gate.set()
+        f["journaled_s"] = round(time.monotonic() - t0, 3) if fired else None
+        new = self.stack.records()[n_before:]
+        f["class"] = new[0]["class"] if new else None
+        f["matched"] = f["class"] == expected
+        back = wait_for(self.stack.healthy, 120, 0.05, self.stop)
+        f["healthy_again_s"] = round(time.monotonic() - t0, 3) if back else None
+        self.say(f"fault {len(self.faults) + 1}: {f['spec']} -> {f['class'] or 'NOT JOURNALED'}"
+                 f" (journaled {f['journaled_s']} s, healthy again {f['healthy_again_s']} s)")
+        return f
+
+    def run(self) -> None:
+        self.t_start = time.monotonic()
+        self.t_wall = time.time()
+        self.deadline = self.t_start + self.s.max_seconds
+        threads = [threading.Thread(target=self.client_loop, name=f"client-{k}", daemon=True)
+                   for k in range(self.s.clients)]
+        driver = threading.Thread(target=self.driver_loop, name="faults", daemon=True)
+        monitor = threading.Thread(target=self.monitor_loop, name="monitor", daemon=True)
+        for t in [*threads, driver, monitor]:
+            t.start()
+        try:
+            for t in threads:
+                t.join()
+        finally:
+            self.stop.set()
+            self.gate.set()
+            driver.join(self.s.fault_wait_s + 130)
+            monitor.join(5)
+        self.wall_s = time.monotonic() - self.t_start
+
+
+# --- the report ----------------------------------------------------------------------------
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    v = sorted(values)
+    return v[min(len(v) - 1, max(0, round(q * (len(v) - 1))))]
+
+
+def _mask(text: str) -> str:
+    return re.sub(r"\d+(\.\d+)?", "N", re.sub(r"[0-9a-f]{8,}", "X", text))[:120]
+
+
+def summarize(records: list[dict], faults: list[dict], journal: list[dict], modes: list, wall_s: float,
+              engine_healthy_at_end: bool) -> dict:
+    """The soak's figures from the raw records (pure)."""
+    outcomes = Counter(r["outcome"] for r in records)
+    good = [r for r in records if r["outcome"] in GOOD]
+    failures = Counter(f"{'stream' if r['stream'] else 'non-stream'} {r['outcome']}: {r.get('error_type')}"
+                       f" {r.get('status') or ''} {r.get('code') or ''} {_mask(r.get('error', ''))}".strip()
+                       for r in records if r["outcome"] not in GOOD)
+    lat = [r["latency_s"] for r in records]
+    lat_by = {b: [r["latency_s"] for r in good if r["backend"] == b] for b in ("engine", "ollama")}
+    crashes = [j for j in journal if j.get("class") != "clean_stop"]
+    degraded = [m for m in modes if m[1] == "degraded"]
+    short = [r for r in good if not r["stream"] and r["backend"] == "engine" and r["finish_reason"] == "length"
+             and (r.get("completion_tokens") or 0) < r["max_tokens"]]
+    return {
+        "requests": len(records),
+        "streaming": sum(r["stream"] for r in records),
+        "answered_by_engine": sum(r["backend"] == "engine" for r in good),
+        "answered_by_fallback": sum(r["backend"] == "ollama" for r in good),
+        "outcomes": dict(outcomes),
+        "failed": sum(outcomes[o] for o in outcomes if o not in GOOD),
+        "failures_grouped": dict(failures.most_common()),
+        "non_streaming_lost": sum(1 for r in records if not r["stream"] and r["outcome"] not in GOOD),
+        "silent_truncations": outcomes["silent_truncation"],
+        "spliced_streams": outcomes["spliced"],
+        "streams_failed_before_content": sum(1 for r in records if r["stream"] and r["outcome"] == "failed"),
+        "streams_ended_with_explicit_error": outcomes["stream_error"],
+        "streams_complete_without_done": sum(1 for r in records if r.get("no_done")),
+        "engine_answers_shorter_than_max_tokens": len(short),
+        "restarts_by_class": dict(Counter(j["class"] for j in crashes)),
+        "restarts": len(crashes),
+        "faults_injected_by_kind": dict(Counter(f["kind"] for f in faults)),
+        "faults_not_journaled": sum(1 for f in faults if f["class"] is None),
+        "faults_misclassified": sum(1 for f in faults if f["class"] is not None and not f["matched"]),
+        "restarts_not_injected": len(crashes) - sum(1 for f in faults if f["class"] is not None),
+        "degraded_periods": len(degraded),
+        "degraded_entries_in_journal": sum(1 for j in crashes if j.get("degraded")),
+        "recovery_s_median": statistics.median([f["healthy_again_s"] for f in faults if f["healthy_again_s"]] or [0]),
+        "latency_s": {"p50": _pct(lat, 0.5), "p99": _pct(lat, 0.99), "max": max(lat, default=None)},
+        "latency_s_by_backend": {b: {"p50": _pct(v, 0.5), "p99": _pct(v, 0.99)} for b, v in lat_by.items()},
+        "wall_s": round(wall_s, 2),
+        "engine_healthy_at_end": engine_healthy_at_end,
+    }
+
+
+def markdown(m: dict) -> str:
+    f = lambda v: "–" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))  # noqa: E731
+    rows = [
+        ("requests sent (streaming)", f"{m['requests']} ({m['streaming']})"),
+        ("answered by the engine", m["answered_by_engine"]),
+        ("answered by the fallback (Ollama stand-in)", m["answered_by_fallback"]),
+        ("failed (any kind)", m["failed"]),
+        ("**non-streaming requests lost** (goal 0)", m["non_streaming_lost"]),
+        ("**silent truncations** (goal 0)", m["silent_truncations"]),
+        ("spliced streams (goal 0)", m["spliced_streams"]),
+        ("streams failed before any content", m["streams_failed_before_content"]),
+        ("streams ended with an explicit error", m["streams_ended_with_explicit_error"]),
+        ("streams with finish_reason but no [DONE]", m["streams_complete_without_done"]),
+        ("restarts (journal)", f"{m['restarts']}: " + ", ".join(f"{k} {v}" for k, v in
+                                                                  sorted(m["restarts_by_class"].items()))),
+        ("restarts not caused by an injected fault", m["restarts_not_injected"]),
+        ("faults injected", ", ".join(f"{k} {v}" for k, v in sorted(m["faults_injected_by_kind"].items()))),
+        ("faults not journaled / misclassified", f"{m['faults_not_journaled']} / {m['faults_misclassified']}"),
+        ("degraded periods", m["degraded_periods"]),
+        ("fault -> engine healthy again, median s", f(m["recovery_s_median"])),
+        ("latency p50 / p99 / max s", " / ".join(f(m["latency_s"][k]) for k in ("p50", "p99", "max"))),
+        ("latency p50 / p99 s, engine", " / ".join(f(m["latency_s_by_backend"]["engine"][k]) for k in ("p50", "p99"))),
+        ("latency p50 / p99 s, fallback", " / ".join(f(m["latency_s_by_backend"]["ollama"][k]) for k in ("p50", "p99"))),
+        ("wall time s", f(m["wall_s"])),
+        ("engine healthy at the end", m["engine_healthy_at_end"]),
+    ]
+    lines = ["| figure | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]
+    if m["failures_grouped"]:
+        lines += ["", "| failure (grouped) | count |", "|---|---|"]
+        lines += [f"| {k.replace('|', '/')} | {v} |" for k, v in m["failures_grouped"].items()]
+    return "\n".join(lines)
+
+
+def passed(m: dict) -> bool:
+    return (m["non_streaming_lost"] == 0 and m["silent_truncations"] == 0 and m["spliced_streams"] == 0
+            and m["engine_healthy_at_end"])
+
+
+def run_soak(s: Settings, home_root: Path | None = None, keep_home: bool = False, say=print) -> dict:
+    """Start a stack, soak it, tear it down; returns {"summary", "settings", "faults", "journal", ...}."""
+    stack = SoakStack(s, home_root)
+    soak = Soak(s, stack, say)
+    try:
+        stack.start()
+        say(f"stack up: gateway {stack.gateway_url}, engine {stack.url}, home {stack.home}")
+        soak.run()
+        stack.fault_file.unlink(missing_ok=True)
+        healthy = bool(wait_for(stack.healthy, 60, 0.1))
+        journal = stack.records()
+    finally:
+        stack.stop()
+        if not keep_home:
+            subprocess.run(["rm", "-rf", "--", str(stack.home)], check=False)
+    summary = summarize(soak.records, soak.faults, journal, soak.modes, soak.wall_s, healthy)
+    slim_journal = [{k: j.get(k) for k in ("time", "class", "signal", "exit_code", "uptime_s", "restart_in_s",
+                                           "degraded", "request_id")} for j in journal]
+    return {"summary": summary, "settings": {**asdict(s), "model": str(s.model) if s.model else "demo-a"},
+            "faults": soak.faults, "journal": slim_journal, "supervision_modes": soak.modes,
+            "records": sorted(soak.records, key=lambda r: r["i"]), "home": str(stack.home) if keep_home else None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    d = Settings()
+    ap.add_argument("--requests", type=int, default=d.requests)
+    ap.add_argument("--max-seconds", type=float, default=d.max_seconds)
+    ap.add_argument("--clients", type=int, default=d.clients)
+    ap.add_argument("--seed", type=int, default=d.seed)
+    ap.add_argument("--fault-every", type=float, default=d.fault_every, help="mean requests between faults")
+    ap.add_argument("--kinds", default=",".join(d.kinds), help=f"fault kinds, from {','.join(FAULTS)}")
+    ap.add_argument("--stream-ratio", type=float, default=d.stream_ratio)
+    ap.add_argument("--loop-crashes", type=int, default=d.loop_crashes,
+                    help="supervisor loop_crashes (default: never degrade); with --cooldown-s")
+    ap.add_argument("--cooldown-s", type=float, default=d.cooldown_s)
+    ap.add_argument("--stuck-grace-s", type=float, default=d.stuck_grace_s)
+    ap.add_argument("--model", type=Path, help="an mlx-lm model folder (default: demo model a)")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "soak.json")
+    ap.add_argument("--keep-home", action="store_true", help="keep the temp MLXD_HOME (logs, journal)")
+    args = ap.parse_args(argv)
+    kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
+    unknown = [k for k in kinds if k not in FAULTS]
+    if unknown:
+        ap.error(f"unknown fault kinds {unknown}; choose from {list(FAULTS)}")
+    s = Settings(requests=args.requests, max_seconds=args.max_seconds, clients=args.clients, seed=args.seed,
+                 fault_every=args.fault_every, kinds=kinds, stream_ratio=args.stream_ratio,
+                 loop_crashes=args.loop_crashes, cooldown_s=args.cooldown_s, stuck_grace_s=args.stuck_grace_s,
+                 model=args.model)
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    result = run_soak(s, keep_home=args.keep_home, say=say)
+    git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    result["machine"] = {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(),
+                         "openai": openai.__version__, "git": git.stdout.strip(),
+                         "loadavg": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1, default=str))
+    print(markdown(result["summary"]))
+    print(f"\nresults: {args.out}")
+    return 0 if passed(result["summary"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -98,3 +98,30 @@ def test_first_up_writes_a_default_config_and_a_key(tmp_path):
     finally:
         st.mlxd("down", timeout=60)
         kill_stack(st)
+
+
+def test_a_foreign_listener_on_our_port_is_reported_not_killed(tmp_path):
+    import socket
+    import sys
+
+    from testkit import free_port
+
+    port = free_port()
+    squatter = subprocess.Popen([sys.executable, "-c", f"""
+import socket, time
+s = socket.socket(); s.bind(("127.0.0.1", {port})); s.listen(); time.sleep(120)
+"""])
+    try:
+        def listening() -> bool:
+            with socket.socket() as c:
+                return c.connect_ex(("127.0.0.1", port)) == 0
+        wait_until(listening, 30, what="squatter listening")
+        env = {**os.environ, "MLXD_HOME": str(tmp_path), "MLXD_ENGINE_PORT": str(port)}
+        r = subprocess.run([sys.executable, "-m", "mlxd.cli", "status", "--json"], env=env, capture_output=True,
+                           text=True, timeout=60)
+        found = json.loads(r.stdout)["foreign_listeners"]
+        assert any(f["pid"] == squatter.pid and f["port"] == port for f in found)
+        assert squatter.poll() is None  # reported, not killed
+    finally:
+        squatter.kill()
+        squatter.wait()

@@ -173,6 +173,7 @@ class Engine:
                 "mlx_active_after_last_unload": self.worker.active_after_last_unload,
             },
             "counters": dict(self.worker.counters),
+            "timings": dict(self.worker.timings),
             "uptime_s": round(time.monotonic() - self.started_at, 3),
             # Wall-clock instants, for recovery timing: process spawn -> ready.
             "process_started_at": PROCESS_STARTED_AT,

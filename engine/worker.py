@@ -245,6 +245,7 @@ class ModelWorker(threading.Thread):
         self.ready_at: float | None = None  # wall clock, when ready was set
         self.active_generations = 0
         self.max_observed_concurrency = 0
+        self.timings: dict[str, float] = {}  # last_load_s, last_unload_s: for benchmarks and status
         self.counters = {"model_loads": 0, "model_unloads": 0, "generated_tokens": 0, "prompt_tokens": 0,
                          "jobs": 0}
 
@@ -332,6 +333,7 @@ class ModelWorker(threading.Thread):
     def _unload(self) -> None:
         import mlx.core as mx
 
+        started = time.monotonic()
         self._model = None
         self._tokenizer = None
         self._resident = None
@@ -339,6 +341,7 @@ class ModelWorker(threading.Thread):
         mx.clear_cache()
         self.counters["model_unloads"] += 1
         self._sample_memory()
+        self.timings["last_unload_s"] = round(time.monotonic() - started, 4)
         self.active_after_last_unload = self.memory.active_bytes
         # Peak memory from here on covers the next model alone: with it a
         # test (and an operator) can see that two models never coexisted.
@@ -364,6 +367,7 @@ class ModelWorker(threading.Thread):
         self._model, self._tokenizer, self._resident = model, tokenizer, model_id
         self.counters["model_loads"] += 1
         self._sample_memory()
+        self.timings["last_load_s"] = round(time.monotonic() - started, 4)
         log.info("loaded %s in %.1fs (MLX active %.0f MiB)", model_id, time.monotonic() - started,
                  self.memory.active_bytes / 2**20)
 

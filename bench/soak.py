@@ -8,14 +8,16 @@ package, through the gateway, with the key) that send a mix of streaming
 and non-streaming chat requests, and a fault driver that kills the engine
 about once per `--fault-every` requests, always tearing the stack down.
 
-Faults (the driver waits for a healthy engine first, so each lands on a
-serving engine): `abort@start`, `abort@token:N`, `abort@idle` (SIGABRT by
-fault injection), `sigkill` (kill -9 of run/engine.pid), `hang@token:N`
-(the supervisor's stuck detection kills it), `raise@token:N` (an MLX
-exception: exit 86), optionally `oom@token:N`. A fault-file fault stays
-until the crash is journaled (state/crashes.jsonl grows), then the file is
-removed. For `abort@idle` the clients are held back if the worker never
-idles by itself.
+Faults: `abort@start`, `abort@token:N`, `abort@idle` (SIGABRT by fault
+injection), `sigkill` (kill -9 of run/engine.pid), `hang@token:N` (the
+supervisor's stuck detection kills it), `raise@token:N` (an MLX exception:
+exit 86), optionally `oom@token:N`; drawn in shuffled rounds (each kind
+once per round). The gap between faults counts requests from the previous
+fault, but the driver first waits for a healthy engine and then for
+`min_between_faults` more answers, so each fault lands on a serving
+engine. A fault-file fault stays until the crash is journaled
+(state/crashes.jsonl grows), then the file is removed. For `abort@idle`
+the clients are held back if the worker never idles by itself.
 
 Per request: backend (engine, or the stand-in: content starting with
 "[ollama-standin:"), outcome, latency. Outcomes: `ok` (non-streaming
@@ -49,7 +51,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import httpx
@@ -91,6 +93,7 @@ class Settings:
     min_tokens: int = 16
     max_tokens: int = 64
     fault_every: float = 20.0  # mean requests between faults (uniform in [0.5, 1.5] x this)
+    min_between_faults: int = 3  # requests completed after the engine is healthy again, before the next fault
     kinds: tuple[str, ...] = DEFAULT_KINDS
     plan: tuple[str, ...] | None = None  # fixed fault kinds in order (then no more faults), else random
     fault_wait_s: float = 30.0  # a fault not journaled by then counts as not fired
@@ -363,8 +366,7 @@ class Soak:
         self.stop = threading.Event()
         self.gate = threading.Event()  # set: clients may start requests
         self.gate.set()
-        self.t_start = 0.0
-        self.deadline = 0.0
+        self.t_start = self.t_wall = self.deadline = self.wall_s = 0.0
 
     def completed(self) -> int:
         with self.lock:
@@ -415,18 +417,25 @@ class Soak:
     def driver_loop(self) -> None:
         rng = random.Random(self.s.seed)
         plan = list(self.s.plan) if self.s.plan is not None else None
+        deck: list[str] = []  # random kinds in shuffled rounds: every kind once per round
+        last = 0  # completed requests when the previous fault was injected
         while not self.stop.is_set():
             if plan is not None and not plan:
                 return
+            if plan is None and not deck:
+                deck = rng.sample(self.s.kinds, len(self.s.kinds))
             if not wait_for(self.stack.healthy, 120, 0.05, self.stop):
                 if not self.stop.is_set():
                     self.say("fault driver: the engine is not healthy after 120 s; no more faults")
                 return
-            base = self.completed()
+            # The gap counts from the previous fault (the restart's fallback answers
+            # included), but the engine answers a few requests between faults.
             gap = max(1, round(rng.uniform(0.5, 1.5) * self.s.fault_every))
-            if not wait_for(lambda: self.completed() >= base + gap, 1e9, 0.02, self.stop):
+            target = max(last + gap, self.completed() + self.s.min_between_faults)
+            if not wait_for(lambda: self.completed() >= target, 1e9, 0.02, self.stop):
                 return
-            kind = plan.pop(0) if plan is not None else rng.choice(self.s.kinds)
+            kind = plan.pop(0) if plan is not None else deck.pop()
+            last = self.completed()
             self.faults.append(self.inject(kind, rng))
 
     def inject(self, kind: str, rng: random.Random) -> dict:
@@ -448,15 +457,17 @@ class Soak:
         else:
             f["spec"] = make_spec(rng)
             self.stack.fault_file.write_text(f["spec"])
-            try:
-                fired = wait_for(journaled, 2.0 if kind == "abort@idle" else self.s.fault_wait_s)
-                if not fired and kind == "abort@idle":  # the worker never idled: hold the clients back
+            try:  # a request-bound fault needs a request: give up when the clients are done
+                fired = wait_for(journaled, 2.0 if kind == "abort@idle" else self.s.fault_wait_s, stop=self.stop)
+                if not fired and kind == "abort@idle" and not self.stop.is_set():  # never idle: hold clients back
                     self.gate.clear()
                     f["clients_held"] = True
-                    fired = wait_for(journaled, self.s.fault_wait_s)
+                    fired = wait_for(journaled, self.s.fault_wait_s, stop=self.stop)
+                fired = fired or wait_for(journaled, 1.0)
             finally:
                 self.stack.fault_file.unlink(missing_ok=True)
                 self.gate.set()
+            f["cut_short"] = not fired and self.stop.is_set()  # the soak ended before it could fire
         f["journaled_s"] = round(time.monotonic() - t0, 3) if fired else None
         new = self.stack.records()[n_before:]
         f["class"] = new[0]["class"] if new else None
@@ -532,8 +543,9 @@ def summarize(records: list[dict], faults: list[dict], journal: list[dict], mode
         "engine_answers_shorter_than_max_tokens": len(short),
         "restarts_by_class": dict(Counter(j["class"] for j in crashes)),
         "restarts": len(crashes),
-        "faults_injected_by_kind": dict(Counter(f["kind"] for f in faults)),
-        "faults_not_journaled": sum(1 for f in faults if f["class"] is None),
+        "faults_injected_by_kind": dict(Counter(f["kind"] for f in faults if not f.get("cut_short"))),
+        "faults_not_journaled": sum(1 for f in faults if f["class"] is None and not f.get("cut_short")),
+        "faults_cut_short_by_the_end": sum(1 for f in faults if f.get("cut_short")),
         "faults_misclassified": sum(1 for f in faults if f["class"] is not None and not f["matched"]),
         "restarts_not_injected": len(crashes) - sum(1 for f in faults if f["class"] is not None),
         "degraded_periods": len(degraded),
@@ -563,7 +575,8 @@ def markdown(m: dict) -> str:
                                                                   sorted(m["restarts_by_class"].items()))),
         ("restarts not caused by an injected fault", m["restarts_not_injected"]),
         ("faults injected", ", ".join(f"{k} {v}" for k, v in sorted(m["faults_injected_by_kind"].items()))),
-        ("faults not journaled / misclassified", f"{m['faults_not_journaled']} / {m['faults_misclassified']}"),
+        ("faults not journaled / misclassified / cut short by the end",
+         f"{m['faults_not_journaled']} / {m['faults_misclassified']} / {m['faults_cut_short_by_the_end']}"),
         ("degraded periods", m["degraded_periods"]),
         ("fault -> engine healthy again, median s", f(m["recovery_s_median"])),
         ("latency p50 / p99 / max s", " / ".join(f(m["latency_s"][k]) for k in ("p50", "p99", "max"))),

@@ -73,6 +73,7 @@ class Engine:
         self.started_at = time.monotonic()
         self.draining = False
         self.unhealthy_reason: str | None = None
+        self.exiting_reason: str | None = None  # a fatal error: exiting within seconds
         self.open_requests = 0
         self.loop: asyncio.AbstractEventLoop | None = None
         self._register_gauges()
@@ -118,7 +119,9 @@ class Engine:
         self.loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._fatal_exit(str(exc), code)))
 
     async def _fatal_exit(self, reason: str, code: int) -> None:
-        self.unhealthy_reason = f"fatal: {reason}"
+        # "exiting", not "unhealthy": the supervisor must let us deliver the
+        # failed request's error and exit with our code, not kill us as hung.
+        self.exiting_reason = f"fatal: {reason}"
         self._fail_waiting(EngineError(503, "the engine hit an MLX error and is restarting", code="engine_restarting",
                                        retry_after=5))
         deadline = time.monotonic() + 3.0
@@ -144,6 +147,8 @@ class Engine:
         stuck = self.stuck_reason()
         if not self.worker.is_alive() and s.phase is not Phase.STOPPED:
             status, reason = "unhealthy", "the model worker thread is not running"
+        elif self.exiting_reason:
+            status, reason = "exiting", self.exiting_reason
         elif self.unhealthy_reason or stuck:
             status, reason = "unhealthy", self.unhealthy_reason or stuck
         elif self.draining:
@@ -284,7 +289,12 @@ class Engine:
             while True:
                 out = bytearray()
                 done = False
-                events, pending = (pending, None) if pending is not None else (await feed.batch(False), None)
+                try:
+                    events, pending = (pending, None) if pending is not None else (await feed.batch(False), None)
+                except EngineError as err:  # e.g. the worker got stuck mid-stream: say so in the stream
+                    self.metrics.rejections.labels(err.code).inc()
+                    yield sse_error(err.body())
+                    return
                 for ev in events:
                     if isinstance(ev, Delta):
                         out += builder.delta_chunk(ev.text)

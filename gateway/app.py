@@ -48,6 +48,9 @@ def rewrite_backend_error(status: int, body: bytes) -> tuple[int, bytes]:
     """LiteLLM answers "engine down and Ollama down too" with a 500 and a
     long message; a client needs a 503 that says so plainly (pure)."""
     text = body.decode(errors="replace")
+    if not text.lstrip().startswith("{"):  # e.g. starlette's plain "Internal Server Error"
+        return status, json.dumps({"error": {"message": f"gateway error: {text.strip()[:200] or 'no detail'}",
+                                             "type": "server_error", "param": None, "code": "gateway_error"}}).encode()
     if status == 500 and "Fallback to" in text and "also failed" in text:
         unreachable = ("Cannot connect" in text or "Connection error" in text or "ConnectError" in text
                        or "Connection refused" in text)
@@ -79,7 +82,9 @@ class ErrorRewriter:
         if message.get("more_body"):
             return
         status, body = rewrite_backend_error(self.start["status"], b"".join(self.parts))
-        headers = [(k, v) for k, v in self.start.get("headers", []) if k.lower() != b"content-length"]
+        headers = [(k, v) for k, v in self.start.get("headers", [])
+                   if k.lower() not in (b"content-length", b"content-type")]
+        headers.append((b"content-type", b"application/json"))
         await self.send({"type": "http.response.start", "status": status,
                          "headers": headers + [(b"content-length", str(len(body)).encode())]})
         await self.send({"type": "http.response.body", "body": body})

@@ -57,7 +57,10 @@ def exit_signal(returncode: int) -> int | None:
 def classify_exit(returncode: int, stderr_tail: str = "", killed_for_hang: bool = False) -> ExitClass:
     """What an engine exit means, from its status and its stderr's tail."""
     if killed_for_hang:
-        return ExitClass.HANG
+        if "fatal MLX error" not in stderr_tail:
+            return ExitClass.HANG
+        # Killed while it was exiting on an MLX error: the error is the story.
+        return ExitClass.METAL_OOM if _METAL_OOM.search(stderr_tail) else ExitClass.MLX_ERROR
     sig = exit_signal(returncode)
     if sig != signal.SIGKILL and _METAL_OOM.search(stderr_tail) and mentions_metal_error(stderr_tail):
         return ExitClass.METAL_OOM

@@ -73,7 +73,8 @@ def health_event(url: str, now: float) -> tuple[Health, dict | None]:
         except ValueError:
             body = {}
         status = body.get("status")
-        return Health(now, ok=False, unhealthy=status == "unhealthy", loading=status in ("loading", "draining")), body
+        return Health(now, ok=False, unhealthy=status == "unhealthy",
+                      loading=status in ("loading", "draining", "exiting")), body
     except (OSError, ValueError):
         return Health(now, ok=False), None
 

@@ -30,3 +30,8 @@ def test_classify_exit(returncode, stderr, expected):
 
 def test_a_kill_for_a_hang_is_a_hang_whatever_the_signal():
     assert classify_exit(-9, "", killed_for_hang=True) is ExitClass.HANG
+
+
+def test_an_engine_killed_while_exiting_on_an_mlx_error_is_an_mlx_error():
+    tail = "mlxd-engine: fatal MLX error (RuntimeError): [METAL] Command buffer execution failed: Internal Error"
+    assert classify_exit(-9, tail, killed_for_hang=True) is ExitClass.MLX_ERROR

@@ -14,18 +14,26 @@ rounds (the first way swaps each round) after warmup runs; medians compared.
 Metrics, defined as in bench/engine_overhead.py (its helpers are imported):
   TTFT            request sent -> first content-carrying chunk (non-empty delta.content)
   decode tok/s    (window - 1) / (t_last - t_first) over the first/last content chunks
-  CPU             engine, gateway and client CPU per generated token, and the
-                  gateway's CPU per streamed chunk (its per-chunk cost)
+  CPU             engine, gateway and client CPU per generated token (Linux:
+                  /proc/PID/task/*/schedstat, ns), and the gateway's CPU per
+                  streamed chunk
+Each round also runs a 1-token pair (max_tokens 1, --no-short to skip): its
+TTFT is the per-request latency alone, and its gateway CPU is the per-request
+cost; the slope up to the stream runs is the per-chunk cost.
 Also: time from `mlxd up --detach` to ready (engine /health 200 AND an
 authenticated chat completion through the gateway answered 200), median of
---ready-runs fresh starts.
+--ready-runs fresh starts, each in a new MLXD_HOME.
 
 Usage:
-  .venv/bin/python bench/gateway_overhead.py            # about 1.5 min on 2 cores
+  .venv/bin/python bench/gateway_overhead.py            # about 75 s on 2 cores
   .venv/bin/python bench/gateway_overhead.py --quick    # about 40 s
+  .venv/bin/python bench/gateway_overhead.py --max-background 0.3   # re-run pairs disturbed by other programs
 
 Progress goes to stderr (one line per run), the Markdown table to stdout,
-everything (machine, versions, settings, raw samples) to --out (JSON).
+everything (machine, versions, settings, raw samples) to --out (JSON). The
+stack is stopped with `mlxd down` in a `finally` (on Ctrl-C and SIGTERM too),
+then its leftover pids are killed; after a SIGKILL of the benchmark, run
+`MLXD_HOME=<the home it printed> mlxd down`.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ import json
 import math
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -98,6 +107,8 @@ class ChatWay(eo.HttpWay):
 @dataclass
 class GwSample(eo.Sample):
     # eo.Sample's server_cpu_us_per_token is the engine's here.
+    kind: str = "stream"  # "stream" (max_tokens N) or "short" (max_tokens 1: the per-request cost)
+    gateway_cpu_ms: float = 0.0  # the gateway's CPU during the run
     gateway_cpu_us_per_token: float = 0.0
     gateway_cpu_us_per_chunk: float = 0.0  # per content chunk streamed
 
@@ -145,9 +156,10 @@ def measure(runner: ChatWay, prompt: str, max_tokens: int, engine: psutil.Proces
     return tr, g
 
 
-def to_sample(tr: eo.Trace, gw_cpu_s: float, model: str, way: str, rnd: int, warm: bool) -> GwSample:
+def to_sample(tr: eo.Trace, gw_cpu_s: float, model: str, way: str, rnd: int, warm: bool, kind: str) -> GwSample:
     s = eo.to_sample(tr, model, way, rnd, warm, {})
-    return GwSample(**asdict(s), gateway_cpu_us_per_token=gw_cpu_s / max(tr.completion_tokens, 1) * 1e6,
+    return GwSample(**asdict(s), kind=kind, gateway_cpu_ms=gw_cpu_s * 1e3,
+                    gateway_cpu_us_per_token=gw_cpu_s / max(tr.completion_tokens, 1) * 1e6,
                     gateway_cpu_us_per_chunk=gw_cpu_s / max(len(tr.chunk_times), 1) * 1e6)
 
 
@@ -316,49 +328,72 @@ def machine_info() -> dict[str, Any]:
     return info
 
 
-def summarize(samples: list[GwSample]) -> dict[str, Any]:
-    measured = [s for s in samples if not s.warmup]
-    out: dict[str, Any] = {}
-    for way in WAYS:
-        ss = [s for s in measured if s.way == way]
-        if not ss:
-            continue
-        dec, ttft = [s.decode_tok_s for s in ss], [s.ttft_ms for s in ss]
-        out[way] = {"runs": len(ss),
-                    "decode_tok_s_median": eo._median(dec), "decode_tok_s_min": min(dec),
-                    "decode_tok_s_max": max(dec),
-                    "ttft_ms_median": eo._median(ttft), "ttft_ms_min": min(ttft), "ttft_ms_max": max(ttft),
-                    "total_s_median": eo._median([s.total_s for s in ss]),
-                    "content_chunks_median": eo._median([s.content_chunks for s in ss]),
-                    "engine_cpu_us_per_token_median": eo._median([s.server_cpu_us_per_token for s in ss]),
-                    "gateway_cpu_us_per_token_median": eo._median([s.gateway_cpu_us_per_token for s in ss]),
-                    "gateway_cpu_us_per_chunk_median": eo._median([s.gateway_cpu_us_per_chunk for s in ss]),
-                    "client_cpu_us_per_token_median": eo._median([s.client_cpu_us_per_token for s in ss]),
-                    "background_cores_median": eo._median([s.background_cores or 0.0 for s in ss]),
-                    "completion_tokens": sorted({s.completion_tokens for s in ss}),
-                    "prompt_tokens": sorted({s.prompt_tokens for s in ss})}
-    if "direct" in out and "gateway" in out:
-        d, g = out["direct"], out["gateway"]
-        direct_by_round = {s.round: s for s in measured if s.way == "direct"}
-        pairs = [(s, direct_by_round[s.round]) for s in measured if s.way == "gateway" and s.round in direct_by_round]
-        out["comparison"] = {
-            "decode_ratio": g["decode_tok_s_median"] / d["decode_tok_s_median"],
+def _way_stats(ss: list[GwSample]) -> dict[str, Any]:
+    dec, ttft = [s.decode_tok_s for s in ss], [s.ttft_ms for s in ss]
+    return {"runs": len(ss),
+            "decode_tok_s_median": eo._median(dec), "decode_tok_s_min": min(dec), "decode_tok_s_max": max(dec),
+            "ttft_ms_median": eo._median(ttft), "ttft_ms_min": min(ttft), "ttft_ms_max": max(ttft),
+            "total_s_median": eo._median([s.total_s for s in ss]),
+            "content_chunks_median": eo._median([s.content_chunks for s in ss]),
+            "engine_cpu_us_per_token_median": eo._median([s.server_cpu_us_per_token for s in ss]),
+            "gateway_cpu_ms_mean": statistics.fmean([s.gateway_cpu_ms for s in ss]),
+            "gateway_cpu_us_per_token_median": eo._median([s.gateway_cpu_us_per_token for s in ss]),
+            "gateway_cpu_us_per_chunk_median": eo._median([s.gateway_cpu_us_per_chunk for s in ss]),
+            "client_cpu_us_per_token_median": eo._median([s.client_cpu_us_per_token for s in ss]),
+            "background_cores_median": eo._median([s.background_cores or 0.0 for s in ss]),
+            "completion_tokens": sorted({s.completion_tokens for s in ss}),
+            "prompt_tokens": sorted({s.prompt_tokens for s in ss})}
+
+
+def _compare(measured: list[GwSample], d: dict[str, Any], g: dict[str, Any]) -> dict[str, Any]:
+    """Ratio of medians, and the median of per-round (paired) figures, which is
+    steadier when the machine's speed drifts."""
+    direct_by_round = {s.round: s for s in measured if s.way == "direct"}
+    pairs = [(s, direct_by_round[s.round]) for s in measured if s.way == "gateway" and s.round in direct_by_round]
+    return {"decode_ratio": g["decode_tok_s_median"] / d["decode_tok_s_median"],
             "decode_ratio_paired_median": eo._median([a.decode_tok_s / b.decode_tok_s for a, b in pairs]),
             "ttft_extra_ms": g["ttft_ms_median"] - d["ttft_ms_median"],
-            "ttft_extra_ms_paired_median": eo._median([a.ttft_ms - b.ttft_ms for a, b in pairs]),
-        }
+            "ttft_extra_ms_paired_median": eo._median([a.ttft_ms - b.ttft_ms for a, b in pairs])}
+
+
+def summarize(samples: list[GwSample]) -> dict[str, Any]:
+    """Per kind (stream, short) and way: medians over the measured runs; the
+    gateway against direct; the gateway's CPU split into a per-request part
+    (the 1-token runs) and a per-chunk part (the slope up to the stream runs)."""
+    measured = [s for s in samples if not s.warmup]
+    out: dict[str, Any] = {}
+    for kind in ("stream", "short"):
+        mk = [s for s in measured if s.kind == kind]
+        st = {way: _way_stats([s for s in mk if s.way == way]) for way in WAYS if any(s.way == way for s in mk)}
+        if "direct" in st and "gateway" in st:
+            st["comparison"] = _compare(mk, st["direct"], st["gateway"])
+        if st:
+            out[kind] = st
+    gs, gl = out.get("short", {}).get("gateway"), out.get("stream", {}).get("gateway")
+    if gs and gl:
+        stream = [s for s in measured if s.kind == "stream" and s.way == "gateway"]
+        short = [s for s in measured if s.kind == "short" and s.way == "gateway"]
+        chunks_l = statistics.fmean([s.content_chunks for s in stream])
+        chunks_s = statistics.fmean([s.content_chunks for s in short])
+        fixed = gs["gateway_cpu_ms_mean"]
+        per_chunk = ((gl["gateway_cpu_ms_mean"] - fixed) / (chunks_l - chunks_s) * 1e3
+                     if chunks_l > chunks_s else math.nan)
+        out["gateway_cpu_model"] = {"per_request_ms": fixed, "per_chunk_us": per_chunk,
+                                    "stream_request_ms": gl["gateway_cpu_ms_mean"], "stream_chunks": chunks_l}
     return out
 
 
 def check_consistency(samples: list[GwSample]) -> list[str]:
     measured = [s for s in samples if not s.warmup]
     notes = []
-    for what in ("prompt_tokens", "completion_tokens", "text_sha1"):
-        vals = {(s.way, getattr(s, what)) for s in measured}
-        if len({v for _, v in vals}) > 1:
-            notes.append(f"{what} differ between runs/ways: {sorted(vals)}")
+    for kind in ("stream", "short"):
+        mk = [s for s in measured if s.kind == kind]
+        for what in ("prompt_tokens", "completion_tokens", "text_sha1"):
+            vals = {(s.way, getattr(s, what)) for s in mk}
+            if len({v for _, v in vals}) > 1:
+                notes.append(f"{kind} runs: {what} differ between runs/ways: {sorted(vals)}")
     notes.append("decode window = completion tokens for both ways (no in-process reference here); both ways "
-                 "produce the same text, so the window — and the ratio — is the same for both")
+                 "produce the same text, so the window, and the ratio, is the same for both")
     return notes
 
 
@@ -369,24 +404,24 @@ def _fmt_range(st: dict[str, Any], key: str, fmt: str) -> str:
 def markdown(res: dict[str, Any], settings: dict[str, Any], info: dict[str, Any]) -> str:
     hs = info["http_stack"]
     summ = res["summary"]
+    stream = summ.get("stream", {})
     lines = [
-        f"### Gateway overhead — {info['date']}",
+        f"### Gateway overhead — {info['date']}" + (f" — {settings['label']}" if settings.get("label") else ""),
         "",
         f"{info['platform']}, {info['cpu_count']} CPUs ({info['cpu'] or '?'}), Python {info['python']}, "
-        f"mlx {info['mlx']} ({info['mlx_device']}), litellm {hs.get('litellm')}, uvicorn {hs.get('uvicorn')}, "
-        f"httpx {hs.get('httpx')}, aiohttp {hs.get('aiohttp')}",
+        f"mlx {info['mlx']} ({info['mlx_device']}), litellm {hs.get('litellm')}, uvicorn {hs.get('uvicorn')} + "
+        f"{'httptools' if hs.get('httptools') else 'h11'}, aiohttp {hs.get('aiohttp')}, httpx {hs.get('httpx')}",
         f"{res['model']}; streamed /v1/chat/completions, greedy, max_tokens {settings['max_tokens']}, "
         f"{settings['rounds']} rounds after {settings['warmup']} warmup(s) per way, first way alternating; "
-        f"medians (min–max). CPU: µs per generated token (engine / gateway / client), and the gateway's µs per "
-        f"streamed content chunk.",
+        f"medians (min–max). CPU µs per generated token: engine / gateway / client.",
         "",
         "| way | decode tok/s | × direct | TTFT ms | TTFT vs direct | chunks | CPU µs/token engine / gateway / "
         "client | gateway µs/chunk |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    cmp_ = summ.get("comparison", {})
+    cmp_ = stream.get("comparison", {})
     for way in WAYS:
-        st = summ.get(way)
+        st = stream.get(way)
         if not st:
             continue
         if way == "direct":
@@ -400,6 +435,17 @@ def markdown(res: dict[str, Any], settings: dict[str, Any], info: dict[str, Any]
             f"{_fmt_range(st, 'ttft_ms', '.1f')} | {extra} | {st['content_chunks_median']:.0f} | "
             f"{st['engine_cpu_us_per_token_median']:.0f} / {st['gateway_cpu_us_per_token_median']:.0f} / "
             f"{st['client_cpu_us_per_token_median']:.0f} | {gw_chunk} |")
+    short = summ.get("short", {})
+    if short.get("comparison"):
+        c, d_ttft, g_ttft = short["comparison"], short["direct"]["ttft_ms_median"], short["gateway"]["ttft_ms_median"]
+        lines += ["", f"1-token requests (max_tokens 1, same rounds): TTFT direct {d_ttft:.1f} ms, through gateway "
+                      f"{g_ttft:.1f} ms: **{c['ttft_extra_ms']:+.1f} ms** "
+                      f"(paired {c['ttft_extra_ms_paired_median']:+.1f})."]
+    model = summ.get("gateway_cpu_model")
+    if model:
+        lines += [f"Gateway CPU per request ≈ **{model['per_request_ms']:.1f} ms + {model['per_chunk_us']:.0f} µs "
+                  f"per streamed chunk** ({model['stream_request_ms']:.1f} ms for a {settings['max_tokens']}-token "
+                  f"stream of {model['stream_chunks']:.0f} chunks)."]
     if cmp_:
         r, t = cmp_["decode_ratio"], cmp_["ttft_extra_ms"]
         ok_r, ok_t = r >= settings["goal_ratio"], t <= settings["goal_ttft_ms"]
@@ -416,10 +462,11 @@ def markdown(res: dict[str, Any], settings: dict[str, Any], info: dict[str, Any]
                            ("down", "`mlxd down` took")):
             vals = [r[key] for r in ready["runs"]]
             lines.append(f"| {label} | {eo._median(vals):.2f} | {', '.join(f'{v:.2f}' for v in vals)} |")
-    bg = max((st.get("background_cores_median", 0.0) for k, st in summ.items() if k in WAYS), default=0.0)
+    bg = max((st.get("background_cores_median", 0.0) for k, st in stream.items() if k in WAYS), default=0.0)
     if bg > 0.2:
         lines += ["", f"Warning: other programs used up to {bg:.2f} of {info['cpu_count']} CPU cores (median per "
-                      "run) during the runs; tok/s figures are noisy, the CPU columns are steadier."]
+                      "run) during the runs; the timings are noisy (the paired figures and the CPU columns are "
+                      "steadier). `--max-background 0.3` re-runs disturbed rounds."]
     if res["notes"]:
         lines += [""] + [f"- note: {n}" for n in res["notes"]]
     return "\n".join(lines)
@@ -427,7 +474,11 @@ def markdown(res: dict[str, Any], settings: dict[str, Any], info: dict[str, Any]
 
 # --- the benchmark ---------------------------------------------------------------------------
 
-def run_rounds(stack: Stack, name: str, args: argparse.Namespace) -> list[GwSample]:
+def run_rounds(stack: Stack, name: str, args: argparse.Namespace) -> tuple[list[GwSample], list[GwSample]]:
+    """Warmups, then rounds: each round runs the stream pair (direct and
+    gateway, the first way alternating) and, unless --no-short, the 1-token
+    pair in the same order. With --max-background, a pair during which other
+    programs used more CPU than that is discarded and run again."""
     engine_pid, gateway_pid = stack.pids()
     engine, gateway = psutil.Process(engine_pid), psutil.Process(gateway_pid)
     key = stack.key
@@ -436,30 +487,49 @@ def run_rounds(stack: Stack, name: str, args: argparse.Namespace) -> list[GwSamp
     runners = {"direct": ChatWay("direct", stack.engine_url, "default", None),
                "gateway": ChatWay("gateway", stack.gateway_url, "default", key)}
     say(f"   engine pid {engine_pid} on :{stack.engine_port}, gateway pid {gateway_pid} on :{stack.gateway_port}")
-    plan = [(w, i, True) for i in range(args.warmup) for w in WAYS]
+    kinds = [("stream", args.max_tokens)] + ([] if args.no_short else [("short", 1)])
+    plan: list[tuple[str, int, bool, list[str]]] = []  # (kind, round, warmup, ways in order)
+    for i in range(args.warmup):
+        plan += [(kind, i, True, list(WAYS)) for kind, _ in kinds]
     for r in range(args.rounds):
         order = list(WAYS) if r % 2 == 0 else list(reversed(WAYS))
-        plan += [(w, r, False) for w in order]
+        plan += [(kind, r, False, order) for kind, _ in kinds]
+    tokens = dict(kinds)
     samples: list[GwSample] = []
+    discarded: list[GwSample] = []
+    total, n = sum(len(p[3]) for p in plan), 0
     try:
-        for n, (way, rnd, warm) in enumerate(plan, 1):
-            if not (engine.is_running() and gateway.is_running()):
-                raise BenchError("the engine or the gateway died:\n" + stack.log_tail("gateway.log")
-                                 + "\n" + stack.log_tail("engine.err.log"))
-            tr, gw_cpu = measure(runners[way], args.prompt, args.max_tokens, engine, gateway)
-            s = to_sample(tr, gw_cpu, name, way, rnd, warm)
-            samples.append(s)
-            tag = f"warmup {rnd + 1}/{args.warmup}" if warm else f"round {rnd + 1}/{args.rounds}"
-            say(f"   [{n:2d}/{len(plan)}] {tag:12s} {LABEL[way]:16s} TTFT {s.ttft_ms:7.1f} ms  "
-                f"decode {s.decode_tok_s:7.1f} tok/s  {s.prompt_tokens}+{s.completion_tokens} tok "
-                f"{s.content_chunks:3d} chunks  {s.total_s:5.2f}s  CPU/tok engine {s.server_cpu_us_per_token:5.0f} "
-                f"gateway {s.gateway_cpu_us_per_token:4.0f} client {s.client_cpu_us_per_token:3.0f} us  "
-                f"background {s.background_cores:.2f} cores")
-            time.sleep(args.pause)
+        for kind, rnd, warm, order in plan:
+            tries = 1 if warm or args.max_background is None else 1 + args.retries
+            for attempt in range(tries):
+                pair = []
+                for way in order:
+                    if not (engine.is_running() and gateway.is_running()):
+                        raise BenchError("the engine or the gateway died:\n" + stack.log_tail("gateway.log")
+                                         + "\n" + stack.log_tail("engine.err.log"))
+                    tr, gw_cpu = measure(runners[way], args.prompt, tokens[kind], engine, gateway)
+                    pair.append(to_sample(tr, gw_cpu, name, way, rnd, warm, kind))
+                    time.sleep(args.pause)
+                worst = max(s.background_cores or 0.0 for s in pair)
+                if attempt + 1 == tries or worst <= args.max_background:
+                    break
+                discarded += pair
+                say(f"   {kind} round {rnd + 1}: background load {worst:.2f} cores > {args.max_background}: "
+                    "pair discarded, again in 2s")
+                time.sleep(2.0)
+            for s in pair:
+                n += 1
+                samples.append(s)
+                tag = f"warmup {rnd + 1}/{args.warmup}" if warm else f"round {rnd + 1}/{args.rounds}"
+                dec = "" if kind == "short" else f"decode {s.decode_tok_s:7.1f} tok/s  "
+                say(f"   [{n:3d}/{total}] {tag:12s} {kind:6s} {LABEL[s.way]:16s} TTFT {s.ttft_ms:7.1f} ms  {dec}"
+                    f"{s.prompt_tokens}+{s.completion_tokens} tok {s.content_chunks:3d} chunks {s.total_s:5.2f}s  "
+                    f"CPU engine {s.server_cpu_us_per_token:5.0f} us/tok, gateway {s.gateway_cpu_ms:5.1f} ms "
+                    f"({s.gateway_cpu_us_per_chunk:4.0f} us/chunk)  background {s.background_cores:.2f} cores")
     finally:
         for r in runners.values():
             r.close()
-    return samples
+    return samples, discarded
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -475,7 +545,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompt", default=eo.DEFAULT_PROMPT, help="the user message")
     p.add_argument("--ready-runs", type=int, help="fresh `mlxd up --detach` starts timed to ready (default 3; "
                                                   "--quick 1)")
-    p.add_argument("--pause", type=float, default=0.2, help="seconds between runs (default 0.2)")
+    p.add_argument("--no-short", action="store_true",
+                   help="skip the 1-token runs (per-request TTFT and gateway CPU) that each round also makes")
+    p.add_argument("--pause", type=float, default=0.1, help="seconds between runs (default 0.1)")
+    p.add_argument("--max-background", type=float, metavar="CORES",
+                   help="re-run a round's pair (up to --retries times) when other programs used more than CORES "
+                        "CPU cores during it (default: keep every run)")
+    p.add_argument("--retries", type=int, default=3, help="re-runs per pair for --max-background (default 3)")
+    p.add_argument("--label", default="", help="a note for this run (e.g. the variant under test), in the "
+                                               "table's title and the JSON")
     p.add_argument("--quick", action="store_true", help="fewer, shorter runs (about 40 s)")
     p.add_argument("--timeout", type=float, default=300.0, help="`mlxd up --timeout` (default 300)")
     p.add_argument("--goal-ratio", type=float, default=0.9, help="target gateway/direct decode ratio (0.9)")
@@ -518,6 +596,8 @@ def main(argv: list[str] | None = None) -> int:
                 "prompt": args.prompt, "sampling": {"temperature": 0.0}, "quick": args.quick,
                 "endpoint": "/v1/chat/completions (stream, include_usage), model 'default'",
                 "ready_runs": args.ready_runs, "pause_s": args.pause, "goal_ratio": args.goal_ratio,
+                "label": args.label, "short_runs": not args.no_short, "max_background_cores": args.max_background,
+                "pythonpath": os.environ.get("PYTHONPATH"),
                 "goal_ttft_ms": args.goal_ttft_ms,
                 "metrics": {"ttft": "request sent -> first chunk with non-empty delta.content",
                             "decode_tok_s": "(window - 1) / (t_last - t_first) over the first/last content "
@@ -543,7 +623,7 @@ def main(argv: list[str] | None = None) -> int:
         first = stack.up(args.timeout)
         say(f"   stack ready in {first['ready']:.2f}s (engine {first['engine']:.2f}s, gateway "
             f"{first['gateway']:.2f}s, up returned {first['up_returned']:.2f}s)")
-        samples = run_rounds(stack, name, args)
+        samples, discarded = run_rounds(stack, name, args)
         first["down"] = stack.down()
         stack = None
         # 2) up -> ready: fresh starts, each with its own new MLXD_HOME and ports
@@ -564,6 +644,7 @@ def main(argv: list[str] | None = None) -> int:
                         "median": {k: eo._median([r[k] for r in ready_runs]) for k in
                                    ("engine", "gateway", "ready", "up_returned", "down")} if ready_runs else None}
         res["samples"] = [asdict(s) for s in samples]
+        res["discarded_samples"] = [asdict(s) for s in discarded]
     except KeyboardInterrupt:
         say("interrupted: stopping the stack")
         return 130

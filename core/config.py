@@ -101,6 +101,7 @@ class GatewayConfig(Strict):
     only_light: bool = False  # every alias -> the light model on MLX (see light_model)
     light_model: str | None = None  # model id; default: the first model that fits the memory budget
     busy_spill: bool = False  # a busy engine sends requests to Ollama at once instead of queueing
+    engine_fast_path: bool = True  # relay light-model answers from the engine as is (gateway/fastpath.py)
     enabled: bool = True
 
 

@@ -223,3 +223,17 @@ def test_the_key_is_in_no_log_and_no_generated_file(client, st):
         if path.is_file():
             assert key not in path.read_text(errors="replace"), path
     assert key not in st.mlxd("status", "--json").stdout
+
+
+def test_light_models_take_the_engine_fast_path(st):
+    """Answers from the engine are relayed as the engine sent them (its
+    X-Request-Id), not rebuilt by LiteLLM (whose x-litellm-* headers)."""
+    for stream in (False, True):
+        r = requests.post(st.gateway_url + "/v1/chat/completions", timeout=60, stream=stream,
+                          headers={"Authorization": f"Bearer {st.key}"},
+                          json={"model": "fast", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+                                "stream": stream})
+        assert r.status_code == 200 and "x-request-id" in r.headers
+        assert not any(h.lower().startswith("x-litellm") for h in r.headers)
+        body = r.text
+        assert '"model": "fast"' in body or '"model":"fast"' in body

@@ -10,6 +10,7 @@ structured response_format) is a clear 400 so the gateway can fall back.
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -207,6 +208,34 @@ class CompletionRequest(SamplingFields):
         if v:
             raise ValueError("suffix (fill-in-the-middle) is not supported")
         return v
+
+
+_UNION_MEMBER = re.compile(r"^(str|int|float|bool|none|.*\[.*\]|function-.*)$")
+
+
+def is_unsupported(message: str) -> bool:
+    """A validation message that names this engine's limit, not a mistake."""
+    return "not supported" in message or "only n=1" in message
+
+
+def describe_validation_errors(errors: list[dict]) -> tuple[str, str | None, str]:
+    """pydantic/FastAPI validation errors -> (message, param, code) (pure).
+    code is unsupported_parameter when every problem is an engine limit
+    (Ollama may do better), else invalid_request."""
+    if not errors:
+        return "invalid request", None, "invalid_request"
+    first = errors[0]
+    # pydantic names union members in the location ("content.str"): a client
+    # wants the field's path only.
+    loc = [str(p) for p in first.get("loc", ()) if p != "body" and not _UNION_MEMBER.match(str(p))]
+    param = ".".join(loc) or None
+    code = ("unsupported_parameter" if all(is_unsupported(str(e.get("msg", ""))) for e in errors)
+            else "invalid_request")
+    if first.get("type") == "json_invalid":
+        return "the request body is not valid JSON", None, "invalid_request"
+    msg = str(first.get("msg", "invalid value"))
+    more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
+    return (f"{param}: {msg}{more}" if param else f"{msg}{more}"), param, code
 
 
 @dataclass

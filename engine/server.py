@@ -37,12 +37,13 @@ from .faults import FaultInjector
 from .metrics import CONTENT_TYPE, EngineMetrics
 from .model_registry import ModelRegistry
 from .quarantine import QuarantineList
-from .protocol import (SSE_DONE, ChatCompletionRequest, CompletionRequest, ResponseBuilder, SamplingFields, Usage,
+from .protocol import (SSE_DONE, describe_validation_errors, ChatCompletionRequest, CompletionRequest, ResponseBuilder, SamplingFields, Usage,
                        sse_error)
 from .worker import (Delta, Event, EventChannel, Failed, Finished, Job, ModelWorker, Phase, SamplingParams, Started,
                      ToolCalls)
 
 log = logging.getLogger("mlxd.engine")
+MAX_CHARS_PER_TOKEN = 64  # generous: tokens of real vocabularies span far fewer characters
 POLL_S = 0.25  # how often a waiting handler checks for disconnects and timeouts
 LOAD_TIMEOUT_S = 1800.0  # a load (with download) longer than this counts as stuck
 FINGERPRINT = "mlxd-" + uuid.uuid4().hex[:8]  # changes with every engine process
@@ -207,6 +208,7 @@ class Engine:
     # --- the request flow --------------------------------------------------
     def make_job(self, req: SamplingFields, kind: str) -> Job:
         model_id = self.registry.resolve(req.model)
+        self._check_prompt_size(req)
         self.registry.check_allowed(model_id)
         requested = req.requested_max_tokens() or self.limits.default_max_tokens
         params = SamplingParams(
@@ -224,6 +226,21 @@ class Engine:
         else:
             job.prompt = req.prompt  # type: ignore[attr-defined]
         return job
+
+    def _check_prompt_size(self, req: SamplingFields) -> None:
+        """Refuse a prompt that cannot fit before the worker tokenizes it: no
+        token of a real tokenizer spans more than MAX_CHARS_PER_TOKEN
+        characters, so a longer text is certainly over the limit (and
+        tokenizing megabytes would stall the worker)."""
+        if isinstance(req, ChatCompletionRequest):
+            chars = sum(len(m.text()) for m in req.messages)
+        else:
+            prompt = req.prompt  # type: ignore[attr-defined]
+            chars = len(prompt) if isinstance(prompt, str) else 0  # token ids: the worker counts them exactly
+        limit = self.limits.max_prompt_tokens
+        if chars > limit * MAX_CHARS_PER_TOKEN:
+            raise EngineError(400, f"the prompt has {chars} characters, certainly over this engine's limit of {limit} "
+                                   f"tokens", code="context_length_exceeded", param="messages")
 
     async def run(self, request: Request, req: SamplingFields, kind: str) -> Response:
         job = self.make_job(req, kind)
@@ -393,25 +410,6 @@ def error_response(err: EngineError) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.status, headers=err.headers())
 
 
-_UNION_MEMBER = re.compile(r"^(str|int|float|bool|none|.*\[.*\]|function-.*)$")
-
-
-def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
-    errors = exc.errors()
-    if not errors:
-        return "invalid request", None
-    first = errors[0]
-    # pydantic names union members in the location ("content.str"); a
-    # client wants the field's path only.
-    loc = [str(p) for p in first.get("loc", ()) if p != "body" and not _UNION_MEMBER.match(str(p))]
-    param = ".".join(loc) or None
-    if first.get("type") == "json_invalid":
-        return "the request body is not valid JSON", None
-    msg = str(first.get("msg", "invalid value"))
-    more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
-    return (f"{param}: {msg}{more}" if param else f"{msg}{more}"), param
-
-
 class RequestCounter:
     """Counts answers by route and status. A plain ASGI middleware: starlette's
     BaseHTTPMiddleware would hide client disconnects from the handlers."""
@@ -457,8 +455,10 @@ def create_app(engine: Engine) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        message, param = _validation_message(exc)
-        return error_response(EngineError(400, message, code="invalid_request", param=param))
+        # "not supported" is the engine's limit, not the client's mistake: the
+        # gateway falls back to Ollama for it (and not for malformed input).
+        message, param, code = describe_validation_errors(exc.errors())
+        return error_response(EngineError(400, message, code=code, param=param))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:

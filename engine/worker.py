@@ -385,6 +385,7 @@ class ModelWorker(threading.Thread):
             self._ensure_model(job.model_id, job)
             self._publish(Phase.PREFILL, job)
             tokens = self._tokenize(job)
+            self._heartbeat()  # tokenizing a long prompt is progress, not a hang
             job.channel.put(Started(len(tokens)))
             self._generate(job, tokens)
         except EngineError as exc:
@@ -484,8 +485,11 @@ class ModelWorker(threading.Thread):
         p = job.params
         if p.seed is not None:
             mx.random.seed(p.seed)
+        # top_k at or over the vocabulary means "no top-k": MLX's partition
+        # would fail on it, and a request must never take the engine down.
+        top_k = p.top_k if 0 < p.top_k < self._vocab_size() else 0
         sampler = make_sampler(temp=p.temperature, top_p=p.top_p if p.top_p < 1.0 else 0.0, min_p=p.min_p,
-                               top_k=p.top_k)
+                               top_k=top_k)
         processors = make_logits_processors(p.logit_bias, p.repetition_penalty, presence_penalty=p.presence_penalty,
                                             frequency_penalty=p.frequency_penalty)
         stops = StopMatcher(list(p.stop))

@@ -20,7 +20,13 @@ from typing import Any
 from .keys import matches, read_key
 
 OPEN_PATHS = frozenset({"/mlxd/health"})
-AUTH_HEADERS = (b"authorization", b"x-api-key", b"api-key")
+# The OpenAI API is all the gateway serves: LiteLLM's admin routes (keys,
+# users, UI, spend...) are not reachable even with the key.
+SERVED_PATHS = frozenset({"/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions",
+                          "/v1/models", "/models"})
+# Auth headers never reach LiteLLM (it gets its inner key); nor does
+# accept-encoding: a gzip-compressed error could not be rewritten.
+AUTH_HEADERS = (b"authorization", b"x-api-key", b"api-key", b"accept-encoding")
 
 
 def _unauthorized(message: str) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
@@ -48,6 +54,13 @@ def rewrite_backend_error(status: int, body: bytes) -> tuple[int, bytes]:
     """LiteLLM answers "engine down and Ollama down too" with a 500 and a
     long message; a client needs a 503 that says so plainly (pure)."""
     text = body.decode(errors="replace")
+    if status in (404, 405) and '"detail"' in text and '"error"' not in text:  # LiteLLM's own routing errors
+        try:
+            detail = str(json.loads(text).get("detail"))
+        except (ValueError, AttributeError):
+            detail = text
+        return status, json.dumps({"error": {"message": detail, "type": "invalid_request_error", "param": None,
+                                             "code": "not_found" if status == 404 else "method_not_allowed"}}).encode()
     if not text.lstrip().startswith("{"):  # e.g. starlette's plain "Internal Server Error"
         return status, json.dumps({"error": {"message": f"gateway error: {text.strip()[:200] or 'no detail'}",
                                              "type": "server_error", "param": None, "code": "gateway_error"}}).encode()
@@ -72,7 +85,7 @@ class ErrorRewriter:
         self.parts: list[bytes] = []
 
     async def __call__(self, message: dict) -> None:
-        if message["type"] == "http.response.start" and message["status"] >= 500:
+        if message["type"] == "http.response.start" and (message["status"] >= 500 or message["status"] in (404, 405)):
             self.start = message
             return
         if self.start is None or message["type"] != "http.response.body":
@@ -127,6 +140,15 @@ class KeyGuard:
                 await send({"type": "websocket.close", "code": 4401})
                 return
             await self._send(send, status, headers, body)
+            return
+        if scope["type"] != "http" or not (scope["path"] in SERVED_PATHS or scope["path"].startswith("/v1/models/")):
+            body = json.dumps({"error": {"message": f"no such route: {scope['path'][:100]}", "type": "invalid_request_error",
+                                         "param": None, "code": "not_found"}}).encode()
+            if scope["type"] == "websocket":
+                await send({"type": "websocket.close", "code": 4404})
+                return
+            await self._send(send, 404, [(b"content-type", b"application/json"),
+                                         (b"content-length", str(len(body)).encode())], body)
             return
         inner_headers = [h for h in scope.get("headers", []) if h[0].lower() not in AUTH_HEADERS]
         await self.app({**scope, "headers": inner_headers + [self._inner_auth]}, receive, ErrorRewriter(send))

@@ -34,6 +34,66 @@ PATHS = {"/v1/chat/completions": "/v1/chat/completions", "/chat/completions": "/
 HOP = {b"transfer-encoding", b"connection", b"keep-alive", b"content-length", b"date", b"server"}
 
 
+# Engine 400 codes that mean the input is wrong (as opposed to "this engine
+# cannot": model_too_large, request_quarantined, unsupported_parameter,
+# context_length_exceeded -- for those the request goes on to Ollama).
+CLIENT_MISTAKES = frozenset({"invalid_request", "invalid_messages"})
+
+
+def _error_code(body: bytes) -> str | None:
+    try:
+        return json.loads(body)["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+async def _send_error(send: Any, status: int, message: str, code: str) -> None:
+    body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
+                                 "code": code}}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _invalid_for_any_backend(path: str, req: dict) -> tuple[str, str] | None:
+    """(message, code) when the body is malformed (the engine's own request
+    models decide); None when valid, or when only the engine's limits are
+    hit (n > 1, a structured response_format...): Ollama may serve those."""
+    from pydantic import ValidationError
+
+    from mlxd.engine.protocol import ChatCompletionRequest, CompletionRequest, describe_validation_errors
+
+    model = ChatCompletionRequest if path == "/v1/chat/completions" else CompletionRequest
+    try:
+        model.model_validate(req)
+    except ValidationError as exc:
+        message, _, code = describe_validation_errors(exc.errors())
+        return None if code == "unsupported_parameter" else (message, code)
+    except (RecursionError, ValueError, TypeError):
+        return "the request body could not be read", "invalid_request"
+    return None
+
+
+class _Substitute:
+    """Wraps `send`: a 5xx from LiteLLM is replaced by the engine's 4xx."""
+
+    def __init__(self, send: Any, status: int, body: bytes) -> None:
+        self.send, self.status, self.body = send, status, body
+        self.replaced = False
+
+    async def __call__(self, message: dict) -> None:
+        if message["type"] == "http.response.start" and message["status"] >= 500:
+            self.replaced = True
+            await self.send({"type": "http.response.start", "status": self.status,
+                             "headers": [(b"content-type", b"application/json"),
+                                         (b"content-length", str(len(self.body)).encode())]})
+            await self.send({"type": "http.response.body", "body": self.body})
+            return
+        if self.replaced:
+            return  # the rest of LiteLLM's error body
+        await self.send(message)
+
+
 class EngineFastPath:
     def __init__(self, app: Any, config: Config, heavy: dict[str, bool]) -> None:
         self.app = app
@@ -78,10 +138,24 @@ class EngineFastPath:
 
         try:
             req = json.loads(body)
-            name = req.get("model")
-        except (ValueError, AttributeError):
-            req, name = None, None
+        except (ValueError, RecursionError):  # RecursionError: absurdly deep nesting
+            req = None
+        if not isinstance(req, dict):  # LiteLLM would answer a bare 500: it is the input's fault
+            await _send_error(send, 400, "the request body must be a JSON object" if req is not None or body.strip()
+                              else "the request body is empty", "invalid_request")
+            return
+        invalid = _invalid_for_any_backend(path, req)
+        if invalid is not None:  # LiteLLM does not validate bodies: it would answer 500
+            await _send_error(send, 400, invalid[0], invalid[1])
+            return
+        name = req.get("model")
         if not isinstance(name, str) or name not in self.routes:
+            if path == "/v1/completions" and isinstance(req.get("prompt"), list) and req["prompt"] \
+                    and not isinstance(req["prompt"][0], str):
+                # LiteLLM's Ollama provider cannot take token ids (it answers 500).
+                await _send_error(send, 400, "a prompt of token ids needs the MLX engine; this model is served "
+                                             "by Ollama: send text", "unsupported_parameter")
+                return
             await self.app(scope, replay, send)
             return
         engine_name = self.routes[name]
@@ -96,8 +170,21 @@ class EngineFastPath:
             await self.app(scope, replay, send)  # engine down: LiteLLM falls back
             return
         if resp.status != 200:
+            answer = await resp.read()
             resp.release()
-            await self.app(scope, replay, send)  # busy, quarantined, refused...: LiteLLM falls back
+            if resp.status == 400 and _error_code(answer) in CLIENT_MISTAKES:
+                # Malformed input: Ollama would not do better, and LiteLLM would
+                # turn some of it into a 500. The engine's 400 says what is wrong.
+                await send({"type": "http.response.start", "status": 400,
+                            "headers": [(b"content-type", b"application/json"),
+                                        (b"content-length", str(len(answer)).encode())]})
+                await send({"type": "http.response.body", "body": answer})
+                return
+            # Busy, quarantined, refused...: LiteLLM falls back. If all it can
+            # make of a request the engine refused with a 4xx is a 500 (it
+            # does not validate bodies), the engine's answer stands.
+            fallback_send = _Substitute(send, resp.status, answer) if 400 <= resp.status < 500 else send
+            await self.app(scope, replay, fallback_send)
             return
         headers = [(k.lower(), v) for k, v in resp.raw_headers if k.lower() not in HOP]
         watcher: asyncio.Future | None = None

@@ -237,3 +237,12 @@ def test_light_models_take_the_engine_fast_path(st):
         assert not any(h.lower().startswith("x-litellm") for h in r.headers)
         body = r.text
         assert '"model": "fast"' in body or '"model":"fast"' in body
+
+
+def test_litellm_admin_routes_are_not_served_even_with_the_key(st):
+    auth = {"Authorization": f"Bearer {st.key}"}
+    for method, path in (("POST", "/key/generate"), ("GET", "/ui"), ("GET", "/user/info"), ("GET", "/health"),
+                         ("GET", "/spend/logs")):
+        r = requests.request(method, st.gateway_url + path, headers=auth, json={}, timeout=30)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "not_found", (path, r.status_code, r.text[:200])
+    assert requests.get(st.gateway_url + "/v1/models", headers=auth, timeout=30).status_code == 200

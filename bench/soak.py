@@ -56,7 +56,6 @@ from pathlib import Path
 
 import httpx
 import openai
-import psutil
 import requests
 
 from mlxd.paths import StatePaths, read_json
@@ -216,20 +215,9 @@ default = "soak"
             self.mlxd("down", timeout=60)
         except (subprocess.TimeoutExpired, OSError):
             pass
-        pids = []
-        try:
-            pids.append(int(self.paths.supervisord_pid.read_text()))
-        except (OSError, ValueError):
-            pass
-        rec = read_json(self.paths.engine_pid) or {}
-        pids += [p for p in (rec.get("runner_pid"), rec.get("pid")) if p]
-        for pid in pids:
-            try:
-                for child in psutil.Process(pid).children(recursive=True):
-                    child.kill()
-                os.kill(pid, signal.SIGKILL)
-            except (psutil.Error, OSError):
-                pass
+        from mlxd.supervisor.control import kill_all
+
+        kill_all(self.paths)
         if self.standin is not None:
             self.standin.stop()
 

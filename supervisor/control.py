@@ -65,6 +65,25 @@ def clean_stale(paths: StatePaths) -> list[str]:
     return notes
 
 
+def kill_all(paths: StatePaths) -> None:
+    """Last resort, by pid: supervisord with everything under it, and the
+    engine (and its runner) it recorded, even if orphaned."""
+    pids = []
+    try:
+        pids.append(int(paths.supervisord_pid.read_text()))
+    except (OSError, ValueError):
+        pass
+    rec = read_json(paths.engine_pid) or {}
+    pids += [p for p in (rec.get("runner_pid"), rec.get("pid")) if p]
+    for pid in pids:
+        try:
+            for child in psutil.Process(pid).children(recursive=True):
+                child.kill()
+            os.kill(pid, signal.SIGKILL)
+        except (psutil.Error, OSError):
+            pass
+
+
 def prepare(config: Config) -> Path:
     """State directory and a freshly generated supervisord.conf."""
     paths = StatePaths(config.home)

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import psutil
 import requests
 
 from mlxd.paths import StatePaths, read_json
@@ -173,17 +172,6 @@ class Stack:
 def kill_stack(stack: Stack) -> None:
     """Teardown by pid, whatever state the test left: supervisord, then any
     engine or runner it may have orphaned."""
-    pids = []
-    try:
-        pids.append(int(stack.paths.supervisord_pid.read_text()))
-    except (OSError, ValueError):
-        pass
-    rec = read_json(stack.paths.engine_pid) or {}
-    pids += [p for p in (rec.get("runner_pid"), rec.get("pid")) if p]
-    for pid in pids:
-        try:
-            for child in psutil.Process(pid).children(recursive=True):
-                child.kill()
-            os.kill(pid, signal.SIGKILL)
-        except (psutil.Error, OSError):
-            pass
+    from mlxd.supervisor.control import kill_all
+
+    kill_all(stack.paths)

@@ -64,6 +64,17 @@ def rewrite_backend_error(status: int, body: bytes) -> tuple[int, bytes]:
     if not text.lstrip().startswith("{"):  # e.g. starlette's plain "Internal Server Error"
         return status, json.dumps({"error": {"message": f"gateway error: {text.strip()[:200] or 'no detail'}",
                                              "type": "server_error", "param": None, "code": "gateway_error"}}).encode()
+    if status < 500:  # LiteLLM's 4xx sometimes say "type": null: fill it in, OpenAI-style
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            return status, body
+        err = doc.get("error") if isinstance(doc, dict) else None
+        if isinstance(err, dict) and not isinstance(err.get("type"), str):
+            err["type"] = "authentication_error" if status == 401 else (
+                "rate_limit_error" if status == 429 else "invalid_request_error")
+            return status, json.dumps(doc).encode()
+        return status, body
     if status == 500 and "Fallback to" in text and "also failed" in text:
         unreachable = ("Cannot connect" in text or "Connection error" in text or "ConnectError" in text
                        or "Connection refused" in text)
@@ -85,7 +96,7 @@ class ErrorRewriter:
         self.parts: list[bytes] = []
 
     async def __call__(self, message: dict) -> None:
-        if message["type"] == "http.response.start" and (message["status"] >= 500 or message["status"] in (404, 405)):
+        if message["type"] == "http.response.start" and message["status"] >= 400:
             self.start = message
             return
         if self.start is None or message["type"] != "http.response.body":

@@ -31,7 +31,7 @@ FILES = {"engine": "tests/fuzz/test_engine_fuzz.py", "gateway": "tests/fuzz/test
 
 
 def run(examples: int, only: list[str], known_bugs: bool, stats: Path, extra: list[str]) -> tuple[int, float]:
-    env = {**os.environ, "MLXD_FUZZ_EXAMPLES": str(examples), "MLXD_FUZZ_STATS": str(stats),
+    env = {**os.environ, "MLXD_FUZZ_EXAMPLES": str(examples), "MLXD_FUZZ_STATS": str(stats), "MLXD_FUZZ_RANDOM": "1",
            "LITELLM_LOCAL_MODEL_COST_MAP": "True", "HF_HUB_OFFLINE": "1"}
     if known_bugs:
         env["MLXD_FUZZ_KNOWN_BUGS"] = "1"

@@ -230,10 +230,14 @@ class HttpWay:
         payload = json.dumps({"model": self.model_name, "prompt": prompt, "max_tokens": max_tokens,
                               "temperature": 0.0, "stream": True,
                               "stream_options": {"include_usage": True}}).encode()
+        return self.stream("/v1/completions", payload, {"Content-Type": "application/json"}, read_timeout)
+
+    def stream(self, path: str, payload: bytes, headers: dict[str, str], read_timeout: float) -> Trace:
+        """POST `payload`, read the SSE answer as it arrives, timestamp each event."""
         events: list[tuple[float, bytes]] = []
         t0 = now()
-        with self.session.post(self.url + "/v1/completions", data=payload, stream=True,
-                               headers={"Content-Type": "application/json"}, timeout=(10, read_timeout)) as r:
+        with self.session.post(self.url + path, data=payload, stream=True, headers=headers,
+                               timeout=(10, read_timeout)) as r:
             if r.status_code != 200:
                 raise BenchError(f"{self.way}: HTTP {r.status_code}: {r.text[:500]}")
             raw, buf = r.raw, b""

@@ -84,24 +84,7 @@ class ChatWay(eo.HttpWay):
         payload = json.dumps({"model": self.model_name, "messages": [{"role": "user", "content": prompt}],
                               "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
                               "stream_options": {"include_usage": True}}).encode()
-        events: list[tuple[float, bytes]] = []
-        t0 = now()
-        with self.session.post(self.url + "/v1/chat/completions", data=payload, stream=True,
-                               headers=self.headers, timeout=(10, read_timeout)) as r:
-            if r.status_code != 200:
-                raise BenchError(f"{self.way}: HTTP {r.status_code}: {r.text[:500]}")
-            raw, buf = r.raw, b""
-            while True:
-                data = raw.read1(65536)  # whatever has arrived; never waits for a full buffer
-                t = now()
-                if not data:
-                    break
-                buf += data
-                while (i := buf.find(b"\n\n")) >= 0:
-                    events.append((t, buf[:i]))
-                    buf = buf[i + 2:]
-        t_end = events[-1][0] if events else now()
-        return self._parse(t0, events, t_end)
+        return self.stream("/v1/chat/completions", payload, self.headers, read_timeout)
 
 
 @dataclass

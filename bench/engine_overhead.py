@@ -444,6 +444,16 @@ def _git() -> dict[str, Any]:
         return {"commit": None}
 
 
+def _gpu_name() -> str | None:
+    """The NVIDIA GPU's name when MLX runs on CUDA (Apple GPUs: mlx reports the device)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10).stdout.strip()
+        return out.splitlines()[0] if out else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def machine_info() -> dict[str, Any]:
     import mlx.core as mx
 
@@ -457,6 +467,7 @@ def machine_info() -> dict[str, Any]:
         "python": platform.python_version(),
         "mlx": _version("mlx") or getattr(mx, "__version__", None),
         "mlx_device": str(mx.default_device()),
+        "gpu": _gpu_name(),
         "mlx_lm": _version("mlx-lm"),
         "http_stack": {d: _version(d) for d in ("uvicorn", "h11", "httptools", "uvloop", "fastapi", "starlette",
                                                 "requests", "urllib3")},
@@ -653,12 +664,18 @@ def bench_model(name: str, model_path: Path, args: argparse.Namespace, ways: lis
             "samples": [asdict(s) for s in samples], "discarded_samples": [asdict(s) for s in discarded]}
 
 
+def _variants() -> list[str]:
+    from mlxd.engine.demo_model import VARIANTS
+
+    return list(VARIANTS)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", action="append", type=Path, metavar="PATH",
                    help="an mlx-lm model folder (repeatable); default: the demo models")
-    p.add_argument("--variant", action="append", choices=["a", "b"],
+    p.add_argument("--variant", action="append", choices=_variants(),
                    help="demo model variant(s) to run when no --model is given (default: a and b)")
     p.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help=f"where demo models are built ({DEFAULT_CACHE})")
     p.add_argument("--ways", default=",".join(WAYS),

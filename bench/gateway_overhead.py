@@ -519,7 +519,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, metavar="PATH", help="an mlx-lm model folder (default: demo model a)")
-    p.add_argument("--variant", choices=["a", "b"], default="a", help="demo model when no --model (default a)")
+    p.add_argument("--variant", choices=eo._variants(), default="a", help="demo model when no --model (default a)")
     p.add_argument("--cache-dir", type=Path, default=eo.DEFAULT_CACHE,
                    help=f"where demo models are built ({eo.DEFAULT_CACHE})")
     p.add_argument("--rounds", type=int, help="measured rounds (default 15; --quick 5)")

@@ -47,13 +47,13 @@ def ttft(server: eo.Server, messages: list[dict]) -> tuple[float, str]:
     return (first or time.perf_counter()) - t0, "".join(parts)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--prefix-words", type=int, default=600)
     ap.add_argument("--model", type=Path)
     ap.add_argument("--out", type=Path, default=eo.ROOT / "bench" / "results" / "prompt_reuse.json")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.model is None:
         from mlxd.engine.demo_model import build_demo_model
 

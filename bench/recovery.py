@@ -1,5 +1,6 @@
 """Recovery benchmark: SIGABRT -> the engine answering again, under the real
-supervisor (supervisord + runner + crash listener), split into phases.
+supervisor (supervisord + runner + crash listener), split into phases, and
+what the crashes cost the clients of the gateway.
 
   detection  kill -> the crash listener has handled the exit
   backoff    the listener's chosen delay (0 after a healthy run)
@@ -8,9 +9,17 @@ supervisor (supervisord + runner + crash listener), split into phases.
   total      kill -> /health 200 from the new process
 
 Each crash follows a healthy run (healthy_reset_s is set short), which is
-the case the goal is about: <= 1 s plus model load. Run by hand:
+the case the goal is about: <= 1 s plus model load. The SIGABRT is a real
+signal sent to the engine's pid at a random moment.
 
-  .venv/bin/python bench/recovery.py [--crashes 10] [--model PATH]
+Meanwhile one client sends chat requests (non-streaming and streaming, in
+turn) through the gateway, with the Ollama stand-in as the fallback, and
+counts how they ended: answered by the engine, by the fallback, failed
+(no complete answer; goal 0), or -- streams only -- cut by the crash after
+tokens had been sent, with an explicit error (no [DONE]); nothing can save
+those without splicing two answers, which the gateway never does.
+
+  .venv/bin/python bench/recovery.py [--crashes 10] [--model PATH] [--quick]
 """
 
 from __future__ import annotations
@@ -18,39 +27,24 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
+import random
 import signal
 import statistics
-import subprocess
 import sys
-import tempfile
+import threading
 import time
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import requests
 
-from mlxd.paths import StatePaths, read_json
-from mlxd.supervisor.journal import read_records
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import engine_overhead as eo  # noqa: E402  (bench/ is not a package: shared helpers)
+import soak  # noqa: E402
 
 HEALTHY_RUN_S = 1.5
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(cond, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = cond()
-        if v:
-            return v
-        time.sleep(0.005)
-    raise TimeoutError(what)
+PHASES = ["detection_s", "backoff_s", "spawn_s", "load_s", "total_s"]
 
 
 def health(url: str) -> dict | None:
@@ -61,76 +55,137 @@ def health(url: str) -> dict | None:
         return None
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--crashes", type=int, default=10)
-    ap.add_argument("--model", help="model folder (default: the built-in demo model)")
-    ap.add_argument("--out", default="bench/results/recovery.json")
-    args = ap.parse_args()
+class Traffic:
+    """One client thread through the gateway; owns its records."""
 
-    home = Path(tempfile.mkdtemp(prefix="mlxd-recovery-"))
-    port = free_port()
-    model = f'path = "{args.model}"' if args.model else 'demo = "a"'
-    (home / "mlxd.toml").write_text(f"""
-[engine]
-port = {port}
-[supervisor]
-healthy_reset_s = {HEALTHY_RUN_S}
-loop_crashes = 1000
-health_interval_s = 0.5
-[models.bench]
-{model}
-[aliases]
-default = "bench"
-""")
-    env = {**os.environ, "MLXD_HOME": str(home)}
-    env.pop("MLXD_CONFIG", None)
-    mlxd = [sys.executable, "-m", "mlxd.cli"]
-    url = f"http://127.0.0.1:{port}"
-    paths = StatePaths(home)
-    rows = []
+    def __init__(self, stack: soak.SoakStack, settings: soak.Settings) -> None:
+        self.stack, self.s = stack, settings
+        self.records: list[dict] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="recovery-traffic", daemon=True)
+
+    def _loop(self) -> None:
+        client, probe = soak.make_client(self.stack.gateway_url, self.stack.key, self.s.request_timeout_s)
+        i = 0
+        while not self.stop.is_set():
+            self.records.append(soak.one_request(client, probe, i, self.s))
+            i += 1
+
+    def __enter__(self) -> "Traffic":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop.set()
+        self.thread.join(self.s.request_timeout_s + 5)
+
+
+def outcome_counts(records: list[dict]) -> dict[str, int]:
+    """How the requests ended (pure): failed = no complete answer."""
+    c = Counter()
+    for r in records:
+        o = r.get("outcome")
+        if o in soak.GOOD:
+            c["answered_by_" + (r.get("backend") or "engine")] += 1
+        elif o == "stream_error":
+            c["stream_cut_explicit"] += 1
+        else:
+            c["failed"] += 1
+            c["failed_" + str(o)] += 1
+    c["sent"] = len(records)
+    return dict(c)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    settings = soak.Settings(healthy_reset_s=HEALTHY_RUN_S, model=args.model, min_tokens=8, max_tokens=32,
+                             stream_ratio=0.5, request_timeout_s=120.0)
+    stack = soak.SoakStack(settings, home_root=args.home_root)
+    rng = random.Random(args.seed)
+    rows: list[dict] = []
+    traffic_records: list[dict] = []
     try:
-        subprocess.run([*mlxd, "up", "--detach", "--timeout", "300"], env=env, check=True)
-        for i in range(args.crashes):
-            time.sleep(HEALTHY_RUN_S + 0.2)  # a healthy run first (benchmark pacing, not synchronisation)
-            old = health(url)
-            assert old, "engine not healthy before the crash"
-            n_records = len(read_records(paths.journal))
-            t_kill = time.time()
-            os.kill(old["pid"], signal.SIGABRT)
-            new = wait_for(lambda: (h := health(url)) and h["pid"] != old["pid"] and h, 120, "engine back")
-            t_back = time.time()
-            rec = wait_for(lambda: (r := read_records(paths.journal)) and len(r) > n_records and r[-1], 30,
-                           "journal record")
-            row = {
-                "detection_s": rec["handled_at"] - t_kill,
-                "backoff_s": rec["restart_in_s"],
-                "spawn_s": new["process_started_at"] - (rec["handled_at"] + rec["restart_in_s"]),
-                "load_s": new["ready_at"] - new["process_started_at"],
-                "total_s": t_back - t_kill,
-                "class": rec["class"],
-            }
-            rows.append(row)
-            print(f"crash {i + 1}/{args.crashes}: " + "  ".join(
-                f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()), flush=True)
+        eo.say("recovery: starting the stack (mlxd up --detach) with the Ollama stand-in as fallback")
+        stack.start()
+        with Traffic(stack, settings) as traffic:
+            for i in range(args.crashes):
+                # A healthy run first, then a random moment (benchmark pacing, not synchronisation).
+                time.sleep(HEALTHY_RUN_S + 0.2 + rng.uniform(0, 0.5))
+                old = health(stack.url)
+                if not old:
+                    raise eo.BenchError("engine not healthy before the crash")
+                n_records = len(stack.records())
+                t_kill = time.time()
+                os.kill(old["pid"], signal.SIGABRT)
+                new = soak.wait_for(lambda: (h := health(stack.url)) and h["pid"] != old["pid"] and h, 120, 0.005)
+                if not new:
+                    raise eo.BenchError("the engine did not come back within 120 s")
+                t_back = time.time()
+                rec = soak.wait_for(lambda: (r := stack.records()) and len(r) > n_records and r[-1], 30, 0.005)
+                if not rec:
+                    raise eo.BenchError("the crash was not journaled")
+                row = {"detection_s": rec["handled_at"] - t_kill, "backoff_s": rec["restart_in_s"],
+                       "spawn_s": new["process_started_at"] - (rec["handled_at"] + rec["restart_in_s"]),
+                       "load_s": new["ready_at"] - new["process_started_at"], "total_s": t_back - t_kill,
+                       "class": rec["class"]}
+                rows.append(row)
+                eo.say(f"crash {i + 1}/{args.crashes}: " + "  ".join(
+                    f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items())
+                    + f"  (requests so far: {len(traffic.records)})")
+            time.sleep(HEALTHY_RUN_S)  # let the last request in flight finish on the new engine
+        traffic_records = traffic.records
     finally:
-        subprocess.run([*mlxd, "down"], env=env, timeout=120)
-    keys = ["detection_s", "backoff_s", "spawn_s", "load_s", "total_s"]
-    med = {k: statistics.median(r[k] for r in rows) for k in keys}
-    print("\n| phase | median (s) | min | max |\n|---|---|---|---|")
-    for k in keys:
-        vals = [r[k] for r in rows]
-        print(f"| {k[:-2]} | {med[k]:.3f} | {min(vals):.3f} | {max(vals):.3f} |")
-    print(f"\ntotal minus load (goal <= 1 s): {med['total_s'] - med['load_s']:.3f} s "
-          f"(median total {med['total_s']:.3f} s, of which load {med['load_s']:.3f} s)")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                                           "python": platform.python_version()},
-                               "date": time.strftime("%Y-%m-%d %H:%M:%S"), "crashes": rows, "median": med},
-                              indent=1))
-    print(f"results: {out}")
-    return 0
+        stack.stop()
+    median = {k: statistics.median(r[k] for r in rows) for k in PHASES}
+    counts = outcome_counts(traffic_records)
+    result = {"machine": eo.machine_info(), "settings": {"crashes": args.crashes, "healthy_run_s": HEALTHY_RUN_S,
+                                                         "model": str(args.model or "demo-a"), "seed": args.seed},
+              "crashes": rows, "median": median, "total_minus_load_s": median["total_s"] - median["load_s"],
+              "requests": counts,
+              "request_records": [{k: r.get(k) for k in ("i", "stream", "outcome", "backend", "latency_s", "error")}
+                                  for r in traffic_records]}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    return result
+
+
+def markdown(res: dict[str, Any]) -> str:
+    lines = ["| phase | median (s) | min | max |", "|---|---:|---:|---:|"]
+    for k in PHASES:
+        vals = [r[k] for r in res["crashes"]]
+        lines.append(f"| {k[:-2]} | {res['median'][k]:.3f} | {min(vals):.3f} | {max(vals):.3f} |")
+    c = res["requests"]
+    lines += ["", f"total minus load (goal <= 1 s): {res['total_minus_load_s']:.3f} s "
+                  f"(median total {res['median']['total_s']:.3f} s, of which load {res['median']['load_s']:.3f} s)",
+              "", f"requests through the gateway during the {len(res['crashes'])} crashes: {c.get('sent', 0)} sent, "
+                  f"{c.get('answered_by_engine', 0)} answered by the engine, {c.get('answered_by_ollama', 0)} by the "
+                  f"fallback, {c.get('failed', 0)} failed (goal 0), {c.get('stream_cut_explicit', 0)} streams cut "
+                  "mid-answer with an explicit error"]
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--crashes", type=int, help="SIGABRTs (default 10; --quick 3)")
+    ap.add_argument("--model", type=Path, help="model folder (default: the built-in demo model a)")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--home-root", type=Path, help="where the temporary MLXD_HOME goes")
+    ap.add_argument("--out", type=Path, default=eo.ROOT / "bench" / "results" / "recovery.json")
+    args = ap.parse_args(argv)
+    args.crashes = args.crashes or (3 if args.quick else 10)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        res = run(args)
+    except eo.BenchError as exc:
+        eo.say(f"error: {exc}")
+        return 1
+    print("\n" + markdown(res))
+    print(f"results: {args.out}")
+    return 0 if res["requests"].get("failed", 0) == 0 else 1
 
 
 if __name__ == "__main__":

@@ -100,7 +100,10 @@ class Settings:
     stuck_grace_s: float = 1.5
     healthy_reset_s: float = 2.0
     loop_crashes: int = 1_000_000  # never degrade unless asked
+    loop_window_s: float = 600.0
     cooldown_s: float = 10.0
+    backoff_base_s: float = 0.2
+    backoff_cap_s: float = 2.0
     model: Path | None = None  # an mlx-lm model folder; default: demo model a, built once into DEFAULT_CACHE
     progress_every: int = 50
 
@@ -161,10 +164,11 @@ class SoakStack:
 port = {self.port}
 stuck_grace_s = {s.stuck_grace_s}
 [supervisor]
-backoff_base_s = 0.2
-backoff_cap_s = 2.0
+backoff_base_s = {s.backoff_base_s}
+backoff_cap_s = {s.backoff_cap_s}
 healthy_reset_s = {s.healthy_reset_s}
 loop_crashes = {s.loop_crashes}
+loop_window_s = {s.loop_window_s}
 cooldown_s = {s.cooldown_s}
 health_interval_s = 0.25
 start_grace_s = 20

@@ -55,13 +55,13 @@ def ask(server: eo.Server, model: str) -> float:
     return time.perf_counter() - t0
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--swaps", type=int, default=20)
     ap.add_argument("--model-a", type=Path)
     ap.add_argument("--model-b", type=Path)
     ap.add_argument("--out", type=Path, default=eo.ROOT / "bench" / "results" / "swap.json")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.model_a and args.model_b:
         models = {"a": args.model_a, "b": args.model_b}
     else:

@@ -24,6 +24,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from mlxd.paths import write_atomic
+
 REQUIRED_ALIASES = ("fast", "default", "coding", "reasoning")
 DEMO_MODEL_ID = "demo"
 # A model id is a plain name: never a path, so a request cannot point the
@@ -230,11 +232,11 @@ port = 4000
 
 
 def write_default_config(path: Path) -> bool:
-    """Write the commented default config if there is none; True if written."""
+    """Write the commented default config if there is none; True if written.
+    Atomically: a torn file would exist, so it would never be rewritten."""
     if path.exists():
         return False
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(DEFAULT_CONFIG_TEXT)
+    write_atomic(path, DEFAULT_CONFIG_TEXT)
     return True
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,10 +98,13 @@ class StatePaths:
 def write_atomic(path: Path, data: str | bytes, mode: int = 0o644, durable: bool = True) -> None:
     """Write a whole file or nothing: a kill -9 at any moment leaves either
     the old content or the new (temp file, rename). `durable` adds an fsync,
-    for files that must also survive a power cut."""
+    for files that must also survive a power cut. The temp file is a hidden
+    sibling, `.<name>.<pid>.<random>.tmp`, already in `mode`; one that a
+    killed writer left behind is removed by the next write of the same file."""
     raw = data.encode() if isinstance(data, str) else data
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    remove_stale_temps(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
     try:
         os.fchmod(fd, mode)
         os.write(fd, raw)
@@ -114,6 +118,45 @@ def write_atomic(path: Path, data: str | bytes, mode: int = 0o644, durable: bool
             os.close(fd)
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def remove_stale_temps(path: Path) -> list[Path]:
+    """Remove the temp files of `path` that killed writers left (write_atomic's
+    pattern only, and only where that writer is gone); the ones removed."""
+    pattern = re.compile(re.escape(f".{path.name}.") + r"(\d+)\.[A-Za-z0-9_]+\.tmp")
+    removed = []
+    try:
+        entries = list(os.scandir(path.parent))
+    except OSError:
+        return removed
+    for entry in entries:
+        m = pattern.fullmatch(entry.name)
+        if m is None:
+            continue
+        try:
+            if _writer_gone(int(m.group(1)), entry.stat(follow_symlinks=False).st_mtime):
+                os.unlink(entry.path)
+                removed.append(Path(entry.path))
+        except OSError:  # a concurrent cleaner, or a writer that just finished
+            pass
+    return removed
+
+
+def _writer_gone(pid: int, mtime: float) -> bool:
+    """True when no live process can still be writing a temp file of this pid
+    last written at `mtime`: the pid is dead (or a zombie), or was reused by a
+    process started after that (create_time is exact to about a second)."""
+    import psutil  # only when a leftover exists
+
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return True
+        return mtime < proc.create_time() - 1.0
+    except psutil.NoSuchProcess:
+        return True
+    except (psutil.Error, ValueError, OverflowError):  # someone else's live process; no pid at all
+        return False
 
 
 def write_json_atomic(path: Path, obj: Any, durable: bool = True) -> None:

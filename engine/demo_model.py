@@ -46,6 +46,10 @@ class DemoSpec:
     seed: int
     max_position_embeddings: int
     dtype: str  # an mlx.core dtype name: "float32", "bfloat16", "float16"
+    # The model's embedding/lm_head rows when larger than the tokenizer's vocab (0: the
+    # same), so a real checkpoint's shape (e.g. Llama 3's 128256) is read per token.
+    # The extra lm_head rows are zero and so never win a greedy pick (see _write_weights).
+    model_vocab_size: int = 0
 
 
 VARIANTS: dict[str, DemoSpec] = {
@@ -53,6 +57,14 @@ VARIANTS: dict[str, DemoSpec] = {
     "a": DemoSpec(256, 4, 512, 4, 2, 1024, 1234, 4096, "float32"),
     # A second, distinct model: other seed, ~3.5x the weight bytes.
     "b": DemoSpec(384, 6, 1024, 6, 2, 1024, 5678, 8192, "float32"),
+    # Benchmark sizes, built on demand, never by the service or the tests:
+    # "c": Qwen2.5-0.5B's layer shapes (24 x 896, GQA 14/2, MLP 4864) on the llama
+    # architecture, ~0.36B params: a real-model workload that still decodes at
+    # several tokens per second on 2 CPU cores.
+    "c": DemoSpec(896, 24, 4864, 14, 2, 1024, 4242, 32768, "float32"),
+    # "8b": Llama 3.1 8B's shapes exactly (32 x 4096, GQA 32/8, MLP 14336, vocab
+    # 128256), bfloat16, 16 GB: for GPU runs (mlx-cuda).
+    "8b": DemoSpec(4096, 32, 14336, 32, 8, 1024, 8008, 131072, "bfloat16", 128256),
 }
 
 CHAT_TEMPLATE = """{{- bos_token -}}
@@ -189,12 +201,19 @@ def _train_tokenizer(vocab_size: int):
 
 
 def _model_config(spec: DemoSpec, ids: dict[str, int]) -> dict:
-    shape = {k: v for k, v in asdict(spec).items() if k not in ("seed", "dtype")}
+    shape = {k: v for k, v in asdict(spec).items() if k not in ("seed", "dtype", "model_vocab_size")}
+    shape["vocab_size"] = spec.model_vocab_size or spec.vocab_size
     return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **shape,
             "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "hidden_act": "silu",
             "tie_word_embeddings": False,  # own lm_head, so the EOS row can be zeroed
             "torch_dtype": spec.dtype, "bos_token_id": ids[BOS],
             "eos_token_id": ids[IM_END], "pad_token_id": ids[PAD]}
+
+
+# Above this many parameters weights come from mx.random (on the default device,
+# a GPU under mlx-cuda): numpy would take minutes for an 8B model. Still seeded, so
+# rebuilds match on the same backend; the small variants stay numpy-exact everywhere.
+_NUMPY_MAX_PARAMS = 50_000_000
 
 
 def _write_weights(path: Path, config: dict, spec: DemoSpec, eos_id: int) -> None:
@@ -206,20 +225,31 @@ def _write_weights(path: Path, config: dict, spec: DemoSpec, eos_id: int) -> Non
     # Instantiating the real class gives exactly the names and shapes mlx-lm expects
     # (its own random init is lazy and never evaluated).
     model = llama.Model(llama.ModelArgs.from_dict(config))
+    params = sorted(tree_flatten(model.parameters()))
+    use_numpy = sum(p.size for _, p in params) <= _NUMPY_MAX_PARAMS
+    dtype = getattr(mx, spec.dtype)
     weights = {}
-    for name, param in sorted(tree_flatten(model.parameters())):
+    for name, param in params:
         # One RNG stream per tensor, seeded by (variant seed, name): independent of order.
-        rng = np.random.default_rng([spec.seed, zlib.crc32(name.encode())])
         if name.endswith("norm.weight"):
-            arr = np.ones(param.shape, np.float32)
-        else:  # HF-style init: N(0, 0.02) keeps activations in a sane range
-            arr = (rng.standard_normal(param.shape, np.float32) * 0.02).astype(np.float32)
+            arr = mx.ones(param.shape, dtype)
+        elif use_numpy:  # HF-style init: N(0, 0.02) keeps activations in a sane range
+            rng = np.random.default_rng([spec.seed, zlib.crc32(name.encode())])
+            arr = mx.array((rng.standard_normal(param.shape, np.float32) * 0.02).astype(np.float32))
+        else:
+            key = mx.random.key((spec.seed << 32) | zlib.crc32(name.encode()))
+            arr = mx.random.normal(param.shape, dtype, scale=0.02, key=key)
         if name == "lm_head.weight":
             # EOS logit is exactly 0 while the others spread around 0, so across
             # ~1000 tokens some logit is almost always higher: greedy decoding
             # practically never stops on EOS and tests can rely on reaching max_tokens.
+            # Rows past the tokenizer's vocab (model_vocab_size) are 0 for the same
+            # reason: greedy never picks a token the tokenizer cannot decode.
             arr[eos_id] = 0.0
-        weights[name] = mx.array(arr).astype(getattr(mx, spec.dtype))
+            arr[spec.vocab_size:] = 0.0
+        weights[name] = arr.astype(dtype)
+        if not use_numpy:
+            mx.eval(weights[name])  # one tensor at a time keeps the peak low
     mx.save_safetensors(str(path), weights, metadata={"format": "mlx"})
 
 

@@ -56,6 +56,28 @@ class ToolCall(Lenient):
     function: FunctionCall
 
 
+class FunctionDefinition(Lenient):
+    name: str = Field(min_length=1, max_length=256)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDefinition(Lenient):
+    """OpenAI's tool shape; anything else would reach the chat template (or
+    LiteLLM's Ollama provider, which answers 500) unchecked."""
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedToolChoice(Lenient):
+    class _Name(Lenient):
+        name: str = Field(min_length=1)
+
+    type: Literal["function"]
+    function: _Name
+
+
 class ChatMessage(Lenient):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
@@ -164,8 +186,8 @@ class SamplingFields(Lenient):
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_SANITY)
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     response_format: ResponseFormat | None = None
 
     @field_validator("response_format")
@@ -177,6 +199,9 @@ class ChatCompletionRequest(SamplingFields):
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    def tools_for_template(self) -> list[dict[str, Any]] | None:
+        return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
 
 
 class CompletionRequest(SamplingFields):

@@ -9,6 +9,7 @@ fatal exit); the worker owns the model; the AdmissionQueue owns the line.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import re
@@ -222,7 +223,7 @@ class Engine:
                   channel=EventChannel(asyncio.get_running_loop()), deadline_s=self.limits.request_deadline_s)
         if isinstance(req, ChatCompletionRequest):
             job.messages = [m.for_template() for m in req.messages]
-            job.tools = req.tools
+            job.tools = req.tools_for_template()
         else:
             job.prompt = req.prompt  # type: ignore[attr-defined]
         return job
@@ -233,7 +234,11 @@ class Engine:
         characters, so a longer text is certainly over the limit (and
         tokenizing megabytes would stall the worker)."""
         if isinstance(req, ChatCompletionRequest):
-            chars = sum(len(m.text()) for m in req.messages)
+            # Everything the chat template renders counts: names, tool calls and
+            # tool schemas too, not only the content (fuzzing found a huge `name`
+            # that stalled the tokenizer long enough to count as a hang).
+            rendered = [m.for_template() for m in req.messages], req.tools_for_template()
+            chars = len(json.dumps(rendered, ensure_ascii=False, default=str))
         else:
             prompt = req.prompt  # type: ignore[attr-defined]
             chars = len(prompt) if isinstance(prompt, str) else 0  # token ids: the worker counts them exactly

@@ -3,6 +3,9 @@ with the official `openai` client and `requests`."""
 
 from __future__ import annotations
 
+import json
+import time
+
 import openai
 import pytest
 import requests
@@ -177,6 +180,29 @@ def test_prompt_over_the_limit_is_400(shared_engine):
     err = r.json()["error"]
     assert r.status_code == 400 and err["code"] == "context_length_exceeded", err
     assert "4096" in err["message"]
+
+
+@pytest.mark.parametrize("where", ["name", "tool_arguments", "tool_schema"])
+def test_huge_text_outside_content_is_refused_before_tokenizing(shared_engine, where):
+    """Every field the chat template renders counts against the prompt limit,
+    not only `content`: a megabyte in a name, tool call or tool schema is a
+    quick 400, never a tokenizer stall that looks like a hang."""
+    huge = "x" * 1_000_000
+    messages = [{"role": "user", "content": "hi"}]
+    body = {"model": "default", "max_tokens": 2}
+    if where == "name":
+        messages[0]["name"] = huge
+    elif where == "tool_arguments":
+        messages.append({"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": json.dumps({"a": huge})}}]})
+        messages.append({"role": "tool", "tool_call_id": "c1", "content": "ok"})
+    else:
+        body["tools"] = [{"type": "function", "function": {"name": "f", "description": huge}}]
+    t0 = time.monotonic()
+    r = requests.post(shared_engine.url + "/v1/chat/completions", json={**body, "messages": messages}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text[:300]
+    assert time.monotonic() - t0 < 5  # refused from the character count, not after tokenizing
+    assert requests.get(shared_engine.url + "/health", timeout=5).status_code == 200
 
 
 def test_max_tokens_above_the_cap_is_clamped(shared_engine):

@@ -249,3 +249,29 @@ def test_failed_build_leaves_nothing_that_looks_complete(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="disk full"):
         build_demo_model(tmp_path / "a", "a")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_benchmark_sizes_have_real_shapes_and_padded_vocab_is_never_picked(tmp_path, monkeypatch):
+    """The big benchmark variants: "8b" is Llama 3.1 8B's shape exactly; a padded
+    model vocab (rows past the tokenizer's) is zero in lm_head, so greedy decoding
+    only emits tokens the tokenizer can decode. Checked on a small spec that takes
+    the same mx.random path as the big ones (threshold lowered)."""
+    from mlx_lm.generate import stream_generate
+    from mlx_lm.sample_utils import make_sampler
+    from mlx_lm.utils import load
+
+    assert {"c", "8b"} <= set(VARIANTS)
+    s = VARIANTS["8b"]
+    assert (s.hidden_size, s.num_hidden_layers, s.intermediate_size, s.num_attention_heads,
+            s.num_key_value_heads, s.model_vocab_size, s.dtype) == (4096, 32, 14336, 32, 8, 128256, "bfloat16")
+    spec = demo_model.DemoSpec(128, 2, 256, 4, 2, 1024, 99, 2048, "bfloat16", model_vocab_size=4096)
+    monkeypatch.setitem(VARIANTS, "tiny-padded", spec)
+    monkeypatch.setattr(demo_model, "_NUMPY_MAX_PARAMS", 0)
+    folder = build_demo_model(tmp_path / "padded", "tiny-padded")
+    assert json.loads((folder / "config.json").read_text())["vocab_size"] == 4096
+    model, tokenizer = load(str(folder))
+    head = model.lm_head.weight
+    assert head.shape == (4096, 128) and str(head.dtype) == "mlx.core.bfloat16"
+    assert not head[1024:].any().item() and head[1023].any().item()
+    out = list(stream_generate(model, tokenizer, "padded vocab", max_tokens=64, sampler=make_sampler(temp=0.0)))
+    assert len(out) == 64 and all(r.token < 1024 for r in out)

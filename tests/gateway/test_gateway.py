@@ -246,3 +246,22 @@ def test_litellm_admin_routes_are_not_served_even_with_the_key(st):
         r = requests.request(method, st.gateway_url + path, headers=auth, json={}, timeout=30)
         assert r.status_code == 404 and r.json()["error"]["code"] == "not_found", (path, r.status_code, r.text[:200])
     assert requests.get(st.gateway_url + "/v1/models", headers=auth, timeout=30).status_code == 200
+
+
+@pytest.mark.parametrize("model", ["default", "big"])  # engine-routed, and routed to Ollama
+@pytest.mark.parametrize("bad", [
+    {"tools": [{"name": "f"}]},                                  # a tool without "type"/"function"
+    {"tools": [{"type": "function"}]},
+    {"tools": [{"type": "function", "function": {"parameters": {}}}]},  # a function without a name
+    {"tools": "none"},
+    {"tool_choice": {"type": "function"}},
+    {"messages": [{"role": "user", "content": [{"text": "no type"}]}]},
+    {"messages": [{"role": "assistant", "content": None, "tool_calls": [{"function": {}}]}]},
+], ids=lambda b: json.dumps(b)[:40])
+def test_malformed_tools_and_messages_are_400_on_every_route(st, model, bad):
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **bad}
+    r = requests.post(st.gateway_url + "/v1/chat/completions", json=body, timeout=60,
+                      headers={"Authorization": f"Bearer {st.key}"})
+    assert r.status_code == 400, (r.status_code, r.text[:300])
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and err["message"]

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The NVIDIA run of the benchmarks (issue 6), in stages, for a lent GPU machine
+# that has Python 3.12 + the CUDA 13 runtime wheels (PyTorch's) but no MLX and
+# no internet. MLX runs there through mlx-cuda-13, whose wheel (~86 MB) is larger
+# than one transfer, so the wheels come in three carried folders:
+#   .whl1  the first part of the mlx-cuda-13 wheel (split -b 62M, part00)
+#   .whl2  the second part, mlx, mlx-lm, the engine's web stack, mlxd's own wheel
+#   .whl3  LiteLLM and the rest of the gateway's dependencies
+# (bench/README.md, "On an NVIDIA GPU", shows how they are downloaded.)
+#
+#   bash bench/gpu_run.sh stage     # call 1: keep .whl1 in /tmp/stage
+#   bash bench/gpu_run.sh engine    # call 2: install, build the 8B model, bound + engine overhead
+#   bash bench/gpu_run.sh gateway   # call 3: install LiteLLM, gateway overhead on the 8B model
+# Results go to $OUT (or bench/results/gpu).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-bench/results/gpu}"
+mkdir -p "$OUT" /tmp/stage
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 LITELLM_LOCAL_MODEL_COST_MAP=True
+export PYTHONPATH=/tmp/site:/tmp/site2
+MODEL=/tmp/models/demo-8b
+PY=python3
+
+pip_target() {  # pip_target DIR WHEELS...: one transaction, so wheels sharing a folder (mlx/) merge
+  local dir=$1; shift
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$dir" "$@"
+}
+
+case "${1:-}" in
+stage)
+  cp .whl1/* /tmp/stage/
+  ls -la /tmp/stage
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  ;;
+engine)
+  if [ ! -d /tmp/site/mlx ]; then  # once per machine
+    cp .whl2/* /tmp/stage/
+    cat /tmp/stage/mlxcuda.part* > /tmp/stage/mlx_cuda_13-0.32.4-py3-none-manylinux_2_35_x86_64.whl
+    rm /tmp/stage/mlxcuda.part*
+    pip_target /tmp/site /tmp/stage/*.whl
+  fi
+  # mlx-cuda-13 finds the CUDA libraries through $ORIGIN/../../nvidia/*/lib: point
+  # that at the CUDA 13 wheels already installed (PyTorch's).
+  nv=$($PY -c 'import nvidia, sys; print([p for p in nvidia.__path__ if "/tmp/site" not in p][0])')
+  ln -sfn "$nv" /tmp/site/nvidia
+  $PY -c 'import mlx.core as mx; print("mlx", mx.__version__, mx.default_device(), mx.cuda.is_available())'
+  $PY -c "
+from pathlib import Path
+from mlxd.engine.demo_model import build_demo_model
+build_demo_model(Path('$MODEL'), '8b', progress=print)"
+  du -sh "$MODEL"
+  [ -n "${BUILD_ONLY:-}" ] && exit 0
+  $PY bench/roofline.py "$MODEL" --gib 2 | tee "$OUT/roofline.json"
+  $PY bench/engine_overhead.py --model "$MODEL" --rounds "${ROUNDS:-5}" --max-tokens 256 \
+      --startup-timeout 300 --out "$OUT/engine_overhead_8b.json" | tee "$OUT/engine_overhead_8b.md"
+  ;;
+gateway)
+  cp .whl3/* /tmp/stage/
+  mkdir -p /tmp/site2
+  pip_target /tmp/site2 .whl3/*.whl
+  # Fail fast on a missing dependency instead of waiting out `mlxd up --timeout`.
+  $PY -c 'import litellm.proxy.proxy_server, mlxd.gateway.main, supervisor.supervisord' >/dev/null
+  $PY bench/gateway_overhead.py --model "$MODEL" --rounds "${ROUNDS:-7}" --max-tokens 256 --ready-runs 1 \
+      --timeout 180 --no-short --out "$OUT/gateway_overhead_8b.json" | tee "$OUT/gateway_overhead_8b.md"
+  ;;
+*)
+  echo "usage: $0 stage|engine|gateway" >&2
+  exit 64
+  ;;
+esac

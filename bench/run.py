@@ -1,0 +1,436 @@
+#!/usr/bin/env python3
+"""The benchmark suite: one command runs every benchmark and writes one report.
+
+    .venv/bin/python bench/run.py --quick      # a few minutes on 2 CPU cores
+    .venv/bin/python bench/run.py              # the full suite (~15-20 min on 2 cores)
+    .venv/bin/python bench/run.py --only engine,gateway
+
+Each benchmark is its own script in bench/ (run alone for more options); this
+runner calls them in turn, each measuring its subject side by side with its
+anchor in the same run (alternating runs, medians), and collects the headline
+figures into one table:
+
+  engine     streamed decode tok/s and TTFT: engine vs in-process mlx-lm vs mlx_lm.server
+  gateway    through the gateway vs straight to the engine; `mlxd up` -> ready (cold start)
+  recovery   SIGABRT -> serving again, by phase; requests failed meanwhile
+  swap       model swap vs a cold load; peak and steady memory over the swaps
+  reuse      second-turn TTFT vs first-turn TTFT with a long shared prefix
+
+Two model sizes: demo model a (~3M params: per-token overhead shows) and demo
+model c (Qwen2.5-0.5B's layer shapes on the llama architecture, 0.36B params,
+random weights: a real workload at a few tokens/s on 2 cores); --quick runs c
+in the engine benchmark only. Models are built once into ~/.cache/mlxd-bench.
+
+Output (--out-dir, default bench/results/suite/): every benchmark's own JSON,
+suite.json (machine, versions, date, settings, figures), suite.md (the table),
+and PNG plots when matplotlib is installed (`pip install -e '.[bench]'`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import math
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import engine_overhead as eo  # noqa: E402  (bench/ is not a package)
+
+SECTIONS = ("engine", "gateway", "recovery", "swap", "reuse")
+DEFAULT_OUT = eo.ROOT / "bench" / "results" / "suite"
+
+
+@dataclass
+class Figure:
+    """One headline number with the anchor it was measured against in the same run."""
+    benchmark: str
+    model: str
+    what: str
+    value: float
+    unit: str
+    anchor: str = ""
+    anchor_value: float | None = None
+    ratio: float | None = None  # value / anchor_value, or the difference where unit says so
+    goal: str = ""
+    met: bool | None = None
+
+
+# --- figures from each benchmark's JSON (pure) ---------------------------------------------------
+
+def engine_figures(doc: dict) -> list[Figure]:
+    out = []
+    goal = doc["settings"]["goal_ratio"]
+    for model, res in doc["results"].items():
+        summ = res["summary"]
+        base = summ.get("inproc")
+        for way, label in (("engine", "mlxd engine"), ("mlx_lm", "mlx_lm.server")):
+            st = summ.get(way)
+            if not st or not base:
+                continue
+            ratio = st["decode_ratio_vs_inproc"]
+            out.append(Figure("engine", model, f"decode tok/s, {label}", st["decode_tok_s_median"], "tok/s",
+                              "in-process mlx-lm", base["decode_tok_s_median"], ratio,
+                              f"≥ {goal}×" if way == "engine" else "",
+                              ratio >= goal if way == "engine" else None))
+            out.append(Figure("engine", model, f"TTFT, {label}", st["ttft_ms_median"], "ms", "in-process mlx-lm",
+                              base["ttft_ms_median"], st["ttft_ratio_vs_inproc"]))
+    return out
+
+
+def gateway_figures(doc: dict) -> list[Figure]:
+    res, settings = doc["results"], doc["settings"]
+    model = res["model"]
+    summ = res["summary"]["stream"] if "stream" in res["summary"] else res["summary"]
+    d, g = summ["direct"], summ["gateway"]
+    ratio = g["decode_tok_s_median"] / d["decode_tok_s_median"]
+    extra = g["ttft_ms_median"] - d["ttft_ms_median"]
+    out = [Figure("gateway", model, "decode tok/s through the gateway", g["decode_tok_s_median"], "tok/s",
+                  "straight to the engine", d["decode_tok_s_median"], ratio, f"≥ {settings['goal_ratio']}×",
+                  ratio >= settings["goal_ratio"]),
+           Figure("gateway", model, "TTFT through the gateway", g["ttft_ms_median"], "ms", "straight to the engine",
+                  d["ttft_ms_median"], g["ttft_ms_median"] / d["ttft_ms_median"],
+                  f"≤ +{settings['goal_ttft_ms']:g} ms (+{extra:.1f} ms)", extra <= settings["goal_ttft_ms"])]
+    ready = (res.get("ready") or {}).get("median")
+    if ready:
+        out.append(Figure("cold start", model, "`mlxd up --detach` → ready through the gateway", ready["ready"], "s",
+                          "engine healthy", ready["engine"], ready["ready"] / ready["engine"]))
+    return out
+
+
+def recovery_figures(doc: dict) -> list[Figure]:
+    med, model = doc["median"], doc["settings"]["model"]
+    model = "demo-a" if model == "demo-a" else Path(model).name
+    out = [Figure("recovery", model, "SIGABRT → serving again", med["total_s"], "s", "model load alone",
+                  med["load_s"], med["total_s"] / med["load_s"],
+                  f"≤ load + 1 s (+{doc['total_minus_load_s']:.2f} s)", doc["total_minus_load_s"] <= 1.0)]
+    for k in ("detection_s", "backoff_s", "spawn_s"):
+        out.append(Figure("recovery", model, f"  {k[:-2]}", med[k], "s"))
+    c = doc["requests"]
+    out.append(Figure("recovery", model, f"requests failed during {len(doc['crashes'])} crashes", c.get("failed", 0),
+                      "requests", "requests sent", c.get("sent", 0),
+                      c.get("failed", 0) / c["sent"] if c.get("sent") else None, "0", c.get("failed", 0) == 0))
+    out.append(Figure("recovery", model, "  answered by the engine / the fallback / streams cut (explicit)",
+                      c.get("answered_by_engine", 0), "requests", "fallback", c.get("answered_by_ollama", 0),
+                      None, "", None))
+    out[-1].what += f" / {c.get('stream_cut_explicit', 0)}"
+    return out
+
+
+def swap_figures(doc: dict, models: tuple[str, str]) -> list[Figure]:
+    import statistics
+
+    out = []
+    label = f"{models[0]} ⇄ {models[1]}"
+    for key, name in zip(("a", "b"), models):
+        mine = [r for r in doc["swaps"] if r["to"] == key]
+        if not mine:
+            continue
+        swap_s = statistics.median(r["unload_s"] + r["load_s"] for r in mine)
+        cold = doc["cold"][key]["load_s"]
+        out.append(Figure("swap", name, "swap in (unload + load)", swap_s, "s", "cold load alone", cold,
+                          swap_s / cold))
+    largest = max(c["peak_bytes"] for c in doc["cold"].values())
+    worst = max(r["peak_bytes"] for r in doc["swaps"])
+    out.append(Figure("swap", label, f"peak memory over {len(doc['swaps'])} swaps", worst / 2**20, "MiB",
+                      "larger model's own peak", largest / 2**20, doc["peak_ratio"], "≤ 1.05×",
+                      doc["peak_ratio"] <= 1.05))
+    growth = doc["rss_growth_bytes"] / 2**20
+    out.append(Figure("swap", label, "RSS growth, 2nd half vs 1st half of the swaps", growth, "MiB", "", None, None,
+                      "no growth (≤ 16 MiB)", growth <= 16))
+    return out
+
+
+def reuse_figures(doc: dict, model: str) -> list[Figure]:
+    import statistics
+
+    t1 = statistics.median(r["turn1_ttft_s"] for r in doc["rounds"]) * 1000
+    t2 = statistics.median(r["turn2_ttft_s"] for r in doc["rounds"]) * 1000
+    return [Figure("prompt reuse", model, f"turn-2 TTFT ({doc['prefix_words']}-word shared prefix)", t2, "ms",
+                   "turn-1 TTFT", t1, t2 / t1, "(no prompt cache yet)")]
+
+
+# --- running the benchmarks ---------------------------------------------------------------------
+
+def demo(variant: str) -> Path:
+    from mlxd.engine.demo_model import build_demo_model
+
+    dest = eo.DEFAULT_CACHE / f"demo-{variant}"
+    eo.say(f"demo model {variant}: {dest}")
+    return build_demo_model(dest, variant, progress=lambda m: eo.say(f"   {m}"))
+
+
+def call(module: Any, argv: list[str]) -> int:
+    """Run one benchmark's main(argv), its table to our stdout log, never
+    letting one benchmark's failure stop the others."""
+    eo.say(f"\n=== {module.__name__} {' '.join(argv)}")
+    buf = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buf):
+            rc = module.main(argv)
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:  # noqa: BLE001 - reported in the suite's output
+        eo.say(f"   {module.__name__} failed: {type(exc).__name__}: {exc}")
+        rc = 1
+    finally:
+        eo.stop_all_children()
+    sys.stderr.write(buf.getvalue())
+    return rc
+
+
+def plan(args: argparse.Namespace) -> list[tuple[str, str, Callable[[], list[Figure]]]]:
+    """(section, description, step) in running order; each step runs one
+    benchmark and returns its figures."""
+    import gateway_overhead
+    import prompt_reuse
+    import recovery
+    import swap
+
+    out_dir: Path = args.out_dir
+    q = args.quick
+    steps: list[tuple[str, str, Callable[[], list[Figure]]]] = []
+
+    def load(name: str) -> dict:
+        return json.loads((out_dir / name).read_text())
+
+    def engine_step(variant: str, tokens: int, rounds: int) -> Callable[[], list[Figure]]:
+        def step() -> list[Figure]:
+            name = f"engine_overhead_{variant}.json"
+            call(eo, ["--variant", variant, "--max-tokens", str(tokens), "--rounds", str(rounds),
+                      "--out", str(out_dir / name)])
+            return engine_figures(load(name))
+        return step
+
+    steps.append(("engine", "demo-a", engine_step("a", 128 if q else 256, 3 if q else 7)))
+    steps.append(("engine", "demo-c", engine_step("c", 16 if q else 32, 1 if q else 3)))
+
+    def gateway_step(variant: str, extra: list[str]) -> Callable[[], list[Figure]]:
+        def step() -> list[Figure]:
+            name = f"gateway_overhead_{variant}.json"
+            call(gateway_overhead, ["--variant", variant, "--out", str(out_dir / name), *extra])
+            return gateway_figures(load(name))
+        return step
+
+    steps.append(("gateway", "demo-a", gateway_step("a", ["--quick", "--ready-runs", "2"] if q else [])))
+    if not q:
+        steps.append(("gateway", "demo-c", gateway_step("c", ["--max-tokens", "32", "--rounds", "3", "--warmup", "1",
+                                                              "--ready-runs", "2", "--no-short"])))
+
+    def recovery_step() -> list[Figure]:
+        call(recovery, ["--crashes", "3" if q else "10", "--model", str(demo("a")),
+                        "--out", str(out_dir / "recovery.json")])
+        return recovery_figures(load("recovery.json"))
+
+    steps.append(("recovery", "demo-a", recovery_step))
+
+    def swap_step() -> list[Figure]:
+        a, b = ("a", "b") if q else ("b", "c")
+        call(swap, ["--swaps", "6" if q else "20", "--model-a", str(demo(a)), "--model-b", str(demo(b)),
+                    "--out", str(out_dir / "swap.json")])
+        return swap_figures(load("swap.json"), (f"demo-{a}", f"demo-{b}"))
+
+    steps.append(("swap", "two models", swap_step))
+
+    def reuse_step(variant: str, rounds: int, words: int) -> Callable[[], list[Figure]]:
+        def step() -> list[Figure]:
+            name = f"prompt_reuse_{variant}.json"
+            call(prompt_reuse, ["--model", str(demo(variant)), "--rounds", str(rounds), "--prefix-words", str(words),
+                                "--out", str(out_dir / name)])
+            return reuse_figures(load(name), f"demo-{variant}")
+        return step
+
+    steps.append(("reuse", "demo-b", reuse_step("b", 3 if q else 7, 600)))
+    if not q:
+        steps.append(("reuse", "demo-c", reuse_step("c", 3, 300)))
+    return [s for s in steps if s[0] in args.only]
+
+
+# --- report ------------------------------------------------------------------------------------
+
+def _num(x: float | None, unit: str = "") -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "—"
+    if unit == "requests":
+        return f"{x:.0f}"
+    return f"{x:.3f}" if abs(x) < 10 else f"{x:.1f}"
+
+
+def markdown(figures: list[Figure], info: dict, settings: dict, errors: list[str]) -> str:
+    gpu = f", GPU {info['gpu']}" if info.get("gpu") else ""
+    lines = [f"### Benchmark suite — {info['date']}{' (quick)' if settings['quick'] else ''}", "",
+             f"{info['platform']}, {info['cpu_count']} CPUs ({info['cpu'] or '?'}){gpu}, Python {info['python']}, "
+             f"mlx {info['mlx']} ({info['mlx_device']}), mlx-lm {info['mlx_lm']}, litellm {eo._version('litellm')}, "
+             f"commit {(info.get('git') or {}).get('commit') or '?'}. Medians over alternating runs; each figure "
+             "with its anchor measured in the same run.", "",
+             "| benchmark | model | figure | value | anchor | anchor value | ratio | goal | met |",
+             "|---|---|---|---:|---|---:|---:|---|:---:|"]
+    for f in figures:
+        met = "" if f.met is None else ("✅" if f.met else "❌")
+        lines.append(f"| {f.benchmark} | {f.model} | {f.what} | {_num(f.value, f.unit)} {f.unit} | {f.anchor} | "
+                     f"{_num(f.anchor_value, f.unit)} | {'' if f.ratio is None else f'{f.ratio:.3f}×'} | {f.goal} | "
+                     f"{met} |")
+    if errors:
+        lines += [""] + [f"- **not measured:** {e}" for e in errors]
+    return "\n".join(lines)
+
+
+def plots(out_dir: Path) -> list[Path]:
+    """PNG plots from the benchmarks' JSON files; [] without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        eo.say("matplotlib is not installed: no plots (pip install -e '.[bench]')")
+        return []
+    made = []
+
+    def save(fig: Any, name: str) -> None:
+        fig.tight_layout()
+        fig.savefig(out_dir / name, dpi=110)
+        plt.close(fig)
+        made.append(out_dir / name)
+
+    engine_docs = sorted(out_dir.glob("engine_overhead_*.json"))
+    if engine_docs:
+        fig, axes = plt.subplots(1, len(engine_docs), figsize=(5 * len(engine_docs), 3.6), squeeze=False)
+        for ax, p in zip(axes[0], engine_docs):
+            doc = json.loads(p.read_text())
+            for model, res in doc["results"].items():
+                ways = [w for w in ("inproc", "engine", "mlx_lm") if w in res["summary"]]
+                vals = [res["summary"][w]["decode_tok_s_median"] for w in ways]
+                ax.bar([eo.LABEL[w] for w in ways], vals, color=["#888", "#2a7", "#c84"][:len(ways)])
+                for i, v in enumerate(vals):
+                    ax.text(i, v, f"{v / vals[0]:.3f}×", ha="center", va="bottom", fontsize=8)
+                ax.set_title(f"decode tok/s — {model}", fontsize=9)
+        save(fig, "engine_overhead.png")
+
+    gw_docs = sorted(out_dir.glob("gateway_overhead_*.json"))
+    if gw_docs:
+        fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+        for p in gw_docs:
+            res = json.loads(p.read_text())["results"]
+            samples = [s for s in res["samples"] if not s["warmup"] and s.get("kind", "stream") == "stream"]
+            for ax, key, title in ((axes[0], "ttft_ms", "TTFT ms per run"), (axes[1], "decode_tok_s", "decode tok/s")):
+                for way, color in (("direct", "#888"), ("gateway", "#27a")):
+                    ys = [s[key] for s in samples if s["way"] == way]
+                    ax.plot(range(1, len(ys) + 1), ys, "o-", color=color, ms=3, lw=1,
+                            label=f"{res['model']}: {way}")
+                ax.set_title(title, fontsize=9)
+                ax.set_xlabel("round", fontsize=8)
+        axes[0].legend(fontsize=7)
+        save(fig, "gateway_overhead.png")
+
+    rec = out_dir / "recovery.json"
+    if rec.exists():
+        doc = json.loads(rec.read_text())
+        fig, ax = plt.subplots(figsize=(7, 3.4))
+        bottom = [0.0] * len(doc["crashes"])
+        for k, color in zip(("detection_s", "backoff_s", "spawn_s", "load_s"), ("#c44", "#ca4", "#4ac", "#4a4")):
+            vals = [r[k] for r in doc["crashes"]]
+            ax.bar(range(1, len(vals) + 1), vals, bottom=bottom, color=color, label=k[:-2])
+            bottom = [b + v for b, v in zip(bottom, vals)]
+        ax.set_xlabel("crash", fontsize=8)
+        ax.set_ylabel("seconds", fontsize=8)
+        ax.set_title("SIGABRT → serving again, by phase", fontsize=9)
+        ax.legend(fontsize=7)
+        save(fig, "recovery.png")
+
+    sw = out_dir / "swap.json"
+    if sw.exists():
+        doc = json.loads(sw.read_text())
+        fig, ax = plt.subplots(figsize=(7, 3.4))
+        xs = range(1, len(doc["swaps"]) + 1)
+        for key, label in (("active_bytes", "MLX active"), ("peak_bytes", "MLX peak"), ("rss_bytes", "RSS")):
+            ax.plot(xs, [r[key] / 2**20 for r in doc["swaps"]], "o-", ms=3, lw=1, label=label)
+        largest = max(c["peak_bytes"] for c in doc["cold"].values()) / 2**20
+        ax.axhline(largest * 1.05, color="#c44", ls="--", lw=1, label="goal: larger model's peak + 5 %")
+        ax.set_xlabel("swap", fontsize=8)
+        ax.set_ylabel("MiB", fontsize=8)
+        ax.set_title("memory across alternating model swaps", fontsize=9)
+        ax.legend(fontsize=7)
+        save(fig, "swap_memory.png")
+
+    reuse_docs = sorted(out_dir.glob("prompt_reuse_*.json"))
+    if reuse_docs:
+        fig, ax = plt.subplots(figsize=(6, 3.2))
+        for i, p in enumerate(reuse_docs):
+            doc = json.loads(p.read_text())
+            t1 = [r["turn1_ttft_s"] * 1000 for r in doc["rounds"]]
+            t2 = [r["turn2_ttft_s"] * 1000 for r in doc["rounds"]]
+            ax.bar([i * 3, i * 3 + 1], [sorted(t1)[len(t1) // 2], sorted(t2)[len(t2) // 2]],
+                   color=["#888", "#27a"])
+            ax.text(i * 3 + 0.5, 0, p.stem.removeprefix("prompt_reuse_"), ha="center", va="top", fontsize=8)
+        ax.set_xticks([])
+        ax.set_ylabel("TTFT ms (median): turn 1 grey, turn 2 blue", fontsize=8)
+        ax.set_title("prompt reuse", fontsize=9)
+        save(fig, "prompt_reuse.png")
+    return made
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="fewer and shorter runs: a few minutes on 2 CPU cores")
+    ap.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}")
+    ap.add_argument("--out-dir", type=Path, default=DEFAULT_OUT, help=f"where results go ({DEFAULT_OUT})")
+    args = ap.parse_args(argv)
+    args.only = [s.strip() for s in args.only.split(",") if s.strip()]
+    bad = [s for s in args.only if s not in SECTIONS]
+    if bad:
+        ap.error(f"--only: unknown {bad}")
+    return args
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:  # noqa: ARG001
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    info = eo.machine_info()
+    figures: list[Figure] = []
+    errors: list[str] = []
+    steps = plan(args)
+    try:
+        for n, (section, what, step) in enumerate(steps, 1):
+            eo.say(f"\n##### [{n}/{len(steps)}] {section} ({what}) — {time.monotonic() - started:.0f}s elapsed")
+            try:
+                got = step()
+                figures += got
+                for f in got:
+                    eo.say(f"   {f.benchmark} {f.model}: {f.what} = {_num(f.value, f.unit)} {f.unit}"
+                           + (f" ({f.ratio:.3f}× {f.anchor})" if f.ratio is not None else ""))
+            except (OSError, KeyError, ValueError, TypeError, ZeroDivisionError) as exc:
+                errors.append(f"{section} ({what}): {type(exc).__name__}: {exc}")
+                eo.say(f"   {section} ({what}) produced no figures: {exc}")
+    except KeyboardInterrupt:
+        eo.say("interrupted")
+        eo.stop_all_children()
+        return 130
+    settings = {"quick": args.quick, "sections": args.only, "wall_s": round(time.monotonic() - started, 1)}
+    md = markdown(figures, info, settings, errors)
+    made = plots(args.out_dir)
+    (args.out_dir / "suite.json").write_text(json.dumps(
+        {"machine": info, "settings": settings, "figures": [asdict(f) for f in figures], "errors": errors,
+         "plots": [p.name for p in made]}, indent=1, allow_nan=True) + "\n")
+    (args.out_dir / "suite.md").write_text(md + "\n" + "".join(f"\n![{p.stem}]({p.name})\n" for p in made))
+    print(md)
+    eo.say(f"\nsuite: {args.out_dir / 'suite.md'}, {args.out_dir / 'suite.json'}, {len(made)} plot(s); "
+           f"{settings['wall_s']:.0f}s")
+    missed = [f for f in figures if f.met is False]
+    return 1 if errors or missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -394,7 +394,8 @@ def start_engine(model_path: Path, workdir: Path) -> Server:
     home = workdir / "mlxd-home"
     home.mkdir()
     (home / "mlxd.toml").write_text(
-        "[engine]\nmax_tokens_cap = 100000\n\n"
+        # stuck_grace_s: a slow CPU's long prefill must not count as a hang here
+        "[engine]\nmax_tokens_cap = 100000\nstuck_grace_s = 600\n\n"
         f"[models.bench]\npath = {json.dumps(str(model_path.resolve()))}\n\n"
         '[aliases]\ndefault = "bench"\n')
     port = free_port()

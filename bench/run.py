@@ -74,7 +74,9 @@ def engine_figures(doc: dict) -> list[Figure]:
             st = summ.get(way)
             if not st or not base:
                 continue
-            ratio = st["decode_ratio_vs_inproc"]
+            # The median of per-round ratios: steadier than a ratio of medians when
+            # the machine's speed drifts (a shared VM), as it does.
+            ratio = st.get("decode_ratio_paired_median") or st["decode_ratio_vs_inproc"]
             out.append(Figure("engine", model, f"decode tok/s, {label}", st["decode_tok_s_median"], "tok/s",
                               "in-process mlx-lm", base["decode_tok_s_median"], ratio,
                               f"≥ {goal}×" if way == "engine" else "",
@@ -84,19 +86,22 @@ def engine_figures(doc: dict) -> list[Figure]:
     return out
 
 
-def gateway_figures(doc: dict) -> list[Figure]:
+def gateway_figures(doc: dict, goals: bool = True) -> list[Figure]:
+    """goals: the issue's goals are for the tiny model, where per-token cost shows."""
     res, settings = doc["results"], doc["settings"]
     model = res["model"]
     summ = res["summary"]["stream"] if "stream" in res["summary"] else res["summary"]
     d, g = summ["direct"], summ["gateway"]
-    ratio = g["decode_tok_s_median"] / d["decode_tok_s_median"]
-    extra = g["ttft_ms_median"] - d["ttft_ms_median"]
+    paired = summ.get("comparison", {})  # per-round (paired) figures: see engine_figures
+    ratio = paired.get("decode_ratio_paired_median") or g["decode_tok_s_median"] / d["decode_tok_s_median"]
+    extra = paired.get("ttft_extra_ms_paired_median", g["ttft_ms_median"] - d["ttft_ms_median"])
     out = [Figure("gateway", model, "decode tok/s through the gateway", g["decode_tok_s_median"], "tok/s",
-                  "straight to the engine", d["decode_tok_s_median"], ratio, f"≥ {settings['goal_ratio']}×",
-                  ratio >= settings["goal_ratio"]),
-           Figure("gateway", model, "TTFT through the gateway", g["ttft_ms_median"], "ms", "straight to the engine",
-                  d["ttft_ms_median"], g["ttft_ms_median"] / d["ttft_ms_median"],
-                  f"≤ +{settings['goal_ttft_ms']:g} ms (+{extra:.1f} ms)", extra <= settings["goal_ttft_ms"])]
+                  "straight to the engine", d["decode_tok_s_median"], ratio,
+                  f"≥ {settings['goal_ratio']}×" if goals else "", ratio >= settings["goal_ratio"] if goals else None),
+           Figure("gateway", model, f"TTFT through the gateway ({extra:+.1f} ms)", g["ttft_ms_median"], "ms",
+                  "straight to the engine", d["ttft_ms_median"], g["ttft_ms_median"] / d["ttft_ms_median"],
+                  f"≤ +{settings['goal_ttft_ms']:g} ms" if goals else "",
+                  extra <= settings["goal_ttft_ms"] if goals else None)]
     ready = (res.get("ready") or {}).get("median")
     if ready:
         out.append(Figure("cold start", model, "`mlxd up --detach` → ready through the gateway", ready["ready"], "s",
@@ -116,10 +121,10 @@ def recovery_figures(doc: dict) -> list[Figure]:
     out.append(Figure("recovery", model, f"requests failed during {len(doc['crashes'])} crashes", c.get("failed", 0),
                       "requests", "requests sent", c.get("sent", 0),
                       c.get("failed", 0) / c["sent"] if c.get("sent") else None, "0", c.get("failed", 0) == 0))
-    out.append(Figure("recovery", model, "  answered by the engine / the fallback / streams cut (explicit)",
-                      c.get("answered_by_engine", 0), "requests", "fallback", c.get("answered_by_ollama", 0),
-                      None, "", None))
-    out[-1].what += f" / {c.get('stream_cut_explicit', 0)}"
+    for key, what in (("answered_by_engine", "answered by the engine"), ("answered_by_ollama", "answered by the fallback"),
+                      ("stream_cut_explicit", "streams cut mid-answer, with an explicit error")):
+        out.append(Figure("recovery", model, f"  {what}", c.get(key, 0), "requests", "requests sent", c.get("sent", 0),
+                          c.get(key, 0) / c["sent"] if c.get("sent") else None))
     return out
 
 
@@ -208,14 +213,14 @@ def plan(args: argparse.Namespace) -> list[tuple[str, str, Callable[[], list[Fig
             return engine_figures(load(name))
         return step
 
-    steps.append(("engine", "demo-a", engine_step("a", 128 if q else 256, 3 if q else 7)))
+    steps.append(("engine", "demo-a", engine_step("a", 256, 3 if q else 7)))
     steps.append(("engine", "demo-c", engine_step("c", 16 if q else 32, 1 if q else 3)))
 
     def gateway_step(variant: str, extra: list[str]) -> Callable[[], list[Figure]]:
         def step() -> list[Figure]:
             name = f"gateway_overhead_{variant}.json"
             call(gateway_overhead, ["--variant", variant, "--out", str(out_dir / name), *extra])
-            return gateway_figures(load(name))
+            return gateway_figures(load(name), goals=variant == "a")
         return step
 
     steps.append(("gateway", "demo-a", gateway_step("a", ["--quick", "--ready-runs", "2"] if q else [])))
@@ -248,7 +253,8 @@ def plan(args: argparse.Namespace) -> list[tuple[str, str, Callable[[], list[Fig
 
     steps.append(("reuse", "demo-b", reuse_step("b", 3 if q else 7, 600)))
     if not q:
-        steps.append(("reuse", "demo-c", reuse_step("c", 3, 300)))
+        # demo-c prefills at only ~6 tok/s on 2 cores (the Linux CPU wheel's reference BLAS)
+        steps.append(("reuse", "demo-c", reuse_step("c", 2, 60)))
     return [s for s in steps if s[0] in args.only]
 
 
@@ -268,7 +274,8 @@ def markdown(figures: list[Figure], info: dict, settings: dict, errors: list[str
              f"{info['platform']}, {info['cpu_count']} CPUs ({info['cpu'] or '?'}){gpu}, Python {info['python']}, "
              f"mlx {info['mlx']} ({info['mlx_device']}), mlx-lm {info['mlx_lm']}, litellm {eo._version('litellm')}, "
              f"commit {(info.get('git') or {}).get('commit') or '?'}. Medians over alternating runs; each figure "
-             "with its anchor measured in the same run.", "",
+             "with its anchor measured in the same run; engine and gateway ratios are medians of per-round "
+             "(paired) ratios.", "",
              "| benchmark | model | figure | value | anchor | anchor value | ratio | goal | met |",
              "|---|---|---|---:|---|---:|---:|---|:---:|"]
     for f in figures:
@@ -338,6 +345,7 @@ def plots(out_dir: Path) -> list[Path]:
             vals = [r[k] for r in doc["crashes"]]
             ax.bar(range(1, len(vals) + 1), vals, bottom=bottom, color=color, label=k[:-2])
             bottom = [b + v for b, v in zip(bottom, vals)]
+        ax.set_xticks(range(1, len(doc["crashes"]) + 1))
         ax.set_xlabel("crash", fontsize=8)
         ax.set_ylabel("seconds", fontsize=8)
         ax.set_title("SIGABRT → serving again, by phase", fontsize=9)

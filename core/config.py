@@ -75,6 +75,10 @@ class EngineConfig(Strict):
     )
     shutdown_grace_s: float = Field(default=10.0, ge=0)
     stuck_grace_s: float = Field(default=30.0, gt=0)  # deadline overrun before "stuck"
+    # Prompt tokens per prefill step. Every step is a heartbeat, so it must take
+    # well under stuck_grace_s even on a slow machine with a big model, or a long
+    # prompt is mistaken for a hang (mlx-lm's own default is 2048).
+    prefill_step_size: int = Field(default=512, ge=16)
 
 
 class SupervisorConfig(Strict):

@@ -52,7 +52,7 @@ class FunctionCall(Lenient):
 
 class ToolCall(Lenient):
     id: str | None = None
-    type: Literal["function"] = "function"
+    type: Literal["function"]  # required, as in OpenAI's API (LiteLLM's Ollama path reads it)
     function: FunctionCall
 
 

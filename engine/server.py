@@ -70,7 +70,8 @@ class Engine:
         self.paths.run.mkdir(parents=True, exist_ok=True)
         self.quarantine = QuarantineList(self.paths.quarantine)
         self.worker = ModelWorker(registry, self.admission, faults, self._on_fatal_from_worker,
-                                  config.engine.max_prompt_tokens, default, self.paths.inflight)
+                                  config.engine.max_prompt_tokens, default, self.paths.inflight,
+                                  config.engine.prefill_step_size)
         self.metrics = EngineMetrics()
         self.started_at = time.monotonic()
         self.draining = False

@@ -219,8 +219,10 @@ class ModelWorker(threading.Thread):
         max_prompt_tokens: int,
         default_model: str | None,
         inflight_path: Path | None = None,
+        prefill_step_size: int = 512,
     ) -> None:
         super().__init__(name="mlxd-model-worker", daemon=True)
+        self.prefill_step_size = prefill_step_size
         self.registry = registry
         self.admission = admission
         self.faults = faults
@@ -506,6 +508,7 @@ class ModelWorker(threading.Thread):
             first = True
             for resp in stream_generate(self._model, self._tokenizer, prompt, max_tokens=p.max_tokens,
                                         sampler=sampler, logits_processors=processors,
+                                        prefill_step_size=self.prefill_step_size,
                                         prompt_progress_callback=self._heartbeat):
                 if first:
                     self._publish(Phase.DECODE, job)

@@ -129,3 +129,21 @@ def test_sigterm_cancels_a_long_request_after_the_grace_period(start_engine):
     t.join(30)
     assert b"data: [DONE]" not in results["lines"]
     assert b'"engine_unavailable"' in results["lines"][-1]  # told, not silently cut
+
+
+@pytest.mark.parametrize("step, hang", [(16, False), (4096, True)])
+def test_a_long_prefill_in_small_steps_is_never_taken_for_a_hang(start_engine, step, hang):
+    """Each prefill step is a heartbeat (prefill_step_size): a prompt whose
+    prefill takes many times stuck_grace_s is served when the steps are short,
+    and -- the same prompt in one big step -- reported stuck (503 engine_stuck)."""
+    eng = start_engine({"stuck_grace_s": 0.5, "prefill_step_size": step})
+    words = " ".join(f"w{i}" for i in range(260))  # ~1000 tokens of demo-b: seconds of prefill on 2 cores
+    t0 = time.monotonic()
+    r = requests.post(eng.url + "/v1/chat/completions", timeout=120,
+                      json={"model": "second", "messages": [{"role": "user", "content": words}], "max_tokens": 2})
+    if hang:
+        assert r.status_code == 503 and r.json()["error"]["code"] == "engine_stuck", r.text[:300]
+    else:
+        assert r.status_code == 200, r.text[:300]
+        assert time.monotonic() - t0 > 1.0  # the prefill really outlasted the grace, twice over
+        assert requests.get(eng.url + "/health", timeout=5).json()["status"] == "ok"

@@ -33,6 +33,7 @@ from fuzz.fuzzkit import (CHAT, COMPLETIONS, DEMO_VOCAB, LONG_RUN, METHODS, RECO
                           health_status, http_request, is_protocol_400, malformed_body, max_tokens_value,
                           model_tricks, nasty, neutralise_known_bugs, odd_char, odd_text, post_json, raw_http,
                           raw_request, promises_more_body, rss_bytes, run_case, set_path, valid_json_bytes)
+from mlxd.engine.server import MAX_CHARS_PER_TOKEN
 from testkit import chat, metric, wait_until
 
 pytestmark = pytest.mark.timeout(7200 if LONG_RUN else 300)
@@ -230,8 +231,12 @@ def test_long_arrays_of_messages(engine, baseline, n, msg, varied, path):
     if not messages:
         assert answer.status == 400 and error_code(answer) == "invalid_request", what
     if answer.status == 400 and error_code(answer) == "context_length_exceeded":
-        count = int(re.search(r"has (\d+) tokens", answer.json()["error"]["message"]).group(1))
-        assert count > PROMPT_LIMIT
+        # Refused after tokenizing ("has N tokens") or, when the rendered text is
+        # longer than any tokenizer could fit, before ("has N characters").
+        found = re.search(r"has (\d+) (tokens|characters)", answer.json()["error"]["message"])
+        assert found, answer.json()
+        count, unit = int(found.group(1)), found.group(2)
+        assert count > PROMPT_LIMIT * (MAX_CHARS_PER_TOKEN if unit == "characters" else 1)
     if answer.status == 200:
         assert answer.json()["usage"]["prompt_tokens"] <= PROMPT_LIMIT
 

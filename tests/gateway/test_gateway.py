@@ -257,6 +257,9 @@ def test_litellm_admin_routes_are_not_served_even_with_the_key(st):
     {"tool_choice": {"type": "function"}},
     {"messages": [{"role": "user", "content": [{"text": "no type"}]}]},
     {"messages": [{"role": "assistant", "content": None, "tool_calls": [{"function": {}}]}]},
+    {"messages": [{"role": "user", "content": "hi"},  # a tool call without "type" (fuzz finding)
+                  {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "function": {"name": "f"}}]},
+                  {"role": "tool", "tool_call_id": "c", "content": "ok"}]},
 ], ids=lambda b: json.dumps(b)[:40])
 def test_malformed_tools_and_messages_are_400_on_every_route(st, model, bad):
     body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **bad}

@@ -141,6 +141,10 @@ def swap_figures(doc: dict, models: tuple[str, str]) -> list[Figure]:
         cold = doc["cold"][key]["load_s"]
         out.append(Figure("swap", name, "swap in (unload + load)", swap_s, "s", "cold load alone", cold,
                           swap_s / cold))
+        steady = max(r["active_bytes"] for r in mine) / 2**20
+        alone = doc["cold"][key]["active_bytes"] / 2**20
+        out.append(Figure("swap", name, "steady memory after swapping in (MLX active, max)", steady, "MiB",
+                          "the model loaded alone", alone, steady / alone if alone else None))
     largest = max(c["peak_bytes"] for c in doc["cold"].values())
     worst = max(r["peak_bytes"] for r in doc["swaps"])
     out.append(Figure("swap", label, f"peak memory over {len(doc['swaps'])} swaps", worst / 2**20, "MiB",
@@ -322,18 +326,18 @@ def plots(out_dir: Path) -> list[Path]:
 
     gw_docs = sorted(out_dir.glob("gateway_overhead_*.json"))
     if gw_docs:
-        fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
-        for p in gw_docs:
+        fig, axes = plt.subplots(len(gw_docs), 2, figsize=(9, 3.2 * len(gw_docs)), squeeze=False)
+        for row, p in zip(axes, gw_docs):
             res = json.loads(p.read_text())["results"]
             samples = [s for s in res["samples"] if not s["warmup"] and s.get("kind", "stream") == "stream"]
-            for ax, key, title in ((axes[0], "ttft_ms", "TTFT ms per run"), (axes[1], "decode_tok_s", "decode tok/s")):
+            for ax, key, title in ((row[0], "ttft_ms", "TTFT ms"), (row[1], "decode_tok_s", "decode tok/s")):
                 for way, color in (("direct", "#888"), ("gateway", "#27a")):
                     ys = [s[key] for s in samples if s["way"] == way]
-                    ax.plot(range(1, len(ys) + 1), ys, "o-", color=color, ms=3, lw=1,
-                            label=f"{res['model']}: {way}")
-                ax.set_title(title, fontsize=9)
+                    ax.plot(range(1, len(ys) + 1), ys, "o-", color=color, ms=3, lw=1, label=way)
+                ax.set_title(f"{title} per round — {res['model']}", fontsize=9)
                 ax.set_xlabel("round", fontsize=8)
-        axes[0].legend(fontsize=7)
+                ax.set_ylim(bottom=0)
+            row[0].legend(fontsize=7)
         save(fig, "gateway_overhead.png")
 
     rec = out_dir / "recovery.json"
@@ -360,7 +364,7 @@ def plots(out_dir: Path) -> list[Path]:
         for key, label in (("active_bytes", "MLX active"), ("peak_bytes", "MLX peak"), ("rss_bytes", "RSS")):
             ax.plot(xs, [r[key] / 2**20 for r in doc["swaps"]], "o-", ms=3, lw=1, label=label)
         largest = max(c["peak_bytes"] for c in doc["cold"].values()) / 2**20
-        ax.axhline(largest * 1.05, color="#c44", ls="--", lw=1, label="goal: larger model's peak + 5 %")
+        ax.axhline(largest * 1.05, color="#c44", ls="--", lw=1, label="goal for the MLX peak: larger model's + 5 %")
         ax.set_xlabel("swap", fontsize=8)
         ax.set_ylabel("MiB", fontsize=8)
         ax.set_title("memory across alternating model swaps", fontsize=9)

@@ -27,7 +27,7 @@ from typing import Any
 import aiohttp
 
 from mlxd.config import Config
-from mlxd.gateway.litellm_config import plan_routes
+from mlxd.gateway.litellm_config import OLLAMA_SUFFIX, plan_routes
 
 PATHS = {"/v1/chat/completions": "/v1/chat/completions", "/chat/completions": "/v1/chat/completions",
          "/v1/completions": "/v1/completions", "/completions": "/v1/completions"}
@@ -47,8 +47,8 @@ def _error_code(body: bytes) -> str | None:
         return None
 
 
-async def _send_error(send: Any, status: int, message: str, code: str) -> None:
-    body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
+async def _send_error(send: Any, status: int, message: str, code: str, param: str | None = None) -> None:
+    body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": param,
                                  "code": code}}).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
@@ -71,6 +71,24 @@ def _invalid_for_any_backend(path: str, req: dict) -> tuple[str, str] | None:
         return None if code == "unsupported_parameter" else (message, code)
     except (RecursionError, ValueError, TypeError):
         return "the request body could not be read", "invalid_request"
+    return None
+
+
+def _unfit_for_ollama(path: str, req: dict) -> str | None:
+    """Why LiteLLM's Ollama provider cannot take this (valid) request -- it
+    would answer 500 -- or None (pure)."""
+    if path == "/v1/completions" and isinstance(req.get("prompt"), list) and req["prompt"] \
+            and not isinstance(req["prompt"][0], str):
+        return "a prompt of token ids needs the MLX engine; this model is served by Ollama: send text"
+    for i, message in enumerate(req.get("messages") or []):
+        for j, call in enumerate(message.get("tool_calls") or []):
+            args = call.get("function", {}).get("arguments")
+            if isinstance(args, str) and args.strip():
+                try:
+                    json.loads(args)
+                except ValueError:
+                    return (f"messages[{i}].tool_calls[{j}].function.arguments is not JSON; this model is served "
+                            "by Ollama, which needs JSON arguments")
     return None
 
 
@@ -105,6 +123,9 @@ class EngineFastPath:
                 continue
             same = config.resolve(r.name) == r.engine_model
             self.routes[r.name] = None if same else r.engine_model
+        # every name LiteLLM serves: the routes, and their explicit Ollama twins
+        self.known = {r.name for r in plan_routes(config, heavy)} | {
+            r.name + OLLAMA_SUFFIX for r in plan_routes(config, heavy) if r.engine_model and r.ollama_model}
         self.session: aiohttp.ClientSession | None = None
 
     def _session(self) -> aiohttp.ClientSession:
@@ -149,12 +170,16 @@ class EngineFastPath:
             await _send_error(send, 400, invalid[0], invalid[1])
             return
         name = req.get("model")
-        if not isinstance(name, str) or name not in self.routes:
-            if path == "/v1/completions" and isinstance(req.get("prompt"), list) and req["prompt"] \
-                    and not isinstance(req["prompt"][0], str):
-                # LiteLLM's Ollama provider cannot take token ids (it answers 500).
-                await _send_error(send, 400, "a prompt of token ids needs the MLX engine; this model is served "
-                                             "by Ollama: send text", "unsupported_parameter")
+        if not isinstance(name, str) or name not in self.known:
+            # Only configured names: LiteLLM would otherwise read "a,b" as a
+            # fan-out to several models and answer 200 with a list of errors.
+            await _send_error(send, 404, f"the model {str(name)[:100]!r} does not exist here; GET /v1/models "
+                                         "lists the models this gateway serves", "model_not_found", "model")
+            return
+        if name not in self.routes:  # served by Ollama through LiteLLM
+            refusal = _unfit_for_ollama(path, req)
+            if refusal is not None:
+                await _send_error(send, 400, refusal, "unsupported_parameter")
                 return
             await self.app(scope, replay, send)
             return

@@ -83,13 +83,17 @@ def test_recovery_goals_zero_failed_and_at_most_a_second_over_load(failed, total
 @pytest.mark.parametrize("peak_ratio, met", [(1.04, True), (1.06, False)])
 def test_swap_peak_goal_and_markdown_marks_misses(peak_ratio, met):
     mib = 2**20
-    doc = {"cold": {"a": {"load_s": 0.1, "peak_bytes": 100 * mib}, "b": {"load_s": 0.2, "peak_bytes": 200 * mib}},
-           "swaps": [{"to": "b", "unload_s": 0.05, "load_s": 0.2, "peak_bytes": int(200 * mib * peak_ratio)},
-                     {"to": "a", "unload_s": 0.05, "load_s": 0.1, "peak_bytes": 100 * mib}],
+    doc = {"cold": {"a": {"load_s": 0.1, "peak_bytes": 100 * mib, "active_bytes": 90 * mib},
+                    "b": {"load_s": 0.2, "peak_bytes": 200 * mib, "active_bytes": 190 * mib}},
+           "swaps": [{"to": "b", "unload_s": 0.05, "load_s": 0.2, "peak_bytes": int(200 * mib * peak_ratio),
+                      "active_bytes": 190 * mib},
+                     {"to": "a", "unload_s": 0.05, "load_s": 0.1, "peak_bytes": 100 * mib, "active_bytes": 95 * mib}],
            "peak_ratio": peak_ratio, "rss_growth_bytes": 0}
     figs = suite.swap_figures(doc, ("demo-a", "demo-b"))
     peak = next(f for f in figs if f.what.startswith("peak memory"))
     assert peak.met is met
+    steady = {f.model: f.ratio for f in figs if f.what.startswith("steady memory")}
+    assert steady == {"demo-a": pytest.approx(95 / 90), "demo-b": pytest.approx(1.0)}
     info = {"date": "today", "platform": "p", "cpu_count": 2, "cpu": "c", "python": "3", "mlx": "m",
             "mlx_device": "cpu", "mlx_lm": "l", "git": {"commit": "abc"}}
     md = suite.markdown(figs, info, {"quick": True}, ["reuse: boom"])

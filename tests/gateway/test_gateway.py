@@ -268,3 +268,27 @@ def test_malformed_tools_and_messages_are_400_on_every_route(st, model, bad):
     assert r.status_code == 400, (r.status_code, r.text[:300])
     err = r.json()["error"]
     assert err["type"] == "invalid_request_error" and err["message"]
+
+
+@pytest.mark.parametrize("model", [",", "default,big", "nope", "big--ollama--ollama", "default--ollama,big"])
+def test_only_configured_model_names_are_served(st, model):
+    """An unknown name is 404 model_not_found in OpenAI's shape -- never
+    LiteLLM's comma fan-out ("a,b"), which answers 200 with a list of errors."""
+    r = requests.post(st.gateway_url + "/v1/chat/completions", timeout=30,
+                      headers={"Authorization": f"Bearer {st.key}"},
+                      json={"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    assert r.status_code == 404, (r.status_code, r.text[:200])
+    assert r.json()["error"]["code"] == "model_not_found"
+
+
+def test_non_json_tool_arguments_are_400_for_a_model_served_by_ollama(client, st):
+    messages = [{"role": "user", "content": "hi"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "c", "type": "function", "function": {"name": "f", "arguments": "not json"}}]},
+                {"role": "tool", "tool_call_id": "c", "content": "ok"}]
+    r = requests.post(st.gateway_url + "/v1/chat/completions", timeout=30,
+                      headers={"Authorization": f"Bearer {st.key}"},
+                      json={"model": "big", "messages": messages, "max_tokens": 2})
+    assert r.status_code == 400 and "arguments is not JSON" in r.json()["error"]["message"], r.text[:300]
+    # the engine takes them as they are (a model's own slightly broken JSON, echoed back by an agent)
+    assert client.chat.completions.create(model="default", messages=messages, max_tokens=2).choices

@@ -8,12 +8,12 @@ import os
 import platform
 import socket
 import sys
-import urllib.request
 from dataclasses import asdict, dataclass
 from importlib import metadata
 
 from mlxd.config import Config
 from mlxd.paths import StatePaths
+from mlxd.probe import get_json
 
 PACKAGES = ("mlx", "mlx-lm", "mlx-vlm", "litellm", "supervisor", "fastapi", "uvicorn")
 
@@ -96,14 +96,13 @@ def check_key(paths: StatePaths) -> Check:
 
 def check_ollama(config: Config) -> Check:
     url = config.gateway.ollama_url.rstrip("/") + "/api/version"
-    try:
-        with urllib.request.urlopen(url, timeout=2) as r:
-            version = json.loads(r.read()).get("version", "?")
+    status, body = get_json(url, timeout=2)
+    if status == 200:
+        version = body.get("version", "?") if isinstance(body, dict) else "?"
         return Check("ollama", "pass", f"Ollama {version} at {config.gateway.ollama_url}")
-    except (OSError, ValueError):
-        return Check("ollama", "warn", f"no answer at {config.gateway.ollama_url}: no fallback while the engine is down",
-                     "install and start Ollama (https://ollama.com), then `ollama pull "
-                     f"{config.gateway.default_ollama_model or 'llama3.2:3b'}`")
+    return Check("ollama", "warn", f"no answer at {config.gateway.ollama_url}: no fallback while the engine is down",
+                 "install and start Ollama (https://ollama.com), then `ollama pull "
+                 f"{config.gateway.default_ollama_model or 'llama3.2:3b'}`")
 
 
 def check_models(config: Config) -> list[Check]:

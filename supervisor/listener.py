@@ -13,7 +13,6 @@ Logs go to stderr (stdout is the protocol channel).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import queue
@@ -21,13 +20,12 @@ import signal
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import asdict, replace
 from typing import Any
 
 from mlxd.config import Config, load_config
 from mlxd.paths import StatePaths, read_json, write_json_atomic
+from mlxd.probe import get_json
 
 from . import journal
 from .exit_classes import classify_exit, exit_signal
@@ -62,21 +60,17 @@ def state_from_json(d: dict[str, Any]) -> State:
 
 
 def health_event(url: str, now: float) -> tuple[Health, dict | None]:
-    """Poll /health once: the policy's view and, when it answered, the body."""
-    try:
-        with urllib.request.urlopen(url, timeout=2.0) as r:
-            body = json.loads(r.read())
-            return Health(now, ok=True), body
-    except urllib.error.HTTPError as e:
-        try:
-            body = json.loads(e.read())
-        except ValueError:
-            body = {}
-        status = body.get("status")
-        return Health(now, ok=False, unhealthy=status == "unhealthy",
-                      loading=status in ("loading", "draining", "exiting")), body
-    except (OSError, ValueError):
+    """Poll /health once: the policy's view and, when it answered, the body
+    (never raises: see mlxd.probe)."""
+    status, body = get_json(url, timeout=2.0)
+    if status is None:
         return Health(now, ok=False), None
+    body = body if isinstance(body, dict) else {}
+    if status == 200 and body:
+        return Health(now, ok=True), body
+    reported = body.get("status")
+    return Health(now, ok=False, unhealthy=reported == "unhealthy",
+                  loading=reported in ("loading", "draining", "exiting")), body
 
 
 class Supervision:
@@ -94,28 +88,34 @@ class Supervision:
         self.exit_info: dict[str, Any] = {}
         self.pending_records: list[tuple[float, dict[str, Any]]] = []  # waiting for a macOS crash report
         self.exit_file_mtime = self._exit_file_mtime()
+        self.next_poll = 0.0  # when /health is polled next
 
     # --- the owner loop ------------------------------------------------------
     def run(self) -> None:
         self._reconcile()
-        next_poll = 0.0
         while True:
             try:
                 item = self.events.get(timeout=LOOP_S)
             except queue.Empty:
                 item = None
-            now = time.time()
-            self._nudge_on_exit()
-            if item is not None:
-                self._on_process_event(*item)
-            if now >= next_poll and self.state.mode is Mode.RUNNING:
-                next_poll = now + self.config.supervisor.health_interval_s
-                event, body = health_event(self.health_url, now)
-                if body and body.get("status"):
-                    self.last_health = body
-                self.apply(event)
-            self.apply(Tick(now))
-            self._flush_pending(now)
+            try:
+                self._step(item, time.time())
+            except Exception:  # noqa: BLE001 - the supervisor must outlive any one bad step
+                log.exception("supervision step failed; carrying on")
+                time.sleep(LOOP_S)
+
+    def _step(self, item: tuple[str, dict[str, str], float] | None, now: float) -> None:
+        self._nudge_on_exit()
+        if item is not None:
+            self._on_process_event(*item)
+        if now >= self.next_poll and self.state.mode is Mode.RUNNING:
+            self.next_poll = now + self.config.supervisor.health_interval_s
+            event, body = health_event(self.health_url, now)
+            if body and body.get("status"):
+                self.last_health = body
+            self.apply(event)
+        self.apply(Tick(now))
+        self._flush_pending(now)
 
     def _exit_file_mtime(self) -> float | None:
         try:

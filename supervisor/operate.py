@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
-import urllib.request
 
 from mlxd import exit_codes
 from mlxd.config import Config
 from mlxd.paths import StatePaths
+from mlxd.probe import get_json
 
 from . import control
 from .status import collect_status
@@ -35,13 +34,9 @@ def _wait_ready(config: Config, timeout: float, alive=lambda: True) -> bool:
         return True
     print("gateway: starting", file=sys.stderr, flush=True)
     while time.monotonic() < deadline and alive():
-        try:
-            with urllib.request.urlopen(_gateway_url(config) + "/mlxd/health", timeout=2) as r:
-                if r.status == 200:
-                    print("gateway: ready", file=sys.stderr)
-                    return True
-        except OSError:
-            pass
+        if get_json(_gateway_url(config) + "/mlxd/health")[0] == 200:
+            print("gateway: ready", file=sys.stderr)
+            return True
         time.sleep(0.2)
     return False
 
@@ -50,21 +45,15 @@ def _wait_engine(config: Config, deadline: float, alive) -> bool:
     url = f"http://127.0.0.1:{config.engine.port}/health"
     shown = ""
     while time.monotonic() < deadline and alive():
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    print("\rengine: ready" + " " * 30, file=sys.stderr)
-                    return True
-        except urllib.error.HTTPError as e:
-            try:
-                phase = json.loads(e.read()).get("reason") or "starting"
-            except ValueError:
-                phase = "starting"
+        status, body = get_json(url)
+        if status == 200:
+            print("\rengine: ready" + " " * 30, file=sys.stderr)
+            return True
+        if status is not None:
+            phase = (body.get("reason") if isinstance(body, dict) else None) or "starting"
             if phase != shown:
                 print(f"\rengine: {phase}" + " " * 20, end="", file=sys.stderr, flush=True)
                 shown = phase
-        except OSError:
-            pass
         time.sleep(0.2)
     return False
 

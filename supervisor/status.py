@@ -7,15 +7,13 @@ journal. Each part degrades to None when its source is absent.
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.error
-import urllib.request
 import xmlrpc.client
 from typing import Any
 
 from mlxd.config import Config
 from mlxd.paths import StatePaths, read_json
+from mlxd.probe import get_json
 
 from . import journal
 from .control import rpc, supervisord_pid
@@ -36,17 +34,8 @@ def _gateway_health(config: Config) -> dict[str, Any] | None:
 
 
 def _get_json(url: str) -> dict[str, Any]:
-    try:
-        with urllib.request.urlopen(url, timeout=2.0) as r:
-            return {"url": url, "http_status": r.status, "health": json.loads(r.read())}
-    except urllib.error.HTTPError as e:
-        try:
-            body = json.loads(e.read())
-        except ValueError:
-            body = None
-        return {"url": url, "http_status": e.code, "health": body}
-    except (OSError, ValueError):
-        return {"url": url, "http_status": None, "health": None}
+    status, body = get_json(url, timeout=2.0)
+    return {"url": url, "http_status": status, "health": body}
 
 
 def _processes(paths: StatePaths) -> list[dict[str, Any]] | None:

@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import statistics
 import sys
@@ -135,6 +136,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         traffic_records = traffic.records
     finally:
         stack.stop()
+        if not args.keep_home:
+            shutil.rmtree(stack.home, ignore_errors=True)
+        else:
+            eo.say(f"MLXD_HOME kept: {stack.home}")
     median = {k: statistics.median(r[k] for r in rows) for k in PHASES}
     counts = outcome_counts(traffic_records)
     result = {"machine": eo.machine_info(), "settings": {"crashes": args.crashes, "healthy_run_s": HEALTHY_RUN_S,
@@ -170,6 +175,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--home-root", type=Path, help="where the temporary MLXD_HOME goes")
+    ap.add_argument("--keep-home", action="store_true", help="keep the temporary MLXD_HOME (logs, journal)")
     ap.add_argument("--out", type=Path, default=eo.ROOT / "bench" / "results" / "recovery.json")
     args = ap.parse_args(argv)
     args.crashes = args.crashes or (3 if args.quick else 10)

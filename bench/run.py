@@ -34,6 +34,7 @@ import io
 import json
 import math
 import signal
+import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -110,8 +111,7 @@ def gateway_figures(doc: dict, goals: bool = True) -> list[Figure]:
 
 
 def recovery_figures(doc: dict) -> list[Figure]:
-    med, model = doc["median"], doc["settings"]["model"]
-    model = "demo-a" if model == "demo-a" else Path(model).name
+    med, model = doc["median"], Path(doc["settings"]["model"]).name
     out = [Figure("recovery", model, "SIGABRT → serving again", med["total_s"], "s", "model load alone",
                   med["load_s"], med["total_s"] / med["load_s"],
                   f"≤ load + 1 s (+{doc['total_minus_load_s']:.2f} s)", doc["total_minus_load_s"] <= 1.0)]
@@ -129,8 +129,6 @@ def recovery_figures(doc: dict) -> list[Figure]:
 
 
 def swap_figures(doc: dict, models: tuple[str, str]) -> list[Figure]:
-    import statistics
-
     out = []
     label = f"{models[0]} ⇄ {models[1]}"
     for key, name in zip(("a", "b"), models):
@@ -157,8 +155,6 @@ def swap_figures(doc: dict, models: tuple[str, str]) -> list[Figure]:
 
 
 def reuse_figures(doc: dict, model: str) -> list[Figure]:
-    import statistics
-
     t1 = statistics.median(r["turn1_ttft_s"] for r in doc["rounds"]) * 1000
     t2 = statistics.median(r["turn2_ttft_s"] for r in doc["rounds"]) * 1000
     return [Figure("prompt reuse", model, f"turn-2 TTFT ({doc['prefix_words']}-word shared prefix)", t2, "ms",
@@ -378,7 +374,7 @@ def plots(out_dir: Path) -> list[Path]:
             doc = json.loads(p.read_text())
             t1 = [r["turn1_ttft_s"] * 1000 for r in doc["rounds"]]
             t2 = [r["turn2_ttft_s"] * 1000 for r in doc["rounds"]]
-            ax.bar([i * 3, i * 3 + 1], [sorted(t1)[len(t1) // 2], sorted(t2)[len(t2) // 2]],
+            ax.bar([i * 3, i * 3 + 1], [statistics.median(t1), statistics.median(t2)],
                    color=["#888", "#27a"])
             ax.text(i * 3 + 0.5, 0, p.stem.removeprefix("prompt_reuse_"), ha="center", va="top", fontsize=8)
         ax.set_xticks([])

@@ -210,7 +210,12 @@ class Engine:
     # --- the request flow --------------------------------------------------
     def make_job(self, req: SamplingFields, kind: str) -> Job:
         model_id = self.registry.resolve(req.model)
-        self._check_prompt_size(req)
+        messages = tools = prompt = None
+        if isinstance(req, ChatCompletionRequest):
+            messages, tools = [m.for_template() for m in req.messages], req.tools_for_template()
+        else:
+            prompt = req.prompt  # type: ignore[attr-defined]
+        self._check_prompt_size(messages, tools, prompt)
         self.registry.check_allowed(model_id)
         requested = req.requested_max_tokens() or self.limits.default_max_tokens
         params = SamplingParams(
@@ -220,28 +225,22 @@ class Engine:
             repetition_penalty=req.repetition_penalty,
             logit_bias={int(k): v for k, v in req.logit_bias.items()} if req.logit_bias else None,
         )
-        job = Job(id=uuid.uuid4().hex[:12], kind=kind, model_id=model_id, params=params,
-                  channel=EventChannel(asyncio.get_running_loop()), deadline_s=self.limits.request_deadline_s)
-        if isinstance(req, ChatCompletionRequest):
-            job.messages = [m.for_template() for m in req.messages]
-            job.tools = req.tools_for_template()
-        else:
-            job.prompt = req.prompt  # type: ignore[attr-defined]
-        return job
+        return Job(id=uuid.uuid4().hex[:12], kind=kind, model_id=model_id, params=params,
+                   channel=EventChannel(asyncio.get_running_loop()), deadline_s=self.limits.request_deadline_s,
+                   messages=messages, tools=tools, prompt=prompt)
 
-    def _check_prompt_size(self, req: SamplingFields) -> None:
+    def _check_prompt_size(self, messages: list[dict] | None, tools: list[dict] | None,
+                           prompt: str | list[int] | None) -> None:
         """Refuse a prompt that cannot fit before the worker tokenizes it: no
         token of a real tokenizer spans more than MAX_CHARS_PER_TOKEN
         characters, so a longer text is certainly over the limit (and
         tokenizing megabytes would stall the worker)."""
-        if isinstance(req, ChatCompletionRequest):
+        if messages is not None:
             # Everything the chat template renders counts: names, tool calls and
             # tool schemas too, not only the content (fuzzing found a huge `name`
             # that stalled the tokenizer long enough to count as a hang).
-            rendered = [m.for_template() for m in req.messages], req.tools_for_template()
-            chars = len(json.dumps(rendered, ensure_ascii=False, default=str))
+            chars = len(json.dumps([messages, tools], ensure_ascii=False, default=str))
         else:
-            prompt = req.prompt  # type: ignore[attr-defined]
             chars = len(prompt) if isinstance(prompt, str) else 0  # token ids: the worker counts them exactly
         limit = self.limits.max_prompt_tokens
         if chars > limit * MAX_CHARS_PER_TOKEN:

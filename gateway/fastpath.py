@@ -118,14 +118,16 @@ class EngineFastPath:
         self.base = f"http://127.0.0.1:{config.engine.port}"
         # public name -> the name to send to the engine (None: leave as is)
         self.routes: dict[str, str | None] = {}
+        # every name LiteLLM serves: the routes, and their explicit Ollama twins
+        self.known: set[str] = set()
         for r in plan_routes(config, heavy):
+            self.known.add(r.name)
             if r.engine_model is None:
                 continue
+            if r.ollama_model:
+                self.known.add(r.name + OLLAMA_SUFFIX)
             same = config.resolve(r.name) == r.engine_model
             self.routes[r.name] = None if same else r.engine_model
-        # every name LiteLLM serves: the routes, and their explicit Ollama twins
-        self.known = {r.name for r in plan_routes(config, heavy)} | {
-            r.name + OLLAMA_SUFFIX for r in plan_routes(config, heavy) if r.engine_model and r.ollama_model}
         self.session: aiohttp.ClientSession | None = None
 
     def _session(self) -> aiohttp.ClientSession:

@@ -222,6 +222,11 @@ def http_request(target: str, base: str, method: str, path: str, body: bytes | N
         answer = Answer(None, {}, b"", error=f"{type(exc).__name__}: {exc}")
     finally:
         conn.close()
+    return _recorded(answer, started, target, method, path)
+
+
+def _recorded(answer: Answer, started: float, target: str, method: str, path: str) -> Answer:
+    """Stamps the answer's time and records the request for the run's summary."""
     answer.elapsed = time.monotonic() - started
     RECORDER.request(target, method, path, answer.status, answer.elapsed)
     return answer
@@ -258,9 +263,7 @@ def raw_request(target: str, base: str, data: bytes, *, label_method: str = "RAW
             answer = Answer(None, {}, b"", error=f"{type(exc).__name__}: {exc}")
     finally:
         sock.close()
-    answer.elapsed = time.monotonic() - started
-    RECORDER.request(target, label_method, label_path, answer.status, answer.elapsed)
-    return answer
+    return _recorded(answer, started, target, label_method, label_path)
 
 
 def promises_more_body(headers: Iterable[tuple[bytes, bytes]]) -> bool:

@@ -24,7 +24,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from mlxd.paths import write_atomic
+from mlxd.paths import StatePaths, write_atomic
 
 REQUIRED_ALIASES = ("fast", "default", "coding", "reasoning")
 DEMO_MODEL_ID = "demo"
@@ -149,8 +149,29 @@ class Config(Strict):
         return self.all_aliases.get(name)
 
     @property
-    def demo_dir(self) -> Path:
-        return self.home / "models"
+    def paths(self) -> StatePaths:
+        """Every file and folder under the state directory."""
+        return StatePaths(self.home)
+
+    @property
+    def engine_url(self) -> str:
+        """Where this machine reaches the engine, e.g. http://127.0.0.1:8080
+        (no trailing slash; add /health or /v1)."""
+        return f"http://{connect_host(self.engine.host)}:{self.engine.port}"
+
+    @property
+    def gateway_url(self) -> str:
+        """Where this machine reaches the gateway (add /v1 for clients)."""
+        return f"http://{connect_host(self.gateway.host)}:{self.gateway.port}"
+
+
+def connect_host(bind_host: str) -> str:
+    """The address a local client uses for a server bound to `bind_host`:
+    a wildcard bind ("0.0.0.0", "::", "") is reached over IPv4 loopback; an
+    IPv6 literal is bracketed; anything else is used as it is."""
+    if bind_host in ("0.0.0.0", "::", ""):
+        return "127.0.0.1"
+    return f"[{bind_host}]" if ":" in bind_host else bind_host
 
 
 def default_home() -> Path:

@@ -1,0 +1,188 @@
+"""Records that cross a process boundary, one frozen dataclass each.
+
+Every file one mlxd process writes and another reads goes through one of
+these, so a field has one name and one type on both sides:
+
+  record            file (StatePaths)        writer            readers
+  EnginePid         run/engine.pid           engine runner     listener, control
+  EngineExit        run/engine.exit.json     engine runner     listener
+  InflightRequest   run/engine.inflight.json engine worker     listener
+  CrashRecord       state/crashes.jsonl      listener          status, quarantine list, benchmarks
+  SupervisionFile   state/supervision.json   listener          status, listener (on restart)
+
+`from_json` is forgiving by design: a missing file, a torn one, a record
+from an older mlxd (unknown fields dropped, missing optional ones defaulted)
+all read back as a record or as None -- never as an exception in the
+supervision loop. `ExitRecord` is not a file: it is what the listener
+gathers about one exit and hands to the restart policy in the exit event.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+from mlxd.paths import read_json, write_json_atomic
+
+R = TypeVar("R", bound="Record")
+
+
+class Record:
+    """to_json/from_json for a frozen dataclass of JSON-able fields.
+    `nested` maps a field name to the Record class its dict reads back as."""
+
+    nested: ClassVar[dict[str, type["Record"]]] = {}
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_json(cls: type[R], data: Any) -> R | None:
+        """The record, or None when `data` is not one (not a dict, or a
+        required field missing). Unknown fields are ignored."""
+        if not isinstance(data, dict):
+            return None
+        known = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        values = {k: v for k, v in data.items() if k in known}
+        for name, klass in cls.nested.items():
+            if name in values:
+                values[name] = klass.from_json(values[name])
+        for name, f in known.items():
+            required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+            if required and values.get(name) is None:
+                return None
+        try:
+            return cls(**values)
+        except (TypeError, ValueError):
+            return None
+
+    @classmethod
+    def read(cls: type[R], path: Path) -> R | None:
+        return cls.from_json(read_json(path))
+
+    def write(self, path: Path, durable: bool = True) -> None:
+        write_json_atomic(path, self.to_json(), durable=durable)
+
+
+@dataclass(frozen=True)
+class EnginePid(Record):
+    """The engine process the runner started (run/engine.pid)."""
+
+    pid: int
+    runner_pid: int
+    started: float
+
+
+@dataclass(frozen=True)
+class EngineExit(Record):
+    """How the engine process ended, as its parent saw it (run/engine.exit.json).
+    `returncode` is subprocess's: negative for a signal."""
+
+    pid: int
+    runner_pid: int
+    returncode: int
+    started: float
+    ended: float
+
+
+@dataclass(frozen=True)
+class InflightRequest(Record):
+    """The request the engine is generating for (run/engine.inflight.json),
+    so that a crash can be blamed on it (quarantine) and journaled."""
+
+    request_id: str
+    fingerprint: str
+    model: str
+    pid: int
+    started: float
+    memory: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ExitRecord(Record):
+    """Everything the listener knows about one engine exit; travels in the
+    policy's EngineExited event and comes back in its RecordCrash action."""
+
+    returncode: int
+    ended: float
+    pid: int | None = None
+    runner_pid: int | None = None
+    started: float | None = None
+    stderr_tail: str = ""
+    inflight: InflightRequest | None = None
+
+    nested: ClassVar[dict[str, type[Record]]] = {"inflight": InflightRequest}
+
+    @property
+    def uptime_s(self) -> float | None:
+        return round(self.ended - self.started, 3) if self.started is not None else None
+
+
+@dataclass(frozen=True)
+class CrashRecord(Record):
+    """One line of the crash journal (state/crashes.jsonl): one engine exit."""
+
+    time: float
+    klass: str  # an ExitClass value; "class" in the file
+    handled_at: float | None = None  # when the listener saw the exit
+    pid: int | None = None
+    exit_code: int | None = None
+    signal: str | None = None
+    model: str | None = None
+    uptime_s: float | None = None
+    memory: dict[str, Any] | None = None
+    request_id: str | None = None
+    fingerprint: str | None = None
+    stderr_tail: str = ""
+    restart_in_s: float | None = None
+    degraded: bool = False
+    crash_report: str | None = None
+
+    @property
+    def is_crash(self) -> bool:
+        return self.klass != "clean_stop"
+
+    def to_json(self) -> dict[str, Any]:
+        d = super().to_json()
+        d["class"] = d.pop("klass")
+        return d
+
+    @classmethod
+    def from_json(cls, data: Any) -> "CrashRecord | None":
+        if isinstance(data, dict) and "class" in data:
+            data = {**data, "klass": data["class"]}
+        return super().from_json(data)
+
+    def to_line(self) -> bytes:
+        return (json.dumps(self.to_json(), sort_keys=True, default=str) + "\n").encode()
+
+
+@dataclass(frozen=True)
+class SupervisionFile(Record):
+    """The listener's supervision state (state/supervision.json): the policy's
+    State as JSON (flat, beside who wrote it), so a restarted listener
+    resumes only a state of the same supervisord and status can show it."""
+
+    state: dict[str, Any]  # supervisor.policy.State's fields; "mode" among them
+    listener_pid: int
+    updated: float
+    supervisord_pid: int | None = None
+
+    @property
+    def mode(self) -> str | None:
+        return self.state.get("mode")
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.state, "listener_pid": self.listener_pid, "updated": self.updated,
+                "supervisord_pid": self.supervisord_pid}
+
+    @classmethod
+    def from_json(cls, data: Any) -> "SupervisionFile | None":
+        if not isinstance(data, dict) or not isinstance(data.get("listener_pid"), int):
+            return None
+        extras = ("listener_pid", "updated", "supervisord_pid")
+        return cls(state={k: v for k, v in data.items() if k not in extras}, listener_pid=data["listener_pid"],
+                   updated=float(data.get("updated") or 0.0), supervisord_pid=data.get("supervisord_pid"))

@@ -8,6 +8,7 @@ these, so a field has one name and one type on both sides:
   EngineExit        run/engine.exit.json     engine runner     listener
   InflightRequest   run/engine.inflight.json engine worker     listener
   CrashRecord       state/crashes.jsonl      listener          status, quarantine list, benchmarks
+  Quarantine        state/quarantine.json    listener          engine, status
   SupervisionFile   state/supervision.json   listener          status, listener (on restart)
 
 `from_json` is forgiving by design: a missing file, a torn one, a record
@@ -158,6 +159,18 @@ class CrashRecord(Record):
 
     def to_line(self) -> bytes:
         return (json.dumps(self.to_json(), sort_keys=True, default=str) + "\n").encode()
+
+
+@dataclass(frozen=True)
+class Quarantine(Record):
+    """Poison requests (state/quarantine.json): fingerprint -> refused until
+    (epoch seconds). The listener derives it from the journal; the engine
+    refuses those requests."""
+
+    fingerprints: dict[str, float] = field(default_factory=dict)
+
+    def active(self, now: float) -> dict[str, float]:
+        return {fp: until for fp, until in self.fingerprints.items() if until > now}
 
 
 @dataclass(frozen=True)

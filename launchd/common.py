@@ -1,15 +1,14 @@
 """What the launchd and systemd units share (pure): the command that runs
-mlxd, the service's environment, and how long a clean stop may take."""
+mlxd and the service's environment. How long a clean stop may take is
+supervisord's (mlxd.supervisor.supervisord_conf.stop_timeout_s)."""
 
 from __future__ import annotations
 
 import os
-import re
 import sys
 from collections.abc import Mapping
 
 from mlxd.config import Config
-from mlxd.supervisor.supervisord_conf import render_supervisord_conf
 
 # A service starts with a bare environment: name every directory it may need
 # (Homebrew on Apple Silicon, then Intel, then the system's).
@@ -20,8 +19,6 @@ BASE_PATH = ("/opt/homebrew/bin", "/usr/local/bin", "/usr/bin", "/bin", "/usr/sb
 # else: never a key, never a fault-injection switch.
 PASSTHROUGH_ENV = ("MLXD_CONFIG", "MLXD_ENGINE_HOST", "MLXD_ENGINE_PORT", "MLXD_GATEWAY_HOST",
                    "MLXD_GATEWAY_PORT", "MLXD_OLLAMA_URL")
-
-STOP_MARGIN_S = 15  # SIGKILLs, reaping and supervisord's own exit
 
 
 def mlxd_argv(python: str | None = None) -> list[str]:
@@ -34,15 +31,6 @@ def mlxd_argv(python: str | None = None) -> list[str]:
 def default_path_env(python: str | None = None) -> str:
     """PATH for the service: the venv's bin first, then BASE_PATH."""
     return ":".join(dict.fromkeys([os.path.dirname(mlxd_argv(python)[0]), *BASE_PATH]))
-
-
-def stop_timeout_s(config: Config) -> int:
-    """Seconds a clean stop may take. supervisord stops its programs one after
-    another (by priority), each given its stopwaitsecs before SIGKILL, so the
-    worst case is their sum (the engine's is shutdown_grace_s + 10). Read
-    from the generated supervisord.conf so the two never drift apart."""
-    conf = render_supervisord_conf(config, python="python")
-    return sum(int(s) for s in re.findall(r"^stopwaitsecs=(\d+)$", conf, re.M)) + STOP_MARGIN_S
 
 
 def check_argv(argv: list[str]) -> list[str]:

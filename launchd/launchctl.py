@@ -18,9 +18,8 @@ import time
 from pathlib import Path
 
 from mlxd.config import Config
-from mlxd.paths import StatePaths
+from mlxd.supervisor.supervisord_conf import stop_timeout_s
 
-from .common import stop_timeout_s
 from .plist import LABEL, LAUNCHD_LOG, plist_bytes, render_launch_agent
 from .shell import (Inputs, ServiceError, describe, message, render_inputs, require_tool, run_tool, same_content,
                     write_unit)
@@ -94,7 +93,7 @@ def install(inputs: Inputs, poll_s: float = POLL_S) -> list[str]:
         hint = (" (launchctl also answers this without a GUI login session, e.g. over SSH: "
                 "log in at the Mac and run it again)") if r.returncode in (5, 125) else ""
         raise ServiceError(f"launchctl bootstrap {domain()} {path} failed: {message(r)}{hint}")
-    log = StatePaths(inputs.config.home).logs / LAUNCHD_LOG
+    log = inputs.config.paths.logs / LAUNCHD_LOG
     notes.append(f"loaded {target()}: mlxd runs now and at every login (startup errors: {log})")
     return notes
 

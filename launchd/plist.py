@@ -11,9 +11,9 @@ import plistlib
 from collections.abc import Mapping
 
 from mlxd.config import Config
-from mlxd.paths import StatePaths
+from mlxd.supervisor.supervisord_conf import stop_timeout_s
 
-from .common import check_argv, service_env, stop_timeout_s
+from .common import check_argv, service_env
 
 LABEL = "dev.mlxd.agent"
 THROTTLE_S = 10  # at least this long between two starts (launchd's own default)
@@ -47,7 +47,7 @@ def render_launch_agent(config: Config, mlxd_argv: list[str], path_env: str,
         "EnvironmentVariables": env,
         "WorkingDirectory": str(config.home),
         "StandardOutPath": "/dev/null",
-        "StandardErrorPath": str(StatePaths(config.home).logs / LAUNCHD_LOG),
+        "StandardErrorPath": str(config.paths.logs / LAUNCHD_LOG),
     }
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlxd.config import Config
-from mlxd.paths import StatePaths, write_atomic
+from mlxd.paths import write_atomic
 
 from .common import PASSTHROUGH_ENV, default_path_env, mlxd_argv
 
@@ -71,7 +71,7 @@ def render_inputs(config: Config, config_file: Path | None = None) -> Inputs:
 def write_unit(path: Path, data: bytes, inputs: Inputs) -> None:
     """Atomically; first the state dirs, since WorkingDirectory and the log
     directory must exist before the service manager starts it."""
-    StatePaths(inputs.config.home).make_dirs()
+    inputs.config.paths.make_dirs()
     write_atomic(path, data)
 
 

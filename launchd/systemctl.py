@@ -10,8 +10,8 @@ import os
 from pathlib import Path
 
 from mlxd.config import Config
+from mlxd.supervisor.supervisord_conf import stop_timeout_s
 
-from .common import stop_timeout_s
 from .shell import (Inputs, ServiceError, describe, message, render_inputs, require_tool, run_tool, same_content,
                     write_unit)
 from .systemd import UNIT_NAME, render_systemd_unit

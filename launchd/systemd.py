@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from mlxd.config import Config
+from mlxd.supervisor.supervisord_conf import stop_timeout_s
 
-from .common import check_argv, service_env, stop_timeout_s
+from .common import check_argv, service_env
 
 UNIT_NAME = "mlxd.service"
 RESTART_S = 5

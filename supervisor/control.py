@@ -15,7 +15,8 @@ from pathlib import Path
 import psutil
 
 from mlxd.config import Config
-from mlxd.paths import StatePaths, read_json, write_atomic
+from mlxd.paths import StatePaths, write_atomic
+from mlxd.records import EnginePid
 
 from .supervisord_conf import render_supervisord_conf
 
@@ -53,12 +54,11 @@ def clean_stale(paths: StatePaths) -> list[str]:
         if f.exists():
             f.unlink()
             notes.append(f"removed stale {f.name}")
-    rec = read_json(paths.engine_pid) or {}
-    for key in ("pid", "runner_pid"):
-        pid = rec.get(key)
-        if pid and "mlxd" in _cmdline(int(pid)):
+    rec = EnginePid.read(paths.engine_pid)
+    for pid in (rec.pid, rec.runner_pid) if rec else ():
+        if "mlxd" in _cmdline(pid):
             try:
-                os.kill(int(pid), signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
                 notes.append(f"stopped orphaned engine process {pid}")
             except OSError:
                 pass
@@ -73,8 +73,8 @@ def kill_all(paths: StatePaths) -> None:
         pids.append(int(paths.supervisord_pid.read_text()))
     except (OSError, ValueError):
         pass
-    rec = read_json(paths.engine_pid) or {}
-    pids += [p for p in (rec.get("runner_pid"), rec.get("pid")) if p]
+    rec = EnginePid.read(paths.engine_pid)
+    pids += [rec.runner_pid, rec.pid] if rec else []
     for pid in pids:
         try:
             for child in psutil.Process(pid).children(recursive=True):
@@ -86,7 +86,7 @@ def kill_all(paths: StatePaths) -> None:
 
 def prepare(config: Config) -> Path:
     """State directory and a freshly generated supervisord.conf."""
-    paths = StatePaths(config.home)
+    paths = config.paths
     paths.make_dirs()
     write_atomic(paths.supervisord_conf, render_supervisord_conf(config))
     return paths.supervisord_conf
@@ -111,7 +111,7 @@ def wait_for_socket(paths: StatePaths, timeout: float) -> bool:
 def start_detached(config: Config, timeout: float = 30.0) -> int:
     """Start supervisord in the background; returns its pid once it answers."""
     conf = prepare(config)
-    paths = StatePaths(config.home)
+    paths = config.paths
     out = (paths.logs / "supervisord.out").open("ab")
     proc = subprocess.Popen(supervisord_argv(conf), stdout=out, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, start_new_session=True, env=os.environ.copy())

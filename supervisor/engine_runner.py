@@ -18,7 +18,8 @@ import threading
 import time
 from pathlib import Path
 
-from mlxd.paths import StatePaths, write_json_atomic
+from mlxd.paths import StatePaths
+from mlxd.records import EngineExit, EnginePid
 
 PARENT_POLL_S = 0.5
 ORPHAN_STOP_GRACE_S = 5.0
@@ -46,8 +47,7 @@ def main() -> int:
     parent = os.getppid()
     started = time.time()
     child = subprocess.Popen(cmd)
-    write_json_atomic(paths.engine_pid, {"pid": child.pid, "runner_pid": os.getpid(), "started": started},
-                      durable=False)
+    EnginePid(pid=child.pid, runner_pid=os.getpid(), started=started).write(paths.engine_pid, durable=False)
 
     def forward(signum: int, _frame) -> None:
         if child.poll() is None:
@@ -57,8 +57,8 @@ def main() -> int:
         signal.signal(sig, forward)
     threading.Thread(target=_watch_parent, args=(child, parent), daemon=True).start()
     returncode = child.wait()
-    write_json_atomic(paths.engine_exit, {"pid": child.pid, "runner_pid": os.getpid(), "returncode": returncode,
-                                          "started": started, "ended": time.time()})
+    EngineExit(pid=child.pid, runner_pid=os.getpid(), returncode=returncode, started=started,
+               ended=time.time()).write(paths.engine_exit)
     return returncode if returncode >= 0 else 128 - returncode
 
 

@@ -2,8 +2,8 @@
 
 The engine's exit status says a lot (a signal, or one of mlxd's exit codes),
 and the tail of its stderr says the rest: MLX's Metal messages survive in it
-even when the process died by SIGABRT. The crash listener (issue 3) feeds
-this with what supervisord and the engine's log give it.
+even when the process died by SIGABRT. The crash listener feeds this with
+what the engine runner and the engine's log give it.
 """
 
 from __future__ import annotations
@@ -52,6 +52,15 @@ def exit_signal(returncode: int) -> int | None:
     if returncode < 0:
         return -returncode
     return returncode - 128 if 128 < returncode < 160 else None
+
+
+def signal_name(sig: int | None) -> str | None:
+    if sig is None:
+        return None
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"SIG{sig}"
 
 
 def classify_exit(returncode: int, stderr_tail: str = "", killed_for_hang: bool = False) -> ExitClass:

@@ -4,26 +4,63 @@ Appends are a single write() of a whole line on an O_APPEND descriptor, so a
 kill -9 of the writer at any moment leaves whole records (a torn last line,
 should the machine itself die mid-write, is skipped on reading). Rotation
 renames the file to crashes.jsonl.1 (atomic) once it passes max_bytes.
-Readers here are pure over the records: counts, the last crash, and the
-quarantine list (fingerprints in flight in two crashes).
+Records are mlxd.records.CrashRecord; `crash_record` builds one from the
+policy's RecordCrash action (pure), and the readers here are pure over the
+records: counts and the quarantine list (fingerprints in flight in two
+crashes).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterable
 
+from mlxd.records import CrashRecord
 
-def append_record(path: Path, record: dict[str, Any], max_bytes: int) -> None:
+from .exit_classes import ExitClass, classify_exit, exit_signal, signal_name
+from .policy import RecordCrash
+
+STDERR_TAIL_LINES = 12
+STDERR_TAIL_CHARS = 2000
+
+
+def crash_record(action: RecordCrash, last_health: dict[str, Any] | None, handled_at: float) -> CrashRecord:
+    """The journal line for one exit: what the policy decided about it, what
+    the exit looked like, and what the engine last said of itself (pure)."""
+    ex = action.exit
+    klass = classify_exit(ex.returncode, ex.stderr_tail, killed_for_hang=action.killed_for == "hang")
+    sig = exit_signal(ex.returncode)
+    health = last_health or {}
+    inflight = ex.inflight
+    return CrashRecord(
+        time=ex.ended, klass=klass.value, handled_at=handled_at, pid=ex.pid,
+        exit_code=ex.returncode if ex.returncode >= 0 and sig is None else None, signal=signal_name(sig),
+        model=(inflight.model if inflight else None) or health.get("resident_model"),
+        uptime_s=ex.uptime_s, memory=(inflight.memory if inflight else None) or health.get("memory"),
+        request_id=inflight.request_id if inflight else None,
+        fingerprint=inflight.fingerprint if inflight else None,
+        stderr_tail="\n".join(ex.stderr_tail.strip().splitlines()[-STDERR_TAIL_LINES:])[-STDERR_TAIL_CHARS:],
+        restart_in_s=action.restart_in_s, degraded=action.degraded)
+
+
+def with_crash_report(record: CrashRecord, report: str, shows_metal_oom: bool) -> CrashRecord:
+    """A record completed with macOS's crash report (which can turn an abort
+    into a Metal out-of-memory) (pure)."""
+    oom = shows_metal_oom and record.klass in (ExitClass.SIGABRT.value, ExitClass.MLX_ERROR.value)
+    return replace(record, crash_report=report, klass=ExitClass.METAL_OOM.value if oom else record.klass)
+
+
+def append_record(path: Path, record: CrashRecord, max_bytes: int) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         if path.stat().st_size >= max_bytes:
             os.replace(path, path.with_name(path.name + ".1"))
     except FileNotFoundError:
         pass
-    line = (json.dumps(record, sort_keys=True, default=str) + "\n").encode()
+    line = record.to_line()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line)
@@ -32,7 +69,7 @@ def append_record(path: Path, record: dict[str, Any], max_bytes: int) -> None:
         os.close(fd)
 
 
-def read_records(path: Path, include_rotated: bool = True) -> list[dict[str, Any]]:
+def read_records(path: Path, include_rotated: bool = True) -> list[CrashRecord]:
     """Every whole record, oldest first; torn or foreign lines are skipped."""
     files = ([path.with_name(path.name + ".1")] if include_rotated else []) + [path]
     records = []
@@ -43,29 +80,28 @@ def read_records(path: Path, include_rotated: bool = True) -> list[dict[str, Any
             continue
         for line in raw.splitlines():
             try:
-                rec = json.loads(line)
+                rec = CrashRecord.from_json(json.loads(line))
             except ValueError:
                 continue
-            if isinstance(rec, dict) and "time" in rec:
+            if rec is not None:
                 records.append(rec)
     return records
 
 
-def crash_counts(records: Iterable[dict[str, Any]], now: float) -> dict[str, int]:
+def crash_counts(records: Iterable[CrashRecord], now: float) -> dict[str, int]:
     """Crashes in the last hour and day (clean stops are not crashes)."""
-    crashes = [r for r in records if r.get("class") != "clean_stop"]
+    crashes = [r for r in records if r.is_crash]
     return {
-        "last_hour": sum(1 for r in crashes if now - r["time"] < 3600),
-        "last_day": sum(1 for r in crashes if now - r["time"] < 86400),
+        "last_hour": sum(1 for r in crashes if now - r.time < 3600),
+        "last_day": sum(1 for r in crashes if now - r.time < 86400),
     }
 
 
-def quarantine_list(records: Iterable[dict[str, Any]], now: float, period_s: float) -> dict[str, float]:
+def quarantine_list(records: Iterable[CrashRecord], now: float, period_s: float) -> dict[str, float]:
     """fingerprint -> quarantined-until, for requests in flight in two or
     more crashes within the period (pure)."""
     seen: dict[str, list[float]] = {}
     for r in records:
-        fp = r.get("fingerprint")
-        if fp and r.get("class") != "clean_stop" and now - r["time"] < period_s:
-            seen.setdefault(fp, []).append(r["time"])
+        if r.fingerprint and r.is_crash and now - r.time < period_s:
+            seen.setdefault(r.fingerprint, []).append(r.time)
     return {fp: max(times) + period_s for fp, times in seen.items() if len(times) >= 2}

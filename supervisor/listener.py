@@ -1,13 +1,18 @@
 """The crash listener: supervisord's event listener that owns engine restarts.
 
 Two threads, one owner:
-- the protocol thread speaks supervisord's listener protocol on
-  stdin/stdout (READY, event, RESULT) and only forwards the engine's
+- the protocol thread speaks supervisord's listener protocol on stdin/stdout
+  (supervisor.childutils.listener) and only forwards the engine's
   process-state events into a queue;
 - the supervision thread owns the State: it turns queued events, /health
-  polls and the clock into policy events, runs `policy.decide`, and carries
-  the actions out (start through supervisord's XML-RPC, kill for hangs,
-  journal, quarantine list, state file).
+  polls, the clock and its own start-up into policy events (`policy.decide`
+  makes every transition), and carries the actions out (start through
+  supervisord's XML-RPC, kill for hangs, journal, quarantine list, state file).
+
+A crash, followed through function arguments: supervisord's EXITED event ->
+`exit_record` (the runner's EngineExit, the engine's InflightRequest, the
+stderr tail) -> `EngineExited(t, exit)` -> `decide` -> `RecordCrash(exit, ...)`
+and `StartEngine` -> `journal.crash_record` -> the journal line.
 Logs go to stderr (stdout is the protocol channel).
 """
 
@@ -20,43 +25,20 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import asdict, replace
 from typing import Any
 
 from mlxd.config import Config, load_config
-from mlxd.paths import StatePaths, read_json, write_json_atomic
 from mlxd.probe import get_json
+from mlxd.records import CrashRecord, EngineExit, EnginePid, ExitRecord, InflightRequest, Quarantine, SupervisionFile
 
 from . import journal
-from .exit_classes import classify_exit, exit_signal
-from .policy import (EngineExited, EngineStarted, Health, KillEngine, Mode, OperatorStop, Policy, RecordCrash,
-                     StartEngine, State, Tick, decide)
+from .policy import (Action, EngineExited, EngineStarted, EngineStopped, Event, Health, KillEngine, Mode, Policy,
+                     Reconciled, RecordCrash, StartEngine, State, Tick, decide)
 
 log = logging.getLogger("mlxd.listener")
 STDERR_TAIL_BYTES = 16_384
 REPORT_WAIT_S = 5.0  # macOS writes its crash report a moment after the crash
 LOOP_S = 0.05  # the supervision loop's step: bounds how late a crash is noticed
-
-
-def policy_from_config(config: Config) -> Policy:
-    s = config.supervisor
-    return Policy(backoff_base_s=s.backoff_base_s, backoff_cap_s=s.backoff_cap_s, healthy_reset_s=s.healthy_reset_s,
-                  loop_crashes=s.loop_crashes, loop_window_s=s.loop_window_s, cooldown_s=s.cooldown_s,
-                  health_failures=s.health_failures, start_grace_s=s.start_grace_s)
-
-
-def state_to_json(state: State) -> dict[str, Any]:
-    d = asdict(state)
-    d["mode"] = state.mode.value
-    d["crash_times"] = list(state.crash_times)
-    return d
-
-
-def state_from_json(d: dict[str, Any]) -> State:
-    fields = {k: d[k] for k in State.__dataclass_fields__ if k in d}
-    fields["mode"] = Mode(fields.get("mode", "starting"))
-    fields["crash_times"] = tuple(fields.get("crash_times", ()))
-    return State(**fields)
 
 
 def health_event(url: str, now: float) -> tuple[Health, dict | None]:
@@ -73,20 +55,31 @@ def health_event(url: str, now: float) -> tuple[Health, dict | None]:
                   loading=reported in ("loading", "draining", "exiting")), body
 
 
+def exit_record(runner_exit: EngineExit | None, runner_pid: int, expected: bool, inflight: InflightRequest | None,
+                stderr_tail: str, now: float) -> ExitRecord:
+    """What we know of one exit (pure). The runner's record is the truth when
+    it is this runner's; a runner killed with its group wrote none, and then
+    supervisord's view of the runner is all there is."""
+    if runner_exit is not None and runner_exit.runner_pid == runner_pid:
+        return ExitRecord(returncode=runner_exit.returncode, ended=runner_exit.ended, pid=runner_exit.pid,
+                          runner_pid=runner_pid, started=runner_exit.started, stderr_tail=stderr_tail,
+                          inflight=inflight)
+    return ExitRecord(returncode=0 if expected else -signal.SIGKILL, ended=now, runner_pid=runner_pid,
+                      stderr_tail=stderr_tail, inflight=inflight)
+
+
 class Supervision:
     def __init__(self, config: Config, rpc: Any) -> None:
         self.config = config
-        self.paths = StatePaths(config.home)
-        self.policy = policy_from_config(config)
+        self.paths = config.paths
+        self.policy = Policy.from_config(config.supervisor)
         self.rpc = rpc
         self.events: queue.Queue[tuple[str, dict[str, str], float]] = queue.Queue()
-        host = config.engine.host if config.engine.host not in ("0.0.0.0", "::") else "127.0.0.1"
-        self.health_url = f"http://{host}:{config.engine.port}/health"
+        self.health_url = f"{config.engine_url}/health"
         self.state = State()
-        self.last_health: dict | None = None
-        self.stderr_offset = 0
-        self.exit_info: dict[str, Any] = {}
-        self.pending_records: list[tuple[float, dict[str, Any]]] = []  # waiting for a macOS crash report
+        self.last_health: dict | None = None  # the engine's last answer: a crash record's fallback facts
+        self.stderr_offset = 0  # where this run's stderr starts in the log
+        self.pending_records: list[tuple[float, CrashRecord]] = []  # waiting for a macOS crash report
         self.exit_file_mtime = self._exit_file_mtime()
         self.next_poll = 0.0  # when /health is polled next
 
@@ -107,7 +100,9 @@ class Supervision:
     def _step(self, item: tuple[str, dict[str, str], float] | None, now: float) -> None:
         self._nudge_on_exit()
         if item is not None:
-            self._on_process_event(*item)
+            event = self._policy_event(*item)
+            if event is not None:
+                self.apply(event)
         if now >= self.next_poll and self.state.mode is Mode.RUNNING:
             self.next_poll = now + self.config.supervisor.health_interval_s
             event, body = health_event(self.health_url, now)
@@ -135,20 +130,21 @@ class Supervision:
             except Exception:  # noqa: BLE001 - only a wake-up call
                 pass
 
-    def apply(self, event: Any) -> None:
+    def apply(self, event: Event) -> None:
         new, actions = decide(self.state, event, self.policy)
+        if new.mode is not self.state.mode:
+            log.info("engine supervision: %s -> %s (%s)", self.state.mode.value, new.mode.value,
+                     type(event).__name__)
+        changed = new != self.state
+        self.state = new
         for action in actions:
-            self._execute(action, event)
-        if new != self.state:
-            if new.mode is not self.state.mode:
-                log.info("engine supervision: %s -> %s", self.state.mode.value, new.mode.value)
-            self.state = new
+            self._execute(action)
+        if changed:
             self._save()
 
     def _save(self) -> None:
-        data = state_to_json(self.state)
-        data.update(listener_pid=os.getpid(), updated=time.time(), supervisord_pid=self._supervisord_pid())
-        write_json_atomic(self.paths.supervision, data, durable=False)
+        SupervisionFile(state=self.state.to_json(), listener_pid=os.getpid(), updated=time.time(),
+                        supervisord_pid=self._supervisord_pid()).write(self.paths.supervision, durable=False)
 
     def _supervisord_pid(self) -> int | None:
         try:
@@ -157,22 +153,16 @@ class Supervision:
             return None
 
     # --- supervisord events --------------------------------------------------
-    def _on_process_event(self, eventname: str, headers: dict[str, str], t: float) -> None:
+    def _policy_event(self, eventname: str, headers: dict[str, str], t: float) -> Event | None:
+        """supervisord's process-state event -> the policy's event."""
         if eventname == "PROCESS_STATE_RUNNING":
-            if self.state.mode is not Mode.STARTING:
-                # Started by an operator (mlxd restart / supervisorctl): a fresh slate.
-                log.info("engine started by an operator; crash history cleared")
-                self.state = State(mode=Mode.STARTING)
             self.stderr_offset = self._stderr_size()
-            self.apply(EngineStarted(t))
-        elif eventname == "PROCESS_STATE_EXITED":
-            self.exit_info = self._collect_exit(headers, t)
-            self.apply(EngineExited(t, crash=True))
-        elif eventname == "PROCESS_STATE_STOPPED":
-            self.apply(OperatorStop(t))
-        elif eventname == "PROCESS_STATE_FATAL":
-            self.exit_info = self._collect_exit(headers, t)
-            self.apply(EngineExited(t, crash=True))
+            return EngineStarted(t)
+        if eventname in ("PROCESS_STATE_EXITED", "PROCESS_STATE_FATAL"):
+            return EngineExited(t, self._collect_exit(headers, t))
+        if eventname == "PROCESS_STATE_STOPPED":
+            return EngineStopped(t)
+        return None  # STARTING, STOPPING, BACKOFF: nothing to decide
 
     def _stderr_size(self) -> int:
         try:
@@ -190,22 +180,14 @@ class Supervision:
         except OSError:
             return ""
 
-    def _collect_exit(self, headers: dict[str, str], t: float) -> dict[str, Any]:
-        exit_rec = read_json(self.paths.engine_exit) or {}
-        runner_pid = int(headers.get("pid", 0) or 0)
-        if exit_rec.get("runner_pid") != runner_pid:
-            exit_rec = {}  # the runner itself died before writing it (killed with its group)
-        inflight = read_json(self.paths.inflight) or {}
-        self.paths.inflight.unlink(missing_ok=True)
-        returncode = exit_rec.get("returncode")
-        if returncode is None:  # fall back on what supervisord saw of the runner
-            returncode = -9 if headers.get("expected") == "0" else 0
-        return {"returncode": returncode, "pid": exit_rec.get("pid"), "runner_pid": runner_pid,
-                "started": exit_rec.get("started"), "ended": exit_rec.get("ended", t),
-                "stderr_tail": self._stderr_tail(), "inflight": inflight}
+    def _collect_exit(self, headers: dict[str, str], t: float) -> ExitRecord:
+        inflight = InflightRequest.read(self.paths.inflight)
+        self.paths.inflight.unlink(missing_ok=True)  # the next run starts with no request in flight
+        return exit_record(EngineExit.read(self.paths.engine_exit), int(headers.get("pid", 0) or 0),
+                           headers.get("expected") != "0", inflight, self._stderr_tail(), t)
 
     # --- actions ---------------------------------------------------------------
-    def _execute(self, action: Any, event: Any) -> None:
+    def _execute(self, action: Action) -> None:
         if isinstance(action, StartEngine):
             try:
                 self.rpc.supervisor.startProcess("engine", False)
@@ -215,49 +197,26 @@ class Supervision:
         elif isinstance(action, KillEngine):
             self._kill_engine(action.reason)
         elif isinstance(action, RecordCrash):
-            self._record_crash(action, event)
+            self._record_crash(action)
 
     def _kill_engine(self, reason: str) -> None:
-        pid = (read_json(self.paths.engine_pid) or {}).get("pid")
-        log.warning("killing the engine (pid %s): %s", pid, reason)
+        running = EnginePid.read(self.paths.engine_pid)
+        log.warning("killing the engine (pid %s): %s", running.pid if running else None, reason)
         try:
-            if pid:
-                os.kill(int(pid), signal.SIGKILL)
+            if running is not None:
+                os.kill(running.pid, signal.SIGKILL)
             else:
                 self.rpc.supervisor.signalProcess("engine", "KILL")
-        except (OSError, Exception) as exc:  # noqa: BLE001 - it may have died meanwhile
+        except Exception as exc:  # noqa: BLE001 - it may have died meanwhile
             log.warning("kill failed: %s", exc)
 
-    def _record_crash(self, action: RecordCrash, event: Any) -> None:
-        info = self.exit_info
-        rc = int(info.get("returncode", 0))
-        tail = info.get("stderr_tail", "")
-        klass = classify_exit(rc, tail, killed_for_hang=action.killed_for == "hang")
-        health = self.last_health or {}
-        inflight = info.get("inflight") or {}
-        started = info.get("started")
-        record = {
-            "time": info.get("ended") or time.time(),
-            "handled_at": time.time(),  # when the listener saw the exit
-            "class": klass.value,
-            "pid": info.get("pid"),
-            "exit_code": rc if rc >= 0 and exit_signal(rc) is None else None,
-            "signal": _signal_name(exit_signal(rc)),
-            "model": inflight.get("model") or health.get("resident_model"),
-            "uptime_s": round(info["ended"] - started, 3) if started and info.get("ended") else None,
-            "memory": inflight.get("memory") or health.get("memory"),
-            "request_id": inflight.get("request_id"),
-            "fingerprint": inflight.get("fingerprint"),
-            "stderr_tail": "\n".join(tail.strip().splitlines()[-12:])[-2000:],
-            "restart_in_s": action.restart_in_s,
-            "degraded": action.degraded,
-            "crash_report": None,
-        }
-        log.warning("engine exited: %s (pid %s, code %s, signal %s); %s", record["class"], record["pid"],
-                    record["exit_code"], record["signal"],
+    def _record_crash(self, action: RecordCrash) -> None:
+        record = journal.crash_record(action, self.last_health, handled_at=time.time())
+        log.warning("engine exited: %s (pid %s, code %s, signal %s); %s", record.klass, record.pid,
+                    record.exit_code, record.signal,
                     "degraded" if action.degraded else f"restart in {action.restart_in_s:.1f}s")
         self.last_health = None
-        if sys.platform == "darwin" and record["signal"] and record["pid"]:
+        if sys.platform == "darwin" and record.signal and record.pid:
             self.pending_records.append((time.time() + REPORT_WAIT_S, record))
         else:
             self._journal(record)
@@ -265,34 +224,33 @@ class Supervision:
     def _flush_pending(self, now: float) -> None:
         still = []
         for deadline, record in self.pending_records:
-            report = _find_crash_report(record["pid"], record["time"])
-            if report is not None or now >= deadline:
-                if report is not None:
-                    record["crash_report"], oom = report
-                    if oom and record["class"] in ("sigabrt", "mlx_error"):
-                        record["class"] = "metal_oom"
+            report = _find_crash_report(record.pid, record.time)
+            if report is not None:
+                self._journal(journal.with_crash_report(record, *report))
+            elif now >= deadline:
                 self._journal(record)
             else:
                 still.append((deadline, record))
         self.pending_records = still
 
-    def _journal(self, record: dict[str, Any]) -> None:
+    def _journal(self, record: CrashRecord) -> None:
         journal.append_record(self.paths.journal, record, self.config.supervisor.journal_max_bytes)
         records = journal.read_records(self.paths.journal)
         quarantined = journal.quarantine_list(records, time.time(), self.config.supervisor.quarantine_s)
-        current = (read_json(self.paths.quarantine) or {}).get("fingerprints", {})
-        if quarantined != current:
+        current = Quarantine.read(self.paths.quarantine) or Quarantine()
+        if quarantined != current.fingerprints:
             log.warning("quarantined requests: %s", sorted(quarantined))
-            write_json_atomic(self.paths.quarantine, {"fingerprints": quarantined})
+            Quarantine(quarantined).write(self.paths.quarantine)
 
     # --- start-up ----------------------------------------------------------------
     def _reconcile(self) -> None:
         """After a (re)start of the listener: resume from the saved state if
-        it belongs to this supervisord, and match the engine's real state."""
-        saved = read_json(self.paths.supervision) or {}
-        if saved and saved.get("supervisord_pid") == self._supervisord_pid():
+        it belongs to this supervisord, then let the policy match it to the
+        engine's real state."""
+        saved = SupervisionFile.read(self.paths.supervision)
+        if saved is not None and saved.supervisord_pid == self._supervisord_pid():
             try:
-                self.state = state_from_json(saved)
+                self.state = State.from_json(saved.state)
             except (TypeError, ValueError):
                 self.state = State()
         try:
@@ -300,33 +258,20 @@ class Supervision:
         except Exception as exc:  # noqa: BLE001
             log.warning("cannot read the engine's state: %s", exc)
             return
-        statename = info.get("statename")
+        statename = str(info.get("statename"))
         now = time.time()
         if statename == "RUNNING":
-            self.state = replace(self.state, mode=Mode.RUNNING, started_at=float(info.get("start") or now))
             self.stderr_offset = self._stderr_size()
-        elif statename in ("EXITED", "FATAL", "BACKOFF") and self.state.mode not in (Mode.DEGRADED, Mode.BACKOFF):
-            self.state = replace(self.state, mode=Mode.BACKOFF, restart_at=now)
-        elif statename == "STOPPED" and self.state.mode is not Mode.STOPPED:
-            self.state = replace(self.state, mode=Mode.STOPPED)
+        self.apply(Reconciled(now, statename, float(info.get("start") or now)))
         self._save()
         log.info("crash listener ready (engine %s, supervision %s)", statename, self.state.mode.value)
 
 
-def _signal_name(sig: int | None) -> str | None:
-    if sig is None:
-        return None
-    try:
-        return signal.Signals(sig).name
-    except ValueError:
-        return f"SIG{sig}"
-
-
-def _find_crash_report(pid: int, died_at: float) -> tuple[str, bool] | None:
+def _find_crash_report(pid: int | None, died_at: float) -> tuple[str, bool] | None:
     """(a one-line summary, whether it shows a Metal OOM) of macOS's report."""
     from .crash_reports import default_reports_dir, find_report, is_metal_oom, summary
 
-    found = find_report(default_reports_dir(), pid, died_at)
+    found = find_report(default_reports_dir(), pid, died_at) if pid else None
     return (f"{found[0].name}: {summary(found[1])}", is_metal_oom(found[1])) if found else None
 
 
@@ -335,20 +280,16 @@ def serve_protocol(stdin, stdout, supervision: Supervision) -> None:
     from supervisor import childutils
 
     while True:
-        stdout.write("READY\n")
-        stdout.flush()
-        line = stdin.readline()
-        if not line:
-            return  # supervisord is gone: so are we
-        headers = childutils.get_headers(line)
-        payload = stdin.read(int(headers["len"]))
+        try:
+            headers, payload = childutils.listener.wait(stdin, stdout)
+        except (ValueError, KeyError):  # stdin closed: supervisord is gone, so are we
+            return
         eventname = headers.get("eventname", "")
         if eventname.startswith("PROCESS_STATE"):
             pheaders, _ = childutils.eventdata(payload + "\n")
             if pheaders.get("processname") == "engine":
                 supervision.events.put((eventname, pheaders, time.time()))
-        stdout.write("RESULT 2\nOK")
-        stdout.flush()
+        childutils.listener.ok(stdout)
 
 
 def main() -> int:

@@ -1,17 +1,22 @@
 """Restart policy for the engine: backoff, crash loops, hangs (pure).
 
 `decide(state, event, policy) -> (state, actions)`: no clocks, no I/O; the
-crash listener feeds it events and carries the actions out.
+crash listener turns what it sees (supervisord's process events, /health
+polls, the clock, its own start-up) into events, and carries the actions
+out. Every change of mode goes through `decide`, which checks it against
+TRANSITIONS (as supervisord's states.py and llama-swap's isValidTransition
+do), so an impossible transition is a bug caught where it happens.
 
-Numbers (defaults, all configurable under [supervisor]):
-- A crash after a healthy run (>= healthy_reset_s up) restarts at once.
-- Crashes in a row without such a run wait backoff_base_s * 2^(n-2):
-  0, 1, 2, 4, 8, 16, 32, 60 (cap) seconds.
-- loop_crashes (5) crashes within loop_window_s (600 s) is a crash loop:
-  no restarts for cooldown_s (300 s) -- "degraded", the gateway serves
-  through Ollama -- then one probation start; a crash during probation
-  (before a healthy run) goes straight back to degraded. An operator's
-  restart clears it all.
+The rules (the numbers are [supervisor]'s, documented in docs/CONFIG.md):
+- A crash after a healthy run (up >= healthy_reset_s) restarts at once.
+- Crashes in a row without such a run wait backoff_base_s * 2^(n-2), capped
+  at backoff_cap_s.
+- loop_crashes crashes within loop_window_s is a crash loop: no restarts for
+  cooldown_s -- "degraded", the gateway serves through Ollama -- then one
+  probation start; a crash during probation (before a healthy run) goes
+  straight back to degraded. An operator's start clears it all.
+- An engine that says it is unhealthy, or fails health_failures polls in a
+  row after start_grace_s, is killed (a "hang") and handled as a crash.
 Compared with systemd (default StartLimitBurst=5 in StartLimitIntervalSec=10 s,
 then the unit stays failed until reset) we retry by ourselves after a
 cool-down; compared with Kubernetes (CrashLoopBackOff: 10 s doubling to
@@ -22,27 +27,57 @@ a Metal abort after an hour of service is not a loop -- and cap sooner.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from mlxd.config import SupervisorConfig
+from mlxd.records import ExitRecord
 
 
 @dataclass(frozen=True)
 class Policy:
-    backoff_base_s: float = 1.0
-    backoff_cap_s: float = 60.0
-    healthy_reset_s: float = 120.0
-    loop_crashes: int = 5
-    loop_window_s: float = 600.0
-    cooldown_s: float = 300.0
-    health_failures: int = 3  # consecutive failed health polls that make a hang
-    start_grace_s: float = 120.0  # a starting engine may not answer /health yet
+    """The numbers behind every decision; built from [supervisor] only (the
+    defaults live in one place: mlxd.config.SupervisorConfig)."""
+
+    backoff_base_s: float
+    backoff_cap_s: float
+    healthy_reset_s: float
+    loop_crashes: int
+    loop_window_s: float
+    cooldown_s: float
+    health_failures: int  # consecutive failed health polls that make a hang
+    start_grace_s: float  # a starting engine may not answer /health yet
+
+    @classmethod
+    def from_config(cls, s: SupervisorConfig) -> "Policy":
+        return cls(backoff_base_s=s.backoff_base_s, backoff_cap_s=s.backoff_cap_s, healthy_reset_s=s.healthy_reset_s,
+                   loop_crashes=s.loop_crashes, loop_window_s=s.loop_window_s, cooldown_s=s.cooldown_s,
+                   health_failures=s.health_failures, start_grace_s=s.start_grace_s)
 
 
 class Mode(enum.Enum):
-    STARTING = "starting"  # start requested, not yet running
+    STARTING = "starting"  # we asked supervisord to start it; not yet running
     RUNNING = "running"
     BACKOFF = "backoff"  # crashed; waiting to restart
     DEGRADED = "degraded"  # crash loop; waiting out the cool-down
-    STOPPED = "stopped"  # an operator stopped it
+    STOPPED = "stopped"  # stopped through supervisord (an operator, mlxd down)
+
+
+S, R, B, D, X = Mode.STARTING, Mode.RUNNING, Mode.BACKOFF, Mode.DEGRADED, Mode.STOPPED
+# from -> the modes decide may move to. RUNNING from BACKOFF, DEGRADED or
+# STOPPED is an operator's start (mlxd restart, supervisorctl start);
+# STARTING -> STARTING is a crash during start-up restarted at once.
+TRANSITIONS: dict[Mode, frozenset[Mode]] = {
+    S: frozenset({S, R, B, D, X}),
+    R: frozenset({R, S, B, D, X}),
+    B: frozenset({B, S, R, D, X}),
+    D: frozenset({D, S, R, X}),
+    X: frozenset({X, R, S, B}),
+}
+
+
+class InvalidTransition(RuntimeError):
+    pass
 
 
 @dataclass(frozen=True)
@@ -56,18 +91,45 @@ class State:
     health_failures: int = 0
     killing: str | None = None  # why we killed it (a hang), until it exits
 
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["mode"] = self.mode.value
+        d["crash_times"] = list(self.crash_times)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "State":
+        """Raises TypeError/ValueError on a state that is not one."""
+        fields = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
+        fields["mode"] = Mode(fields.get("mode", "starting"))
+        fields["crash_times"] = tuple(fields.get("crash_times", ()))
+        return cls(**fields)
+
 
 # --- events ----------------------------------------------------------------
 
 @dataclass(frozen=True)
 class EngineStarted:
+    """supervisord says the engine is RUNNING. In STARTING we asked for it;
+    in any other mode an operator started it: a fresh slate."""
+
     t: float
 
 
 @dataclass(frozen=True)
 class EngineExited:
+    """The engine exited without being asked to through supervisord (a crash,
+    a kill for a hang, or an exit of its own); `exit` is what we know of it."""
+
     t: float
-    crash: bool  # False for a stop we (or an operator) asked for
+    exit: ExitRecord
+
+
+@dataclass(frozen=True)
+class EngineStopped:
+    """supervisord stopped it on request (mlxd down, an operator's stop)."""
+
+    t: float
 
 
 @dataclass(frozen=True)
@@ -84,16 +146,16 @@ class Tick:
 
 
 @dataclass(frozen=True)
-class OperatorRestart:
+class Reconciled:
+    """The listener (re)started and read supervisord's view of the engine:
+    `statename` is supervisord's (RUNNING, EXITED, FATAL, BACKOFF, STOPPED...)."""
+
     t: float
+    statename: str
+    started_at: float | None = None
 
 
-@dataclass(frozen=True)
-class OperatorStop:
-    t: float
-
-
-Event = EngineStarted | EngineExited | Health | Tick | OperatorRestart | OperatorStop
+Event = EngineStarted | EngineExited | EngineStopped | Health | Tick | Reconciled
 
 
 # --- actions -----------------------------------------------------------------
@@ -110,6 +172,9 @@ class KillEngine:
 
 @dataclass(frozen=True)
 class RecordCrash:
+    """Journal this exit (and log it). `exit` is the event's, handed through."""
+
+    exit: ExitRecord
     restart_in_s: float | None  # None: degraded, no restart scheduled
     degraded: bool
     killed_for: str | None = None  # e.g. "hang" when we killed it
@@ -126,23 +191,30 @@ def backoff_delay(consecutive: int, policy: Policy) -> float:
 
 
 def decide(state: State, event: Event, policy: Policy) -> tuple[State, list[Action]]:
-    if isinstance(event, OperatorRestart):
-        return State(mode=Mode.STARTING), [StartEngine()]
-    if isinstance(event, OperatorStop):
+    new, actions = _decide(state, event, policy)
+    if new.mode not in TRANSITIONS[state.mode]:
+        raise InvalidTransition(f"{state.mode.value} -> {new.mode.value} on {type(event).__name__}")
+    return new, actions
+
+
+def _decide(state: State, event: Event, policy: Policy) -> tuple[State, list[Action]]:
+    if isinstance(event, EngineStopped):
         return replace(state, mode=Mode.STOPPED, restart_at=None, killing=None), []
     if isinstance(event, EngineStarted):
-        if state.mode is Mode.STOPPED:
-            return state, []
-        return replace(state, mode=Mode.RUNNING, started_at=event.t, health_failures=0, killing=None), []
+        if state.mode is Mode.STARTING:
+            return replace(state, mode=Mode.RUNNING, started_at=event.t, health_failures=0, killing=None), []
+        return State(mode=Mode.RUNNING, started_at=event.t), []  # an operator's start: crash history cleared
     if isinstance(event, EngineExited):
         return _on_exit(state, event, policy)
     if isinstance(event, Health):
         return _on_health(state, event, policy)
+    if isinstance(event, Reconciled):
+        return _on_reconcile(state, event)
     return _on_tick(state, event, policy)
 
 
 def _on_exit(state: State, event: EngineExited, policy: Policy) -> tuple[State, list[Action]]:
-    if state.mode is Mode.STOPPED or not event.crash:
+    if state.mode is Mode.STOPPED:
         return replace(state, killing=None), []
     t = event.t
     uptime = t - state.started_at if state.started_at is not None else 0.0
@@ -153,13 +225,13 @@ def _on_exit(state: State, event: EngineExited, policy: Policy) -> tuple[State, 
                    killing=None)
     if (state.probation and not healthy_run) or len(recent) >= policy.loop_crashes:
         degraded = replace(base, mode=Mode.DEGRADED, restart_at=t + policy.cooldown_s, probation=False)
-        return degraded, [RecordCrash(None, True, state.killing)]
+        return degraded, [RecordCrash(event.exit, None, True, state.killing)]
     delay = backoff_delay(consecutive, policy)
     if delay == 0:
         return replace(base, mode=Mode.STARTING, restart_at=None, probation=False), \
-            [RecordCrash(0.0, False, state.killing), StartEngine()]
+            [RecordCrash(event.exit, 0.0, False, state.killing), StartEngine()]
     return replace(base, mode=Mode.BACKOFF, restart_at=t + delay, probation=False), \
-        [RecordCrash(delay, False, state.killing)]
+        [RecordCrash(event.exit, delay, False, state.killing)]
 
 
 def _on_tick(state: State, event: Tick, policy: Policy) -> tuple[State, list[Action]]:
@@ -187,3 +259,16 @@ def _on_health(state: State, event: Health, policy: Policy) -> tuple[State, list
         return replace(state, health_failures=failures, killing="hang"), \
             [KillEngine(f"/health failed {failures} times in a row")]
     return replace(state, health_failures=failures), []
+
+
+def _on_reconcile(state: State, event: Reconciled) -> tuple[State, list[Action]]:
+    """Match the (resumed or fresh) state to the engine's real one. An engine
+    that is down and not already waiting to restart is restarted on the next
+    tick; a wait already under way (backoff, cool-down) is kept."""
+    if event.statename == "RUNNING":
+        return replace(state, mode=Mode.RUNNING, started_at=event.started_at or event.t), []
+    if event.statename in ("EXITED", "FATAL", "BACKOFF") and state.mode not in (Mode.DEGRADED, Mode.BACKOFF):
+        return replace(state, mode=Mode.BACKOFF, restart_at=event.t), []
+    if event.statename == "STOPPED":
+        return replace(state, mode=Mode.STOPPED), []
+    return state, []

@@ -2,7 +2,9 @@
 
 Reads what is there without changing anything: supervisord's process table
 (XML-RPC), the engine's /health, the listener's state file and the crash
-journal. Each part degrades to None when its source is absent.
+journal. Each part degrades to None when its source is absent. (Autostart,
+launchd's or systemd's, is added by the `mlxd status` command itself: the
+supervisor does not know about the service manager above it.)
 """
 
 from __future__ import annotations
@@ -12,25 +14,22 @@ import xmlrpc.client
 from typing import Any
 
 from mlxd.config import Config
-from mlxd.paths import StatePaths, read_json
+from mlxd.paths import StatePaths
 from mlxd.probe import get_json
+from mlxd.records import Quarantine, SupervisionFile
 
 from . import journal
 from .control import rpc, supervisord_pid
 
 
-def _loopback(host: str) -> str:
-    return host if host not in ("0.0.0.0", "::", "") else "127.0.0.1"
-
-
 def _engine_health(config: Config) -> dict[str, Any]:
-    return _get_json(f"http://{_loopback(config.engine.host)}:{config.engine.port}/health")
+    return _get_json(f"{config.engine_url}/health")
 
 
 def _gateway_health(config: Config) -> dict[str, Any] | None:
     if not config.gateway.enabled:
         return None
-    return _get_json(f"http://{_loopback(config.gateway.host)}:{config.gateway.port}/mlxd/health")
+    return _get_json(f"{config.gateway_url}/mlxd/health")
 
 
 def _get_json(url: str) -> dict[str, Any]:
@@ -89,17 +88,6 @@ def _our_pids(sup_pid: int | None) -> set[int]:
         return set()
 
 
-def _autostart(config: Config) -> dict[str, Any] | None:
-    try:
-        from mlxd.launchd.service import status_summary
-    except ImportError:
-        return None
-    try:
-        return status_summary(config)
-    except Exception:  # noqa: BLE001 - status never fails because of autostart
-        return None
-
-
 def overall(sup_pid: int | None, engine_ok: bool, mode: str | None, gateway_ok: bool | None = None) -> str:
     """healthy / degraded (serving through the fallback) / down (pure).
     gateway_ok is None when there is no gateway (engine only)."""
@@ -111,15 +99,15 @@ def overall(sup_pid: int | None, engine_ok: bool, mode: str | None, gateway_ok: 
 
 
 def collect_status(config: Config) -> dict[str, Any]:
-    paths = StatePaths(config.home)
+    paths = config.paths
     now = time.time()
     sup_pid = supervisord_pid(paths)
     records = journal.read_records(paths.journal)
-    supervision = read_json(paths.supervision) if sup_pid else None
+    supervision = SupervisionFile.read(paths.supervision) if sup_pid else None
     engine = _engine_health(config)
     gateway = _gateway_health(config) if sup_pid else None
     last = records[-1] if records else None
-    quarantine = (read_json(paths.quarantine) or {}).get("fingerprints", {})
+    quarantine = Quarantine.read(paths.quarantine) or Quarantine()
     return {
         "time": now,
         "home": str(config.home),
@@ -127,14 +115,14 @@ def collect_status(config: Config) -> dict[str, Any]:
         "processes": _processes(paths) if sup_pid else None,
         "engine": engine,
         "gateway": gateway,
-        "supervision": supervision,
+        "supervision": supervision.to_json() if supervision else None,
         "crashes": {**journal.crash_counts(records, now),
-                    "last": {k: last.get(k) for k in ("time", "class", "signal", "exit_code", "model", "request_id")}
+                    "last": {"time": last.time, "class": last.klass, "signal": last.signal,
+                             "exit_code": last.exit_code, "model": last.model, "request_id": last.request_id}
                     if last else None},
-        "quarantined_requests": sum(1 for t in quarantine.values() if t > now),
+        "quarantined_requests": len(quarantine.active(now)),
         "ollama": _ollama(config) if config.gateway.enabled else None,
-        "autostart": _autostart(config),
         "foreign_listeners": _port_owners(config, _our_pids(sup_pid)),
-        "overall": overall(sup_pid, engine["http_status"] == 200, (supervision or {}).get("mode"),
+        "overall": overall(sup_pid, engine["http_status"] == 200, supervision.mode if supervision else None,
                            None if gateway is None else gateway["http_status"] == 200),
     }

@@ -157,7 +157,7 @@ class Stack:
         return (read_json(self.paths.engine_pid) or {}).get("pid")
 
     def records(self) -> list[dict]:
-        return read_records(self.paths.journal)
+        return [r.to_json() for r in read_records(self.paths.journal)]
 
     def supervision(self) -> dict:
         return read_json(self.paths.supervision) or {}

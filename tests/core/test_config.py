@@ -63,3 +63,14 @@ def test_invalid_config_file_names_the_key(tmp_path):
     r = subprocess.run([sys.executable, "-m", "mlxd.cli", "--home", str(tmp_path), "config", "validate"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 78 and "engine.port" in r.stderr
+
+
+@pytest.mark.parametrize("engine_host, gateway_host, engine_url, gateway_url", [
+    ("127.0.0.1", "127.0.0.1", "http://127.0.0.1:8080", "http://127.0.0.1:4000"),
+    ("0.0.0.0", "::", "http://127.0.0.1:8080", "http://127.0.0.1:4000"),  # a wildcard bind is reached on loopback
+    ("::1", "172.17.0.1", "http://[::1]:8080", "http://172.17.0.1:4000"),
+])
+def test_one_loopback_rule_for_every_url(engine_host, gateway_host, engine_url, gateway_url):
+    c = parse_config({"engine": {"host": engine_host}, "gateway": {"host": gateway_host}}, Path("/h"))
+    assert (c.engine_url, c.gateway_url) == (engine_url, gateway_url)
+    assert c.paths.journal == Path("/h/state/crashes.jsonl")

@@ -10,7 +10,8 @@ import pytest
 
 from mlxd.config import parse_config
 from mlxd.gateway.keys import ensure_key
-from mlxd.launchd.common import default_path_env, mlxd_argv, stop_timeout_s
+from mlxd.launchd.common import default_path_env, mlxd_argv
+from mlxd.supervisor.supervisord_conf import stop_timeout_s
 from mlxd.launchd.plist import LABEL, plist_bytes, render_launch_agent
 from mlxd.paths import StatePaths
 from mlxd.supervisor.supervisord_conf import render_supervisord_conf

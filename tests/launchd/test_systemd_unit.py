@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from mlxd.config import parse_config
-from mlxd.launchd.common import default_path_env, mlxd_argv, stop_timeout_s
+from mlxd.launchd.common import default_path_env, mlxd_argv
+from mlxd.supervisor.supervisord_conf import stop_timeout_s
 from mlxd.launchd.systemd import render_systemd_unit
 
 HOME = Path("/home/someone/.mlxd")

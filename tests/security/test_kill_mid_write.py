@@ -39,7 +39,7 @@ from mlxd.engine.errors import EngineError
 from mlxd.engine.quarantine import QuarantineList
 from mlxd.gateway.keys import PREFIX, read_key
 from mlxd.paths import read_json, remove_stale_temps, write_atomic
-from mlxd.supervisor.listener import state_from_json
+from mlxd.supervisor.policy import State
 from testkit import wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -135,7 +135,7 @@ def _quarantine(path: Path) -> bool:
 
 def _supervision(path: Path) -> bool:
     data = read_json(path)
-    return isinstance(data, dict) and _whole_pad(state_from_json(data).killing)
+    return isinstance(data, dict) and _whole_pad(State.from_json(data).killing)
 
 
 def _inflight(path: Path) -> bool:

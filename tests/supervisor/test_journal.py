@@ -5,39 +5,50 @@ import multiprocessing
 import os
 import signal
 
-from mlxd.supervisor.journal import append_record, crash_counts, quarantine_list, read_records
+import pytest
+
+from mlxd.records import CrashRecord, ExitRecord, InflightRequest
+from mlxd.supervisor.journal import (append_record, crash_counts, crash_record, quarantine_list, read_records,
+                                     with_crash_report)
+from mlxd.supervisor.policy import RecordCrash
+
+
+def rec(time, klass="sigabrt", **kw):
+    return CrashRecord(time=time, klass=klass, **kw)
 
 
 def test_append_and_read_back(tmp_path):
     j = tmp_path / "crashes.jsonl"
     for i in range(3):
-        append_record(j, {"time": 100.0 + i, "class": "sigabrt", "n": i}, max_bytes=10**6)
-    assert [r["n"] for r in read_records(j)] == [0, 1, 2]
+        append_record(j, rec(100.0 + i, pid=i), max_bytes=10**6)
+    assert [r.pid for r in read_records(j)] == [0, 1, 2]
+    assert json.loads(j.read_bytes().splitlines()[0])["class"] == "sigabrt"  # the file's field name
 
 
 def test_rotation_keeps_the_previous_file(tmp_path):
     j = tmp_path / "crashes.jsonl"
     for i in range(200):
-        append_record(j, {"time": float(i), "class": "sigabrt", "pad": "x" * 100}, max_bytes=5_000)
+        append_record(j, rec(float(i), stderr_tail="x" * 100), max_bytes=5_000)
     assert (tmp_path / "crashes.jsonl.1").exists()
     assert j.stat().st_size < 5_000 + 200
     recs = read_records(j)
-    assert recs[-1]["time"] == 199.0 and len(recs) < 200  # older than one rotation are gone
+    assert recs[-1].time == 199.0 and len(recs) < 200  # older than one rotation are gone
 
 
 def test_a_torn_last_line_is_skipped(tmp_path):
     j = tmp_path / "crashes.jsonl"
-    append_record(j, {"time": 1.0, "class": "sigabrt"}, max_bytes=10**6)
+    append_record(j, rec(1.0), max_bytes=10**6)
     with j.open("ab") as f:
-        f.write(b'{"time": 2.0, "cla')
-    assert read_records(j) == [{"time": 1.0, "class": "sigabrt"}]
+        f.write(b'{"no": "time"}\n{"time": 2.0, "cla')
+    assert read_records(j) == [rec(1.0)]
 
 
 def _writer(path: str) -> None:
     from pathlib import Path
     i = 0
     while True:
-        append_record(Path(path), {"time": float(i), "class": "sigabrt", "pad": "y" * 500}, max_bytes=10**9)
+        append_record(Path(path), CrashRecord(time=float(i), klass="sigabrt", stderr_tail="y" * 500),
+                      max_bytes=10**9)
         i += 1
 
 
@@ -61,17 +72,49 @@ def test_kill_9_mid_append_never_corrupts(tmp_path):
 
 def test_crash_counts_by_hour_and_day():
     now = 100_000.0
-    recs = [{"time": now - 10, "class": "sigabrt"}, {"time": now - 4000, "class": "hang"},
-            {"time": now - 90_000, "class": "sigkill"}, {"time": now - 5, "class": "clean_stop"}]
+    recs = [rec(now - 10), rec(now - 4000, "hang"), rec(now - 90_000, "sigkill"), rec(now - 5, "clean_stop")]
     assert crash_counts(recs, now) == {"last_hour": 1, "last_day": 2}
 
 
 def test_quarantine_needs_two_crashes_of_the_same_request_within_the_period():
     now = 10_000.0
-    recs = [{"time": now - 100, "class": "sigabrt", "fingerprint": "aa"},
-            {"time": now - 50, "class": "metal_oom", "fingerprint": "aa"},
-            {"time": now - 40, "class": "sigabrt", "fingerprint": "bb"},
-            {"time": now - 5000, "class": "sigabrt", "fingerprint": "cc"},
-            {"time": now - 10, "class": "sigabrt", "fingerprint": "cc"},
-            {"time": now - 9, "class": "sigabrt"}]
+    recs = [rec(now - 100, fingerprint="aa"), rec(now - 50, "metal_oom", fingerprint="aa"),
+            rec(now - 40, fingerprint="bb"), rec(now - 5000, fingerprint="cc"), rec(now - 10, fingerprint="cc"),
+            rec(now - 9)]
     assert quarantine_list(recs, now, period_s=3600) == {"aa": now - 50 + 3600}
+
+
+INFLIGHT = InflightRequest(request_id="req-1", fingerprint="fp", model="demo", pid=42, started=99.0,
+                           memory={"mlx_active_bytes": 7})
+HEALTH = {"resident_model": "other", "memory": {"mlx_active_bytes": 1}}
+
+
+@pytest.mark.parametrize("exit, killed_for, health, expected", [
+    # a SIGABRT mid-request: blamed on the request in flight
+    (ExitRecord(returncode=-6, ended=110.0, pid=42, started=100.0, inflight=INFLIGHT), None, HEALTH,
+     dict(klass="sigabrt", signal="SIGABRT", exit_code=None, model="demo", request_id="req-1", fingerprint="fp",
+          uptime_s=10.0, memory={"mlx_active_bytes": 7})),
+    # an exit on an MLX error, idle: the engine's last health fills in
+    (ExitRecord(returncode=86, ended=5.0, pid=1, started=4.0), None, HEALTH,
+     dict(klass="mlx_error", signal=None, exit_code=86, model="other", request_id=None,
+          memory={"mlx_active_bytes": 1})),
+    # killed for a hang by us: a hang, whatever the signal says
+    (ExitRecord(returncode=-9, ended=5.0), "hang", None,
+     dict(klass="hang", signal="SIGKILL", exit_code=None, model=None, uptime_s=None)),
+    # a Metal message in stderr makes an abort a Metal OOM
+    (ExitRecord(returncode=-6, ended=5.0, stderr_tail="[METAL] Command buffer execution failed: Insufficient Memory"),
+     None, None, dict(klass="metal_oom")),
+])
+def test_crash_record_from_the_policys_action(exit, killed_for, health, expected):
+    record = crash_record(RecordCrash(exit, 1.0, False, killed_for), health, handled_at=200.0)
+    assert record.time == exit.ended and record.handled_at == 200.0 and record.restart_in_s == 1.0
+    assert {k: getattr(record, k) for k in expected} == expected
+
+
+@pytest.mark.parametrize("klass, oom, expected", [
+    ("sigabrt", True, "metal_oom"), ("mlx_error", True, "metal_oom"), ("sigabrt", False, "sigabrt"),
+    ("sigkill", True, "sigkill"),
+])
+def test_a_crash_report_can_turn_an_abort_into_a_metal_oom(klass, oom, expected):
+    r = with_crash_report(rec(1.0, klass), "x.ips: summary", oom)
+    assert r.klass == expected and r.crash_report == "x.ips: summary"

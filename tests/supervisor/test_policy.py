@@ -2,12 +2,23 @@
 
 import pytest
 
-from mlxd.supervisor.policy import (EngineExited, EngineStarted, Health, KillEngine, Mode, OperatorRestart,
-                                    OperatorStop, Policy, RecordCrash, StartEngine, State, Tick, backoff_delay,
-                                    decide)
+from mlxd.config import SupervisorConfig
+from mlxd.records import ExitRecord
+from mlxd.supervisor.policy import (TRANSITIONS, EngineExited, EngineStarted, EngineStopped, Health,
+                                    InvalidTransition, KillEngine, Mode, Policy, Reconciled, RecordCrash,
+                                    StartEngine, State, Tick, backoff_delay, decide)
 
-P = Policy(backoff_base_s=1, backoff_cap_s=8, healthy_reset_s=60, loop_crashes=5, loop_window_s=600,
-           cooldown_s=300, health_failures=3, start_grace_s=30)
+P = Policy.from_config(SupervisorConfig(backoff_base_s=1, backoff_cap_s=8, healthy_reset_s=60, loop_crashes=5,
+                                        loop_window_s=600, cooldown_s=300, health_failures=3, start_grace_s=30))
+EXIT = ExitRecord(returncode=-6, ended=0.0)  # what the listener would hand over; the policy only carries it
+
+
+def exited(t):
+    return EngineExited(t, EXIT)
+
+
+def crash(delay, degraded=False, killed_for=None):
+    return RecordCrash(EXIT, delay, degraded, killed_for)
 
 
 def run(events, state=State()):
@@ -24,8 +35,8 @@ def test_backoff_delays_double_up_to_the_cap(n, delay):
 
 
 def test_crash_after_a_healthy_run_restarts_at_once():
-    state, actions = run([EngineStarted(0), EngineExited(3600, crash=True)])
-    assert actions[-1] == [RecordCrash(0.0, False), StartEngine()]
+    state, actions = run([EngineStarted(0), exited(3600)])
+    assert actions[-1] == [crash(0.0), StartEngine()]
     assert state.mode is Mode.STARTING and state.consecutive == 1
 
 
@@ -34,7 +45,7 @@ def test_quick_crashes_back_off_growing_then_degrade():
     for _ in range(4):
         state, _ = decide(state, EngineStarted(t), P)
         t += 1
-        state, acts = decide(state, EngineExited(t, crash=True), P)
+        state, acts = decide(state, exited(t), P)
         delays.append(acts[0].restart_in_s)
         if state.mode is Mode.BACKOFF:
             state, acts = decide(state, Tick(state.restart_at - 0.01), P)
@@ -44,8 +55,8 @@ def test_quick_crashes_back_off_growing_then_degrade():
             assert acts == [StartEngine()]
     assert delays == [0.0, 1, 2, 4]
     state, _ = decide(state, EngineStarted(t), P)
-    state, acts = decide(state, EngineExited(t + 1, crash=True), P)  # the 5th crash in the window
-    assert state.mode is Mode.DEGRADED and acts == [RecordCrash(None, True)]
+    state, acts = decide(state, exited(t + 1), P)  # the 5th crash in the window
+    assert state.mode is Mode.DEGRADED and acts == [crash(None, True)]
     assert state.restart_at == pytest.approx(t + 1 + 300)
 
 
@@ -55,8 +66,8 @@ def test_degraded_waits_out_the_cooldown_then_probation():
     state, acts = decide(state, Tick(1000), P)
     assert acts == [StartEngine()] and state.probation and state.crash_times == ()
     state, _ = decide(state, EngineStarted(1001), P)
-    state, acts = decide(state, EngineExited(1005, crash=True), P)  # crashed on probation
-    assert state.mode is Mode.DEGRADED and acts == [RecordCrash(None, True)]
+    state, acts = decide(state, exited(1005), P)  # crashed on probation
+    assert state.mode is Mode.DEGRADED and acts == [crash(None, True)]
 
 
 def test_probation_passed_after_a_healthy_run():
@@ -64,19 +75,26 @@ def test_probation_passed_after_a_healthy_run():
     state, _ = decide(state, EngineStarted(0), P)
     state, _ = decide(state, Tick(61), P)
     assert state.consecutive == 0 and not state.probation
-    state, acts = decide(state, EngineExited(100, crash=True), P)
-    assert acts == [RecordCrash(0.0, False), StartEngine()]
+    state, acts = decide(state, exited(100), P)
+    assert acts == [crash(0.0), StartEngine()]
 
 
-def test_operator_restart_clears_degraded():
-    state = State(mode=Mode.DEGRADED, restart_at=1000, crash_times=(1, 2, 3, 4, 5), consecutive=5)
-    state, acts = decide(state, OperatorRestart(10), P)
-    assert acts == [StartEngine()] and state == State(mode=Mode.STARTING)
+@pytest.mark.parametrize("mode", [Mode.DEGRADED, Mode.BACKOFF, Mode.STOPPED, Mode.RUNNING])
+def test_a_start_we_did_not_order_is_an_operator_restart_with_a_fresh_slate(mode):
+    state = State(mode=mode, restart_at=1000, crash_times=(1, 2, 3, 4, 5), consecutive=5, probation=True)
+    state, acts = decide(state, EngineStarted(10), P)
+    assert acts == [] and state == State(mode=Mode.RUNNING, started_at=10)
+
+
+def test_a_start_we_ordered_keeps_the_crash_history():
+    state = State(mode=Mode.STARTING, crash_times=(1, 2), consecutive=2)
+    state, _ = decide(state, EngineStarted(10), P)
+    assert state.mode is Mode.RUNNING and state.consecutive == 2 and state.crash_times == (1, 2)
 
 
 def test_operator_stop_is_not_a_crash():
-    state, _ = run([EngineStarted(0), OperatorStop(5)])
-    state, acts = decide(state, EngineExited(6, crash=True), P)
+    state, _ = run([EngineStarted(0), EngineStopped(5)])
+    state, acts = decide(state, exited(6), P)
     assert acts == [] and state.mode is Mode.STOPPED
 
 
@@ -99,8 +117,55 @@ def test_hang_detection(observations, kill_at):
 def test_a_killed_hang_is_recorded_as_such():
     state, _ = decide(State(), EngineStarted(0), P)
     state, _ = decide(state, Health(40, ok=False, unhealthy=True), P)
-    state, acts = decide(state, EngineExited(41, crash=True), P)
-    assert acts == [RecordCrash(0.0, False, "hang"), StartEngine()]
+    state, acts = decide(state, exited(41), P)
+    assert acts == [crash(0.0, killed_for="hang"), StartEngine()]
+
+
+@pytest.mark.parametrize("saved, statename, expected_mode, restart_at", [
+    (State(), "RUNNING", Mode.RUNNING, None),
+    (State(mode=Mode.RUNNING, started_at=1), "EXITED", Mode.BACKOFF, 50),          # died while we were away
+    (State(), "FATAL", Mode.BACKOFF, 50),
+    (State(mode=Mode.BACKOFF, restart_at=70), "EXITED", Mode.BACKOFF, 70),         # a wait under way is kept
+    (State(mode=Mode.DEGRADED, restart_at=300), "EXITED", Mode.DEGRADED, 300),     # so is a cool-down
+    (State(mode=Mode.RUNNING, started_at=1), "STOPPED", Mode.STOPPED, None),
+    (State(mode=Mode.STARTING), "STARTING", Mode.STARTING, None),                  # nothing to say yet
+])
+def test_reconcile_matches_supervisords_view(saved, statename, expected_mode, restart_at):
+    state, acts = decide(saved, Reconciled(50, statename, started_at=40), P)
+    assert acts == [] and state.mode is expected_mode and state.restart_at == restart_at
+    if expected_mode is Mode.BACKOFF and restart_at == 50:
+        state, acts = decide(state, Tick(50), P)
+        assert acts == [StartEngine()] and state.mode is Mode.STARTING
+
+
+def test_every_transition_decide_makes_is_in_the_table():
+    """Walk every mode through every kind of event: each resulting move is allowed."""
+    events = [EngineStarted(500), exited(500), EngineStopped(500), Health(500, ok=False, unhealthy=True),
+              Tick(10_000), Reconciled(500, "RUNNING"), Reconciled(500, "EXITED"), Reconciled(500, "STOPPED")]
+    seen = set()
+    for mode in Mode:
+        for probation in (False, True):
+            state = State(mode=mode, started_at=0, restart_at=100, probation=probation, crash_times=(1, 2, 3, 4))
+            for ev in events:
+                new, _ = decide(state, ev, P)
+                seen.add((mode, new.mode))
+    assert all(to in TRANSITIONS[frm] for frm, to in seen)
+    assert (Mode.RUNNING, Mode.DEGRADED) in seen and (Mode.STOPPED, Mode.RUNNING) in seen
+
+
+def test_a_transition_outside_the_table_is_refused(monkeypatch):
+    import mlxd.supervisor.policy as policy
+    monkeypatch.setitem(policy.TRANSITIONS, Mode.RUNNING, frozenset({Mode.RUNNING}))
+    with pytest.raises(InvalidTransition, match="running -> stopped"):
+        decide(State(mode=Mode.RUNNING, started_at=0), EngineStopped(1), P)
+
+
+def test_policy_numbers_come_from_the_config_alone():
+    s = SupervisorConfig()
+    p = Policy.from_config(s)
+    assert (p.backoff_base_s, p.loop_crashes, p.cooldown_s) == (s.backoff_base_s, s.loop_crashes, s.cooldown_s)
+    with pytest.raises(TypeError):
+        Policy()  # no defaults of its own
 
 
 @pytest.mark.parametrize("sup, engine_ok, mode, gateway_ok, expected", [

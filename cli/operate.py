@@ -1,5 +1,5 @@
 """The stack commands of `mlxd`: up, down, restart, status (thin shells over
-control.py and status.py)."""
+mlxd.supervisor's control and status)."""
 
 from __future__ import annotations
 
@@ -10,18 +10,11 @@ import time
 
 from mlxd import exit_codes
 from mlxd.config import Config
-from mlxd.paths import StatePaths
 from mlxd.probe import get_json
-
-from . import control
-from .status import collect_status
+from mlxd.supervisor import control
+from mlxd.supervisor.status import collect_status
 
 STATUS_EXIT = {"healthy": 0, "degraded": 1, "down": 2}
-
-
-def _gateway_url(config: Config) -> str:
-    host = config.gateway.host if config.gateway.host not in ("0.0.0.0", "::") else "127.0.0.1"
-    return f"http://{host}:{config.gateway.port}"
 
 
 def _wait_ready(config: Config, timeout: float, alive=lambda: True) -> bool:
@@ -34,7 +27,7 @@ def _wait_ready(config: Config, timeout: float, alive=lambda: True) -> bool:
         return True
     print("gateway: starting", file=sys.stderr, flush=True)
     while time.monotonic() < deadline and alive():
-        if get_json(_gateway_url(config) + "/mlxd/health")[0] == 200:
+        if get_json(config.gateway_url + "/mlxd/health")[0] == 200:
             print("gateway: ready", file=sys.stderr)
             return True
         time.sleep(0.2)
@@ -42,7 +35,7 @@ def _wait_ready(config: Config, timeout: float, alive=lambda: True) -> bool:
 
 
 def _wait_engine(config: Config, deadline: float, alive) -> bool:
-    url = f"http://127.0.0.1:{config.engine.port}/health"
+    url = f"{config.engine_url}/health"
     shown = ""
     while time.monotonic() < deadline and alive():
         status, body = get_json(url)
@@ -59,7 +52,7 @@ def _wait_engine(config: Config, deadline: float, alive) -> bool:
 
 
 def cmd_up(args: argparse.Namespace, config: Config) -> int:
-    paths = StatePaths(config.home)
+    paths = config.paths
     pid = control.supervisord_pid(paths)
     if pid is not None:
         print(f"mlxd is already running (supervisord pid {pid}); see `mlxd status`")
@@ -90,17 +83,17 @@ def _first_run(config: Config) -> None:
               f"      For a real model add e.g. [models.qwen] repo = \"mlx-community/Qwen3-4B-Instruct-2507-4bit\" "
               f"there (see the comments in it).", file=sys.stderr)
     if config.gateway.enabled:
-        ensure_key(StatePaths(config.home))
+        ensure_key(config.paths)
 
 
 def _print_endpoint(config: Config) -> None:
     if config.gateway.enabled:
-        base = _gateway_url(config) + "/v1"
-        key_file = StatePaths(config.home).key
+        base = config.gateway_url + "/v1"
+        key_file = config.paths.key
         auth = f"-H \"Authorization: Bearer $(cat {key_file})\" "
         where = f"mlxd is serving: {base}   (key in {key_file})"
     else:
-        base, auth = f"http://127.0.0.1:{config.engine.port}/v1", ""
+        base, auth = f"{config.engine_url}/v1", ""
         where = f"mlxd is serving (engine only): {base}"
     print(f"{where}\n"
           f"  curl -s {base}/chat/completions {auth}-H 'Content-Type: application/json' \\\n"
@@ -131,9 +124,9 @@ def _run_foreground(config: Config, timeout: float) -> int:
 
 
 def cmd_down(config: Config) -> int:
-    from mlxd.launchd.common import stop_timeout_s
+    from mlxd.supervisor.supervisord_conf import stop_timeout_s
 
-    if control.shutdown(StatePaths(config.home), timeout=stop_timeout_s(config)):
+    if control.shutdown(config.paths, timeout=stop_timeout_s(config)):
         print("mlxd stopped")
     else:
         print("mlxd was not running")
@@ -141,7 +134,7 @@ def cmd_down(config: Config) -> int:
 
 
 def cmd_restart(args: argparse.Namespace, config: Config) -> int:
-    paths = StatePaths(config.home)
+    paths = config.paths
     if control.supervisord_pid(paths) is None:
         print("mlxd is not running; start it with `mlxd up`", file=sys.stderr)
         return 2
@@ -149,7 +142,7 @@ def cmd_restart(args: argparse.Namespace, config: Config) -> int:
         control.restart_engine(paths)
         print("engine restarted", file=sys.stderr)
         return exit_codes.OK if _wait_ready(config, 300) else 1
-    from mlxd.launchd.common import stop_timeout_s
+    from mlxd.supervisor.supervisord_conf import stop_timeout_s
 
     control.shutdown(paths, timeout=stop_timeout_s(config))
     return cmd_up(argparse.Namespace(detach=True, timeout=300.0), config)
@@ -198,8 +191,17 @@ def format_status(st: dict) -> str:
     return "\n".join(lines)
 
 
+def _autostart(config: Config) -> dict | None:
+    from mlxd.launchd.service import status_summary
+
+    try:
+        return status_summary(config)
+    except Exception:  # noqa: BLE001 - status never fails because of autostart
+        return None
+
+
 def cmd_status(args: argparse.Namespace, config: Config) -> int:
-    st = collect_status(config)
+    st = {**collect_status(config), "autostart": _autostart(config)}
     print(json.dumps(st, indent=2, default=str) if args.json else format_status(st))
     return STATUS_EXIT[st["overall"]]
 

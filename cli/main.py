@@ -1,4 +1,4 @@
-"""The `mlxd` command (DESIGN.md, Fixed conventions).
+"""The `mlxd` command line: argument parsing and dispatch.
 
   mlxd engine               the engine alone, in the foreground
   mlxd up [--detach]        supervisord with the engine and the crash listener
@@ -103,19 +103,17 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_service(args, config)
     if args.command == "logs":
-        from mlxd.logs import run_logs
-        from mlxd.paths import StatePaths
+        from .logs import run_logs
 
-        return run_logs(StatePaths(config.home), args.component, args.follow, args.lines)
+        return run_logs(config.paths, args.component, args.follow, args.lines)
     if args.command == "doctor":
-        from mlxd.doctor import run_doctor
+        from .doctor import run_doctor
 
         return run_doctor(config, args.json)
     if args.command == "key":
         from mlxd.gateway.keys import ensure_key, rotate_key
-        from mlxd.paths import StatePaths
 
-        paths = StatePaths(config.home)
+        paths = config.paths
         paths.home.mkdir(parents=True, exist_ok=True)
         if args.action == "path":
             print(paths.key)
@@ -132,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         from mlxd.gateway.main import run_gateway
 
         return run_gateway(config)
-    from mlxd.supervisor import operate
+    from . import operate
 
     return operate.run_command(args, config)
 

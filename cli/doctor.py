@@ -127,7 +127,7 @@ def check_models(config: Config) -> list[Check]:
 def run_checks(config: Config) -> list[Check]:
     from mlxd.supervisor.control import supervisord_pid
 
-    paths = StatePaths(config.home)
+    paths = config.paths
     running = supervisord_pid(paths) is not None
     checks = [check_python(), check_packages(), check_backend(config), *check_ports(config, running),
               check_key(paths), Check("config", "pass", f"{config.home / 'mlxd.toml'} is valid"),

@@ -85,8 +85,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mlxd: {exc}", file=sys.stderr)
         return exit_codes.CONFIG
     if args.command == "config":
-        print(config.model_dump_json(indent=2) if args.action == "show" else f"{path}: valid")
-        return exit_codes.OK
+        if args.action == "show":
+            print(config.model_dump_json(indent=2))
+            return exit_codes.OK
+        from .preflight import model_problems
+
+        problems = model_problems(config)
+        print("\n".join(map(str, problems)) if problems else f"{path}: valid",
+              file=sys.stderr if problems else sys.stdout)
+        return exit_codes.CONFIG if problems else exit_codes.OK
     if args.command == "engine":
         engine_overrides = {k: v for k, v in (("host", args.host), ("port", args.port),
                                                ("default_model", args.model)) if v is not None}

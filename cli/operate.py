@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 
@@ -14,41 +15,69 @@ from mlxd.probe import get_json
 from mlxd.supervisor import control
 from mlxd.supervisor.status import collect_status
 
+from . import preflight
+
 STATUS_EXIT = {"healthy": 0, "degraded": 1, "down": 2}
 
 
-def _wait_ready(config: Config, timeout: float, alive=lambda: True) -> bool:
-    """Poll the engine's /health (showing its phase), then the gateway's;
-    give up early when `alive()` says supervisord is gone."""
+def _wait_ready(config: Config, timeout: float, alive=lambda: True) -> str | None:
+    """Poll the engine's /health (showing its phase), then the gateway's.
+    None once both answer; otherwise why not, in a line for the user (a
+    timeout, supervisord gone, or an engine that cannot start)."""
     deadline = time.monotonic() + timeout
-    if not _wait_engine(config, deadline, alive):
-        return False
+    not_ready = f"not ready after {timeout:.0f}s; see `mlxd status` and `mlxd logs`"
+    failure = _wait_engine(config, deadline, alive)
+    if failure is not None or not alive():
+        return failure or "supervisord exited; see `mlxd logs supervisord`"
+    if time.monotonic() >= deadline:
+        return f"the engine is {not_ready}"
     if not config.gateway.enabled:
-        return True
+        return None
     print("gateway: starting", file=sys.stderr, flush=True)
     while time.monotonic() < deadline and alive():
         if get_json(config.gateway_url + "/mlxd/health")[0] == 200:
             print("gateway: ready", file=sys.stderr)
-            return True
+            return None
         time.sleep(0.2)
-    return False
+    return f"the gateway is {not_ready}"
 
 
-def _wait_engine(config: Config, deadline: float, alive) -> bool:
+def _start_failure(config: Config, since: float) -> str | None:
+    """Why the engine cannot start, once the journal says retrying will not
+    help (its model, its config or its port): the engine's last words."""
+    from mlxd.supervisor.journal import read_records
+
+    for record in reversed(read_records(config.paths.journal)):
+        if record.time < since:
+            break
+        if record.klass in ("preload_failed", "config_error") or record.exit_code == exit_codes.STARTUP_FAILED:
+            lines = [line for line in record.stderr_tail.splitlines() if line.strip()]
+            # the exception's message, without its class ("mlxd.engine.errors.EngineError: ...")
+            return re.sub(r"^[\w.]+(Error|Exception): ", "", lines[-1]) if lines else record.klass
+    return None
+
+
+def _wait_engine(config: Config, deadline: float, alive) -> str | None:
+    """Show the engine's phase until it answers 200; a reason if it cannot start."""
     url = f"{config.engine_url}/health"
     shown = ""
+    since = time.time()
     while time.monotonic() < deadline and alive():
+        failure = _start_failure(config, since)
+        if failure is not None:
+            return (f"the engine cannot start: {failure}\n  Fix: see `mlxd logs engine`, fix it, then "
+                    f"`mlxd restart` (meanwhile the gateway answers through Ollama)")
         status, body = get_json(url)
         if status == 200:
             print("\rengine: ready" + " " * 30, file=sys.stderr)
-            return True
+            return None
         if status is not None:
             phase = (body.get("reason") if isinstance(body, dict) else None) or "starting"
             if phase != shown:
                 print(f"\rengine: {phase}" + " " * 20, end="", file=sys.stderr, flush=True)
                 shown = phase
         time.sleep(0.2)
-    return False
+    return None
 
 
 def cmd_up(args: argparse.Namespace, config: Config) -> int:
@@ -59,14 +88,19 @@ def cmd_up(args: argparse.Namespace, config: Config) -> int:
         return exit_codes.OK
     for note in control.clean_stale(paths):
         print(f"mlxd: {note}", file=sys.stderr)
+    for problems, code in ((preflight.model_problems(config), exit_codes.CONFIG),
+                           (preflight.port_problems(config), exit_codes.STARTUP_FAILED)):
+        if problems:
+            print("\n".join(map(str, problems)), file=sys.stderr)
+            return code
     _first_run(config)
     if not args.detach:
         return _run_foreground(config, args.timeout)
     pid = control.start_detached(config)
     print(f"supervisord started (pid {pid}); waiting for the engine...", file=sys.stderr)
-    if not _wait_ready(config, args.timeout):
-        print(f"mlxd: the engine is not ready after {args.timeout:.0f}s; see `mlxd status` and "
-              f"{paths.logs}", file=sys.stderr)
+    problem = _wait_ready(config, args.timeout)
+    if problem is not None:
+        print(f"\nmlxd: {problem}", file=sys.stderr)
         return 1
     _print_endpoint(config)
     return exit_codes.OK
@@ -112,10 +146,11 @@ def _run_foreground(config: Config, timeout: float) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda signum, _f: proc.send_signal(signum))
     print(f"supervisord started (pid {proc.pid}); waiting for the engine...", file=sys.stderr)
-    if _wait_ready(config, timeout, alive=lambda: proc.poll() is None):
+    problem = _wait_ready(config, timeout, alive=lambda: proc.poll() is None)
+    if problem is None:
         _print_endpoint(config)
     else:
-        print(f"mlxd: the engine is not ready after {timeout:.0f}s; see `mlxd status`", file=sys.stderr)
+        print(f"\nmlxd: {problem}", file=sys.stderr)
     while True:
         try:
             return proc.wait()
@@ -141,7 +176,10 @@ def cmd_restart(args: argparse.Namespace, config: Config) -> int:
     if args.what == "engine":
         control.restart_engine(paths)
         print("engine restarted", file=sys.stderr)
-        return exit_codes.OK if _wait_ready(config, 300) else 1
+        problem = _wait_ready(config, 300)
+        if problem is not None:
+            print(f"mlxd: {problem}", file=sys.stderr)
+        return exit_codes.OK if problem is None else 1
     from mlxd.supervisor.supervisord_conf import stop_timeout_s
 
     control.shutdown(paths, timeout=stop_timeout_s(config))

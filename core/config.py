@@ -16,6 +16,7 @@ Environment overrides (each documented in README.md):
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import tomllib
@@ -183,11 +184,37 @@ def config_path(home: Path | None = None) -> Path:
     return Path(env).expanduser() if env else (home or default_home()) / "mlxd.toml"
 
 
+def _known_keys(loc: tuple) -> list[str]:
+    """The settings allowed where an unknown key `loc` was found."""
+    sections: dict[str, type[BaseModel]] = {"engine": EngineConfig, "supervisor": SupervisorConfig,
+                                            "gateway": GatewayConfig}
+    if len(loc) == 1:
+        return [k for k in Config.model_fields if k != "home"]
+    if len(loc) == 2 and loc[0] in sections:
+        return list(sections[loc[0]].model_fields)
+    if len(loc) == 3 and loc[0] == "models":
+        return list(ModelSpec.model_fields)
+    return []
+
+
+def _describe(err: dict) -> str:
+    """One line for one pydantic error, in the config's own words."""
+    loc = tuple(str(p) for p in err["loc"])
+    key = ".".join(loc) or "(top level)"
+    if err["type"] == "extra_forbidden":
+        close = difflib.get_close_matches(loc[-1], _known_keys(loc), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        return f"  {key}: unknown setting{hint}"
+    msg = err["msg"].removeprefix("Value error, ")
+    if not loc:  # a whole-config check: its message names the keys
+        return f"  {msg}"
+    return f"  {key}: {msg}" + (f" (got {err['input']!r})" if err["type"] not in ("value_error", "missing")
+                                 and not isinstance(err.get("input"), dict) else "")
+
+
 def _format_error(exc: ValidationError, source: str) -> str:
-    lines = [f"invalid config {source}:"]
-    for err in exc.errors():
-        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        lines.append(f"  {key}: {err['msg']}")
+    lines = [f"invalid config {source}:"] + [_describe(err) for err in exc.errors()]
+    lines.append(f"  Fix: edit {source} (every setting: `mlxd config reference`), then `mlxd config validate`.")
     return "\n".join(lines)
 
 
@@ -226,8 +253,12 @@ def load_config(path: Path | None = None, home: Path | None = None) -> Config:
     if path.exists():
         try:
             data = tomllib.loads(path.read_text())
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(f"cannot read config {path}: {exc}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config {path} is not valid TOML: {exc}\n"
+                              f"  Fix: correct that line (TOML: https://toml.io), or move the file away to use "
+                              f"the defaults.") from None
+        except OSError as exc:
+            raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
     return parse_config(apply_env_overrides(data, dict(os.environ)), home, str(path))
 
 

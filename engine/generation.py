@@ -21,7 +21,7 @@ from .jobs import Job, SamplingParams
 from .stop_matcher import StopMatcher
 from .tool_calls import ToolCallSplitter, format_tool_calls
 
-log = logging.getLogger("mlxd.engine.worker")
+log = logging.getLogger("mlxd.engine.worker")  # it runs on the worker thread, and logs as the worker
 MAX_BACKLOG = 2048  # events buffered for a slow reader before the worker waits
 
 

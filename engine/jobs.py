@@ -12,7 +12,6 @@ import functools
 import hashlib
 import json
 import threading
-import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,7 +53,6 @@ class Job:
     tools: list[dict[str, Any]] | None = None
     prompt: str | list[int] | None = None
     cancelled: threading.Event = field(default_factory=threading.Event)
-    created: float = field(default_factory=time.monotonic)
 
     @property
     def text(self) -> str:

@@ -1,8 +1,16 @@
 """The MLX engine: an OpenAI-compatible server over mlx-lm.
 
-Entry point: `mlxd engine` -> mlxd.engine.server.main. One worker thread
-(worker.py) owns every MLX call; HTTP handlers (server.py) talk to it through
-queues. Decisions live in small pure modules: admission.py (queue),
-model_cache.py (which model to load/unload), memory_estimate.py (heavy-model
-exclusion), faults.py (fault injection), protocol.py (request validation).
+Entry point: `mlxd engine` -> mlxd.engine.main.run_engine. Where things are:
+
+  server.py      the FastAPI app and `Engine`, which wires the parts below
+  relay.py       the request flow: admit, wait, answer as JSON or SSE
+  lifecycle.py   start, drain on SIGTERM, exit on an MLX error
+  health.py      GET /health; metrics.py: GET /metrics
+  worker.py      the one thread that owns the model and every MLX call
+  generation.py  one job's tokenize/decode on the resident model
+  jobs.py, events.py  a job, and the events the worker sends its handler
+
+Decisions live in small pure modules: admission.py (queue), model_cache.py
+(which model to load/unload), memory_estimate.py (heavy-model exclusion),
+faults.py (fault injection), protocol.py (request validation).
 """

@@ -7,7 +7,7 @@ trained locally on a small corpus embedded below, and a ChatML chat template.
 The folder is a plain model folder (config.json, model.safetensors,
 tokenizer.json, tokenizer_config.json, ...), loaded by ``mlx_lm.utils.load``.
 It generates nonsense, quickly, which is enough to exercise every protocol,
-queue, cache, crash and fallback path for real (DESIGN.md "Testing without a Mac").
+queue, cache, crash and fallback path for real, on any machine.
 
 Builds are deterministic (same variant -> byte-identical files), idempotent (a
 stamp file marks a complete build) and atomic (built in a temporary sibling

@@ -3,7 +3,7 @@
 Startup: read the config, build the demo model(s) if configured (with
 progress), measure the memory budget, then serve with uvicorn. The worker
 preloads the default model; /health answers 503 "loading" until it is done.
-SIGTERM/SIGINT drain (see Engine.begin_drain) and exit 0.
+SIGTERM/SIGINT drain (see Lifecycle.begin_drain) and exit 0.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from mlxd import exit_codes
 from mlxd.config import Config
 
 from .faults import FaultInjector
+from .lifecycle import Lifecycle
 from .model_registry import ModelRegistry, demo_model_dir, system_memory_budget
 from .server import Engine, create_app
 
@@ -28,12 +29,12 @@ log = logging.getLogger("mlxd.engine")
 class EngineServer(uvicorn.Server):
     """uvicorn, with our drain started on the first SIGTERM/SIGINT."""
 
-    def __init__(self, config: uvicorn.Config, engine: Engine) -> None:
+    def __init__(self, config: uvicorn.Config, lifecycle: Lifecycle) -> None:
         super().__init__(config)
-        self.engine = engine
+        self.lifecycle = lifecycle
 
     def handle_exit(self, sig: int, frame) -> None:  # type: ignore[override]
-        self.engine.begin_drain()
+        self.lifecycle.begin_drain()
         # uvicorn's own handler records the signal and re-raises it after
         # shutdown, so a clean drain would end as "killed by SIGTERM"; a
         # drained engine exits 0 instead.
@@ -77,7 +78,7 @@ def run_engine(config: Config) -> int:
         timeout_graceful_shutdown=int(config.engine.shutdown_grace_s) + 2,
         lifespan="on",
     )
-    server = EngineServer(uv_config, engine)
+    server = EngineServer(uv_config, engine.lifecycle)
     log.info("engine listening on http://%s:%d (pid %d)", config.engine.host, config.engine.port, os.getpid())
     server.run()
     if not server.started:  # e.g. the port is taken; uvicorn said why

@@ -6,9 +6,14 @@ admission queue's published snapshots at scrape time.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
+import psutil
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+if TYPE_CHECKING:
+    from .admission import AdmissionQueue
+    from .worker import ModelWorker
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -31,3 +36,21 @@ class EngineMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def register_gauges(metrics: EngineMetrics, worker: ModelWorker, admission: AdmissionQueue,
+                    healthy: Callable[[], bool]) -> None:
+    m, w = metrics, worker
+    m.gauge("mlxd_engine_queue_depth", "Requests waiting for the worker", lambda: admission.snapshot()["waiting"])
+    m.gauge("mlxd_engine_in_flight", "Requests generating now (0 or 1)", lambda: w.active_generations)
+    m.gauge("mlxd_engine_max_observed_concurrency", "Most generations ever seen at once",
+            lambda: w.max_observed_concurrency)
+    m.gauge("mlxd_engine_model_loads", "Models loaded since start", lambda: w.counters["model_loads"])
+    m.gauge("mlxd_engine_model_unloads", "Models unloaded since start", lambda: w.counters["model_unloads"])
+    m.gauge("mlxd_engine_generated_tokens", "Tokens generated since start", lambda: w.counters["generated_tokens"])
+    m.gauge("mlxd_engine_prompt_tokens", "Prompt tokens processed since start", lambda: w.counters["prompt_tokens"])
+    m.gauge("mlxd_engine_mlx_active_bytes", "MLX active memory", lambda: w.memory.active_bytes)
+    m.gauge("mlxd_engine_mlx_peak_bytes", "MLX peak memory", lambda: w.memory.peak_bytes)
+    m.gauge("mlxd_engine_mlx_cache_bytes", "MLX buffer cache", lambda: w.memory.cache_bytes)
+    m.gauge("mlxd_engine_rss_bytes", "Engine resident set size", lambda: psutil.Process().memory_info().rss)
+    m.gauge("mlxd_engine_healthy", "1 when /health answers 200", lambda: 1 if healthy() else 0)

@@ -1,12 +1,18 @@
 """The engine's pure decisions, tested as tables: admission, the one-model
-cache plan, stop sequences and fault specs."""
+cache plan, stop sequences, fault specs, the prompt-size precheck, why
+decoding ends, and the worker's and the engine's health."""
 
 import pytest
 
 from mlxd.engine.admission import AdmissionQueue, AdmissionState, decide_admission, retry_after_s
+from mlxd.engine.errors import EngineError
 from mlxd.engine.faults import Fault, parse_faults
+from mlxd.engine.generation import answer_finish, finish_reason
+from mlxd.engine.health import LOAD_TIMEOUT_S, health_state, stuck_reason
+from mlxd.engine.jobs import MAX_CHARS_PER_TOKEN, check_prompt_size
 from mlxd.engine.model_cache import Load, Unload, plan_release, plan_switch
 from mlxd.engine.stop_matcher import StopMatcher
+from mlxd.engine.worker import Phase, WorkerStatus
 
 
 @pytest.mark.parametrize("waiting, running, capacity, accepting, expected", [
@@ -107,3 +113,78 @@ def test_parse_faults_rejects_bad_specs(spec):
 ])
 def test_fault_fires_at(fault, point, tokens, fires):
     assert fault.fires_at(point, tokens) is fires
+
+
+LIMIT = 100  # max_prompt_tokens for the prompt-size table
+CHARS = LIMIT * MAX_CHARS_PER_TOKEN
+
+
+@pytest.mark.parametrize("messages, tools, prompt, refused", [
+    (None, None, "x" * CHARS, False),
+    (None, None, "x" * (CHARS + 1), True),
+    (None, None, list(range(CHARS + 1)), False),           # token ids: the worker counts them exactly
+    ([{"role": "user", "content": "hi"}], None, None, False),
+    ([{"role": "user", "content": "x" * CHARS}], None, None, True),  # the JSON around it counts too
+    ([{"role": "user", "content": "", "name": "n" * CHARS}], None, None, True),  # not only the content
+    ([{"role": "user", "content": "hi"}], [{"description": "d" * CHARS}], None, True),  # tool schemas count
+])
+def test_prompt_size_precheck(messages, tools, prompt, refused):
+    if not refused:
+        check_prompt_size(messages, tools, prompt, LIMIT)
+        return
+    with pytest.raises(EngineError) as err:
+        check_prompt_size(messages, tools, prompt, LIMIT)
+    assert (err.value.status, err.value.code, err.value.param) == (400, "context_length_exceeded", "messages")
+
+
+@pytest.mark.parametrize("stopped, model_finish, cancelled, past_deadline, expected", [
+    (False, None, False, False, None),              # go on
+    (True, None, False, False, "stop"),             # a stop string
+    (False, "stop", False, False, "stop"),          # the model's end of sequence
+    (False, "length", False, False, "length"),      # max_tokens
+    (False, None, True, False, "cancelled"),
+    (False, None, False, True, "deadline"),
+    (True, "length", True, True, "stop"),           # a stop string wins over everything
+    (False, "length", True, True, "length"),        # a finished answer is not a cancelled one
+    (False, None, True, True, "cancelled"),         # cancelled, not answered as complete
+])
+def test_finish_reason(stopped, model_finish, cancelled, past_deadline, expected):
+    assert finish_reason(stopped, model_finish, cancelled, past_deadline) == expected
+
+
+@pytest.mark.parametrize("finish, called_tools, expected", [
+    ("stop", True, "tool_calls"),
+    ("stop", False, "stop"),
+    ("length", True, "length"),  # cut off after a tool call: still "length"
+])
+def test_answer_finish(finish, called_tools, expected):
+    assert answer_finish(finish, called_tools) == expected
+
+
+@pytest.mark.parametrize("phase, since_ago, progress_ago, stuck", [
+    (Phase.DECODE, 0.0, 5.0, False),
+    (Phase.DECODE, 0.0, 31.0, True),                # past stuck_grace_s without a token
+    (Phase.PREFILL, 0.0, 31.0, True),
+    (Phase.IDLE, 100.0, 100.0, False),              # idle is never stuck
+    (Phase.LOADING, 60.0, 60.0, False),             # loads may take long ...
+    (Phase.LOADING, LOAD_TIMEOUT_S + 1, 0.0, True),  # ... but not forever
+])
+def test_stuck_reason(phase, since_ago, progress_ago, stuck):
+    now = 10_000.0
+    status = WorkerStatus(phase, "m", "req1", None, since=now - since_ago, last_progress=now - progress_ago)
+    reason = stuck_reason(status, now, stuck_grace_s=30.0)
+    assert (reason is not None) == stuck
+
+
+@pytest.mark.parametrize("alive, phase, exiting, unhealthy, draining, ready, expected", [
+    (True, Phase.IDLE, None, None, False, True, "ok"),
+    (True, Phase.STARTING, None, None, False, False, "loading"),
+    (True, Phase.IDLE, None, None, True, True, "draining"),
+    (True, Phase.DECODE, None, "stuck: x", True, True, "unhealthy"),   # stuck beats draining
+    (True, Phase.FAILED, "fatal: x", "stuck: x", True, True, "exiting"),  # a fatal exit beats stuck
+    (False, Phase.FAILED, "fatal: x", None, False, True, "unhealthy"),  # a dead worker beats all
+    (False, Phase.STOPPED, None, None, True, True, "draining"),        # stopped on purpose
+])
+def test_health_state(alive, phase, exiting, unhealthy, draining, ready, expected):
+    status, reason = health_state(alive, phase, exiting, unhealthy, draining, ready)
+    assert status == expected and (reason is None) == (status == "ok")

@@ -1,0 +1,211 @@
+"""One job's generation on the resident model: tokenize, sample, relay.
+
+Runs on the worker thread (every MLX call does). A `Generation` turns
+mlx-lm's token stream into the job's events: stop strings held back until
+decided, tool calls split out, a slow reader pushing back. The worker owns
+the model, its status and its counters; a Generation owns only its job's
+decode.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .errors import EngineError, bad_request
+from .events import Delta, Failed, Finished, ToolCalls
+from .faults import FaultInjector
+from .jobs import Job, SamplingParams
+from .stop_matcher import StopMatcher
+from .tool_calls import ToolCallSplitter, format_tool_calls
+
+log = logging.getLogger("mlxd.engine.worker")  # it runs on the worker thread, and logs as the worker
+MAX_BACKLOG = 2048  # events buffered for a slow reader before the worker waits
+
+
+@dataclass(frozen=True)
+class ResidentModel:
+    """The one loaded model (mlx-lm's model and tokenizer)."""
+
+    model_id: str
+    model: Any
+    tokenizer: Any
+
+    def vocab_size(self) -> int:
+        args = getattr(self.model, "args", None)
+        return int(getattr(args, "vocab_size", 0) or len(self.tokenizer.vocab))
+
+
+def finish_reason(stopped: bool, model_finish: str | None, cancelled: bool, past_deadline: bool) -> str | None:
+    """Why decoding ends after this token, or None to go on (pure; the
+    first that holds wins). "deadline" and "cancelled" are ours, not OpenAI's."""
+    if stopped:
+        return "stop"
+    if model_finish is not None:
+        return model_finish
+    if cancelled:
+        return "cancelled"
+    if past_deadline:
+        return "deadline"
+    return None
+
+
+def answer_finish(finish: str, called_tools: bool) -> str:
+    """The finish_reason the answer reports (pure): a model that stopped
+    after calling tools finished with "tool_calls"."""
+    return "tool_calls" if called_tools and finish == "stop" else finish
+
+
+def tokenize(resident: ResidentModel, job: Job, max_prompt_tokens: int) -> list[int]:
+    """The job's prompt as token ids; raises the 400 for a prompt the model cannot take."""
+    tok = resident.tokenizer
+    if job.kind == "completion":
+        if isinstance(job.prompt, list):
+            _check_token_ids(job.prompt, resident.vocab_size(), "prompt")
+            tokens = list(job.prompt)
+        else:
+            tokens = tok.encode(job.prompt)
+    elif getattr(tok, "chat_template", None):
+        try:
+            tokens = tok.apply_chat_template(job.messages, tools=job.tools, add_generation_prompt=True,
+                                             tokenize=True)
+        except Exception as exc:  # noqa: BLE001 - templates raise anything; it is the input's fault
+            raise bad_request(f"the model's chat template rejected the messages: {exc}", param="messages",
+                              code="invalid_messages") from exc
+    else:
+        from mlx_lm.server import convert_chat
+
+        tokens = tok.encode(convert_chat(job.messages))
+    if not tokens:
+        raise bad_request("the prompt is empty", param="prompt")
+    if len(tokens) > max_prompt_tokens:
+        raise EngineError(400, f"the prompt has {len(tokens)} tokens, over this engine's limit of "
+                               f"{max_prompt_tokens}", code="context_length_exceeded", param="messages")
+    if job.params.logit_bias:
+        _check_token_ids(job.params.logit_bias, resident.vocab_size(), "logit_bias")
+    return tokens
+
+
+def _check_token_ids(ids: Any, vocab: int, param: str) -> None:
+    bad = next((t for t in ids if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise bad_request(f"{param} token id {bad} is outside the vocabulary (0..{vocab - 1})", param=param)
+
+
+def _sampling(p: SamplingParams, vocab: int) -> tuple[Any, Any]:
+    from mlx_lm.sample_utils import make_logits_processors, make_sampler
+
+    # top_k at or over the vocabulary means "no top-k": MLX's partition
+    # would fail on it, and a request must never take the engine down.
+    top_k = p.top_k if 0 < p.top_k < vocab else 0
+    sampler = make_sampler(temp=p.temperature, top_p=p.top_p if p.top_p < 1.0 else 0.0, min_p=p.min_p,
+                           top_k=top_k)
+    processors = make_logits_processors(p.logit_bias, p.repetition_penalty, presence_penalty=p.presence_penalty,
+                                        frequency_penalty=p.frequency_penalty)
+    return sampler, processors
+
+
+class Generation:
+    """Decodes one job and sends its events. `heartbeat` reports progress
+    (the worker's stuck detection); `on_decode` marks the first token."""
+
+    def __init__(self, resident: ResidentModel, job: Job, faults: FaultInjector, prefill_step_size: int,
+                 heartbeat: Callable[..., None], on_decode: Callable[[], None]) -> None:
+        self.resident = resident
+        self.job = job
+        self.faults = faults
+        self.prefill_step_size = prefill_step_size
+        self.heartbeat = heartbeat
+        self.on_decode = on_decode
+        self.stops = StopMatcher(list(job.params.stop))
+        tok = resident.tokenizer
+        self.splitter = (ToolCallSplitter(tok.tool_call_start, tok.tool_call_end)
+                         if job.tools and getattr(tok, "has_tool_calling", False) else None)
+        self.called_tools = False
+        self.deadline = time.monotonic() + job.deadline_s
+
+    def decode(self, prompt: list[int]) -> tuple[str, int]:
+        """Generate until a stop, the end, a cancel or the deadline:
+        (finish, tokens generated)."""
+        import mlx.core as mx
+        from mlx_lm.generate import stream_generate
+
+        job, p = self.job, self.job.params
+        if p.seed is not None:
+            mx.random.seed(p.seed)
+        sampler, processors = _sampling(p, self.resident.vocab_size())
+        token_faults = any(f.point == "token" for f in self.faults.active) and self.faults.applies_to(job.text)
+        generated = 0
+        first = True
+        for resp in stream_generate(self.resident.model, self.resident.tokenizer, prompt, max_tokens=p.max_tokens,
+                                    sampler=sampler, logits_processors=processors,
+                                    prefill_step_size=self.prefill_step_size,
+                                    prompt_progress_callback=self.heartbeat):
+            if first:
+                self.on_decode()
+                first = False
+            else:
+                self.heartbeat()
+            generated = resp.generation_tokens
+            if token_faults:
+                self.faults.check("token", generated)
+            self._relay(resp.text)
+            finish = finish_reason(self.stops.stopped, resp.finish_reason, job.cancelled.is_set(),
+                                   time.monotonic() > self.deadline)
+            if finish == "deadline":
+                log.info("request %s hit its %.0fs deadline after %d tokens", job.id, job.deadline_s, generated)
+                return "length", generated  # the deadline ends the answer like max_tokens does
+            if finish is not None:
+                return finish, generated
+        return "length", generated
+
+    def end(self, finish: str, prompt_tokens: int, generated: int) -> None:
+        """Send what was held back and the last event."""
+        channel = self.job.channel
+        if finish == "cancelled":
+            # Client gone, or the drain's grace ran out: never end such an
+            # answer as if it were complete.
+            channel.put(Failed(EngineError(503, "generation cancelled: the engine is shutting down",
+                                           code="engine_unavailable", retry_after=5)))
+            return
+        tail = self.stops.flush()
+        if self.splitter is not None:
+            text, bodies = self.splitter.feed(tail)
+            more, last = self.splitter.flush()
+            tail = text + more
+            self._emit_tool_calls(bodies + last)
+        if tail:
+            channel.put(Delta(tail))
+        channel.put(Finished(answer_finish(finish, self.called_tools), prompt_tokens, generated))
+
+    def _relay(self, piece: str) -> None:
+        text = self.stops.feed(piece)
+        if self.splitter is not None:
+            text, bodies = self.splitter.feed(text)
+            self._emit_tool_calls(bodies)
+        if text:
+            self.job.channel.put(Delta(text))
+            if self.job.channel.backlog > MAX_BACKLOG:
+                self._wait_for_reader()
+
+    def _emit_tool_calls(self, bodies: list[str]) -> None:
+        if not bodies:
+            return
+        calls, unparsed = format_tool_calls(bodies, self.resident.tokenizer.tool_parser, self.job.tools)
+        if calls:
+            self.job.channel.put(ToolCalls(calls))
+            self.called_tools = True
+        if unparsed:
+            self.job.channel.put(Delta(unparsed))
+
+    def _wait_for_reader(self) -> None:
+        """Backpressure: a client that reads slower than we generate makes
+        the worker wait (bounded by the deadline) instead of buffering
+        without limit."""
+        job = self.job
+        while (job.channel.backlog > MAX_BACKLOG // 2 and not job.cancelled.is_set()
+               and time.monotonic() < self.deadline):
+            self.heartbeat()  # waiting on a client is not being stuck
+            time.sleep(0.005)

@@ -1,0 +1,114 @@
+"""GET /health: the engine's state in one answer, for the supervisor, the
+gateway and operators.
+
+`stuck_reason` and `health_state` are the pure decisions; `Health` gathers
+their inputs from the worker, the admission queue and the Lifecycle, and
+owns one piece of state: the engine declared itself unhealthy (a stuck
+worker), for good.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import psutil
+
+import mlxd
+
+from .admission import AdmissionQueue
+from .errors import EngineError
+from .jobs import Job
+from .lifecycle import Lifecycle
+from .worker import Phase, WorkerStatus
+
+LOAD_TIMEOUT_S = 1800.0  # a load (with download) longer than this counts as stuck
+
+
+def stuck_reason(status: WorkerStatus, now: float, stuck_grace_s: float) -> str | None:
+    """Why the worker counts as stuck, or None (pure)."""
+    if status.phase in (Phase.PREFILL, Phase.DECODE) and now - status.last_progress > stuck_grace_s:
+        return f"worker made no progress on {status.in_flight} for {now - status.last_progress:.0f}s"
+    if status.phase is Phase.LOADING and now - status.since > LOAD_TIMEOUT_S:
+        return f"model load running for {now - status.since:.0f}s"
+    return None
+
+
+def health_state(worker_alive: bool, phase: Phase, exiting_reason: str | None, unhealthy_reason: str | None,
+                 draining: bool, ready: bool) -> tuple[str, str | None]:
+    """(status, reason) for /health (pure; the first that holds wins)."""
+    if not worker_alive and phase is not Phase.STOPPED:
+        return "unhealthy", "the model worker thread is not running"
+    if exiting_reason:
+        return "exiting", exiting_reason
+    if unhealthy_reason:
+        return "unhealthy", unhealthy_reason
+    if draining:
+        return "draining", "shutting down"
+    if not ready:
+        return "loading", "preloading the default model"
+    return "ok", None
+
+
+class Health:
+    def __init__(self, lifecycle: Lifecycle, admission: AdmissionQueue[Job], budget_bytes: int,
+                 stuck_grace_s: float) -> None:
+        self.lifecycle = lifecycle
+        self.worker = lifecycle.worker
+        self.admission = admission
+        self.budget_bytes = budget_bytes
+        self.stuck_grace_s = stuck_grace_s
+        self.started_at = time.monotonic()
+        self.unhealthy_reason: str | None = None
+
+    def stuck_reason(self) -> str | None:
+        return stuck_reason(self.worker.status, time.monotonic(), self.stuck_grace_s)
+
+    def check_progress(self, job_id: str) -> None:
+        """Raise the 503 `engine_stuck` when the worker is stuck on this job;
+        the engine stays unhealthy from then on (the supervisor restarts it)."""
+        stuck = self.stuck_reason()
+        if stuck and self.worker.status.in_flight == job_id:
+            self.unhealthy_reason = f"stuck: {stuck}"
+            raise EngineError(503, f"the engine stopped making progress ({stuck}); it will be restarted",
+                              code="engine_stuck", retry_after=10)
+
+    def state(self) -> tuple[str, str | None]:
+        w, life = self.worker, self.lifecycle
+        return health_state(w.is_alive(), w.status.phase, life.exiting_reason,
+                            self.unhealthy_reason or self.stuck_reason(), life.draining, w.ready.is_set())
+
+    def report(self) -> tuple[int, dict]:
+        """/health's status code and body."""
+        status, reason = self.state()
+        w = self.worker
+        s, mem, queue = w.status, w.memory, self.admission.snapshot()
+        body = {
+            "status": status,
+            "reason": reason,
+            "worker_alive": w.is_alive(),
+            "phase": s.phase.value,
+            "resident_model": s.resident_model,
+            "in_flight": s.in_flight,
+            "in_flight_fingerprint": s.in_flight_fingerprint,
+            "queue_depth": queue["waiting"],
+            "queue_capacity": queue["capacity"],
+            "max_observed_concurrency": w.max_observed_concurrency,
+            "memory": {
+                "mlx_active_bytes": mem.active_bytes,
+                "mlx_peak_bytes": mem.peak_bytes,
+                "mlx_cache_bytes": mem.cache_bytes,
+                "rss_bytes": psutil.Process().memory_info().rss,
+                "budget_bytes": self.budget_bytes,
+                "mlx_active_before_first_load": w.active_before_first_load,
+                "mlx_active_after_last_unload": w.active_after_last_unload,
+            },
+            "counters": dict(w.counters),
+            "timings": dict(w.timings),
+            "uptime_s": round(time.monotonic() - self.started_at, 3),
+            # Wall-clock instants, for recovery timing: process spawn -> ready.
+            "process_started_at": mlxd.STARTED_AT,
+            "ready_at": w.ready_at,
+            "pid": os.getpid(),
+        }
+        return (200 if status == "ok" else 503), body

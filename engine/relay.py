@@ -1,0 +1,207 @@
+"""The request flow: admit a job, wait for the worker, relay its events as
+one OpenAI response or as an SSE stream.
+
+`RequestRelay` holds no state of its own beyond its collaborators; each
+request's waiting lives in its `JobFeed`, whose every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import deque
+from typing import AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from mlxd.config import EngineConfig
+
+from .admission import AdmissionQueue
+from .errors import EngineError
+from .events import Delta, Event, Failed, Finished, Started, ToolCalls
+from .health import Health
+from .jobs import Job, job_from_request
+from .lifecycle import Lifecycle
+from .metrics import EngineMetrics
+from .model_registry import ModelRegistry
+from .protocol import SSE_DONE, ResponseBuilder, SamplingFields, Usage, sse_error
+from .quarantine import QuarantineList
+
+POLL_S = 0.25  # how often a waiting handler checks for disconnects and timeouts
+FINGERPRINT = "mlxd-" + uuid.uuid4().hex[:8]  # changes with every engine process
+
+
+class ClientGone(Exception):
+    """The client disconnected; nobody is left to answer."""
+
+
+class RequestRelay:
+    def __init__(self, limits: EngineConfig, registry: ModelRegistry, quarantine: QuarantineList,
+                 admission: AdmissionQueue[Job], lifecycle: Lifecycle, health: Health, metrics: EngineMetrics) -> None:
+        self.limits = limits
+        self.registry = registry
+        self.quarantine = quarantine
+        self.admission = admission
+        self.lifecycle = lifecycle
+        self.health = health
+        self.metrics = metrics
+
+    async def answer(self, request: Request, req: SamplingFields, kind: str) -> Response:
+        job = job_from_request(req, kind, self.registry, self.limits)
+        self.quarantine.check(job.fingerprint)
+        if self.lifecycle.draining:
+            raise EngineError(503, "the engine is shutting down", code="engine_unavailable", retry_after=5)
+        refusal = self.admission.offer(job)
+        if refusal is not None:
+            raise refusal
+        self.lifecycle.request_opened()
+        feed = JobFeed(job, request, self.admission, self.limits.queue_timeout_s, self.health, self.metrics)
+        try:
+            await feed.wait_started()
+        except BaseException:
+            job.cancelled.set()
+            self.admission.withdraw(job)
+            self.lifecycle.request_closed()
+            raise
+        builder = ResponseBuilder(kind, req.model, FINGERPRINT)  # type: ignore[arg-type]
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            try:
+                # Headers go out with the first token, not before: an engine
+                # that dies in prefill (where Metal usually runs out of memory)
+                # has then sent nothing, and the gateway can still fall back.
+                first = await feed.wait_output()
+            except BaseException:
+                job.cancelled.set()
+                self.lifecycle.request_closed()
+                raise
+            return StreamingResponse(self._stream(feed, builder, first, include_usage),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Request-Id": job.id})
+        try:
+            return await self._collect(feed, builder)
+        finally:
+            job.cancelled.set()
+            self.lifecycle.request_closed()
+
+    async def _collect(self, feed: JobFeed, builder: ResponseBuilder) -> Response:
+        parts: list[str] = []
+        calls: list[dict] = []
+        while True:
+            for ev in await feed.batch(check_disconnect=True):
+                if isinstance(ev, Delta):
+                    parts.append(ev.text)
+                elif isinstance(ev, ToolCalls):
+                    calls.extend(ev.calls)
+                elif isinstance(ev, Finished):
+                    body = builder.full("".join(parts), ev.finish_reason, Usage(ev.prompt_tokens, ev.completion_tokens),
+                                        calls)
+                    return JSONResponse(body, headers={"X-Request-Id": feed.job.id})
+                elif isinstance(ev, Failed):
+                    raise ev.error
+
+    async def _stream(self, feed: JobFeed, builder: ResponseBuilder, first: list[Event],
+                      include_usage: bool) -> AsyncIterator[bytes]:
+        calls_sent = 0
+        pending: list[Event] | None = first
+        try:
+            yield builder.role_chunk()
+            while True:
+                out = bytearray()
+                done = False
+                try:
+                    events, pending = (pending, None) if pending is not None else (await feed.batch(False), None)
+                except EngineError as err:  # e.g. the worker got stuck mid-stream: say so in the stream
+                    self.metrics.rejections.labels(err.code).inc()
+                    yield sse_error(err.body())
+                    return
+                for ev in events:
+                    if isinstance(ev, Delta):
+                        out += builder.delta_chunk(ev.text)
+                    elif isinstance(ev, ToolCalls):
+                        out += builder.tool_calls_chunk(ev.calls, calls_sent)
+                        calls_sent += len(ev.calls)
+                    elif isinstance(ev, Finished):
+                        out += builder.finish_chunk(ev.finish_reason)
+                        if include_usage:
+                            out += builder.usage_chunk(Usage(ev.prompt_tokens, ev.completion_tokens))
+                        out += SSE_DONE
+                        done = True
+                    elif isinstance(ev, Failed):
+                        # An explicit error event and no [DONE]: never a silent truncation.
+                        self.metrics.rejections.labels(ev.error.code).inc()
+                        out += sse_error(ev.error.body())
+                        done = True
+                if out:
+                    yield bytes(out)
+                if done:
+                    return
+        finally:
+            feed.job.cancelled.set()  # client gone or stream over: free the worker
+            self.lifecycle.request_closed()
+
+
+class JobFeed:
+    """The handler's view of one job's events, with every wait bounded:
+    queue timeout, client disconnect and a stuck worker all end it."""
+
+    def __init__(self, job: Job, request: Request, admission: AdmissionQueue[Job], queue_timeout_s: float,
+                 health: Health, metrics: EngineMetrics) -> None:
+        self.job = job
+        self.request = request
+        self.admission = admission
+        self.queue_timeout_s = queue_timeout_s
+        self.health = health
+        self.metrics = metrics
+        self.pending: deque[Event] = deque()
+        self.queued_at = time.monotonic()
+        self.first_token_seen = False
+
+    async def wait_started(self) -> Started:
+        while True:
+            for ev in await self.batch(check_disconnect=True):
+                if isinstance(ev, Started):
+                    self.metrics.queue_wait.observe(time.monotonic() - self.queued_at)
+                    return ev
+                if isinstance(ev, Failed):
+                    raise ev.error
+
+    async def wait_output(self) -> list[Event]:
+        """Events up to the first output (a token, tool call or the end);
+        raises the error if the job failed first."""
+        while True:
+            events = await self.batch(check_disconnect=True)
+            for ev in events:
+                if isinstance(ev, Failed):
+                    raise ev.error
+                if isinstance(ev, (Delta, ToolCalls, Finished)):
+                    return events
+
+    async def batch(self, check_disconnect: bool) -> list[Event]:
+        """Every event available, waiting (in bounded steps) for at least one."""
+        while True:
+            if self.pending:
+                out = list(self.pending)
+                self.pending.clear()
+                return out
+            events = await self.job.channel.get(POLL_S)
+            if events:
+                if not self.first_token_seen and any(isinstance(e, Delta) for e in events):
+                    self.first_token_seen = True
+                    self.metrics.ttft.observe(time.monotonic() - self.queued_at)
+                if isinstance(events[0], Started) and len(events) > 1:
+                    self.pending.extend(events[1:])
+                    return events[:1]
+                return events
+            await self._check(check_disconnect)
+
+    async def _check(self, check_disconnect: bool) -> None:
+        if check_disconnect and await self.request.is_disconnected():
+            raise ClientGone()
+        if self.admission.position(self.job) is not None:
+            waited = time.monotonic() - self.queued_at
+            if waited > self.queue_timeout_s and self.admission.withdraw(self.job):
+                raise self.admission.timeout_error(waited)
+            return
+        self.health.check_progress(self.job.id)

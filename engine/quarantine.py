@@ -9,7 +9,7 @@ import os
 import time
 from pathlib import Path
 
-from mlxd.paths import read_json
+from mlxd.records import Quarantine
 
 from .errors import EngineError
 
@@ -27,8 +27,7 @@ class QuarantineList:
             self._mtime, self._until = None, {}
             return
         if mtime != self._mtime:
-            data = read_json(self.path) or {}
-            self._until = {fp: float(t) for fp, t in (data.get("fingerprints") or {}).items()}
+            self._until = (Quarantine.read(self.path) or Quarantine()).fingerprints
             self._mtime = mtime
 
     def check(self, fingerprint: str, now: float | None = None) -> None:

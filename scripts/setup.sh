@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Creates (or refreshes) the project's virtualenv in .venv and installs mlxd
 # into it. Safe to run again: dependencies are reinstalled only when
-# pyproject.toml changed; our own code is always relinked (strict editable
-# install, see DESIGN.md "Layout"), which takes a few seconds.
+# pyproject.toml changed; our own code is always relinked (a strict editable
+# install, see docs/DESIGN.md "Layout"), which takes a few seconds.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="$root/.venv"
@@ -15,23 +15,60 @@ find_python() {
       echo "$candidate"; return 0
     fi
   done
-  echo "mlxd needs Python 3.11 or newer (set MLXD_PYTHON to one)" >&2
+  found="$(command -v python3 >/dev/null 2>&1 && python3 -c 'import sys; print(sys.version.split()[0])' || echo none)"
+  echo "mlxd needs Python 3.11 or newer (found: $found)." >&2
+  echo "  Fix: install one (macOS: brew install python@3.12; Debian/Ubuntu: apt install python3.12 python3.12-venv)," >&2
+  echo "       or point MLXD_PYTHON at one: MLXD_PYTHON=/path/to/python3.12 $0" >&2
   return 1
+}
+
+# pip's output, boiled down to one progress line (the whole log is kept for
+# when it fails).
+pip_with_progress() {
+  local log="$venv/.mlxd-install.log" start=$SECONDS collected=0 line
+  set +e
+  "$@" >"$log" 2>&1 &
+  local pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    collected=$(grep -c '^Collecting ' "$log" 2>/dev/null)
+    if grep -q '^Installing collected packages' "$log" 2>/dev/null; then
+      printf '\r    installing %s packages (%ss so far; under a minute left)      ' "$collected" $((SECONDS - start))
+    else
+      printf '\r    downloading: %s packages so far (%ss; usually 1-3 minutes in all)      ' "$collected" $((SECONDS - start))
+    fi
+    sleep 1
+  done
+  wait "$pid"
+  local rc=$?
+  set -e
+  if [ "$rc" -ne 0 ]; then
+    printf '\n' >&2
+    grep -v 'is ignored: it is neither a file nor a directory' "$log" | tail -n 25 >&2
+    echo "mlxd: installing the dependencies failed (whole log: $log)." >&2
+    echo "  Fix: check the network to the package index, then run this command again." >&2
+    return "$rc"
+  fi
+  printf '\r    installed %s packages in %ss%40s\n' "$collected" $((SECONDS - start)) ""
 }
 
 if [ ! -x "$venv/bin/python" ]; then
   python="$(find_python)"
-  echo "==> creating virtualenv $venv with $python"
-  "$python" -m venv "$venv"
+  echo "==> [1/2] creating the virtualenv .venv with $python"
+  if ! "$python" -m venv "$venv"; then
+    rm -rf "$venv"
+    echo "mlxd: $python cannot create a virtualenv." >&2
+    echo "  Fix: install its venv module (Debian/Ubuntu: apt install python3-venv), then run this command again." >&2
+    exit 1
+  fi
 fi
 
 stamp="$venv/.mlxd-deps"
 want="$(sha256sum "$root/pyproject.toml" | cut -d' ' -f1)"
 pip=("$venv/bin/python" -m pip --disable-pip-version-check)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  echo "==> installing dependencies (first run takes a minute or two)"
-  "${pip[@]}" install --quiet --upgrade pip "setuptools>=77" wheel
-  "${pip[@]}" install --quiet -e "$root[dev]" --config-settings editable_mode=strict
+  echo "==> [2/2] installing mlxd and its dependencies (MLX, mlx-lm, LiteLLM, supervisord; first run only)"
+  pip_with_progress "${pip[@]}" install --upgrade pip "setuptools>=77" wheel
+  pip_with_progress "${pip[@]}" install -e "$root[dev]" --config-settings editable_mode=strict
   echo "$want" > "$stamp"
 else
   # Relink our own files (new modules need it in strict mode); no network.

@@ -25,18 +25,22 @@ find_python() {
 # pip's output, boiled down to one progress line (the whole log is kept for
 # when it fails).
 pip_with_progress() {
-  local log="$venv/.mlxd-install.log" start=$SECONDS collected=0 line
+  local log="$venv/.mlxd-install.log" start=$SECONDS collected=0
   set +e
   "$@" >"$log" 2>&1 &
   local pid=$!
+  # On a terminal one line updates in place; in a log (CI), a line every 20 s.
+  local tty=0 every=20 msg
+  [ -t 1 ] && tty=1 && every=1
   while kill -0 "$pid" 2>/dev/null; do
     collected=$(grep -c '^Collecting ' "$log" 2>/dev/null)
     if grep -q '^Installing collected packages' "$log" 2>/dev/null; then
-      printf '\r    installing %s packages (%ss so far; under a minute left)      ' "$collected" $((SECONDS - start))
+      msg="installing $collected packages ($((SECONDS - start))s so far; this step takes about a minute)"
     else
-      printf '\r    downloading: %s packages so far (%ss; usually 1-3 minutes in all)      ' "$collected" $((SECONDS - start))
+      msg="downloading: $collected packages so far ($((SECONDS - start))s; usually 1-3 minutes in all)"
     fi
-    sleep 1
+    if [ "$tty" = 1 ]; then printf '\r    %s      ' "$msg"; else echo "    $msg"; fi
+    for _ in $(seq "$every"); do kill -0 "$pid" 2>/dev/null && sleep 1; done
   done
   wait "$pid"
   local rc=$?
@@ -48,7 +52,8 @@ pip_with_progress() {
     echo "  Fix: check the network to the package index, then run this command again." >&2
     return "$rc"
   fi
-  printf '\r    installed %s packages in %ss%40s\n' "$collected" $((SECONDS - start)) ""
+  if [ "$tty" = 1 ]; then printf '\r'; fi
+  printf '    done: %s packages in %ss%40s\n' "$collected" $((SECONDS - start)) ""
 }
 
 if [ ! -x "$venv/bin/python" ]; then

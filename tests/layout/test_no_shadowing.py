@@ -1,5 +1,5 @@
 """Our supervisor/ folder must never shadow supervisord's `supervisor`
-package (DESIGN.md, Layout): not from the repo root, not under -m, not in
+package (docs/DESIGN.md, "Layout"): not from the repo root, not under -m, not in
 pytest."""
 
 import importlib

@@ -4,11 +4,12 @@ Measured (bench/gateway_overhead.py, tiny demo model): through LiteLLM every
 streamed chunk is parsed by the openai SDK, rebuilt by LiteLLM's stream
 wrapper and serialised again -- about 450 us of gateway CPU a chunk, +14 ms
 TTFT and 0.82x throughput; no LiteLLM setting changes that. So this ASGI
-wrapper that sits where KeyGuard hands the (authenticated) request
-to LiteLLM's app. A POST /v1/chat/completions or /v1/completions whose
+wrapper sits where KeyGuard hands the (authenticated) request to LiteLLM's
+app. A POST /v1/chat/completions or /v1/completions whose
 `model` routes to the engine (gateway/routing.py decides) goes
 straight to the engine over a pooled aiohttp connection; the engine's bytes
-are relayed as they arrive (no per-chunk parsing). Anything else, and every
+are relayed as they arrive (no per-chunk parsing; an alias renamed for the
+engine gets its public name back line by line). Anything else, and every
 request the engine does not answer with 200 *before its first byte*
 (connection refused/reset, 4xx/5xx: the engine sends its headers with the
 first token), is replayed to LiteLLM unchanged, so the fallbacks (Ollama on

@@ -1,69 +1,19 @@
 """Which models exist and where they live: names from the config only.
 
 A request's `model` is looked up among configured ids and aliases and
-nothing else, so `../x` or `/etc` can never reach the loader. Also answers
-the heavy-model question for a model id without loading anything (it reads
-config.json and safetensors headers only).
+nothing else, so `../x` or `/etc` can never reach the loader. The
+heavy-model verdict comes from mlxd.models (shared with the gateway) and is
+cached here once the model is on disk.
 """
 
 from __future__ import annotations
 
-import json
-import os
-from dataclasses import dataclass
 from pathlib import Path
 
-from mlxd.config import Config, ModelSpec
+from mlxd.config import Config
+from mlxd.models import ModelInfo, demo_model_dir, model_info
 
-from . import memory_estimate as me
 from .errors import EngineError
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    id: str
-    spec: ModelSpec
-    verdict: me.Verdict
-    footprint: me.Footprint
-
-
-def demo_model_dir(config: Config, variant: str) -> Path:
-    return config.home / "models" / f"demo-{variant}"
-
-
-def _local_dir(config: Config, spec: ModelSpec) -> Path | None:
-    """The model's folder on disk, if it is there (no download)."""
-    if spec.demo is not None:
-        d = demo_model_dir(config, spec.demo)
-        return d if d.is_dir() else None
-    if spec.path is not None:
-        d = Path(spec.path).expanduser()
-        return d if d.is_dir() else None
-    try:  # a Hugging Face repo already in the local cache
-        from huggingface_hub import try_to_load_from_cache
-
-        found = try_to_load_from_cache(spec.repo, "config.json")
-        return Path(found).parent if isinstance(found, str) else None
-    except Exception:  # noqa: BLE001 - an unusable cache just means "unknown"
-        return None
-
-
-def system_memory_budget(fraction: float) -> tuple[int, str]:
-    """(budget bytes, where the total came from). Called once at startup,
-    before the worker thread exists."""
-    import mlx.core as mx
-
-    if os.environ.get("MLXD_MEMORY_TOTAL_BYTES"):  # for tests and odd machines
-        return me.memory_budget(int(os.environ["MLXD_MEMORY_TOTAL_BYTES"]), fraction), "MLXD_MEMORY_TOTAL_BYTES"
-    try:
-        if mx.metal.is_available():
-            total = int(mx.device_info()["max_recommended_working_set_size"])
-            return me.memory_budget(total, fraction), "Metal recommended working set"
-    except Exception:  # noqa: BLE001 - fall back to physical memory
-        pass
-    import psutil
-
-    return me.memory_budget(psutil.virtual_memory().total, fraction), "physical memory"
 
 
 class ModelRegistry:
@@ -85,22 +35,8 @@ class ModelRegistry:
         """Footprint and verdict. Cached once the model is on disk; a model not
         there yet (a repo still to download) is looked at again each time."""
         if refresh or model_id not in self._info:
-            spec = self.config.models[model_id]
-            ctx = spec.context_tokens or self.config.engine.context_tokens
-            local = _local_dir(self.config, spec)
-            cfg = None
-            weights = None
-            if local is not None:
-                try:
-                    cfg = json.loads((local / "config.json").read_text())
-                except (OSError, json.JSONDecodeError):
-                    cfg = None
-                weights = me.read_weight_bytes(local)
-            name = spec.repo or spec.path or model_id
-            fp = me.estimate_footprint(cfg, weights, name, ctx)
-            verdict = me.judge(name, fp, self.budget_bytes, self.config.engine.heavy_patterns)
-            info = ModelInfo(model_id, spec, verdict, fp)
-            if local is None:
+            info = model_info(self.config, model_id, self.budget_bytes)
+            if not info.on_disk:
                 return info
             self._info[model_id] = info  # same value from any thread: benign
         return self._info[model_id]

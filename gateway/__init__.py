@@ -1,4 +1,2 @@
-"""The gateway: a LiteLLM proxy with model aliases and the Ollama fallback.
-
-Not built yet (issue 4); the engine is served directly until then.
-"""
+"""The gateway: our key guard and engine fast path in front of LiteLLM's
+proxy, with model aliases and the Ollama fallback (entry point: main.py)."""

@@ -5,21 +5,22 @@ with 400 (checked on 1.106.2); clients and tests need 401 in OpenAI's
 format. So every request passes this guard first. LiteLLM itself gets a
 random master key that lives only in this process's memory; the guard
 swaps the client's (checked) key for it. The key file is re-read when it
-changes, so a rotation needs no restart. Only /mlxd/health (liveness for
-status and readiness polling) is open.
+changes, so a rotation needs no restart. Only the health routes
+(gateway/health.py) are open.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
+from .errors import JSON, ApiError, send_error, send_json
+from .health import PATHS as HEALTH_PATHS
+from .health import Health
 from .keys import matches, read_key
 
-OPEN_PATHS = frozenset({"/mlxd/health"})
 # The OpenAI API is all the gateway serves: LiteLLM's admin routes (keys,
 # users, UI, spend...) are not reachable even with the key.
 SERVED_PATHS = frozenset({"/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions",
@@ -27,14 +28,6 @@ SERVED_PATHS = frozenset({"/v1/chat/completions", "/chat/completions", "/v1/comp
 # Auth headers never reach LiteLLM (it gets its inner key); nor does
 # accept-encoding: a gzip-compressed error could not be rewritten.
 AUTH_HEADERS = (b"authorization", b"x-api-key", b"api-key", b"accept-encoding")
-
-
-def _unauthorized(message: str) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-    body = json.dumps({"error": {"message": message, "type": "authentication_error", "param": None,
-                                 "code": "invalid_api_key"}}).encode()
-    headers = [(b"content-type", b"application/json"), (b"www-authenticate", b'Bearer realm="mlxd"'),
-               (b"content-length", str(len(body)).encode())]
-    return 401, headers, body
 
 
 def presented_key(headers: list[tuple[bytes, bytes]]) -> str | None:
@@ -50,20 +43,32 @@ def presented_key(headers: list[tuple[bytes, bytes]]) -> str | None:
     return None
 
 
+def admit(scope_type: str, path: str, key: str | None, given: str | None) -> ApiError | None:
+    """None: the request goes on to LiteLLM; else why it is refused (pure).
+    No key file (key None) refuses everything rather than serve openly."""
+    if key is None or not matches(given, key):
+        return ApiError(401, "missing API key: send 'Authorization: Bearer <key>' (see `mlxd key show`)"
+                        if given is None else "invalid API key", "invalid_api_key", "authentication_error")
+    if scope_type != "http" or not (path in SERVED_PATHS or path.startswith("/v1/models/")):
+        return ApiError(404, f"no such route: {path[:100]}", "not_found")
+    return None
+
+
 def rewrite_backend_error(status: int, body: bytes) -> tuple[int, bytes]:
-    """LiteLLM answers "engine down and Ollama down too" with a 500 and a
-    long message; a client needs a 503 that says so plainly (pure)."""
+    """LiteLLM's error answers in OpenAI's shape (pure): its routing errors
+    ({"detail": ...}) and starlette's plain text become error objects, a
+    missing "type" is filled in, and "engine down and Ollama down too" (a
+    500 with a long message) becomes a plain 503."""
     text = body.decode(errors="replace")
     if status in (404, 405) and '"detail"' in text and '"error"' not in text:  # LiteLLM's own routing errors
         try:
             detail = str(json.loads(text).get("detail"))
         except (ValueError, AttributeError):
             detail = text
-        return status, json.dumps({"error": {"message": detail, "type": "invalid_request_error", "param": None,
-                                             "code": "not_found" if status == 404 else "method_not_allowed"}}).encode()
+        return status, ApiError(status, detail, "not_found" if status == 404 else "method_not_allowed").body()
     if not text.lstrip().startswith("{"):  # e.g. starlette's plain "Internal Server Error"
-        return status, json.dumps({"error": {"message": f"gateway error: {text.strip()[:200] or 'no detail'}",
-                                             "type": "server_error", "param": None, "code": "gateway_error"}}).encode()
+        return status, ApiError(status, f"gateway error: {text.strip()[:200] or 'no detail'}", "gateway_error",
+                                "server_error").body()
     if status < 500:  # LiteLLM's 4xx sometimes say "type": null: fill it in, OpenAI-style
         try:
             doc = json.loads(text)
@@ -81,14 +86,13 @@ def rewrite_backend_error(status: int, body: bytes) -> tuple[int, bytes]:
         if unreachable:
             msg = ("no backend could answer: the MLX engine is unavailable (down, restarting or busy) and the "
                    "Ollama fallback did not answer either; retry shortly")
-            return 503, json.dumps({"error": {"message": msg, "type": "service_unavailable_error", "param": None,
-                                              "code": "backends_unavailable"}}).encode()
+            return 503, ApiError(503, msg, "backends_unavailable", "service_unavailable_error").body()
     return status, body
 
 
 class ErrorRewriter:
-    """Wraps `send`: error responses (>= 500, small bodies) are held back and
-    passed through rewrite_backend_error; everything else streams as is."""
+    """Wraps `send`: error responses (>= 400) are held back and passed
+    through rewrite_backend_error; everything else streams as is."""
 
     def __init__(self, send: Any) -> None:
         self.send = send
@@ -108,26 +112,23 @@ class ErrorRewriter:
         status, body = rewrite_backend_error(self.start["status"], b"".join(self.parts))
         headers = [(k, v) for k, v in self.start.get("headers", [])
                    if k.lower() not in (b"content-length", b"content-type")]
-        headers.append((b"content-type", b"application/json"))
-        await self.send({"type": "http.response.start", "status": status,
-                         "headers": headers + [(b"content-length", str(len(body)).encode())]})
-        await self.send({"type": "http.response.body", "body": body})
+        await send_json(self.send, status, body, [*headers, JSON])
 
 
 class KeyGuard:
-    def __init__(self, app: Any, key_path: Path, inner_key: str) -> None:
+    def __init__(self, app: Any, key_path: Path, inner_key: str, health: Health) -> None:
         self.app = app
         self.key_path = key_path
+        self.health = health
         self._inner_auth = (b"authorization", b"Bearer " + inner_key.encode())
         self._key: str | None = None
         self._mtime: float | None = None
-        self.started = time.time()
 
     def current_key(self) -> str | None:
         try:
             mtime = os.stat(self.key_path).st_mtime
         except OSError:
-            return None  # no key file: refuse everything rather than serve openly
+            return None
         if mtime != self._mtime:
             self._key, self._mtime = read_key(self.key_path), mtime
         return self._key
@@ -136,35 +137,16 @@ class KeyGuard:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
-        if scope["path"] in OPEN_PATHS:
-            await self._send(send, 200, [(b"content-type", b"application/json")],
-                             json.dumps({"status": "ok", "pid": os.getpid(),
-                                         "uptime_s": round(time.time() - self.started, 3)}).encode())
+        if scope["type"] == "http" and scope["path"] in HEALTH_PATHS:
+            await self.health.answer(scope["path"], send)
             return
-        key = self.current_key()
-        given = presented_key(scope.get("headers", []))
-        if key is None or not matches(given, key):
-            status, headers, body = _unauthorized(
-                "missing API key: send 'Authorization: Bearer <key>' (see `mlxd key show`)" if given is None
-                else "invalid API key")
+        refusal = admit(scope["type"], scope["path"], self.current_key(), presented_key(scope.get("headers", [])))
+        if refusal is not None:
             if scope["type"] == "websocket":
-                await send({"type": "websocket.close", "code": 4401})
-                return
-            await self._send(send, status, headers, body)
-            return
-        if scope["type"] != "http" or not (scope["path"] in SERVED_PATHS or scope["path"].startswith("/v1/models/")):
-            body = json.dumps({"error": {"message": f"no such route: {scope['path'][:100]}", "type": "invalid_request_error",
-                                         "param": None, "code": "not_found"}}).encode()
-            if scope["type"] == "websocket":
-                await send({"type": "websocket.close", "code": 4404})
-                return
-            await self._send(send, 404, [(b"content-type", b"application/json"),
-                                         (b"content-length", str(len(body)).encode())], body)
+                await send({"type": "websocket.close", "code": 4000 + refusal.status})
+            else:
+                await send_error(send, refusal, [(b"www-authenticate", b'Bearer realm="mlxd"')]
+                                 if refusal.status == 401 else None)
             return
         inner_headers = [h for h in scope.get("headers", []) if h[0].lower() not in AUTH_HEADERS]
         await self.app({**scope, "headers": inner_headers + [self._inner_auth]}, receive, ErrorRewriter(send))
-
-    @staticmethod
-    async def _send(send: Any, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})

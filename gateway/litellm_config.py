@@ -63,7 +63,7 @@ def engine_timeout_s(config: Config) -> float:
 
 def render_litellm_config(config: Config, heavy: dict[str, bool]) -> dict[str, Any]:
     """The proxy config as a dict (pure); the caller writes it as YAML."""
-    engine_base = f"http://127.0.0.1:{config.engine.port}/v1"
+    engine_base = config.engine_url + "/v1"
     timeout = engine_timeout_s(config)
     model_list: list[dict[str, Any]] = []
     fallbacks: list[dict[str, list[str]]] = []

@@ -95,6 +95,20 @@ def test_missing_or_wrong_key_is_401_in_openai_format(st):
     assert os.stat(st.paths.key).st_mode & 0o777 == 0o600
 
 
+def test_litellms_health_routes_answer_without_a_key_and_say_nothing_more(st):
+    for path in ("/health/liveliness", "/health/liveness"):
+        r = requests.get(st.gateway_url + path, timeout=5)
+        assert r.status_code == 200 and r.json() == "I'm alive!", path
+    healthy = {"status": "healthy", "db": "Not connected"}  # LiteLLM's own answer without a database
+    r = requests.get(st.gateway_url + "/health/readiness", timeout=10)
+    assert r.status_code == 200 and r.json() == healthy
+    assert requests.get(st.gateway_url + "/health/readiness/details", timeout=5).status_code == 401
+    rpc(st.paths).supervisor.stopProcess("engine", True)
+    wait_until(lambda: not st.healthy(), 10, what="engine down")
+    r = requests.get(st.gateway_url + "/health/readiness", timeout=10)
+    assert r.status_code == 200 and r.json() == healthy  # Ollama can still answer
+
+
 def test_key_rotation_takes_effect_without_a_restart(st):
     old = st.key
     r = st.mlxd("key", "rotate")

@@ -1,5 +1,6 @@
 """When the engine is down and Ollama is absent too, the client gets a
-clear 503 quickly; and busy_spill makes a busy engine refuse at once."""
+clear 503 quickly and /health/readiness says 503; and busy_spill makes a
+busy engine refuse at once."""
 
 import time
 
@@ -27,8 +28,12 @@ def test_no_engine_and_no_ollama_is_a_clear_503(stack):
         assert err["code"] == "backends_unavailable" and "Ollama" in err["message"]
         assert time.monotonic() - t0 < 2
     assert st.status()["overall"] == "down"  # stopped by an operator, no fallback answers
+    ready = st.gateway_url + "/health/readiness"  # LiteLLM's probe: open, and false with no backend
+    assert requests.get(ready, timeout=10).json() == {"status": "unhealthy", "db": "Not connected"}
+    assert requests.get(ready, timeout=10).status_code == 503
     rpc(st.paths).supervisor.startProcess("engine", False)
     wait_until(st.healthy, 60, what="engine back")
+    assert requests.get(ready, timeout=10).status_code == 200
     # busy_spill: the engine keeps no queue, so a second request is refused at once (429 -> fallback)
     holder = requests.post(st.url + "/v1/completions", stream=True, timeout=60,
                            json={"model": "default", "prompt": "hold", "max_tokens": 100000, "stream": True,

@@ -5,7 +5,7 @@ import struct
 
 import pytest
 
-from mlxd.engine import memory_estimate as me
+from mlxd import memory_estimate as me
 
 GIB = 1024**3
 LLAMA_8B = {"hidden_size": 4096, "num_hidden_layers": 32, "intermediate_size": 14336, "num_attention_heads": 32,

@@ -1,0 +1,125 @@
+"""Where each configured model lives and whether it fits the engine's memory
+budget, without loading MLX.
+
+The engine refuses heavy models and the gateway routes them straight to
+Ollama: both must reach the same verdict, so both ask this module. Nothing
+here imports MLX at module level; only `metal_working_set` does, when called,
+and processes that must stay MLX-free (the gateway) call
+`metal_working_set_in_child` instead.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlxd import memory_estimate as me
+from mlxd.config import Config, ModelSpec
+
+log = logging.getLogger("mlxd.models")
+
+TOTAL_ENV = "MLXD_MEMORY_TOTAL_BYTES"  # for tests and odd machines
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    id: str
+    spec: ModelSpec
+    verdict: me.Verdict
+    footprint: me.Footprint
+    on_disk: bool  # False: a repo not downloaded yet, so the estimate may change
+
+
+def demo_model_dir(config: Config, variant: str) -> Path:
+    return config.home / "models" / f"demo-{variant}"
+
+
+def local_model_dir(config: Config, spec: ModelSpec) -> Path | None:
+    """The model's folder on disk, if it is there (no download)."""
+    if spec.demo is not None:
+        d = demo_model_dir(config, spec.demo)
+        return d if d.is_dir() else None
+    if spec.path is not None:
+        d = Path(spec.path).expanduser()
+        return d if d.is_dir() else None
+    try:  # a Hugging Face repo already in the local cache
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(spec.repo, "config.json")
+        return Path(found).parent if isinstance(found, str) else None
+    except Exception:  # noqa: BLE001 - an unusable cache just means "unknown"
+        return None
+
+
+def model_info(config: Config, model_id: str, budget_bytes: int) -> ModelInfo:
+    """Footprint and verdict of a configured model id; reads config.json and
+    safetensors headers only."""
+    spec = config.models[model_id]
+    ctx = spec.context_tokens or config.engine.context_tokens
+    local = local_model_dir(config, spec)
+    cfg = None
+    weights = None
+    if local is not None:
+        try:
+            cfg = json.loads((local / "config.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            cfg = None
+        weights = me.read_weight_bytes(local)
+    name = spec.repo or spec.path or model_id
+    footprint = me.estimate_footprint(cfg, weights, name, ctx)
+    verdict = me.judge(name, footprint, budget_bytes, config.engine.heavy_patterns)
+    return ModelInfo(model_id, spec, verdict, footprint, on_disk=local is not None)
+
+
+def heavy_models(config: Config, budget_bytes: int) -> dict[str, bool]:
+    """model id -> over the memory budget (the engine would refuse it)."""
+    return {m: not model_info(config, m, budget_bytes).verdict.allowed for m in config.models}
+
+
+def metal_working_set() -> int | None:
+    """Metal's recommended working set in bytes; None where there is no Metal.
+    Imports MLX."""
+    try:
+        import mlx.core as mx
+
+        if mx.metal.is_available():
+            return int(mx.device_info()["max_recommended_working_set_size"])
+    except Exception:  # noqa: BLE001 - no usable Metal: physical memory decides
+        pass
+    return None
+
+
+def metal_working_set_in_child(platform: str = sys.platform) -> int | None:
+    """metal_working_set, asked of a short child process so that this one
+    never loads MLX. Metal exists only on macOS: elsewhere no child is needed."""
+    if platform != "darwin":
+        return None
+    code = "import json; from mlxd.models import metal_working_set; print(json.dumps(metal_working_set()))"
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                             check=True).stdout
+        total = json.loads(out.strip().splitlines()[-1])
+        return total if isinstance(total, int) else None
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
+        log.warning("could not ask a child process for Metal's working set (%s); using physical memory", exc)
+        return None
+
+
+def system_memory_budget(fraction: float,
+                         metal_total: Callable[[], int | None] = metal_working_set) -> tuple[int, str]:
+    """(budget bytes, where the total came from): $MLXD_MEMORY_TOTAL_BYTES,
+    else Metal's recommended working set, else physical memory."""
+    if os.environ.get(TOTAL_ENV):
+        return me.memory_budget(int(os.environ[TOTAL_ENV]), fraction), TOTAL_ENV
+    total = metal_total()
+    if total is not None:
+        return me.memory_budget(total, fraction), "Metal recommended working set"
+    import psutil
+
+    return me.memory_budget(psutil.virtual_memory().total, fraction), "physical memory"

@@ -1,0 +1,168 @@
+"""The fast path's decisions (pure): where a request goes (refused, to
+LiteLLM, to the engine), what the client sees after the engine refuses, and
+the model name in relayed bytes. gateway/fastpath.py does the I/O."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from enum import Enum
+
+from mlxd.config import Config
+
+from .errors import ApiError
+from .litellm_config import OLLAMA_SUFFIX, plan_routes
+
+# Client path -> the engine's path, for the requests the fast path takes.
+ENGINE_PATHS = {"/v1/chat/completions": "/v1/chat/completions", "/chat/completions": "/v1/chat/completions",
+                "/v1/completions": "/v1/completions", "/completions": "/v1/completions"}
+# Engine 400 codes that mean the input is wrong (as opposed to "this engine
+# cannot": model_too_large, request_quarantined, unsupported_parameter,
+# context_length_exceeded -- for those the request goes on to Ollama).
+CLIENT_MISTAKES = frozenset({"invalid_request", "invalid_messages"})
+
+
+@dataclass(frozen=True)
+class FastRoutes:
+    engine: dict[str, str | None]  # public name -> the name the engine gets (None: the same)
+    known: frozenset[str]  # every name LiteLLM serves: the routes and their explicit Ollama twins
+
+    @classmethod
+    def plan(cls, config: Config, heavy: dict[str, bool]) -> FastRoutes:
+        engine: dict[str, str | None] = {}
+        known: set[str] = set()
+        for r in plan_routes(config, heavy):
+            known.add(r.name)
+            if r.engine_model is None:
+                continue
+            if r.ollama_model:
+                known.add(r.name + OLLAMA_SUFFIX)
+            engine[r.name] = None if config.resolve(r.name) == r.engine_model else r.engine_model
+        return cls(engine, frozenset(known))
+
+
+@dataclass(frozen=True)
+class ToLiteLLM:
+    """Served by Ollama through LiteLLM; the body goes on unchanged."""
+
+
+@dataclass(frozen=True)
+class ToEngine:
+    body: bytes  # what the engine gets
+    public_name: str  # what the client asked for, and sees in the answer
+    engine_name: str | None  # the name the engine answers with, when it differs
+
+
+def invalid_for_any_backend(path: str, req: dict) -> tuple[str, str] | None:
+    """(message, code) when the body is malformed (the engine's own request
+    models decide); None when valid, or when only the engine's limits are
+    hit (n > 1, a structured response_format...): Ollama may serve those."""
+    from pydantic import ValidationError
+
+    from mlxd.engine.protocol import ChatCompletionRequest, CompletionRequest, describe_validation_errors
+
+    model = ChatCompletionRequest if path == "/v1/chat/completions" else CompletionRequest
+    try:
+        model.model_validate(req)
+    except ValidationError as exc:
+        message, _, code = describe_validation_errors(exc.errors())
+        return None if code == "unsupported_parameter" else (message, code)
+    except (RecursionError, ValueError, TypeError):
+        return "the request body could not be read", "invalid_request"
+    return None
+
+
+def unfit_for_ollama(path: str, req: dict) -> str | None:
+    """Why LiteLLM's Ollama provider cannot take this (valid) request -- it
+    would answer 500 -- or None."""
+    if path == "/v1/completions" and isinstance(req.get("prompt"), list) and req["prompt"] \
+            and not isinstance(req["prompt"][0], str):
+        return "a prompt of token ids needs the MLX engine; this model is served by Ollama: send text"
+    for i, message in enumerate(req.get("messages") or []):
+        for j, call in enumerate(message.get("tool_calls") or []):
+            args = call.get("function", {}).get("arguments")
+            if isinstance(args, str) and args.strip():
+                try:
+                    json.loads(args)
+                except ValueError:
+                    return (f"messages[{i}].tool_calls[{j}].function.arguments is not JSON; this model is served "
+                            "by Ollama, which needs JSON arguments")
+    return None
+
+
+def route_request(path: str, body: bytes, routes: FastRoutes) -> ApiError | ToLiteLLM | ToEngine:
+    """Where a POST to an ENGINE_PATHS value goes. LiteLLM does not validate
+    bodies (it answers bad ones with a 500), so malformed input is refused here."""
+    try:
+        req = json.loads(body)
+    except (ValueError, RecursionError):  # RecursionError: absurdly deep nesting
+        req = None
+    if not isinstance(req, dict):
+        return ApiError(400, "the request body must be a JSON object" if req is not None or body.strip()
+                        else "the request body is empty", "invalid_request")
+    invalid = invalid_for_any_backend(path, req)
+    if invalid is not None:
+        return ApiError(400, *invalid)
+    name = req.get("model")
+    if not isinstance(name, str) or name not in routes.known:
+        # Only configured names: LiteLLM would otherwise read "a,b" as a
+        # fan-out to several models and answer 200 with a list of errors.
+        return ApiError(404, f"the model {str(name)[:100]!r} does not exist here; GET /v1/models lists the models "
+                             "this gateway serves", "model_not_found", param="model")
+    if name not in routes.engine:
+        refusal = unfit_for_ollama(path, req)
+        return ToLiteLLM() if refusal is None else ApiError(400, refusal, "unsupported_parameter")
+    engine_name = routes.engine[name]
+    if engine_name is None:
+        return ToEngine(body, name, None)
+    return ToEngine(json.dumps({**req, "model": engine_name}).encode(), name, engine_name)
+
+
+class AfterRefusal(Enum):
+    """What the client sees after the engine answers anything but 200."""
+
+    ENGINE_ANSWER = "the engine's 400 stands: the input is wrong and Ollama would not do better"
+    FALL_BACK = "LiteLLM falls back to Ollama"
+    FALL_BACK_UNLESS_500 = "LiteLLM falls back; if all it makes of it is a 5xx, the engine's 4xx stands"
+
+
+def after_refusal(status: int, body: bytes) -> AfterRefusal:
+    if status == 400 and _error_code(body) in CLIENT_MISTAKES:
+        return AfterRefusal.ENGINE_ANSWER
+    return AfterRefusal.FALL_BACK_UNLESS_500 if 400 <= status < 500 else AfterRefusal.FALL_BACK
+
+
+def _error_code(body: bytes) -> str | None:
+    try:
+        return json.loads(body)["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def rename_model(answer: bytes, public_name: str) -> bytes:
+    """A whole (non-streamed) answer with the name the client asked for."""
+    doc = json.loads(answer)
+    doc["model"] = public_name
+    return json.dumps(doc).encode()
+
+
+class StreamRenamer:
+    """Rewrites `"model": "<engine name>"` to the public name in relayed SSE
+    bytes. Only whole lines are rewritten (a partial one waits for the next
+    chunk), so the result does not depend on how the network splits the
+    stream, and any JSON spacing matches. Content cannot match: inside a JSON
+    string its quotes are escaped."""
+
+    def __init__(self, engine_name: str, public_name: str) -> None:
+        self.pattern = re.compile(rb'("model"\s*:\s*)' + re.escape(json.dumps(engine_name).encode()))
+        self.replacement = rb"\g<1>" + json.dumps(public_name).encode().replace(b"\\", b"\\\\")
+        self.pending = b""
+
+    def feed(self, data: bytes) -> bytes:
+        whole, newline, self.pending = (self.pending + data).rpartition(b"\n")
+        return self.pattern.sub(self.replacement, whole + newline)
+
+    def flush(self) -> bytes:
+        rest, self.pending = self.pending, b""
+        return self.pattern.sub(self.replacement, rest)

@@ -1,0 +1,146 @@
+"""The gateway's decisions as tables: the key guard's verdict, where the
+fast path sends a request, what the client sees after the engine refuses,
+the model name in relayed bytes, error rewriting and readiness (pure)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mlxd.config import parse_config
+from mlxd.gateway.app import admit, rewrite_backend_error
+from mlxd.gateway.errors import ApiError
+from mlxd.gateway.health import readiness
+from mlxd.gateway.routing import (AfterRefusal, FastRoutes, StreamRenamer, ToEngine, ToLiteLLM, after_refusal,
+                                  rename_model, route_request)
+
+MODELS = {"small": {"repo": "mlx-community/Qwen3-4B-4bit", "ollama": "qwen3:4b"},
+          "huge": {"repo": "mlx-community/Llama-3.3-70B-Instruct-4bit", "ollama": "llama3.3:70b"}}
+ALIASES = {"coding": "huge", "fast": "small", "default": "small", "reasoning": "small"}
+ROUTES = FastRoutes.plan(parse_config({"models": MODELS, "aliases": ALIASES}, Path("/nonexistent")), {"huge": True})
+ONLY_LIGHT = FastRoutes.plan(parse_config({"models": MODELS, "aliases": ALIASES, "gateway": {"only_light": True}},
+                                          Path("/nonexistent")), {"huge": True})
+CHAT = "/v1/chat/completions"
+HI = [{"role": "user", "content": "hi"}]
+
+
+def chat(model, **extra) -> bytes:
+    return json.dumps({"model": model, "messages": HI, **extra}).encode()
+
+
+def error_code(decision):
+    return decision.code if isinstance(decision, ApiError) else type(decision).__name__
+
+
+@pytest.mark.parametrize("routes, path, body, expected", [
+    (ROUTES, CHAT, chat("small"), "ToEngine"),
+    (ROUTES, CHAT, chat("fast"), "ToEngine"),  # the engine knows aliases itself
+    (ROUTES, CHAT, chat("coding"), "ToLiteLLM"),  # heavy: Ollama through LiteLLM
+    (ROUTES, CHAT, chat("small--ollama"), "ToLiteLLM"),  # the explicit Ollama twin
+    (ROUTES, CHAT, chat("nope"), "model_not_found"),
+    (ROUTES, CHAT, chat("small,huge"), "model_not_found"),  # never LiteLLM's fan-out
+    (ROUTES, CHAT, chat(None), "invalid_request"),  # the request models want a string
+    (ROUTES, CHAT, b"", "invalid_request"),
+    (ROUTES, CHAT, b"[1, 2]", "invalid_request"),
+    (ROUTES, CHAT, b"{not json", "invalid_request"),
+    (ROUTES, CHAT, b"[" * 100_000, "invalid_request"),  # nesting too deep to parse
+    (ROUTES, CHAT, json.dumps({"model": "small", "messages": []}).encode(), "invalid_request"),
+    (ROUTES, CHAT, chat("small", n=2), "ToEngine"),  # an engine limit, not malformed: Ollama may serve it
+    (ROUTES, "/v1/completions", json.dumps({"model": "coding", "prompt": [1, 2]}).encode(),
+     "unsupported_parameter"),  # token ids need the engine
+    (ROUTES, CHAT, json.dumps({"model": "coding", "messages": [
+        {"role": "assistant", "content": None,
+         "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{oops"}}]},
+        {"role": "tool", "tool_call_id": "c", "content": "x"}]}).encode(), "unsupported_parameter"),
+    (ONLY_LIGHT, CHAT, chat("coding"), "ToEngine"),  # only_light: every alias is the light model on MLX
+])
+def test_where_a_request_goes(routes, path, body, expected):
+    assert error_code(route_request(path, body, routes)) == expected
+
+
+def test_an_only_light_alias_reaches_the_engine_under_the_light_models_name():
+    to = route_request(CHAT, chat("coding", max_tokens=3), ONLY_LIGHT)
+    assert to == ToEngine(to.body, "coding", "small")
+    assert json.loads(to.body) == {"model": "small", "messages": HI, "max_tokens": 3}
+    assert route_request(CHAT, chat("small"), ROUTES) == ToEngine(chat("small"), "small", None)  # bytes as sent
+    assert route_request(CHAT, chat("huge"), ROUTES) == ToLiteLLM()
+
+
+@pytest.mark.parametrize("status, code, expected", [
+    (400, "invalid_request", AfterRefusal.ENGINE_ANSWER),
+    (400, "invalid_messages", AfterRefusal.ENGINE_ANSWER),
+    (400, "model_too_large", AfterRefusal.FALL_BACK_UNLESS_500),
+    (400, "context_length_exceeded", AfterRefusal.FALL_BACK_UNLESS_500),
+    (429, "queue_full", AfterRefusal.FALL_BACK_UNLESS_500),
+    (503, "draining", AfterRefusal.FALL_BACK),
+    (500, "invalid_request", AfterRefusal.FALL_BACK),
+    (400, None, AfterRefusal.FALL_BACK_UNLESS_500),
+])
+def test_what_follows_an_engine_refusal(status, code, expected):
+    body = b"not json" if code is None else ApiError(status, "m", code).body()
+    assert after_refusal(status, body) is expected
+
+
+SSE = [b'data: {"id":"c1","object":"chat.completion.chunk","model":"small","choices":[]}\n\n',
+       b'data: {"id": "c1", "model" : "small", "choices": [{"delta": {"content": "\\"model\\": \\"small\\""}}]}\n\n',
+       b"data: [DONE]\n\n"]
+
+
+@pytest.mark.parametrize("crlf", [False, True])
+def test_the_model_name_in_a_stream_does_not_depend_on_chunking_or_spacing(crlf):
+    stream = b"".join(SSE).replace(b"\n", b"\r\n") if crlf else b"".join(SSE)
+    expected = stream.replace(b'"model":"small"', b'"model":"coding"').replace(b'"model" : "small"',
+                                                                                b'"model" : "coding"')
+    for size in range(1, 40):
+        renamer = StreamRenamer("small", "coding")
+        out = b"".join(renamer.feed(stream[i:i + size]) for i in range(0, len(stream), size)) + renamer.flush()
+        assert out == expected, size
+    assert b'\\"model\\": \\"small\\"' in expected  # content that only looks like the field stays
+
+
+def test_a_whole_answer_gets_the_public_name():
+    assert json.loads(rename_model(b'{"model": "small", "x": 1}', "coding")) == {"model": "coding", "x": 1}
+
+
+KEY = "sk-mlxd-right"
+
+
+@pytest.mark.parametrize("scope_type, path, key, given, expected", [
+    ("http", "/v1/chat/completions", KEY, KEY, None),
+    ("http", "/v1/models/small", KEY, KEY, None),
+    ("http", "/v1/chat/completions", KEY, None, 401),
+    ("http", "/v1/chat/completions", KEY, KEY + "x", 401),
+    ("http", "/v1/chat/completions", None, KEY, 401),  # no key file: nothing is served
+    ("http", "/key/generate", KEY, KEY, 404),  # LiteLLM's admin routes are not served
+    ("http", "/key/generate", KEY, None, 401),  # ... and the key is checked first
+    ("websocket", "/v1/chat/completions", KEY, KEY, 404),
+])
+def test_the_key_guard(scope_type, path, key, given, expected):
+    refusal = admit(scope_type, path, key, given)
+    assert (refusal and refusal.status) == expected
+    if refusal is not None:
+        assert set(json.loads(refusal.body())["error"]) == {"message", "type", "param", "code"}
+
+
+FALLBACK_FAILED = json.dumps({"error": {"message": "Connection refused. Fallback to x--ollama also failed",
+                                        "type": None}}).encode()
+
+
+@pytest.mark.parametrize("status, body, expected_status, expected_code, expected_type", [
+    (500, FALLBACK_FAILED, 503, "backends_unavailable", "service_unavailable_error"),
+    (404, b'{"detail": "Not Found"}', 404, "not_found", "invalid_request_error"),
+    (405, b'{"detail": "Method Not Allowed"}', 405, "method_not_allowed", "invalid_request_error"),
+    (500, b"Internal Server Error", 500, "gateway_error", "server_error"),
+    (429, b'{"error": {"message": "slow down", "type": null, "code": "429"}}', 429, "429", "rate_limit_error"),
+])
+def test_backend_errors_become_openai_shaped(status, body, expected_status, expected_code, expected_type):
+    new_status, new_body = rewrite_backend_error(status, body)
+    err = json.loads(new_body)["error"]
+    assert (new_status, err["code"], err["type"]) == (expected_status, expected_code, expected_type)
+
+
+@pytest.mark.parametrize("engine, ollama, status", [(True, True, 200), (True, False, 200), (False, True, 200),
+                                                    (False, False, 503)])
+def test_ready_when_a_backend_can_answer(engine, ollama, status):
+    got_status, doc = readiness(engine, ollama)
+    assert got_status == status and set(doc) == {"status", "db"}

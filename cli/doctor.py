@@ -49,7 +49,7 @@ def check_backend(config: Config) -> Check:
     try:
         import mlx.core as mx
 
-        from mlxd.engine.model_registry import system_memory_budget
+        from mlxd.models import system_memory_budget
 
         backend = "Metal" if mx.metal.is_available() else ("CUDA" if getattr(mx, "cuda", None)
                                                               and mx.cuda.is_available() else "CPU")
@@ -107,14 +107,14 @@ def check_ollama(config: Config) -> Check:
 
 def check_models(config: Config) -> list[Check]:
     try:
-        from mlxd.engine.model_registry import ModelRegistry, system_memory_budget
+        from mlxd.models import model_info, system_memory_budget
 
-        registry = ModelRegistry(config, system_memory_budget(config.engine.memory_fraction)[0])
+        budget = system_memory_budget(config.engine.memory_fraction)[0]
     except Exception as exc:  # noqa: BLE001
         return [Check("models", "fail", f"cannot estimate: {exc}")]
     out = []
     for model_id in config.models:
-        info = registry.info(model_id)
+        info = model_info(config, model_id, budget)
         where = info.spec.repo or info.spec.path or f"built-in demo {info.spec.demo}"
         if info.verdict.allowed:
             out.append(Check(f"model {model_id}", "pass", f"{where}: {info.verdict.reason}"))

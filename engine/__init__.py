@@ -11,6 +11,7 @@ Entry point: `mlxd engine` -> mlxd.engine.main.run_engine. Where things are:
   jobs.py, events.py  a job, and the events the worker sends its handler
 
 Decisions live in small pure modules: admission.py (queue), model_cache.py
-(which model to load/unload), memory_estimate.py (heavy-model exclusion),
-faults.py (fault injection), protocol.py (request validation).
+(which model to load/unload), faults.py (fault injection), protocol.py
+(request validation); the heavy-model estimate is mlxd.models /
+mlxd.memory_estimate (core/), shared with the gateway without MLX.
 """

@@ -17,10 +17,11 @@ import uvicorn
 
 from mlxd import exit_codes
 from mlxd.config import Config
+from mlxd.models import demo_model_dir, system_memory_budget
 
 from .faults import FaultInjector
 from .lifecycle import Lifecycle
-from .model_registry import ModelRegistry, demo_model_dir, system_memory_budget
+from .model_registry import ModelRegistry
 from .server import Engine, create_app
 
 log = logging.getLogger("mlxd.engine")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from mlxd.engine.memory_estimate import read_weight_bytes
+from mlxd.memory_estimate import read_weight_bytes
 from testkit import chat, metric
 
 pytestmark = pytest.mark.timeout(300)

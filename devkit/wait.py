@@ -13,12 +13,13 @@ T = TypeVar("T")
 def wait_for(condition: Callable[[], T], timeout: float, interval: float = 0.05,
              stop: threading.Event | None = None) -> T | None:
     """Poll `condition` until it returns something truthy (returned), the
-    deadline passes or `stop` is set (None)."""
+    deadline passes or `stop` is set (None; then `condition` is not called)."""
     deadline = time.monotonic() + timeout
-    while True:
+    while stop is None or not stop.is_set():
         value = condition()
         if value:
             return value
-        if time.monotonic() > deadline or (stop is not None and stop.is_set()):
+        if time.monotonic() > deadline:
             return None
         time.sleep(interval)
+    return None

@@ -2,8 +2,8 @@
 real stack, with figures.
 
 It starts supervisord + crash listener + engine + LiteLLM gateway in a temp
-MLXD_HOME on free loopback ports (bench/soak.py's SoakStack: the demo model,
-the Ollama stand-in from tests/doubles as the fallback), then:
+MLXD_HOME on free loopback ports (bench/crash_traffic.py's crash_stack: the demo
+model, the Ollama stand-in as the fallback), then:
 
   1. crash loop   writes the fault file `abort@idle,abort@boot` (SIGABRT of
                   the running engine, then of every new one at boot) and waits
@@ -49,21 +49,22 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
 import psutil
 import requests
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import soak  # noqa: E402  (bench/ is not a package: the soak's stack, client and request helpers)
+from mlxd.config import SupervisorConfig
+from mlxd.devkit.stack import MLXD, Stack
+from mlxd.devkit.wait import wait_for
+from mlxd.records import EnginePid
 
-from mlxd.config import SupervisorConfig, load_config  # noqa: E402
-from mlxd.paths import read_json  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # when imported by path (tests/soak)
+from benchkit import RESULTS, machine_info, percentile, say, write_json  # noqa: E402
+from crash_traffic import GOOD, Settings, crash_stack, make_client, one_request  # noqa: E402
 
-ROOT = soak.ROOT
-DEFAULT_OUT = ROOT / "bench" / "results" / "crash_loop.json"
+DEFAULT_OUT = RESULTS / "crash_loop.json"
 FAULT_SPEC = "abort@idle,abort@boot"  # the running engine aborts at once, every new one at boot
 DOCUMENTED = SupervisorConfig()  # docs/CONFIG.md is generated from these defaults
 SPAWNED = re.compile(r"spawned: 'engine' with pid (\d+)")
@@ -72,13 +73,9 @@ ROLES = (("listener", "mlxd.supervisor.listener"), ("runner", "mlxd.supervisor.e
 WATCHED = ("supervisord", "listener", "runner", "engine")  # the cool-down CPU goal; the gateway is reported only
 
 
-def say(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
 # --- observing the stack (reads files and /proc; costs supervisord nothing) --------------------
 
-def spawn_pids(stack: soak.SoakStack) -> list[int]:
+def spawn_pids(stack: Stack) -> list[int]:
     """Engine pids supervisord logged as spawned, oldest first."""
     try:
         return [int(p) for p in SPAWNED.findall((stack.paths.logs / "supervisord.log").read_text(errors="replace"))]
@@ -86,7 +83,7 @@ def spawn_pids(stack: soak.SoakStack) -> list[int]:
         return []
 
 
-def stack_processes(stack: soak.SoakStack) -> dict[str, psutil.Process]:
+def stack_processes(stack: Stack) -> dict[str, psutil.Process]:
     """supervisord and its live children by role."""
     try:
         sup = psutil.Process(int(stack.paths.supervisord_pid.read_text()))
@@ -109,11 +106,11 @@ def cpu_s(proc: psutil.Process) -> float | None:
         return None
 
 
-def mode(stack: soak.SoakStack) -> str | None:
-    return stack.supervision_mode()
+def mode(stack: Stack) -> str | None:
+    return stack.supervision().get("mode")
 
 
-def health(stack: soak.SoakStack) -> dict | None:
+def health(stack: Stack) -> dict | None:
     try:
         r = requests.get(stack.url + "/health", timeout=2)
         return r.json() if r.status_code == 200 else None
@@ -123,14 +120,14 @@ def health(stack: soak.SoakStack) -> dict | None:
 
 def poll(cond: Callable[[], Any], timeout: float, interval: float = 0.05) -> tuple[Any, float | None]:
     """(the first truthy value, time.time() when seen) or (None, None) at the deadline."""
-    value = soak.wait_for(cond, timeout, interval)
+    value = wait_for(cond, timeout, interval)
     return value, (time.time() if value else None)
 
 
 # --- the phases ---------------------------------------------------------------------------------
 
 class Drill:
-    def __init__(self, args: argparse.Namespace, stack: soak.SoakStack, s: soak.Settings) -> None:
+    def __init__(self, args: argparse.Namespace, stack: Stack, s: Settings) -> None:
         self.args, self.stack, self.s = args, stack, s
         self.raw: dict[str, Any] = {}
         self.client = None
@@ -138,10 +135,10 @@ class Drill:
         self.n_requests = 0
 
     def ask(self) -> dict:
-        """One chat request through the gateway (soak's client: outcome, backend, latency)."""
+        """One chat request through the gateway (crash_traffic: outcome, backend, latency)."""
         if self.client is None:
-            self.client, self.probe = soak.make_client(self.stack.gateway_url, self.stack.key, 60)
-        rec = soak.one_request(self.client, self.probe, self.n_requests, self.s)
+            self.client, self.probe = make_client(self.stack.gateway_url, self.stack.key, 60)
+        rec = one_request(self.client, self.probe, self.n_requests, self.s)
         self.n_requests += 1
         return rec
 
@@ -153,15 +150,15 @@ class Drill:
         st.fault_file.write_text(FAULT_SPEC)
         say(f"{name}: fault on ({FAULT_SPEC}); waiting for degraded")
         _, t_seen = poll(lambda: mode(st) == "degraded", self.args.degraded_timeout_s)
-        sup = read_json(st.paths.supervision) or {}
+        sup = st.supervision()
         recs = st.records()[n0:]
-        first = next((i for i, r in enumerate(recs) if r.get("degraded")), None)
+        first = next((i for i, r in enumerate(recs) if r.degraded), None)
         d = {"expected_crashes": expected, "fault_on_at": t_on, "degraded_seen_at": t_seen,
              "crashes_to_degraded": None if first is None else first + 1,
-             "time_to_degraded_s": None if first is None else round(recs[first]["handled_at"] - t_on, 3),
+             "time_to_degraded_s": None if first is None else round(recs[first].handled_at - t_on, 3),
              "time_to_degraded_seen_s": None if t_seen is None else round(t_seen - t_on, 3),
-             "classes": [r["class"] for r in recs], "restart_in_s": [r.get("restart_in_s") for r in recs],
-             "crash_times": [r["time"] for r in recs], "spawns": len(spawn_pids(st)) - spawns0,
+             "classes": [r.klass for r in recs], "restart_in_s": [r.restart_in_s for r in recs],
+             "crash_times": [r.time for r in recs], "spawns": len(spawn_pids(st)) - spawns0,
              "restart_at": sup.get("restart_at")}
         say(f"{name}: {'degraded' if t_seen else 'NOT degraded'} after {d['crashes_to_degraded']} crashes "
             f"(expected {expected}), {d['time_to_degraded_s']} s; backoffs {d['restart_in_s']}")
@@ -175,7 +172,7 @@ class Drill:
         end = restart_at - self.args.margin_s
         procs = stack_processes(st)
         spawns0, n0 = spawn_pids(st), len(st.records())
-        runner0 = read_json(st.paths.engine_pid) or {}
+        runner0 = EnginePid.read(st.paths.engine_pid)
         t0, cpu0 = time.monotonic(), {r: cpu_s(p) for r, p in procs.items()}
         reqs, modes = [], []
         for _ in range(self.args.requests):
@@ -184,7 +181,7 @@ class Drill:
             reqs.append(self.ask())
             modes.append(mode(st))
         say(f"cool-down: {len(reqs)} requests through the gateway: "
-            f"{sum(r['backend'] == 'ollama' and r['outcome'] in soak.GOOD for r in reqs)} answered by the fallback")
+            f"{sum(r['backend'] == 'ollama' and r['outcome'] in GOOD for r in reqs)} answered by the fallback")
         while time.time() < end:  # the window is a span of time: watch the mode meanwhile (a file read)
             modes.append(mode(st))
             time.sleep(min(0.5, max(0.0, end - time.time())))
@@ -195,7 +192,7 @@ class Drill:
         spawned = spawn_pids(st)[len(spawns0):]
         return {"status_overall": overall, "status_exit": status.returncode, "window_s": round(window, 3),
                 "cpu": cpu, "spawns": len(spawned), "spawned_pids": spawned, "journal_records": len(st.records()) - n0,
-                "engine_pid_file_changed": (read_json(st.paths.engine_pid) or {}) != runner0,
+                "engine_pid_file_changed": EnginePid.read(st.paths.engine_pid) != runner0,
                 "modes_seen": sorted(set(m for m in modes if m)), "requests": reqs}
 
     def wait_engine_back(self, started_at: float) -> dict:
@@ -211,13 +208,13 @@ class Drill:
         while h and time.monotonic() < deadline:
             rec = self.ask()
             tries.append(rec)
-            if rec["outcome"] in soak.GOOD and rec["backend"] == "engine":
+            if rec["outcome"] in GOOD and rec["backend"] == "engine":
                 d["engine_answer_s"] = round(time.time() - started_at, 3)
                 break
             time.sleep(0.1)
         d.update(gateway_tries=tries, answered_by_engine=bool(tries) and tries[-1]["backend"] == "engine"
-                 and tries[-1]["outcome"] in soak.GOOD)
-        sup = read_json(self.stack.paths.supervision) or {}
+                 and tries[-1]["outcome"] in GOOD)
+        sup = self.stack.supervision()
         d.update(mode_after=sup.get("mode"), probation=sup.get("probation"),
                  crash_history_after=len(sup.get("crash_times") or ()))
         return d
@@ -244,7 +241,7 @@ class Drill:
         st.fault_file.unlink(missing_ok=True)
         t0 = time.time()
         say("operator: fault off; mlxd restart engine")
-        proc = subprocess.Popen([*soak.MLXD, "restart", "engine"], env=st.env, stdout=subprocess.PIPE,
+        proc = subprocess.Popen([*MLXD, "restart", "engine"], env=st.env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
         try:
             d = self.wait_engine_back(t0)
@@ -265,7 +262,7 @@ def summarize(raw: dict[str, Any], sup: dict[str, Any], requested: int, cpu_goal
     """The drill's figures and the goals missed, from the raw phases (pure)."""
     loop, cool = raw.get("crash_loop") or {}, raw.get("cooldown") or {}
     reqs = cool.get("requests", [])
-    fallback = [r for r in reqs if r["outcome"] in soak.GOOD and r["backend"] == "ollama"]
+    fallback = [r for r in reqs if r["outcome"] in GOOD and r["backend"] == "ollama"]
     watched = sum(v["cpu_s"] for k, v in cool.get("cpu", {}).items() if k in WATCHED)
     window = cool.get("window_s") or 0.0
     m = {
@@ -276,7 +273,7 @@ def summarize(raw: dict[str, Any], sup: dict[str, Any], requested: int, cpu_goal
         "spawns_during_cooldown": cool.get("spawns"), "crashes_during_cooldown": cool.get("journal_records"),
         "modes_during_cooldown": cool.get("modes_seen"),
         "fallback_sent": len(reqs), "fallback_answered": len(fallback), "fallback_failed": len(reqs) - len(fallback),
-        "fallback_latency_p50_s": soak._pct([r["latency_s"] for r in fallback], 0.5),
+        "fallback_latency_p50_s": percentile([r["latency_s"] for r in fallback], 0.5),
         "fallback_latency_max_s": max((r["latency_s"] for r in fallback), default=None),
         "cpu_by_process_s": {k: v["cpu_s"] for k, v in cool.get("cpu", {}).items()},
         "cpu_watched_s": round(watched, 3) if cool else None,
@@ -370,9 +367,9 @@ def markdown(m: dict[str, Any], sup: dict[str, Any], cpu_goal_pct: float) -> str
 
 # --- run ----------------------------------------------------------------------------------------
 
-def soak_settings(args: argparse.Namespace) -> soak.Settings:
+def stack_settings(args: argparse.Namespace) -> Settings:
     """The stack's settings: the documented supervisor defaults, the cool-down shortened."""
-    return soak.Settings(loop_crashes=args.loop_crashes, loop_window_s=DOCUMENTED.loop_window_s,
+    return Settings(loop_crashes=args.loop_crashes, loop_window_s=DOCUMENTED.loop_window_s,
                          cooldown_s=args.cooldown_s, backoff_base_s=DOCUMENTED.backoff_base_s,
                          backoff_cap_s=DOCUMENTED.backoff_cap_s, healthy_reset_s=DOCUMENTED.healthy_reset_s,
                          model=args.model, seed=args.seed)
@@ -380,9 +377,7 @@ def soak_settings(args: argparse.Namespace) -> soak.Settings:
 
 def machine() -> dict[str, Any]:
     try:
-        import engine_overhead  # its machine_info: platform, CPU, Python, mlx, git, load
-
-        info = engine_overhead.machine_info()
+        info = machine_info()
     except Exception as exc:  # noqa: BLE001 - the drill's figures do not depend on it
         info = {"machine_info_error": repr(exc), "cpu_count": os.cpu_count()}
     import openai
@@ -393,29 +388,25 @@ def machine() -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """The whole drill; writes args.out (when set) and returns everything."""
-    s = soak_settings(args)
+    s = stack_settings(args)
     info = machine()
-    stack = soak.SoakStack(s, args.home_root)
-    drill = Drill(args, stack, s)
     t0 = time.monotonic()
-    try:
-        stack.start()
-        sup = load_config(stack.home / "mlxd.toml", stack.home).supervisor.model_dump()  # what the stack runs with
+    with crash_stack(s, args.home_root, args.keep_home) as stack:
+        drill = Drill(args, stack, s)
+        sup = stack.config.supervisor.model_dump()  # what the stack runs with
         say(f"stack up in {time.monotonic() - t0:.1f} s: gateway {stack.gateway_url}, engine {stack.url}, "
             f"home {stack.home}")
-        drill.raw["crash_loop"] = loop = drill.crash_loop("crash loop", s.loop_crashes)
-        if loop["degraded_seen_at"] is not None and loop["restart_at"]:
-            drill.raw["cooldown"] = drill.cooldown(loop["restart_at"])
-            drill.raw["probation"] = drill.probation(loop["restart_at"])
-            if not args.no_operator and drill.raw["probation"]["healthy_s"] is not None:
-                drill.raw["operator"] = drill.operator_restart()
-        journal = stack.records()
-    finally:
-        if drill.client is not None:
-            drill.client.close()
-        stack.stop()
-        if not args.keep_home:
-            subprocess.run(["rm", "-rf", "--", str(stack.home)], check=False)
+        try:
+            drill.raw["crash_loop"] = loop = drill.crash_loop("crash loop", s.loop_crashes)
+            if loop["degraded_seen_at"] is not None and loop["restart_at"]:
+                drill.raw["cooldown"] = drill.cooldown(loop["restart_at"])
+                drill.raw["probation"] = drill.probation(loop["restart_at"])
+                if not args.no_operator and drill.raw["probation"]["healthy_s"] is not None:
+                    drill.raw["operator"] = drill.operator_restart()
+            journal = stack.records()
+        finally:
+            if drill.client is not None:
+                drill.client.close()
     figures = summarize(drill.raw, sup, args.requests, args.cpu_goal_pct)
     result = {"figures": figures, "passed": not figures["failures"],
               "settings": {"supervisor_used": sup, "supervisor_documented": DOCUMENTED.model_dump(),
@@ -423,14 +414,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                            "margin_s": args.margin_s, "quick": args.quick, "seed": args.seed,
                            "model": str(args.model) if args.model else "demo-a",
                            "operator_phase": not args.no_operator},
-              "raw": drill.raw, "journal": [{k: j.get(k) for k in ("time", "handled_at", "class", "signal", "pid",
+              "raw": drill.raw, "journal": [{k: j.to_json().get(k) for k in ("time", "handled_at", "class", "signal", "pid",
                                                                     "uptime_s", "restart_in_s", "degraded")}
                                             for j in journal],
               "wall_s": round(time.monotonic() - t0, 1), "home": str(stack.home) if args.keep_home else None,
               "machine": {**info, "loadavg_at_end": list(os.getloadavg())}}
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1, default=str) + "\n")
+        write_json(args.out, result)
     return result
 
 

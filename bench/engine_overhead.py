@@ -34,150 +34,51 @@ all raw samples to --out (JSON).
 
 from __future__ import annotations
 
+from __future__ import annotations
+
 import argparse
-import datetime as dt
-import hashlib
 import json
-import math
 import os
-import platform
-import signal
-import socket
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
-from importlib import metadata
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import psutil
-import requests
 
-ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_OUT = ROOT / "bench" / "results" / "engine_overhead.json"
-DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mlxd-bench"
-# Chosen so that the greedy continuations of both demo models start and end
-# with a token that has text (see "decode window" in bench/README.md).
-DEFAULT_PROMPT = ("Tokens stream back one by one. The first token takes longest, because the prompt must be "
-                  "processed; after that, every step is a small matrix product per layer.")
+from mlxd.devkit.ports import free_port
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # when imported by path (bench/run.py, tests)
+from benchkit import (DEFAULT_CACHE, DEFAULT_PROMPT, RESULTS, BenchError, HttpWay, Sample, Server, Trace,  # noqa: E402
+                      busy_cpu_s, child_env, demo_model, interrupt_on_sigterm, machine_info, median, now,
+                      one_model_toml, say, spawn, start_engine, stop_all_children, stop_child, to_sample, variants,
+                      write_json)
+
+DEFAULT_OUT = RESULTS / "engine_overhead.json"
 WAYS = ("inproc", "engine", "mlx_lm")
 LABEL = {"inproc": "in-process", "engine": "mlxd engine", "mlx_lm": "mlx_lm.server"}
-
-now = time.perf_counter
-
-
-class BenchError(RuntimeError):
-    pass
-
-
-def say(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-# --- one run's raw observations -> one sample ------------------------------------
-
-@dataclass
-class Trace:
-    t0: float
-    chunk_times: list[float]  # arrival of each content-carrying chunk
-    completion_tokens: int
-    prompt_tokens: int
-    text: str
-    finish_reason: str | None
-    t_end: float
-    cached_prompt_tokens: int | None = None
-    # Tokens from the first to the last content-carrying one, both included;
-    # known exactly in-process only (a server sends nothing for a token whose
-    # text is empty, e.g. half of a multi-byte character).
-    window_tokens: int | None = None
-    # CPU seconds spent during the run (filled in by measure()).
-    server_cpu_s: float = 0.0
-    client_cpu_s: float = 0.0
-    background_cores: float | None = None
-
-
-@dataclass
-class Sample:
-    model: str
-    way: str
-    round: int  # 0-based; warmups are numbered separately
-    warmup: bool
-    ttft_ms: float
-    decode_tok_s: float
-    completion_tokens: int
-    prompt_tokens: int
-    content_chunks: int
-    total_s: float
-    finish_reason: str | None
-    text_sha1: str
-    cached_prompt_tokens: int | None
-    decode_window_tokens: int
-    window_source: str  # "exact", "in-process reference" or "assumed (no empty-text tokens)"
-    # CPU per generated token: the generating process (the server, or this
-    # process in-process) and the HTTP client (this process); noise-robust.
-    server_cpu_us_per_token: float
-    client_cpu_us_per_token: float
-    # CPU used by everything else on the machine during the run, in cores
-    # (other programs competing for the CPUs make the run slower).
-    background_cores: float | None
-    chunk_times_ms: list[float] = field(repr=False)  # relative to t0
-
-
-def text_sha1(text: str) -> str:
-    return hashlib.sha1(text.encode()).hexdigest()[:12]
-
-
-def to_sample(tr: Trace, model: str, way: str, rnd: int, warmup: bool, ref_windows: dict[str, int]) -> Sample:
-    """`ref_windows`: text hash -> decode window measured in-process. Greedy
-    output is deterministic, so a server run that produced the same text had
-    the same window."""
-    if not tr.chunk_times:
-        raise BenchError(f"{way}: no content-carrying chunk came back")
-    sha = text_sha1(tr.text)
-    if tr.window_tokens is not None:
-        window, source = tr.window_tokens, "exact"
-    elif sha in ref_windows:
-        window, source = ref_windows[sha], "in-process reference"
-    else:
-        window, source = tr.completion_tokens, "assumed (no empty-text tokens)"
-    first, last = tr.chunk_times[0], tr.chunk_times[-1]
-    decode = (window - 1) / (last - first) if last > first and window > 1 else math.nan
-    return Sample(model=model, way=way, round=rnd, warmup=warmup, ttft_ms=(first - tr.t0) * 1e3,
-                  decode_tok_s=decode, completion_tokens=tr.completion_tokens, prompt_tokens=tr.prompt_tokens,
-                  content_chunks=len(tr.chunk_times), total_s=tr.t_end - tr.t0, finish_reason=tr.finish_reason,
-                  text_sha1=sha, cached_prompt_tokens=tr.cached_prompt_tokens, decode_window_tokens=window,
-                  window_source=source,
-                  server_cpu_us_per_token=tr.server_cpu_s / max(tr.completion_tokens, 1) * 1e6,
-                  client_cpu_us_per_token=tr.client_cpu_s / max(tr.completion_tokens, 1) * 1e6,
-                  background_cores=tr.background_cores,
-                  chunk_times_ms=[round((t - tr.t0) * 1e3, 3) for t in tr.chunk_times])
-
-
-def _busy_cpu_s() -> float:
-    t = psutil.cpu_times()
-    return sum(t) - t.idle - getattr(t, "iowait", 0.0)
 
 
 def measure(runner: "InProcess | HttpWay", prompt: str, max_tokens: int) -> Trace:
     """One run, with CPU accounting: the generating process, the client and
     the rest of the machine."""
     server = psutil.Process(runner.server.proc.pid) if isinstance(runner, HttpWay) else None
-    busy0, wall0 = _busy_cpu_s(), now()
+    busy0, wall0 = busy_cpu_s(), now()
     srv0 = sum(server.cpu_times()[:2]) if server else 0.0
     me0 = time.process_time()
     tr = runner.run(prompt, max_tokens)
     me = time.process_time() - me0
     srv = sum(server.cpu_times()[:2]) - srv0 if server else 0.0
-    busy, wall = _busy_cpu_s() - busy0, now() - wall0
+    busy, wall = busy_cpu_s() - busy0, now() - wall0
     if server:
         tr.server_cpu_s, tr.client_cpu_s = srv, me
     else:
         tr.server_cpu_s, tr.client_cpu_s = me, 0.0
     tr.background_cores = max(0.0, busy - srv - me) / wall if wall > 0 else None
     return tr
+
 
 
 # --- the three ways ----------------------------------------------------------------
@@ -214,194 +115,7 @@ class InProcess:
         self.model = self.tokenizer = None
 
 
-class HttpWay:
-    """A streaming OpenAI /v1/completions client with as little per-chunk work
-    as possible: bytes are read as they arrive (read1), split into SSE events
-    and timestamped; JSON is parsed only after the stream ends."""
-
-    def __init__(self, way: str, url: str, model_name: str, server: "Server") -> None:
-        self.way = way
-        self.url = url
-        self.model_name = model_name
-        self.server = server
-        self.session = requests.Session()
-
-    def run(self, prompt: str, max_tokens: int, read_timeout: float = 300.0) -> Trace:
-        payload = json.dumps({"model": self.model_name, "prompt": prompt, "max_tokens": max_tokens,
-                              "temperature": 0.0, "stream": True,
-                              "stream_options": {"include_usage": True}}).encode()
-        return self.stream("/v1/completions", payload, {"Content-Type": "application/json"}, read_timeout)
-
-    def stream(self, path: str, payload: bytes, headers: dict[str, str], read_timeout: float) -> Trace:
-        """POST `payload`, read the SSE answer as it arrives, timestamp each event."""
-        events: list[tuple[float, bytes]] = []
-        t0 = now()
-        with self.session.post(self.url + path, data=payload, stream=True, headers=headers,
-                               timeout=(10, read_timeout)) as r:
-            if r.status_code != 200:
-                raise BenchError(f"{self.way}: HTTP {r.status_code}: {r.text[:500]}")
-            raw, buf = r.raw, b""
-            while True:
-                data = raw.read1(65536)  # whatever has arrived; never waits for a full buffer
-                t = now()
-                if not data:
-                    break
-                buf += data
-                while (i := buf.find(b"\n\n")) >= 0:
-                    events.append((t, buf[:i]))
-                    buf = buf[i + 2:]
-        t_end = events[-1][0] if events else now()
-        return self._parse(t0, events, t_end)
-
-    def _parse(self, t0: float, events: list[tuple[float, bytes]], t_end: float) -> Trace:
-        times: list[float] = []
-        parts: list[str] = []
-        usage: dict[str, Any] | None = None
-        finish = None
-        done = False
-        for t, ev in events:
-            for line in ev.decode().splitlines():
-                if not line.startswith("data:"):
-                    continue  # SSE comments (mlx_lm.server's ": keepalive")
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    done = True
-                    continue
-                obj = json.loads(data)
-                if "error" in obj:
-                    raise BenchError(f"{self.way}: error in stream: {obj['error']}")
-                for choice in obj.get("choices") or []:
-                    text = choice.get("text")
-                    if text is None:
-                        text = (choice.get("delta") or {}).get("content")
-                    if text:
-                        times.append(t)
-                        parts.append(text)
-                    finish = choice.get("finish_reason") or finish
-                if obj.get("usage"):
-                    usage = obj["usage"]
-        if not done:
-            raise BenchError(f"{self.way}: the stream ended without [DONE]")
-        if usage is None:
-            raise BenchError(f"{self.way}: no usage chunk (stream_options.include_usage ignored?)")
-        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
-        return Trace(t0, times, int(usage["completion_tokens"]), int(usage["prompt_tokens"]), "".join(parts),
-                     finish, t_end, cached)
-
-    def close(self) -> None:
-        self.session.close()
-
-
-# --- subprocesses ----------------------------------------------------------------------
-
-_children: list[subprocess.Popen] = []
-
-
-def _resolve_prctl() -> Any:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        import ctypes
-
-        return ctypes.CDLL(None, use_errno=True).prctl  # resolved here, not in the forked child
-    except (OSError, AttributeError):
-        return None
-
-
-_PRCTL = _resolve_prctl()
-
-
-def _child_setup() -> None:
-    """In the child, before exec (Linux): get SIGTERM when the benchmark dies,
-    even by SIGKILL, when it never reaches its `finally`."""
-    _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@dataclass
-class Server:
-    name: str
-    proc: subprocess.Popen
-    url: str
-    health_path: str
-    log_path: Path
-
-    def log_tail(self, n: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return "(no log)"
-
-    def wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise BenchError(f"{self.name} exited with {self.proc.returncode} while starting:\n{self.log_tail()}")
-            try:
-                if requests.get(self.url + self.health_path, timeout=2).status_code == 200:
-                    return
-            except requests.RequestException:
-                pass
-            if time.monotonic() > deadline:
-                raise BenchError(f"{self.name} not ready after {timeout:.0f}s:\n{self.log_tail()}")
-            time.sleep(0.1)
-
-
-def spawn(name: str, argv: list[str], env: dict[str, str], log_path: Path, port: int, health_path: str) -> Server:
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True,  # a Ctrl-C reaches us only; we stop them ourselves
-                                preexec_fn=_child_setup if _PRCTL is not None else None)
-    _children.append(proc)
-    return Server(name, proc, f"http://127.0.0.1:{port}", health_path, log_path)
-
-
-def stop_child(proc: subprocess.Popen, grace: float = 15.0) -> None:
-    """SIGTERM by pid (the engine drains: it is idle, so that is quick), then SIGKILL."""
-    if proc.poll() is None:
-        try:
-            os.kill(proc.pid, signal.SIGTERM)
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-        except ProcessLookupError:
-            pass
-    if proc in _children:
-        _children.remove(proc)
-
-
-def stop_all_children() -> None:
-    for proc in list(_children):
-        try:
-            stop_child(proc)
-        except Exception as exc:  # noqa: BLE001 - keep stopping the others
-            say(f"could not stop pid {proc.pid}: {exc}")
-
-
-def child_env(**extra: str) -> dict[str, str]:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **extra}
-    env.pop("MLXD_CONFIG", None)
-    return env
-
-
-def start_engine(model_path: Path, workdir: Path) -> Server:
-    home = workdir / "mlxd-home"
-    home.mkdir()
-    (home / "mlxd.toml").write_text(
-        # stuck_grace_s: a slow CPU's long prefill must not count as a hang here
-        "[engine]\nmax_tokens_cap = 100000\nstuck_grace_s = 600\n\n"
-        f"[models.bench]\npath = {json.dumps(str(model_path.resolve()))}\n\n"
-        '[aliases]\ndefault = "bench"\n')
-    port = free_port()
-    argv = [sys.executable, "-m", "mlxd.cli", "engine", "--port", str(port)]
-    return spawn("mlxd engine", argv, child_env(MLXD_HOME=str(home)), workdir / "engine.log", port, "/health")
-
+# --- mlx_lm.server ------------------------------------------------------------------
 
 def start_mlx_lm(model_path: Path, workdir: Path, prompt_cache: bool) -> Server:
     port = free_port()
@@ -412,76 +126,7 @@ def start_mlx_lm(model_path: Path, workdir: Path, prompt_cache: bool) -> Server:
     return spawn("mlx_lm.server", argv, child_env(), workdir / "mlx_lm_server.log", port, "/v1/models")
 
 
-# --- machine info ------------------------------------------------------------------------
-
-def _version(dist: str) -> str | None:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def _cpu_model() -> str | None:
-    try:
-        if sys.platform == "darwin":
-            return subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True,
-                                  timeout=5).stdout.strip() or None
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except Exception:  # noqa: BLE001
-        pass
-    return None
-
-
-def _git() -> dict[str, Any]:
-    try:
-        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=10).stdout.strip()
-        dirty = bool(subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "core", "engine"],
-                                    capture_output=True, text=True, timeout=10).stdout.strip())
-        return {"commit": head or None, "engine_or_core_dirty": dirty}
-    except Exception:  # noqa: BLE001
-        return {"commit": None}
-
-
-def _gpu_name() -> str | None:
-    """The NVIDIA GPU's name when MLX runs on CUDA (Apple GPUs: mlx reports the device)."""
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=10).stdout.strip()
-        return out.splitlines()[0] if out else None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def machine_info() -> dict[str, Any]:
-    import mlx.core as mx
-
-    return {
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpu": _cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "loadavg_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-        "python": platform.python_version(),
-        "mlx": _version("mlx") or getattr(mx, "__version__", None),
-        "mlx_device": str(mx.default_device()),
-        "gpu": _gpu_name(),
-        "mlx_lm": _version("mlx-lm"),
-        "http_stack": {d: _version(d) for d in ("uvicorn", "h11", "httptools", "uvloop", "fastapi", "starlette",
-                                                "requests", "urllib3")},
-        "git": _git(),
-    }
-
-
 # --- statistics and output -----------------------------------------------------------------
-
-def _median(xs: list[float]) -> float:
-    xs = [x for x in xs if not math.isnan(x)]
-    return statistics.median(xs) if xs else math.nan
-
 
 def summarize(samples: list[Sample], ways: list[str]) -> dict[str, Any]:
     """Per way: medians and ranges over the measured (non-warmup) runs; ratios
@@ -495,12 +140,12 @@ def summarize(samples: list[Sample], ways: list[str]) -> dict[str, Any]:
             continue
         dec = [s.decode_tok_s for s in ss]
         ttft = [s.ttft_ms for s in ss]
-        out[way] = {"runs": len(ss), "decode_tok_s_median": _median(dec), "decode_tok_s_min": min(dec),
-                    "decode_tok_s_max": max(dec), "ttft_ms_median": _median(ttft), "ttft_ms_min": min(ttft),
-                    "ttft_ms_max": max(ttft), "total_s_median": _median([s.total_s for s in ss]),
-                    "server_cpu_us_per_token_median": _median([s.server_cpu_us_per_token for s in ss]),
-                    "client_cpu_us_per_token_median": _median([s.client_cpu_us_per_token for s in ss]),
-                    "background_cores_median": _median([s.background_cores or 0.0 for s in ss]),
+        out[way] = {"runs": len(ss), "decode_tok_s_median": median(dec), "decode_tok_s_min": min(dec),
+                    "decode_tok_s_max": max(dec), "ttft_ms_median": median(ttft), "ttft_ms_min": min(ttft),
+                    "ttft_ms_max": max(ttft), "total_s_median": median([s.total_s for s in ss]),
+                    "server_cpu_us_per_token_median": median([s.server_cpu_us_per_token for s in ss]),
+                    "client_cpu_us_per_token_median": median([s.client_cpu_us_per_token for s in ss]),
+                    "background_cores_median": median([s.background_cores or 0.0 for s in ss]),
                     "completion_tokens": sorted({s.completion_tokens for s in ss}),
                     "prompt_tokens": sorted({s.prompt_tokens for s in ss})}
     base = out.get("inproc")
@@ -512,7 +157,7 @@ def summarize(samples: list[Sample], ways: list[str]) -> dict[str, Any]:
             st["ttft_extra_ms_vs_inproc"] = st["ttft_ms_median"] - base["ttft_ms_median"]
             paired = [s.decode_tok_s / by_round[s.round].decode_tok_s for s in measured
                       if s.way == way and s.round in by_round]
-            st["decode_ratio_paired_median"] = _median(paired)
+            st["decode_ratio_paired_median"] = median(paired)
     return out
 
 
@@ -611,7 +256,8 @@ def bench_model(name: str, model_path: Path, args: argparse.Namespace, ways: lis
             # Start the servers first: they load while this process loads its copy.
             started = time.monotonic()
             if "engine" in ways:
-                servers.append(engine := start_engine(model_path, workdir))
+                engine = start_engine(workdir / "mlxd-home", one_model_toml(model_path), workdir / "engine.log")
+                servers.append(engine)
             if "mlx_lm" in ways:
                 servers.append(mlx_srv := start_mlx_lm(model_path, workdir, args.mlx_lm_prompt_cache))
             if "inproc" in ways:
@@ -665,18 +311,12 @@ def bench_model(name: str, model_path: Path, args: argparse.Namespace, ways: lis
             "samples": [asdict(s) for s in samples], "discarded_samples": [asdict(s) for s in discarded]}
 
 
-def _variants() -> list[str]:
-    from mlxd.engine.demo_model import VARIANTS
-
-    return list(VARIANTS)
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", action="append", type=Path, metavar="PATH",
                    help="an mlx-lm model folder (repeatable); default: the demo models")
-    p.add_argument("--variant", action="append", choices=_variants(),
+    p.add_argument("--variant", action="append", choices=variants(),
                    help="demo model variant(s) to run when no --model is given (default: a and b)")
     p.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help=f"where demo models are built ({DEFAULT_CACHE})")
     p.add_argument("--ways", default=",".join(WAYS),
@@ -719,25 +359,12 @@ def models_to_run(args: argparse.Namespace) -> list[tuple[str, Path]]:
                 raise BenchError(f"{m} is not an mlx-lm model folder (no config.json)")
             out.append((m.resolve().name, m.resolve()))
         return out
-    from mlxd.engine.demo_model import VARIANTS, build_demo_model
-
-    out = []
-    for v in args.variant or ["a", "b"]:
-        dest = args.cache_dir / f"demo-{v}"
-        say(f"demo model {v}: {dest}")
-        build_demo_model(dest, v, progress=lambda m: say(f"   {m}"))
-        spec = VARIANTS[v]
-        out.append((f"demo-{v} ({spec.hidden_size}x{spec.num_hidden_layers})", dest))
-    return out
-
-
-def _on_sigterm(signum, frame):  # noqa: ARG001
-    raise KeyboardInterrupt(f"signal {signum}")
+    return [demo_model(v, args.cache_dir) for v in args.variant or ["a", "b"]]
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    interrupt_on_sigterm()
     settings = {"max_tokens": args.max_tokens, "rounds": args.rounds, "warmup": args.warmup,
                 "ways": args.ways_list, "prompt": args.prompt, "sampling": {"temperature": 0.0},
                 "endpoint": "/v1/completions (stream, include_usage)", "quick": args.quick,
@@ -764,9 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         stop_all_children()
     settings["wall_s"] = round(time.monotonic() - started, 1)
     info["loadavg_at_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"machine": info, "settings": settings, "results": results}, indent=1,
-                                   allow_nan=True) + "\n")
+    write_json(args.out, {"machine": info, "settings": settings, "results": results})
     print(markdown(results, settings, info))
     say(f"\nraw samples: {args.out} (total {settings['wall_s']:.0f}s)")
     return 0

@@ -11,7 +11,7 @@ greedy (temperature 0), fixed max_tokens (the demo models never emit EOS, so
 every run generates exactly max_tokens tokens). The two ways alternate in
 rounds (the first way swaps each round) after warmup runs; medians compared.
 
-Metrics, defined as in bench/engine_overhead.py (its helpers are imported):
+Metrics, defined as in bench/engine_overhead.py (both use bench/benchkit.py):
   TTFT            request sent -> first content-carrying chunk (non-empty delta.content)
   decode tok/s    (window - 1) / (t_last - t_first) over the first/last content chunks
   CPU             engine, gateway and client CPU per generated token (Linux:
@@ -42,7 +42,6 @@ import argparse
 import json
 import math
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -56,22 +55,22 @@ from typing import Any
 import psutil
 import requests
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import engine_overhead as eo  # noqa: E402  (bench/ is not a package: the shared measuring helpers)
+from mlxd.devkit.ports import free_port
+from mlxd.devkit.stack import MLXD, Stack
 
-ROOT = eo.ROOT
-DEFAULT_OUT = ROOT / "bench" / "results" / "gateway_overhead.json"
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # when imported by path (bench/run.py)
+import benchkit as bk  # noqa: E402
+from benchkit import BenchError, now, say  # noqa: E402
+
+DEFAULT_OUT = bk.RESULTS / "gateway_overhead.json"
 WAYS = ("direct", "gateway")
 LABEL = {"direct": "direct to engine", "gateway": "through gateway"}
-say = eo.say
-now = eo.now
-BenchError = eo.BenchError
 
 
 # --- the client -------------------------------------------------------------------------
 
-class ChatWay(eo.HttpWay):
-    """engine_overhead's minimal-work streaming client, on /v1/chat/completions
+class ChatWay(bk.HttpWay):
+    """benchkit's minimal-work streaming client, on /v1/chat/completions
     (its SSE parser already reads `delta.content`)."""
 
     def __init__(self, way: str, url: str, model_name: str, key: str | None) -> None:
@@ -80,7 +79,7 @@ class ChatWay(eo.HttpWay):
         if key:
             self.headers["Authorization"] = f"Bearer {key}"
 
-    def run(self, prompt: str, max_tokens: int, read_timeout: float = 300.0) -> eo.Trace:
+    def run(self, prompt: str, max_tokens: int, read_timeout: float = 300.0) -> bk.Trace:
         payload = json.dumps({"model": self.model_name, "messages": [{"role": "user", "content": prompt}],
                               "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
                               "stream_options": {"include_usage": True}}).encode()
@@ -88,8 +87,8 @@ class ChatWay(eo.HttpWay):
 
 
 @dataclass
-class GwSample(eo.Sample):
-    # eo.Sample's server_cpu_us_per_token is the engine's here.
+class GwSample(bk.Sample):
+    # Sample's server_cpu_us_per_token is the engine's here.
     kind: str = "stream"  # "stream" (max_tokens N) or "short" (max_tokens 1: the per-request cost)
     gateway_cpu_ms: float = 0.0  # the gateway's CPU during the run
     gateway_cpu_us_per_token: float = 0.0
@@ -125,22 +124,22 @@ _SCHEDSTAT = os.path.exists("/proc/self/schedstat")
 
 
 def measure(runner: ChatWay, prompt: str, max_tokens: int, engine: psutil.Process,
-            gateway: psutil.Process) -> tuple[eo.Trace, float]:
+            gateway: psutil.Process) -> tuple[bk.Trace, float]:
     """One run with CPU accounting: engine, gateway (even for direct runs: it
     should be idle then), this client and the rest of the machine."""
-    busy0, wall0 = eo._busy_cpu_s(), now()
+    busy0, wall0 = bk.busy_cpu_s(), now()
     e0, g0, me0 = _cpu_s(engine), _cpu_s(gateway), time.process_time()
     tr = runner.run(prompt, max_tokens)
     me = time.process_time() - me0
     e, g = _cpu_s(engine) - e0, _cpu_s(gateway) - g0
-    busy, wall = eo._busy_cpu_s() - busy0, now() - wall0
+    busy, wall = bk.busy_cpu_s() - busy0, now() - wall0
     tr.server_cpu_s, tr.client_cpu_s = e, me
     tr.background_cores = max(0.0, busy - e - g - me) / wall if wall > 0 else None
     return tr, g
 
 
-def to_sample(tr: eo.Trace, gw_cpu_s: float, model: str, way: str, rnd: int, warm: bool, kind: str) -> GwSample:
-    s = eo.to_sample(tr, model, way, rnd, warm, {})
+def to_sample(tr: bk.Trace, gw_cpu_s: float, model: str, way: str, rnd: int, warm: bool, kind: str) -> GwSample:
+    s = bk.to_sample(tr, model, way, rnd, warm, {})
     return GwSample(**asdict(s), kind=kind, gateway_cpu_ms=gw_cpu_s * 1e3,
                     gateway_cpu_us_per_token=gw_cpu_s / max(tr.completion_tokens, 1) * 1e6,
                     gateway_cpu_us_per_chunk=gw_cpu_s / max(len(tr.chunk_times), 1) * 1e6)
@@ -148,163 +147,85 @@ def to_sample(tr: eo.Trace, gw_cpu_s: float, model: str, way: str, rnd: int, war
 
 # --- the stack (`mlxd up --detach` ... `mlxd down`) --------------------------------------------
 
-def mlxd_argv(*args: str) -> list[str]:
-    return [sys.executable, "-m", "mlxd.cli", *args]
+def new_stack(home: Path, model_path: Path) -> Stack:
+    """The stack in `home` on free ports; its Ollama fallback is "down"
+    (nothing listens on its port), and no fault injection."""
+    closed = free_port()
+    return Stack.create(home, model_path.resolve(), model_name="bench", engine="max_tokens_cap = 100000\n",
+                        gateway=f'ollama_url = "http://127.0.0.1:{closed}"\n', env={"PYTHONUNBUFFERED": "1"},
+                        faults=False)
 
 
-class Stack:
-    def __init__(self, home: Path, model_path: Path, env: dict[str, str]) -> None:
-        self.home = home
-        self.engine_port, self.gateway_port = eo.free_port(), eo.free_port()
-        closed = eo.free_port()  # nothing listens there: the Ollama fallback is "down"
-        home.mkdir(parents=True, exist_ok=True)
-        (home / "mlxd.toml").write_text(
-            f"[engine]\nport = {self.engine_port}\nmax_tokens_cap = 100000\n\n"
-            f'[gateway]\nport = {self.gateway_port}\nollama_url = "http://127.0.0.1:{closed}"\n\n'
-            f"[models.bench]\npath = {json.dumps(str(model_path.resolve()))}\n\n"
-            '[aliases]\ndefault = "bench"\n')
-        self.env = {**env, "MLXD_HOME": str(home)}
-        self.engine_url = f"http://127.0.0.1:{self.engine_port}"
-        self.gateway_url = f"http://127.0.0.1:{self.gateway_port}"
-        self.up_count = 0
+def gateway_answers(stack: Stack) -> bool:
+    """An authenticated chat completion through the gateway answers 200."""
+    try:
+        r = requests.post(stack.gateway_url + "/v1/chat/completions", timeout=30,
+                          headers={"Authorization": f"Bearer {stack.key}"},
+                          json={"model": "default", "messages": [{"role": "user", "content": "hi"}],
+                                "max_tokens": 1, "temperature": 0.0})
+        return r.status_code == 200
+    except (OSError, requests.RequestException):  # OSError: no key yet
+        return False
 
-    @property
-    def key(self) -> str | None:
-        try:
-            return (self.home / "key").read_text().strip() or None
-        except OSError:
-            return None
 
-    def _engine_ok(self) -> bool:
-        try:
-            return requests.get(self.engine_url + "/health", timeout=2).status_code == 200
-        except requests.RequestException:
-            return False
+def timed_up(stack: Stack, timeout: float) -> dict[str, float]:
+    """`mlxd up --detach`, polled from outside: seconds from launching it to
+    the engine's /health answering 200, to the gateway answering an
+    authenticated chat completion with 200, and to `up` returning."""
+    log = stack.home / "up.log"
+    marks: dict[str, float] = {}
+    stop = threading.Event()
 
-    def _gateway_ok(self) -> bool:
-        key = self.key
-        if not key:
-            return False
-        try:
-            r = requests.post(self.gateway_url + "/v1/chat/completions", timeout=30,
-                              headers={"Authorization": f"Bearer {key}"},
-                              json={"model": "default", "messages": [{"role": "user", "content": "hi"}],
-                                    "max_tokens": 1, "temperature": 0.0})
-            return r.status_code == 200
-        except requests.RequestException:
-            return False
+    def poll() -> None:
+        while not stop.is_set() and ("engine" not in marks or "gateway" not in marks):
+            if "engine" not in marks and stack.healthy():
+                marks["engine"] = now()
+            if "gateway" not in marks and gateway_answers(stack):
+                marks["gateway"] = now()
+            time.sleep(0.05)
 
-    def up(self, timeout: float) -> dict[str, float]:
-        """`mlxd up --detach`, polled from outside: seconds from launching it to
-        the engine's /health answering 200, to the gateway answering an
-        authenticated chat completion with 200, and to `up` returning."""
-        self.up_count += 1
-        log = self.home / f"up-{self.up_count}.log"
-        marks: dict[str, float] = {}
-        stop = threading.Event()
-
-        def poll() -> None:
-            while not stop.is_set() and ("engine" not in marks or "gateway" not in marks):
-                if "engine" not in marks and self._engine_ok():
-                    marks["engine"] = now()
-                if "gateway" not in marks and self._gateway_ok():
-                    marks["gateway"] = now()
-                time.sleep(0.05)
-
-        t0 = now()
-        with log.open("wb") as f:
-            proc = subprocess.Popen(mlxd_argv("up", "--detach", "--timeout", str(int(timeout))), env=self.env,
-                                    stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        poller = threading.Thread(target=poll, daemon=True)
-        poller.start()
-        try:
-            rc = proc.wait(timeout + 30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            rc = -1
-        marks["up_returned"] = now()
-        if rc != 0:
-            stop.set()
-            raise BenchError(f"`mlxd up --detach` exited {rc}:\n{log.read_text(errors='replace')[-3000:]}\n"
-                             f"{self.log_tail('gateway.log')}")
-        poller.join(timeout)
+    t0 = now()
+    with log.open("wb") as f:
+        proc = subprocess.Popen([*MLXD, "up", "--detach", "--timeout", str(int(timeout))], env=stack.env,
+                                stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    try:
+        rc = proc.wait(timeout + 30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        rc = -1
+    marks["up_returned"] = now()
+    if rc != 0:
         stop.set()
-        if "engine" not in marks or "gateway" not in marks:
-            raise BenchError(f"the stack was not ready {timeout:.0f}s after `mlxd up --detach`:\n"
-                             f"{self.log_tail('gateway.log')}")
-        out = {k: marks[k] - t0 for k in ("engine", "gateway", "up_returned")}
-        out["ready"] = max(out["engine"], out["gateway"])
-        return out
+        raise BenchError(f"`mlxd up --detach` exited {rc}:\n{log.read_text(errors='replace')[-3000:]}\n"
+                         f"{stack.log_tail()}")
+    poller.join(timeout)
+    stop.set()
+    if "engine" not in marks or "gateway" not in marks:
+        raise BenchError(f"the stack was not ready {timeout:.0f}s after `mlxd up --detach`:\n{stack.log_tail()}")
+    out = {k: marks[k] - t0 for k in ("engine", "gateway", "up_returned")}
+    out["ready"] = max(out["engine"], out["gateway"])
+    return out
 
-    def pids(self) -> tuple[int, int]:
-        """(engine pid, gateway pid): the engine from run/engine.pid, the
-        gateway from its open /mlxd/health."""
-        engine = json.loads((self.home / "run" / "engine.pid").read_text())["pid"]
-        gateway = requests.get(self.gateway_url + "/mlxd/health", timeout=5).json()["pid"]
-        return int(engine), int(gateway)
 
-    def log_tail(self, name: str, n: int = 30) -> str:
-        try:
-            lines = (self.home / "logs" / name).read_text(errors="replace").splitlines()
-            return f"--- {name} (last {n} lines):\n" + "\n".join(lines[-n:])
-        except OSError:
-            return f"(no {name})"
-
-    def down(self) -> float:
-        """`mlxd down`; if that fails or leaves supervisord behind, its pids are
-        killed (supervisord and its process tree, by pid). Returns seconds."""
-        t0 = now()
-        try:
-            r = subprocess.run(mlxd_argv("down"), env=self.env, capture_output=True, text=True, timeout=120)
-            ok = r.returncode == 0
-            if not ok:
-                say(f"   `mlxd down` exited {r.returncode}: {r.stderr.strip()[-500:]}")
-        except subprocess.TimeoutExpired:
-            ok = False
-            say("   `mlxd down` timed out")
-        took = now() - t0
-        self._kill_leftovers(quiet=ok)
-        return took
-
-    def _kill_leftovers(self, quiet: bool) -> None:
-        """By pid, only processes of this MLXD_HOME (pid files can be stale)."""
-        procs: list[psutil.Process] = []
-        for name in ("supervisord.pid", "engine.pid"):
-            try:
-                text = (self.home / "run" / name).read_text().strip()
-                pid = int(json.loads(text)["pid"]) if text.startswith("{") else int(text)
-                p = psutil.Process(pid)
-                if p.environ().get("MLXD_HOME") == str(self.home) or str(self.home) in " ".join(p.cmdline()):
-                    procs += [p] + p.children(recursive=True)
-            except (OSError, ValueError, KeyError, psutil.Error):
-                pass
-        procs = [p for p in procs if p.is_running()]
-        if not procs:
-            return
-        say(f"   killing leftover pids {[p.pid for p in procs]}" + ("" if quiet else " (`mlxd down` failed)"))
-        for p in procs:
-            try:
-                p.terminate()
-            except psutil.Error:
-                pass
-        _, alive = psutil.wait_procs(procs, timeout=10)
-        for p in alive:
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
+def timed_stop(stack: Stack) -> float:
+    """Seconds for `mlxd down` (and killing by pid whatever it left)."""
+    t0 = now()
+    stack.stop()
+    return now() - t0
 
 
 # --- info, statistics, output ------------------------------------------------------------------
 
 def machine_info() -> dict[str, Any]:
-    info = eo.machine_info()
+    info = bk.machine_info()
     for d in ("litellm", "litellm-proxy-extras", "litellm-enterprise", "httpx", "aiohttp", "openai", "orjson",
               "sse-starlette", "pydantic"):
-        info["http_stack"][d] = eo._version(d)
+        info["http_stack"][d] = bk.version(d)
     try:
         info["git"]["gateway_dirty"] = bool(subprocess.run(
-            ["git", "-C", str(ROOT), "status", "--porcelain", "--", "gateway"], capture_output=True, text=True,
+            ["git", "-C", str(bk.ROOT), "status", "--porcelain", "--", "gateway"], capture_output=True, text=True,
             timeout=10).stdout.strip())
     except Exception:  # noqa: BLE001
         pass
@@ -314,16 +235,16 @@ def machine_info() -> dict[str, Any]:
 def _way_stats(ss: list[GwSample]) -> dict[str, Any]:
     dec, ttft = [s.decode_tok_s for s in ss], [s.ttft_ms for s in ss]
     return {"runs": len(ss),
-            "decode_tok_s_median": eo._median(dec), "decode_tok_s_min": min(dec), "decode_tok_s_max": max(dec),
-            "ttft_ms_median": eo._median(ttft), "ttft_ms_min": min(ttft), "ttft_ms_max": max(ttft),
-            "total_s_median": eo._median([s.total_s for s in ss]),
-            "content_chunks_median": eo._median([s.content_chunks for s in ss]),
-            "engine_cpu_us_per_token_median": eo._median([s.server_cpu_us_per_token for s in ss]),
+            "decode_tok_s_median": bk.median(dec), "decode_tok_s_min": min(dec), "decode_tok_s_max": max(dec),
+            "ttft_ms_median": bk.median(ttft), "ttft_ms_min": min(ttft), "ttft_ms_max": max(ttft),
+            "total_s_median": bk.median([s.total_s for s in ss]),
+            "content_chunks_median": bk.median([s.content_chunks for s in ss]),
+            "engine_cpu_us_per_token_median": bk.median([s.server_cpu_us_per_token for s in ss]),
             "gateway_cpu_ms_mean": statistics.fmean([s.gateway_cpu_ms for s in ss]),
-            "gateway_cpu_us_per_token_median": eo._median([s.gateway_cpu_us_per_token for s in ss]),
-            "gateway_cpu_us_per_chunk_median": eo._median([s.gateway_cpu_us_per_chunk for s in ss]),
-            "client_cpu_us_per_token_median": eo._median([s.client_cpu_us_per_token for s in ss]),
-            "background_cores_median": eo._median([s.background_cores or 0.0 for s in ss]),
+            "gateway_cpu_us_per_token_median": bk.median([s.gateway_cpu_us_per_token for s in ss]),
+            "gateway_cpu_us_per_chunk_median": bk.median([s.gateway_cpu_us_per_chunk for s in ss]),
+            "client_cpu_us_per_token_median": bk.median([s.client_cpu_us_per_token for s in ss]),
+            "background_cores_median": bk.median([s.background_cores or 0.0 for s in ss]),
             "completion_tokens": sorted({s.completion_tokens for s in ss}),
             "prompt_tokens": sorted({s.prompt_tokens for s in ss})}
 
@@ -334,9 +255,9 @@ def _compare(measured: list[GwSample], d: dict[str, Any], g: dict[str, Any]) -> 
     direct_by_round = {s.round: s for s in measured if s.way == "direct"}
     pairs = [(s, direct_by_round[s.round]) for s in measured if s.way == "gateway" and s.round in direct_by_round]
     return {"decode_ratio": g["decode_tok_s_median"] / d["decode_tok_s_median"],
-            "decode_ratio_paired_median": eo._median([a.decode_tok_s / b.decode_tok_s for a, b in pairs]),
+            "decode_ratio_paired_median": bk.median([a.decode_tok_s / b.decode_tok_s for a, b in pairs]),
             "ttft_extra_ms": g["ttft_ms_median"] - d["ttft_ms_median"],
-            "ttft_extra_ms_paired_median": eo._median([a.ttft_ms - b.ttft_ms for a, b in pairs])}
+            "ttft_extra_ms_paired_median": bk.median([a.ttft_ms - b.ttft_ms for a, b in pairs])}
 
 
 def summarize(samples: list[GwSample]) -> dict[str, Any]:
@@ -444,7 +365,7 @@ def markdown(res: dict[str, Any], settings: dict[str, Any], info: dict[str, Any]
                            ("ready", "**ready (both)**"), ("up_returned", "`mlxd up --detach` returned"),
                            ("down", "`mlxd down` took")):
             vals = [r[key] for r in ready["runs"]]
-            lines.append(f"| {label} | {eo._median(vals):.2f} | {', '.join(f'{v:.2f}' for v in vals)} |")
+            lines.append(f"| {label} | {bk.median(vals):.2f} | {', '.join(f'{v:.2f}' for v in vals)} |")
     bg = max((st.get("background_cores_median", 0.0) for k, st in stream.items() if k in WAYS), default=0.0)
     if bg > 0.2:
         lines += ["", f"Warning: other programs used up to {bg:.2f} of {info['cpu_count']} CPU cores (median per "
@@ -462,14 +383,12 @@ def run_rounds(stack: Stack, name: str, args: argparse.Namespace) -> tuple[list[
     gateway, the first way alternating) and, unless --no-short, the 1-token
     pair in the same order. With --max-background, a pair during which other
     programs used more CPU than that is discarded and run again."""
-    engine_pid, gateway_pid = stack.pids()
+    engine_pid = stack.engine_pid()
+    gateway_pid = requests.get(stack.gateway_url + "/mlxd/health", timeout=5).json()["pid"]
     engine, gateway = psutil.Process(engine_pid), psutil.Process(gateway_pid)
-    key = stack.key
-    if not key:
-        raise BenchError(f"no key in {stack.home / 'key'}")
-    runners = {"direct": ChatWay("direct", stack.engine_url, "default", None),
-               "gateway": ChatWay("gateway", stack.gateway_url, "default", key)}
-    say(f"   engine pid {engine_pid} on :{stack.engine_port}, gateway pid {gateway_pid} on :{stack.gateway_port}")
+    runners = {"direct": ChatWay("direct", stack.url, "default", None),
+               "gateway": ChatWay("gateway", stack.gateway_url, "default", stack.key)}
+    say(f"   engine pid {engine_pid} at {stack.url}, gateway pid {gateway_pid} at {stack.gateway_url}")
     kinds = [("stream", args.max_tokens)] + ([] if args.no_short else [("short", 1)])
     plan: list[tuple[str, int, bool, list[str]]] = []  # (kind, round, warmup, ways in order)
     for i in range(args.warmup):
@@ -488,8 +407,7 @@ def run_rounds(stack: Stack, name: str, args: argparse.Namespace) -> tuple[list[
                 pair = []
                 for way in order:
                     if not (engine.is_running() and gateway.is_running()):
-                        raise BenchError("the engine or the gateway died:\n" + stack.log_tail("gateway.log")
-                                         + "\n" + stack.log_tail("engine.err.log"))
+                        raise BenchError("the engine or the gateway died:\n" + stack.log_tail())
                     tr, gw_cpu = measure(runners[way], args.prompt, tokens[kind], engine, gateway)
                     pair.append(to_sample(tr, gw_cpu, name, way, rnd, warm, kind))
                     time.sleep(args.pause)
@@ -519,13 +437,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, metavar="PATH", help="an mlx-lm model folder (default: demo model a)")
-    p.add_argument("--variant", choices=eo._variants(), default="a", help="demo model when no --model (default a)")
-    p.add_argument("--cache-dir", type=Path, default=eo.DEFAULT_CACHE,
-                   help=f"where demo models are built ({eo.DEFAULT_CACHE})")
+    p.add_argument("--variant", choices=bk.variants(), default="a", help="demo model when no --model (default a)")
+    p.add_argument("--cache-dir", type=Path, default=bk.DEFAULT_CACHE,
+                   help=f"where demo models are built ({bk.DEFAULT_CACHE})")
     p.add_argument("--rounds", type=int, help="measured rounds (default 15; --quick 5)")
     p.add_argument("--warmup", type=int, help="warmup runs per way (default 2)")
     p.add_argument("--max-tokens", type=int, help="tokens per run (default 256; --quick 128)")
-    p.add_argument("--prompt", default=eo.DEFAULT_PROMPT, help="the user message")
+    p.add_argument("--prompt", default=bk.DEFAULT_PROMPT, help="the user message")
     p.add_argument("--ready-runs", type=int, help="fresh `mlxd up --detach` starts timed to ready (default 3; "
                                                   "--quick 1)")
     p.add_argument("--no-short", action="store_true",
@@ -558,22 +476,12 @@ def model_to_run(args: argparse.Namespace) -> tuple[str, Path]:
         if not (args.model / "config.json").is_file():
             raise BenchError(f"{args.model} is not an mlx-lm model folder (no config.json)")
         return args.model.resolve().name, args.model.resolve()
-    from mlxd.engine.demo_model import VARIANTS, build_demo_model
-
-    dest = args.cache_dir / f"demo-{args.variant}"
-    say(f"demo model {args.variant}: {dest}")
-    build_demo_model(dest, args.variant, progress=lambda m: say(f"   {m}"))
-    spec = VARIANTS[args.variant]
-    return f"demo-{args.variant} ({spec.hidden_size}x{spec.num_hidden_layers})", dest
-
-
-def _on_sigterm(signum, frame):  # noqa: ARG001
-    raise KeyboardInterrupt(f"signal {signum}")
+    return bk.demo_model(args.variant, args.cache_dir)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    bk.interrupt_on_sigterm()
     os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
     settings = {"max_tokens": args.max_tokens, "rounds": args.rounds, "warmup": args.warmup,
                 "prompt": args.prompt, "sampling": {"temperature": 0.0}, "quick": args.quick,
@@ -596,25 +504,21 @@ def main(argv: list[str] | None = None) -> int:
         info = machine_info()
         name, path = model_to_run(args)
         res["model"], res["model_path"] = name, str(path)
-        env = eo.child_env(LITELLM_LOCAL_MODEL_COST_MAP="True")
-        for k in ("MLXD_HOME", "MLXD_ENGINE_PORT", "MLXD_ENGINE_HOST", "MLXD_GATEWAY_PORT", "MLXD_GATEWAY_HOST",
-                  "MLXD_OLLAMA_URL"):
-            env.pop(k, None)
         # 1) throughput and TTFT, on one stack
-        stack = Stack(Path(tmp) / "home", path, env)
+        stack = new_stack(Path(tmp) / "home", path)
         say(f"== {name}: mlxd up --detach (MLXD_HOME {stack.home})")
-        first = stack.up(args.timeout)
+        first = timed_up(stack, args.timeout)
         say(f"   stack ready in {first['ready']:.2f}s (engine {first['engine']:.2f}s, gateway "
             f"{first['gateway']:.2f}s, up returned {first['up_returned']:.2f}s)")
         samples, discarded = run_rounds(stack, name, args)
-        first["down"] = stack.down()
+        first["down"] = timed_stop(stack)
         stack = None
         # 2) up -> ready: fresh starts, each with its own new MLXD_HOME and ports
         ready_runs = []
         for i in range(args.ready_runs):
-            stack = Stack(Path(tmp) / f"home-ready-{i + 1}", path, env)
-            t = stack.up(args.timeout)
-            t["down"] = stack.down()
+            stack = new_stack(Path(tmp) / f"home-ready-{i + 1}", path)
+            t = timed_up(stack, args.timeout)
+            t["down"] = timed_stop(stack)
             stack = None
             ready_runs.append(t)
             say(f"   [ready {i + 1}/{args.ready_runs}] ready {t['ready']:.2f}s (engine healthy {t['engine']:.2f}s, "
@@ -624,7 +528,7 @@ def main(argv: list[str] | None = None) -> int:
         res["summary"] = summarize(samples)
         res["notes"] = check_consistency(samples)
         res["ready"] = {"first_stack": first, "runs": ready_runs,
-                        "median": {k: eo._median([r[k] for r in ready_runs]) for k in
+                        "median": {k: bk.median([r[k] for r in ready_runs]) for k in
                                    ("engine", "gateway", "ready", "up_returned", "down")} if ready_runs else None}
         res["samples"] = [asdict(s) for s in samples]
         res["discarded_samples"] = [asdict(s) for s in discarded]
@@ -636,7 +540,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         if stack is not None:
-            stack.down()
+            stack.stop()
         if args.keep_home:
             say(f"MLXD_HOMEs kept under {tmp}")
         else:
@@ -645,9 +549,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(tmp, ignore_errors=True)
     settings["wall_s"] = round(time.monotonic() - started, 1)
     info["loadavg_at_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"machine": info, "settings": settings, "results": res}, indent=1,
-                                   allow_nan=True) + "\n")
+    bk.write_json(args.out, {"machine": info, "settings": settings, "results": res})
     print(markdown(res, settings, info))
     say(f"\nraw samples: {args.out} (total {settings['wall_s']:.0f}s)")
     return 0

@@ -21,14 +21,15 @@ from pathlib import Path
 
 import requests
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import engine_overhead as eo  # noqa: E402  (bench/ is not a package: shared process helpers)
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # when imported by path (bench/run.py)
+from benchkit import (RESULTS, Server, demo_model, machine_info, one_model_toml, say, start_engine,  # noqa: E402
+                      stop_all_children, write_json)
 
 WORDS = ("the engine serves one request at a time and keeps one model resident while the supervisor watches "
          "for crashes and the gateway falls back to ollama when needed").split()
 
 
-def ttft(server: eo.Server, messages: list[dict]) -> tuple[float, str]:
+def ttft(server: Server, messages: list[dict]) -> tuple[float, str]:
     """Seconds to the first content chunk, and the whole reply."""
     t0 = time.perf_counter()
     first, parts = None, []
@@ -52,16 +53,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--prefix-words", type=int, default=600)
     ap.add_argument("--model", type=Path)
-    ap.add_argument("--out", type=Path, default=eo.ROOT / "bench" / "results" / "prompt_reuse.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "prompt_reuse.json")
     args = ap.parse_args(argv)
     if args.model is None:
-        from mlxd.engine.demo_model import build_demo_model
-
-        args.model = build_demo_model(eo.DEFAULT_CACHE / "demo-b", "b")
+        args.model = demo_model("b")[1]
     rows = []
     with tempfile.TemporaryDirectory(prefix="mlxd-reuse-") as tmp:
         try:
-            server = eo.start_engine(args.model, Path(tmp))
+            server = start_engine(Path(tmp) / "mlxd-home", one_model_toml(args.model), Path(tmp) / "engine.log")
             server.wait_ready(300)
             for i in range(args.rounds + 1):  # round 0 warms up
                 system = " ".join(WORDS[(i + k) % len(WORDS)] for k in range(args.prefix_words))
@@ -71,16 +70,15 @@ def main(argv: list[str] | None = None) -> int:
                 t2, _ = ttft(server, turn2)
                 if i:
                     rows.append({"turn1_ttft_s": t1, "turn2_ttft_s": t2})
-                    eo.say(f"round {i}/{args.rounds}: turn 1 {t1 * 1000:.0f} ms, turn 2 {t2 * 1000:.0f} ms")
+                    say(f"round {i}/{args.rounds}: turn 1 {t1 * 1000:.0f} ms, turn 2 {t2 * 1000:.0f} ms")
         finally:
-            eo.stop_all_children()
+            stop_all_children()
     m1 = statistics.median(r["turn1_ttft_s"] for r in rows)
     m2 = statistics.median(r["turn2_ttft_s"] for r in rows)
     print(f"\n| turn | TTFT ms (median) | ratio to turn 1 |\n|---|---:|---:|\n| 1 | {m1 * 1000:.0f} | 1.00 |\n"
           f"| 2 | {m2 * 1000:.0f} | {m2 / m1:.2f} |")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"machine": eo.machine_info(), "prefix_words": args.prefix_words, "rounds": rows,
-                                    "turn2_over_turn1": m2 / m1}, indent=1))
+    write_json(args.out, {"machine": machine_info(), "prefix_words": args.prefix_words, "rounds": rows,
+                          "turn2_over_turn1": m2 / m1})
     print(f"results: {args.out}")
     return 0
 

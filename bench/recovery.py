@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import random
-import shutil
 import signal
 import statistics
 import sys
@@ -40,9 +39,12 @@ from typing import Any
 
 import requests
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import engine_overhead as eo  # noqa: E402  (bench/ is not a package: shared helpers)
-import soak  # noqa: E402
+from mlxd.devkit.stack import Stack
+from mlxd.devkit.wait import wait_for
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # when imported by path (bench/run.py, tests)
+from benchkit import RESULTS, BenchError, machine_info, say, write_json  # noqa: E402
+from crash_traffic import GOOD, Settings, crash_stack, make_client, one_request  # noqa: E402
 
 HEALTHY_RUN_S = 1.5
 PHASES = ["detection_s", "backoff_s", "spawn_s", "load_s", "total_s"]
@@ -59,17 +61,17 @@ def health(url: str) -> dict | None:
 class Traffic:
     """One client thread through the gateway; owns its records."""
 
-    def __init__(self, stack: soak.SoakStack, settings: soak.Settings) -> None:
+    def __init__(self, stack: Stack, settings: Settings) -> None:
         self.stack, self.s = stack, settings
         self.records: list[dict] = []
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="recovery-traffic", daemon=True)
 
     def _loop(self) -> None:
-        client, probe = soak.make_client(self.stack.gateway_url, self.stack.key, self.s.request_timeout_s)
+        client, probe = make_client(self.stack.gateway_url, self.stack.key, self.s.request_timeout_s)
         i = 0
         while not self.stop.is_set():
-            self.records.append(soak.one_request(client, probe, i, self.s))
+            self.records.append(one_request(client, probe, i, self.s))
             i += 1
 
     def __enter__(self) -> "Traffic":
@@ -86,7 +88,7 @@ def outcome_counts(records: list[dict]) -> dict[str, int]:
     c = Counter()
     for r in records:
         o = r.get("outcome")
-        if o in soak.GOOD:
+        if o in GOOD:
             c["answered_by_" + (r.get("backend") or "engine")] += 1
         elif o == "stream_error":
             c["stream_cut_explicit"] += 1
@@ -98,58 +100,50 @@ def outcome_counts(records: list[dict]) -> dict[str, int]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    settings = soak.Settings(healthy_reset_s=HEALTHY_RUN_S, model=args.model, min_tokens=8, max_tokens=32,
-                             stream_ratio=0.5, request_timeout_s=120.0)
-    stack = soak.SoakStack(settings, home_root=args.home_root)
+    settings = Settings(healthy_reset_s=HEALTHY_RUN_S, model=args.model, min_tokens=8, max_tokens=32,
+                        stream_ratio=0.5, request_timeout_s=120.0)
     rng = random.Random(args.seed)
     rows: list[dict] = []
-    traffic_records: list[dict] = []
-    try:
-        eo.say("recovery: starting the stack (mlxd up --detach) with the Ollama stand-in as fallback")
-        stack.start()
+    say("recovery: starting the stack (mlxd up --detach) with the Ollama stand-in as fallback")
+    with crash_stack(settings, args.home_root, args.keep_home) as stack:
+        if args.keep_home:
+            say(f"MLXD_HOME kept: {stack.home}")
         with Traffic(stack, settings) as traffic:
             for i in range(args.crashes):
                 # A healthy run first, then a random moment (benchmark pacing, not synchronisation).
                 time.sleep(HEALTHY_RUN_S + 0.2 + rng.uniform(0, 0.5))
                 old = health(stack.url)
                 if not old:
-                    raise eo.BenchError("engine not healthy before the crash")
+                    raise BenchError("engine not healthy before the crash")
                 n_records = len(stack.records())
                 t_kill = time.time()
                 os.kill(old["pid"], signal.SIGABRT)
-                new = soak.wait_for(lambda: (h := health(stack.url)) and h["pid"] != old["pid"] and h, 120, 0.005)
+                new = wait_for(lambda: (h := health(stack.url)) and h["pid"] != old["pid"] and h, 120, 0.005)
                 if not new:
-                    raise eo.BenchError("the engine did not come back within 120 s")
+                    raise BenchError("the engine did not come back within 120 s")
                 t_back = time.time()
-                rec = soak.wait_for(lambda: (r := stack.records()) and len(r) > n_records and r[-1], 30, 0.005)
+                rec = wait_for(lambda: (r := stack.records()) and len(r) > n_records and r[-1], 30, 0.005)
                 if not rec:
-                    raise eo.BenchError("the crash was not journaled")
+                    raise BenchError("the crash was not journaled")
                 row = {"detection_s": rec["handled_at"] - t_kill, "backoff_s": rec["restart_in_s"],
                        "spawn_s": new["process_started_at"] - (rec["handled_at"] + rec["restart_in_s"]),
                        "load_s": new["ready_at"] - new["process_started_at"], "total_s": t_back - t_kill,
                        "class": rec["class"]}
                 rows.append(row)
-                eo.say(f"crash {i + 1}/{args.crashes}: " + "  ".join(
+                say(f"crash {i + 1}/{args.crashes}: " + "  ".join(
                     f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items())
                     + f"  (requests so far: {len(traffic.records)})")
             time.sleep(HEALTHY_RUN_S)  # let the last request in flight finish on the new engine
         traffic_records = traffic.records
-    finally:
-        stack.stop()
-        if not args.keep_home:
-            shutil.rmtree(stack.home, ignore_errors=True)
-        else:
-            eo.say(f"MLXD_HOME kept: {stack.home}")
     median = {k: statistics.median(r[k] for r in rows) for k in PHASES}
     counts = outcome_counts(traffic_records)
-    result = {"machine": eo.machine_info(), "settings": {"crashes": args.crashes, "healthy_run_s": HEALTHY_RUN_S,
+    result = {"machine": machine_info(), "settings": {"crashes": args.crashes, "healthy_run_s": HEALTHY_RUN_S,
                                                          "model": str(args.model or "demo-a"), "seed": args.seed},
               "crashes": rows, "median": median, "total_minus_load_s": median["total_s"] - median["load_s"],
               "requests": counts,
               "request_records": [{k: r.get(k) for k in ("i", "stream", "outcome", "backend", "latency_s", "error")}
                                   for r in traffic_records]}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
+    write_json(args.out, result)
     return result
 
 
@@ -176,7 +170,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--home-root", type=Path, help="where the temporary MLXD_HOME goes")
     ap.add_argument("--keep-home", action="store_true", help="keep the temporary MLXD_HOME (logs, journal)")
-    ap.add_argument("--out", type=Path, default=eo.ROOT / "bench" / "results" / "recovery.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "recovery.json")
     args = ap.parse_args(argv)
     args.crashes = args.crashes or (3 if args.quick else 10)
     return args
@@ -186,8 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         res = run(args)
-    except eo.BenchError as exc:
-        eo.say(f"error: {exc}")
+    except BenchError as exc:
+        say(f"error: {exc}")
         return 1
     print("\n" + markdown(res))
     print(f"results: {args.out}")

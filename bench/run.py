@@ -33,7 +33,6 @@ import contextlib
 import io
 import json
 import math
-import signal
 import statistics
 import sys
 import time
@@ -41,11 +40,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import engine_overhead as eo  # noqa: E402  (bench/ is not a package)
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # when imported by path (tests/bench)
+import benchkit as bk  # noqa: E402
 
 SECTIONS = ("engine", "gateway", "recovery", "swap", "reuse")
-DEFAULT_OUT = eo.ROOT / "bench" / "results" / "suite"
+DEFAULT_OUT = bk.RESULTS / "suite"
 
 
 @dataclass
@@ -164,17 +163,13 @@ def reuse_figures(doc: dict, model: str) -> list[Figure]:
 # --- running the benchmarks ---------------------------------------------------------------------
 
 def demo(variant: str) -> Path:
-    from mlxd.engine.demo_model import build_demo_model
-
-    dest = eo.DEFAULT_CACHE / f"demo-{variant}"
-    eo.say(f"demo model {variant}: {dest}")
-    return build_demo_model(dest, variant, progress=lambda m: eo.say(f"   {m}"))
+    return bk.demo_model(variant)[1]
 
 
 def call(module: Any, argv: list[str]) -> int:
     """Run one benchmark's main(argv), its table to our stdout log, never
     letting one benchmark's failure stop the others."""
-    eo.say(f"\n=== {module.__name__} {' '.join(argv)}")
+    bk.say(f"\n=== {module.__name__} {' '.join(argv)}")
     buf = io.StringIO()
     try:
         with contextlib.redirect_stdout(buf):
@@ -182,10 +177,10 @@ def call(module: Any, argv: list[str]) -> int:
     except KeyboardInterrupt:
         raise
     except Exception as exc:  # noqa: BLE001 - reported in the suite's output
-        eo.say(f"   {module.__name__} failed: {type(exc).__name__}: {exc}")
+        bk.say(f"   {module.__name__} failed: {type(exc).__name__}: {exc}")
         rc = 1
     finally:
-        eo.stop_all_children()
+        bk.stop_all_children()
     sys.stderr.write(buf.getvalue())
     return rc
 
@@ -193,6 +188,7 @@ def call(module: Any, argv: list[str]) -> int:
 def plan(args: argparse.Namespace) -> list[tuple[str, str, Callable[[], list[Figure]]]]:
     """(section, description, step) in running order; each step runs one
     benchmark and returns its figures."""
+    import engine_overhead
     import gateway_overhead
     import prompt_reuse
     import recovery
@@ -208,7 +204,7 @@ def plan(args: argparse.Namespace) -> list[tuple[str, str, Callable[[], list[Fig
     def engine_step(variant: str, tokens: int, rounds: int) -> Callable[[], list[Figure]]:
         def step() -> list[Figure]:
             name = f"engine_overhead_{variant}.json"
-            call(eo, ["--variant", variant, "--max-tokens", str(tokens), "--rounds", str(rounds),
+            call(engine_overhead, ["--variant", variant, "--max-tokens", str(tokens), "--rounds", str(rounds),
                       "--out", str(out_dir / name)])
             return engine_figures(load(name))
         return step
@@ -272,7 +268,7 @@ def markdown(figures: list[Figure], info: dict, settings: dict, errors: list[str
     gpu = f", GPU {info['gpu']}" if info.get("gpu") else ""
     lines = [f"### Benchmark suite — {info['date']}{' (quick)' if settings['quick'] else ''}", "",
              f"{info['platform']}, {info['cpu_count']} CPUs ({info['cpu'] or '?'}){gpu}, Python {info['python']}, "
-             f"mlx {info['mlx']} ({info['mlx_device']}), mlx-lm {info['mlx_lm']}, litellm {eo._version('litellm')}, "
+             f"mlx {info['mlx']} ({info['mlx_device']}), mlx-lm {info['mlx_lm']}, litellm {bk.version('litellm')}, "
              f"commit {(info.get('git') or {}).get('commit') or '?'}. Medians over alternating runs; each figure "
              "with its anchor measured in the same run; engine and gateway ratios are medians of per-round "
              "(paired) ratios.", "",
@@ -296,7 +292,7 @@ def plots(out_dir: Path) -> list[Path]:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        eo.say("matplotlib is not installed: no plots (pip install -e '.[bench]')")
+        bk.say("matplotlib is not installed: no plots (pip install -e '.[bench]')")
         return []
     made = []
 
@@ -306,6 +302,8 @@ def plots(out_dir: Path) -> list[Path]:
         plt.close(fig)
         made.append(out_dir / name)
 
+    from engine_overhead import LABEL
+
     engine_docs = sorted(out_dir.glob("engine_overhead_*.json"))
     if engine_docs:
         fig, axes = plt.subplots(1, len(engine_docs), figsize=(5 * len(engine_docs), 3.6), squeeze=False)
@@ -314,7 +312,7 @@ def plots(out_dir: Path) -> list[Path]:
             for model, res in doc["results"].items():
                 ways = [w for w in ("inproc", "engine", "mlx_lm") if w in res["summary"]]
                 vals = [res["summary"][w]["decode_tok_s_median"] for w in ways]
-                ax.bar([eo.LABEL[w] for w in ways], vals, color=["#888", "#2a7", "#c84"][:len(ways)])
+                ax.bar([LABEL[w] for w in ways], vals, color=["#888", "#2a7", "#c84"][:len(ways)])
                 for i, v in enumerate(vals):
                     ax.text(i, v, f"{v / vals[0]:.3f}×", ha="center", va="bottom", fontsize=8)
                 ax.set_title(f"decode tok/s — {model}", fontsize=9)
@@ -397,34 +395,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _on_sigterm(signum: int, frame: Any) -> None:  # noqa: ARG001
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    bk.interrupt_on_sigterm()
     args.out_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    info = eo.machine_info()
+    info = bk.machine_info()
     figures: list[Figure] = []
     errors: list[str] = []
     steps = plan(args)
     try:
         for n, (section, what, step) in enumerate(steps, 1):
-            eo.say(f"\n##### [{n}/{len(steps)}] {section} ({what}) — {time.monotonic() - started:.0f}s elapsed")
+            bk.say(f"\n##### [{n}/{len(steps)}] {section} ({what}) — {time.monotonic() - started:.0f}s elapsed")
             try:
                 got = step()
                 figures += got
                 for f in got:
-                    eo.say(f"   {f.benchmark} {f.model}: {f.what} = {_num(f.value, f.unit)} {f.unit}"
+                    bk.say(f"   {f.benchmark} {f.model}: {f.what} = {_num(f.value, f.unit)} {f.unit}"
                            + (f" ({f.ratio:.3f}× {f.anchor})" if f.ratio is not None else ""))
             except (OSError, KeyError, ValueError, TypeError, ZeroDivisionError) as exc:
                 errors.append(f"{section} ({what}): {type(exc).__name__}: {exc}")
-                eo.say(f"   {section} ({what}) produced no figures: {exc}")
+                bk.say(f"   {section} ({what}) produced no figures: {exc}")
     except KeyboardInterrupt:
-        eo.say("interrupted")
-        eo.stop_all_children()
+        bk.say("interrupted")
+        bk.stop_all_children()
         return 130
     settings = {"quick": args.quick, "sections": args.only, "wall_s": round(time.monotonic() - started, 1)}
     md = markdown(figures, info, settings, errors)
@@ -434,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
          "plots": [p.name for p in made]}, indent=1, allow_nan=True) + "\n")
     (args.out_dir / "suite.md").write_text(md + "\n" + "".join(f"\n![{p.stem}]({p.name})\n" for p in made))
     print(md)
-    eo.say(f"\nsuite: {args.out_dir / 'suite.md'}, {args.out_dir / 'suite.json'}, {len(made)} plot(s); "
+    bk.say(f"\nsuite: {args.out_dir / 'suite.md'}, {args.out_dir / 'suite.json'}, {len(made)} plot(s); "
            f"{settings['wall_s']:.0f}s")
     missed = [f for f in figures if f.met is False]
     return 1 if errors or missed else 0

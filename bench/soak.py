@@ -2,8 +2,8 @@
 killed again and again; every request's fate is recorded and checked.
 
 It starts its own stack in a temp MLXD_HOME on free ports (supervisord +
-engine + crash listener + gateway, with the Ollama stand-in from
-tests/doubles as the fallback), runs N client threads (the `openai`
+engine + crash listener + gateway, with the Ollama stand-in as the
+fallback: bench/crash_traffic.py), runs N client threads (the `openai`
 package, through the gateway, with the key) that send a mix of streaming
 and non-streaming chat requests, and a fault driver that kills the engine
 about once per `--fault-every` requests, always tearing the stack down.
@@ -19,14 +19,8 @@ engine. A fault-file fault stays until the crash is journaled
 (state/crashes.jsonl grows), then the file is removed. For `abort@idle`
 the clients are held back if the worker never idles by itself.
 
-Per request: backend (engine, or the stand-in: content starting with
-"[ollama-standin:"), outcome, latency. Outcomes: `ok` (non-streaming
-answer with a finish_reason), `complete` (stream with a finish_reason and
-`data: [DONE]`), `failed` (an exception before any content: a lost
-request), `stream_error` (an explicit error after content: an error event
-or a cut connection), `silent_truncation` (a stream that ended with no
-finish_reason and no error), `incomplete` (a non-streaming answer without
-a finish_reason), `spliced` (engine text then stand-in text in one stream).
+Per request: backend (engine or the stand-in), outcome (bench/crash_traffic.py
+says which), latency.
 
   .venv/bin/python bench/soak.py [--requests 1000] [--max-seconds 900] [--clients 4] [--seed 1]
 
@@ -34,11 +28,10 @@ Report: Markdown on stdout, everything in bench/results/soak.json (--out).
 Exit status 0 when nothing was lost or silently cut, 1 otherwise.
 """
 
+
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import json
 import os
 import platform
 import random
@@ -47,25 +40,20 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import httpx
 import openai
-import requests
 
-from mlxd.paths import StatePaths, read_json
-from mlxd.supervisor.journal import read_records
+from mlxd.devkit.wait import wait_for
 
-ROOT = Path(__file__).resolve().parents[1]
-MLXD = [sys.executable, "-m", "mlxd.cli"]
-OLLAMA_MODEL = "llama3.2:3b"
-STANDIN_MARK = "[ollama-standin:"
-DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mlxd-bench"
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # when imported by path (tests/soak)
+from benchkit import ROOT, RESULTS, percentile, write_json  # noqa: E402
+from crash_traffic import GOOD, Settings, crash_stack, make_client, one_request  # noqa: E402
+from mlxd.devkit.stack import Stack  # noqa: E402
 
 # kind -> (the journal class it should produce, spec maker; None: not a fault-file fault)
 FAULTS = {
@@ -78,269 +66,21 @@ FAULTS = {
     "oom@token": ("metal_oom", lambda rng: f"oom@token:{rng.randint(2, 14)}"),
 }
 DEFAULT_KINDS = ("abort@start", "abort@token", "abort@idle", "sigkill", "hang@token", "raise@token")
-GOOD = ("ok", "complete")
-EXPLICIT = ("failed", "stream_error")
 
 
 @dataclass
-class Settings:
+class SoakSettings(Settings):
+    """The stack's and the requests' settings, and the soak's own."""
+
     requests: int = 1000
     max_seconds: float = 900.0
     clients: int = 4
-    seed: int = 1
-    stream_ratio: float = 0.5
-    min_tokens: int = 16
-    max_tokens: int = 64
     fault_every: float = 20.0  # mean requests between faults (uniform in [0.5, 1.5] x this)
     min_between_faults: int = 3  # requests completed after the engine is healthy again, before the next fault
     kinds: tuple[str, ...] = DEFAULT_KINDS
     plan: tuple[str, ...] | None = None  # fixed fault kinds in order (then no more faults), else random
     fault_wait_s: float = 30.0  # a fault not journaled by then counts as not fired
-    request_timeout_s: float = 60.0
-    stuck_grace_s: float = 1.5
-    healthy_reset_s: float = 2.0
-    loop_crashes: int = 1_000_000  # never degrade unless asked
-    loop_window_s: float = 600.0
-    cooldown_s: float = 10.0
-    backoff_base_s: float = 0.2
-    backoff_cap_s: float = 2.0
-    model: Path | None = None  # an mlx-lm model folder; default: demo model a, built once into DEFAULT_CACHE
     progress_every: int = 50
-
-
-def _load_by_path(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(cond, timeout: float, interval: float = 0.02, stop: threading.Event | None = None):
-    """Poll `cond` until truthy (returns it) or the deadline (returns None)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and not (stop is not None and stop.is_set()):
-        value = cond()
-        if value:
-            return value
-        time.sleep(interval)
-    return None
-
-
-# --- the stack ---------------------------------------------------------------------------
-
-class SoakStack:
-    """supervisord + engine + crash listener + gateway in a temp home, and the stand-in."""
-
-    def __init__(self, s: Settings, home_root: Path | None = None) -> None:
-        self.s = s
-        self.home = Path(tempfile.mkdtemp(prefix="mlxd-soak-", dir=home_root))
-        self.paths = StatePaths(self.home)
-        self.fault_file = self.home / "fault"
-        self.port, self.gateway_port = free_port(), free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.gateway_url = f"http://127.0.0.1:{self.gateway_port}"
-        self.standin = None
-        self.env: dict = {}
-
-    def start(self) -> None:
-        standin_mod = _load_by_path("mlxd_soak_ollama_standin", ROOT / "tests" / "doubles" / "ollama_standin.py")
-        self.standin = standin_mod.start_standin(models=(OLLAMA_MODEL,))
-        model = self.s.model
-        if model is None:
-            from mlxd.engine.demo_model import build_demo_model
-            model = build_demo_model(DEFAULT_CACHE / "demo-a", "a")
-        s = self.s
-        (self.home / "mlxd.toml").write_text(f"""
-[engine]
-port = {self.port}
-stuck_grace_s = {s.stuck_grace_s}
-[supervisor]
-backoff_base_s = {s.backoff_base_s}
-backoff_cap_s = {s.backoff_cap_s}
-healthy_reset_s = {s.healthy_reset_s}
-loop_crashes = {s.loop_crashes}
-loop_window_s = {s.loop_window_s}
-cooldown_s = {s.cooldown_s}
-health_interval_s = 0.25
-start_grace_s = 20
-[gateway]
-port = {self.gateway_port}
-ollama_url = "{self.standin.url}"
-default_ollama_model = "{OLLAMA_MODEL}"
-[models.soak]
-path = "{model}"
-[aliases]
-default = "soak"
-""")
-        env = {**os.environ, "MLXD_HOME": str(self.home), "HF_HUB_OFFLINE": "1",
-               "LITELLM_LOCAL_MODEL_COST_MAP": "True", "MLXD_FAULT_FILE": str(self.fault_file)}
-        for key in ("MLXD_CONFIG", "MLXD_FAULT", "MLXD_FAULT_MATCH"):
-            env.pop(key, None)
-        self.env = env
-        up = self.mlxd("up", "--detach", "--timeout", "180", timeout=240)
-        if up.returncode != 0:
-            raise RuntimeError(f"mlxd up failed ({up.returncode}):\n{up.stdout}\n{up.stderr}")
-
-    def mlxd(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-        return subprocess.run([*MLXD, *args], env=self.env, capture_output=True, text=True, timeout=timeout)
-
-    @property
-    def key(self) -> str:
-        return self.paths.key.read_text().strip()
-
-    def healthy(self) -> bool:
-        try:
-            return requests.get(self.url + "/health", timeout=2).status_code == 200
-        except requests.RequestException:
-            return False
-
-    def engine_pid(self) -> int | None:
-        return (read_json(self.paths.engine_pid) or {}).get("pid")
-
-    def records(self) -> list[dict]:
-        return read_records(self.paths.journal)
-
-    def supervision_mode(self) -> str | None:
-        return (read_json(self.paths.supervision) or {}).get("mode")
-
-    def stop(self) -> None:
-        """mlxd down, then SIGKILL by pid whatever is left (supervisord, runner, engine)."""
-        self.fault_file.unlink(missing_ok=True)
-        try:
-            self.mlxd("down", timeout=60)
-        except (subprocess.TimeoutExpired, OSError):
-            pass
-        from mlxd.supervisor.control import kill_all
-
-        kill_all(self.paths)
-        if self.standin is not None:
-            self.standin.stop()
-
-
-# --- one request -----------------------------------------------------------------------
-
-class _Probe:
-    """What the raw bytes of the last response showed: [DONE] and the tail."""
-
-    def __init__(self) -> None:
-        self.done = False
-        self.tail = b""
-
-
-class _WatchedStream(httpx.SyncByteStream):
-    def __init__(self, inner, probe: _Probe) -> None:
-        self.inner, self.probe = inner, probe
-
-    def __iter__(self):
-        for chunk in self.inner:
-            buf = self.probe.tail + chunk
-            if b"data: [DONE]" in buf:
-                self.probe.done = True
-            self.probe.tail = buf[-600:]
-            yield chunk
-
-    def close(self) -> None:
-        self.inner.close()
-
-
-class ProbeTransport(httpx.HTTPTransport):
-    """An httpx transport that lets a client thread see whether the SSE
-    stream really ended with `data: [DONE]` (the openai client hides it)."""
-
-    probe = _Probe()
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        self.probe = _Probe()
-        response = super().handle_request(request)
-        response.stream = _WatchedStream(response.stream, self.probe)
-        return response
-
-
-def make_client(base_url: str, key: str, timeout: float) -> tuple[openai.OpenAI, ProbeTransport]:
-    transport = ProbeTransport()
-    http = httpx.Client(transport=transport, timeout=timeout)
-    return openai.OpenAI(base_url=base_url + "/v1", api_key=key, max_retries=0, timeout=timeout,
-                         http_client=http), transport
-
-
-def request_shape(seed: int, i: int, s: Settings) -> tuple[bool, int, str]:
-    """(stream, max_tokens, prompt) of request i: a function of the seed only."""
-    rng = random.Random(f"{seed}-{i}")
-    stream = rng.random() < s.stream_ratio
-    max_tokens = rng.randint(s.min_tokens, s.max_tokens)
-    words = " ".join(rng.choice(("alpha", "beta", "gamma", "delta", "tell", "me", "more", "why"))
-                     for _ in range(rng.randint(3, 80)))
-    return stream, max_tokens, f"soak request {i}: {words}"  # unique: never quarantined as a repeat
-
-
-def _error_fields(exc: BaseException) -> dict:
-    body = getattr(exc, "body", None)
-    code = body.get("code") if isinstance(body, dict) else None
-    if isinstance(body, dict) and isinstance(body.get("error"), dict):
-        code = body["error"].get("code")
-    return {"error_type": type(exc).__name__, "status": getattr(exc, "status_code", None), "code": code,
-            "error": str(exc)[:500]}
-
-
-def backend_of(text: str) -> str:
-    return "ollama" if text.startswith(STANDIN_MARK) else "engine"
-
-
-def one_request(client: openai.OpenAI, probe_of: ProbeTransport, i: int, s: Settings) -> dict:
-    stream, max_tokens, prompt = request_shape(s.seed, i, s)
-    rec: dict = {"i": i, "stream": stream, "max_tokens": max_tokens, "t0": time.time()}
-    t0 = time.monotonic()
-    parts: list[str] = []
-    finish = None
-    try:
-        kw = dict(model="default", messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens,
-                  temperature=0.7)
-        if stream:
-            for chunk in client.chat.completions.create(stream=True, **kw):
-                if chunk.choices:
-                    c = chunk.choices[0]
-                    if c.delta and c.delta.content:
-                        if not parts:
-                            rec["ttft_s"] = time.monotonic() - t0
-                        parts.append(c.delta.content)
-                    finish = c.finish_reason or finish
-        else:
-            r = client.chat.completions.create(**kw)
-            parts.append(r.choices[0].message.content or "")
-            finish = r.choices[0].finish_reason
-            rec["completion_tokens"] = r.usage.completion_tokens if r.usage else None
-        error = None
-    except Exception as exc:  # noqa: BLE001 - every failure is recorded, by type
-        error = exc
-    rec["latency_s"] = time.monotonic() - t0
-    text = "".join(parts)
-    rec.update(finish_reason=finish, chars=len(text), backend=backend_of(text) if parts else None)
-    if stream:
-        rec["done_seen"] = probe_of.probe.done
-    if parts and STANDIN_MARK in text and not text.startswith(STANDIN_MARK):
-        rec["outcome"] = "spliced"
-    elif error is not None:
-        rec["outcome"] = "stream_error" if parts else "failed"
-        rec.update(_error_fields(error))
-        if stream:
-            rec["raw_tail"] = probe_of.probe.tail.decode(errors="replace")[-300:]
-    elif finish is None:
-        rec["outcome"] = "silent_truncation" if stream else "incomplete"
-        rec["raw_tail"] = probe_of.probe.tail.decode(errors="replace")[-300:]
-    else:
-        rec["outcome"] = "complete" if stream else "ok"
-        if stream and not rec["done_seen"]:
-            rec["no_done"] = True  # a finish_reason but no [DONE]: reported, not a truncation
-    return rec
 
 
 # --- the fault driver ---------------------------------------------------------------------
@@ -348,7 +88,7 @@ def one_request(client: openai.OpenAI, probe_of: ProbeTransport, i: int, s: Sett
 class Soak:
     """Owns the run's shared state: the request counter, the records, the client gate."""
 
-    def __init__(self, s: Settings, stack: SoakStack, say=print) -> None:
+    def __init__(self, s: SoakSettings, stack: Stack, say=print) -> None:
         self.s, self.stack, self.say = s, stack, say
         self.lock = threading.Lock()
         self.next_i = 0
@@ -401,7 +141,7 @@ class Soak:
     def monitor_loop(self) -> None:
         last = None
         while not self.stop.wait(0.2):
-            mode = self.stack.supervision_mode()
+            mode = self.stack.supervision().get("mode")
             if mode != last:
                 self.modes.append((time.time() - self.t_wall, mode))
                 last = mode
@@ -493,13 +233,6 @@ class Soak:
 
 # --- the report ----------------------------------------------------------------------------
 
-def _pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    v = sorted(values)
-    return v[min(len(v) - 1, max(0, round(q * (len(v) - 1))))]
-
-
 def _mask(text: str) -> str:
     return re.sub(r"\d+(\.\d+)?", "N", re.sub(r"[0-9a-f]{8,}", "X", text))[:120]
 
@@ -543,8 +276,8 @@ def summarize(records: list[dict], faults: list[dict], journal: list[dict], mode
         "degraded_periods": len(degraded),
         "degraded_entries_in_journal": sum(1 for j in crashes if j.get("degraded")),
         "recovery_s_median": statistics.median([f["healthy_again_s"] for f in faults if f["healthy_again_s"]] or [0]),
-        "latency_s": {"p50": _pct(lat, 0.5), "p99": _pct(lat, 0.99), "max": max(lat, default=None)},
-        "latency_s_by_backend": {b: {"p50": _pct(v, 0.5), "p99": _pct(v, 0.99)} for b, v in lat_by.items()},
+        "latency_s": {"p50": percentile(lat, 0.5), "p99": percentile(lat, 0.99), "max": max(lat, default=None)},
+        "latency_s_by_backend": {b: {"p50": percentile(v, 0.5), "p99": percentile(v, 0.99)} for b, v in lat_by.items()},
         "wall_s": round(wall_s, 2),
         "engine_healthy_at_end": engine_healthy_at_end,
     }
@@ -589,21 +322,15 @@ def passed(m: dict) -> bool:
             and m["engine_healthy_at_end"])
 
 
-def run_soak(s: Settings, home_root: Path | None = None, keep_home: bool = False, say=print) -> dict:
+def run_soak(s: SoakSettings, home_root: Path | None = None, keep_home: bool = False, say=print) -> dict:
     """Start a stack, soak it, tear it down; returns {"summary", "settings", "faults", "journal", ...}."""
-    stack = SoakStack(s, home_root)
-    soak = Soak(s, stack, say)
-    try:
-        stack.start()
+    with crash_stack(s, home_root, keep_home) as stack:
         say(f"stack up: gateway {stack.gateway_url}, engine {stack.url}, home {stack.home}")
+        soak = Soak(s, stack, say)
         soak.run()
         stack.fault_file.unlink(missing_ok=True)
         healthy = bool(wait_for(stack.healthy, 60, 0.1))
         journal = stack.records()
-    finally:
-        stack.stop()
-        if not keep_home:
-            subprocess.run(["rm", "-rf", "--", str(stack.home)], check=False)
     summary = summarize(soak.records, soak.faults, journal, soak.modes, soak.wall_s, healthy)
     slim_journal = [{k: j.get(k) for k in ("time", "class", "signal", "exit_code", "uptime_s", "restart_in_s",
                                            "degraded", "request_id")} for j in journal]
@@ -614,7 +341,7 @@ def run_soak(s: Settings, home_root: Path | None = None, keep_home: bool = False
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    d = Settings()
+    d = SoakSettings()
     ap.add_argument("--requests", type=int, default=d.requests)
     ap.add_argument("--max-seconds", type=float, default=d.max_seconds)
     ap.add_argument("--clients", type=int, default=d.clients)
@@ -627,14 +354,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cooldown-s", type=float, default=d.cooldown_s)
     ap.add_argument("--stuck-grace-s", type=float, default=d.stuck_grace_s)
     ap.add_argument("--model", type=Path, help="an mlx-lm model folder (default: demo model a)")
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "soak.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "soak.json")
     ap.add_argument("--keep-home", action="store_true", help="keep the temp MLXD_HOME (logs, journal)")
     args = ap.parse_args(argv)
     kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
     unknown = [k for k in kinds if k not in FAULTS]
     if unknown:
         ap.error(f"unknown fault kinds {unknown}; choose from {list(FAULTS)}")
-    s = Settings(requests=args.requests, max_seconds=args.max_seconds, clients=args.clients, seed=args.seed,
+    s = SoakSettings(requests=args.requests, max_seconds=args.max_seconds, clients=args.clients, seed=args.seed,
                  fault_every=args.fault_every, kinds=kinds, stream_ratio=args.stream_ratio,
                  loop_crashes=args.loop_crashes, cooldown_s=args.cooldown_s, stuck_grace_s=args.stuck_grace_s,
                  model=args.model)
@@ -646,8 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     result["machine"] = {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(),
                          "openai": openai.__version__, "git": git.stdout.strip(),
                          "loadavg": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1, default=str))
+    write_json(args.out, result)
     print(markdown(result["summary"]))
     print(f"\nresults: {args.out}")
     return 0 if passed(result["summary"]) else 1

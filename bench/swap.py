@@ -24,30 +24,26 @@ from pathlib import Path
 
 import requests
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import engine_overhead as eo  # noqa: E402  (bench/ is not a package: shared process helpers)
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # when imported by path (bench/run.py)
+from benchkit import (RESULTS, Server, demo_model, machine_info, say, start_engine, stop_all_children,  # noqa: E402
+                      stop_child, write_json)
 
 MIB = 2**20
 
 
-def start(workdir: Path, models: dict[str, Path], default: str, tag: str) -> eo.Server:
-    home = workdir / f"home-{tag}"
-    home.mkdir()
+def start(workdir: Path, models: dict[str, Path], default: str, tag: str) -> Server:
     body = "".join(f"[models.{name}]\npath = {json.dumps(str(p.resolve()))}\n\n" for name, p in models.items())
-    (home / "mlxd.toml").write_text(f'[engine]\ndefault_model = "{default}"\n\n{body}[aliases]\ndefault = "{default}"\n')
-    port = eo.free_port()
-    argv = [sys.executable, "-m", "mlxd.cli", "engine", "--port", str(port)]
-    server = eo.spawn(f"engine ({tag})", argv, eo.child_env(MLXD_HOME=str(home)), workdir / f"{tag}.log",
-                      port, "/health")
+    toml = f'[engine]\ndefault_model = "{default}"\n\n{body}[aliases]\ndefault = "{default}"\n'
+    server = start_engine(workdir / f"home-{tag}", toml, workdir / f"{tag}.log", f"engine ({tag})")
     server.wait_ready(300)
     return server
 
 
-def health(server: eo.Server) -> dict:
+def health(server: Server) -> dict:
     return requests.get(server.url + "/health", timeout=10).json()
 
 
-def ask(server: eo.Server, model: str) -> float:
+def ask(server: Server, model: str) -> float:
     t0 = time.perf_counter()
     r = requests.post(server.url + "/v1/completions", timeout=600,
                       json={"model": model, "prompt": "swap", "max_tokens": 2, "temperature": 0})
@@ -60,14 +56,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--swaps", type=int, default=20)
     ap.add_argument("--model-a", type=Path)
     ap.add_argument("--model-b", type=Path)
-    ap.add_argument("--out", type=Path, default=eo.ROOT / "bench" / "results" / "swap.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "swap.json")
     args = ap.parse_args(argv)
     if args.model_a and args.model_b:
         models = {"a": args.model_a, "b": args.model_b}
     else:
-        from mlxd.engine.demo_model import build_demo_model
-
-        models = {v: build_demo_model(eo.DEFAULT_CACHE / f"demo-{v}", v) for v in ("a", "b")}
+        models = {v: demo_model(v)[1] for v in ("a", "b")}
     rows, cold = [], {}
     with tempfile.TemporaryDirectory(prefix="mlxd-swap-") as tmp:
         try:
@@ -77,8 +71,8 @@ def main(argv: list[str] | None = None) -> int:
                 cold[name] = {"load_s": h["timings"]["last_load_s"],
                               "active_bytes": h["memory"]["mlx_active_bytes"] - h["memory"]["mlx_active_before_first_load"],
                               "peak_bytes": h["memory"]["mlx_peak_bytes"]}
-                eo.say(f"cold load {name}: {cold[name]['load_s']:.3f}s, active {cold[name]['active_bytes'] / MIB:.1f} MiB")
-                eo.stop_child(server.proc)
+                say(f"cold load {name}: {cold[name]['load_s']:.3f}s, active {cold[name]['active_bytes'] / MIB:.1f} MiB")
+                stop_child(server.proc)
             server = start(Path(tmp), models, "a", "swaps")
             order = ["b", "a"] * (args.swaps // 2 + 1)
             for i, name in enumerate(order[: args.swaps]):
@@ -88,11 +82,11 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append({"to": name, "wall_s": wall, "unload_s": h["timings"]["last_unload_s"],
                              "load_s": h["timings"]["last_load_s"], "active_bytes": mem["mlx_active_bytes"],
                              "peak_bytes": mem["mlx_peak_bytes"], "rss_bytes": mem["rss_bytes"]})
-                eo.say(f"swap {i + 1}/{args.swaps} -> {name}: wall {wall:.3f}s, unload {rows[-1]['unload_s']:.3f}s, "
+                say(f"swap {i + 1}/{args.swaps} -> {name}: wall {wall:.3f}s, unload {rows[-1]['unload_s']:.3f}s, "
                        f"load {rows[-1]['load_s']:.3f}s, active {mem['mlx_active_bytes'] / MIB:.1f} MiB, "
                        f"peak {mem['mlx_peak_bytes'] / MIB:.1f} MiB, RSS {mem['rss_bytes'] / MIB:.0f} MiB")
         finally:
-            eo.stop_all_children()
+            stop_all_children()
     largest_peak = max(c["peak_bytes"] for c in cold.values())
     print("\n| model | cold load s | swap in: unload + load s (median) | ratio | wall s | active MiB | peak MiB |")
     print("|---|---:|---:|---:|---:|---:|---:|")
@@ -109,9 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\npeak over all swaps {worst_peak / MIB:.1f} MiB vs largest single model's cold peak "
           f"{largest_peak / MIB:.1f} MiB: {worst_peak / largest_peak:.3f}x (goal <= 1.05x)")
     print(f"RSS: second half vs first half median {rss_growth / MIB:+.1f} MiB (goal: no growth)")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"machine": eo.machine_info(), "cold": cold, "swaps": rows,
-                                    "peak_ratio": worst_peak / largest_peak, "rss_growth_bytes": rss_growth}, indent=1))
+    write_json(args.out, {"machine": machine_info(), "cold": cold, "swaps": rows,
+                          "peak_ratio": worst_peak / largest_peak, "rss_growth_bytes": rss_growth})
     print(f"results: {args.out}")
     return 0
 

@@ -3,7 +3,6 @@ processes on free loopback ports, stopped by pid when the test ends."""
 
 from __future__ import annotations
 
-import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,8 +10,9 @@ from typing import Callable, Iterator
 
 import pytest
 
+from mlxd.devkit.stack import Stack
 from mlxd.engine.demo_model import build_demo_model, write_heavy_model_description
-from testkit import EngineProcess, Stack, kill_stack, free_port, spawn_engine, wait_healthy
+from testkit import EngineProcess, spawn_engine, wait_healthy
 
 
 @dataclass
@@ -97,6 +97,11 @@ def shared_engine(tmp_path_factory: pytest.TempPathFactory, demo_models: DemoMod
         ep.stop()
 
 
+# Fast supervision for tests: short backoffs, a quick health poll.
+TEST_ENGINE = "stuck_grace_s = 1.0\n"
+TEST_SUPERVISOR = "backoff_base_s = 0.2\nhealth_interval_s = 0.25\nstart_grace_s = 20\n"
+
+
 @contextmanager
 def stack_factory(tmp_path_factory: pytest.TempPathFactory, demo_models: DemoModels) -> Iterator:
     """Start mlxd stacks (supervisord + engine + listener, maybe the gateway)
@@ -106,49 +111,22 @@ def stack_factory(tmp_path_factory: pytest.TempPathFactory, demo_models: DemoMod
     def start(supervisor: str = "", engine: str = "", env: dict | None = None, fault: str | None = None,
               gateway: str | None = None, models: str = "") -> Stack:
         """gateway: None for no gateway, else extra [gateway] settings."""
-        home = tmp_path_factory.mktemp("stack")
-        port = free_port()
-        gw_port = free_port()
-        gw = "enabled = false" if gateway is None else f"port = {gw_port}\n{gateway}"
-        fault_file = home / "fault"
-        if fault:
-            fault_file.write_text(fault)
-        (home / "mlxd.toml").write_text(f"""
-[engine]
-port = {port}
-stuck_grace_s = 1.0
-{engine}
-[supervisor]
-backoff_base_s = 0.2
-health_interval_s = 0.25
-start_grace_s = 20
-{supervisor}
-[gateway]
-{gw}
-[models.demo-a]
-path = "{demo_models.a}"
-{models}
-[aliases]
-default = "demo-a"
-""")
-        full_env = {**os.environ, "MLXD_HOME": str(home), "HF_HUB_OFFLINE": "1",
-                    "MLXD_FAULT_FILE": str(fault_file), **(env or {})}
-        for key in ("MLXD_CONFIG", "MLXD_FAULT"):
-            if key not in (env or {}):
-                full_env.pop(key, None)
-        st = Stack(home, port, full_env, fault_file, gw_port if gateway is not None else None)
+        st = Stack.create(tmp_path_factory.mktemp("stack"), demo_models.a, engine=TEST_ENGINE + engine,
+                          supervisor=TEST_SUPERVISOR + supervisor, gateway=gateway, models=models, env=env)
         stacks.append(st)
-        boot_fault = bool(fault and "@boot" in fault)  # it will never be ready: do not wait
-        up = st.mlxd("up", "--detach", "--timeout", "0" if boot_fault else "120")
-        assert up.returncode == 0 or boot_fault, up.stderr
+        if fault:
+            st.fault_file.write_text(fault)
+        if fault and "@boot" in fault:  # it will never be ready: do not wait
+            st.mlxd("up", "--detach", "--timeout", "0")
+        else:
+            st.up(120)
         return st
 
     try:
         yield start
     finally:
         for st in stacks:
-            st.mlxd("down", timeout=60)
-            kill_stack(st)
+            st.stop()
 
 
 @pytest.fixture

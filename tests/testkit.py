@@ -1,45 +1,34 @@
 """Test helpers shared by every test folder (on sys.path via pytest's
-`pythonpath`): free ports, polling with a deadline, real engine processes
-and small HTTP shortcuts."""
+`pythonpath`): polling with a deadline, real engine processes and small HTTP
+shortcuts. The stack harness, free ports and the Ollama stand-in are
+mlxd.devkit's (shared with the benchmarks)."""
 
 from __future__ import annotations
 
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
-import json
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import requests
 
-from mlxd.paths import StatePaths, read_json
-from mlxd.supervisor.journal import read_records
+from mlxd.devkit.ports import free_port
+from mlxd.devkit.wait import wait_for
 
 MLXD = [sys.executable, "-m", "mlxd.cli"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+__all__ = ["free_port", "wait_until", "EngineProcess", "spawn_engine", "wait_healthy", "chat", "metric"]
 
 
 def wait_until(condition: Callable[[], object], timeout: float, interval: float = 0.05, what: str = "condition"):
     """Poll `condition` until it returns something truthy; fail after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
+    value = wait_for(condition, timeout, interval)
+    if not value:
+        raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    return value
 
 
 @dataclass
@@ -95,8 +84,6 @@ def wait_healthy(ep: EngineProcess, timeout: float = 90) -> None:
     wait_until(ok, timeout, what="engine /health 200")
 
 
-
-
 def chat(url: str, model: str = "default", content: str = "hello", max_tokens: int = 4, timeout: float = 60,
          **extra) -> requests.Response:
     """POST a one-message chat completion; returns the raw response."""
@@ -111,67 +98,3 @@ def metric(url: str, name: str) -> float:
     m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
     assert m, f"metric {name} not found"
     return float(m.group(1))
-
-
-
-
-@dataclass
-class Stack:
-    """A running mlxd (supervisord, engine, listener, maybe the gateway)."""
-
-    home: Path
-    port: int
-    env: dict
-    fault_file: Path
-    gateway_port: int | None = None
-
-    @property
-    def gateway_url(self) -> str:
-        return f"http://127.0.0.1:{self.gateway_port}"
-
-    @property
-    def key(self) -> str:
-        return self.paths.key.read_text().strip()
-
-    @property
-    def paths(self) -> StatePaths:
-        return StatePaths(self.home)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def mlxd(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-        return subprocess.run([*MLXD, *args], env=self.env, capture_output=True, text=True, timeout=timeout)
-
-    def status(self) -> dict:
-        return json.loads(self.mlxd("status", "--json").stdout)
-
-    def healthy(self) -> bool:
-        try:
-            return requests.get(self.url + "/health", timeout=2).status_code == 200
-        except requests.RequestException:
-            return False
-
-    def engine_pid(self) -> int | None:
-        return (read_json(self.paths.engine_pid) or {}).get("pid")
-
-    def records(self) -> list[dict]:
-        return [r.to_json() for r in read_records(self.paths.journal)]
-
-    def supervision(self) -> dict:
-        return read_json(self.paths.supervision) or {}
-
-    def process_pid(self, name: str) -> int | None:
-        for p in self.status()["processes"] or []:
-            if p["name"] == name:
-                return p["pid"]
-        return None
-
-
-def kill_stack(stack: Stack) -> None:
-    """Teardown by pid, whatever state the test left: supervisord, then any
-    engine or runner it may have orphaned."""
-    from mlxd.supervisor.control import kill_all
-
-    kill_all(stack.paths)

@@ -11,7 +11,7 @@ import litellm
 import pytest
 import requests
 
-from doubles.ollama_standin import CONTEXT_LENGTH, VERSION, marker, start_standin
+from mlxd.devkit.ollama_standin import CONTEXT_LENGTH, VERSION, marker, start_standin
 
 MODELS = ("llama3.2:3b", "qwen2.5:7b")
 M = "llama3.2:3b"

@@ -25,13 +25,13 @@ import schemathesis
 from hypothesis import assume, given, note
 from hypothesis import strategies as st
 
-from doubles.ollama_standin import start_standin
 from fuzz.fuzzkit import (CHAT, COMPLETIONS, HUGE_MIN, HUGE_TEXT, HUGE_UNITS, LONG_RUN, METHODS, RECORDER, SEND_KNOWN_BUGS, TEXT_FIELDS, any_text, base_for,
                           case_strategy, chat_body, check_answer, completion_body, content_type, endpoint_and_field,
                           error_code, fuzz_settings, gateway_known_bug, is_protocol_400, header_name, header_value, http_request,
                           malformed_body, max_tokens_value, model_tricks, nasty, neutralise_known_bugs,
                           openai_error_problem, post_json, raw_http, raw_request, promises_more_body, rss_bytes,
                           run_case, set_path, valid_json_bytes)
+from mlxd.devkit.ollama_standin import start_standin
 from testkit import metric, wait_until
 
 pytestmark = pytest.mark.timeout(7200 if LONG_RUN else 300)

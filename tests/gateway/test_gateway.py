@@ -12,7 +12,7 @@ import openai
 import pytest
 import requests
 
-from doubles.ollama_standin import marker, start_standin
+from mlxd.devkit.ollama_standin import marker, start_standin
 from mlxd.supervisor.control import rpc
 from testkit import metric, wait_until
 
@@ -150,7 +150,7 @@ def test_crash_during_a_non_streaming_request_still_gives_a_complete_answer(clie
     st.fault_file.write_text("abort@token:3")
     r = ask(client, f"{FAULT_WORD} please")
     assert from_ollama(r.choices[0].message.content) and r.choices[0].finish_reason in ("stop", "length")
-    wait_until(lambda: any(rec["class"] == "sigabrt" for rec in st.records()), 30, what="crash journaled")
+    wait_until(lambda: any(rec.klass == "sigabrt" for rec in st.records()), 30, what="crash journaled")
 
 
 def test_engine_death_before_the_first_token_fails_the_stream_over(client, st):
@@ -206,9 +206,9 @@ def test_a_quarantined_request_is_answered_by_ollama(client, st):
     st.fault_file.write_text("abort@token:2")
     poison = f"{FAULT_WORD} poison request"
     for crash in (1, 2):
-        n = len([r for r in st.records() if r.get("fingerprint")])
+        n = len([r for r in st.records() if r.fingerprint])
         assert from_ollama(ask(client, poison).choices[0].message.content)  # the client never notices
-        wait_until(lambda: len([r for r in st.records() if r.get("fingerprint")]) > n, 30, what="crash journaled")
+        wait_until(lambda: len([r for r in st.records() if r.fingerprint]) > n, 30, what="crash journaled")
         wait_until(st.healthy, 60, what="engine back")
     wait_until(lambda: st.paths.quarantine.exists() and json.loads(st.paths.quarantine.read_text())["fingerprints"],
                10, what="quarantine list")

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from testkit import wait_until
+from mlxd.devkit.stack import Stack, stack_env
+from testkit import free_port, wait_until
 
 pytestmark = pytest.mark.timeout(300)
 REPO = Path(__file__).resolve().parents[2]
@@ -83,12 +84,8 @@ def test_doctor_reports_each_check_with_a_verdict(stack):
 
 
 def test_first_up_writes_a_default_config_and_a_key(tmp_path):
-    from testkit import Stack, free_port, kill_stack
-
-    env = {**os.environ, "MLXD_HOME": str(tmp_path), "MLXD_ENGINE_PORT": str(free_port()),
-           "MLXD_GATEWAY_PORT": str(free_port())}
-    env.pop("MLXD_CONFIG", None)
-    st = Stack(tmp_path, int(env["MLXD_ENGINE_PORT"]), env, tmp_path / "fault", int(env["MLXD_GATEWAY_PORT"]))
+    st = Stack(tmp_path, stack_env(tmp_path, extra={"MLXD_ENGINE_PORT": str(free_port()),
+                                                    "MLXD_GATEWAY_PORT": str(free_port())}))
     try:
         r = st.mlxd("up", "--detach", "--timeout", "180", timeout=240)
         assert r.returncode == 0, r.stderr
@@ -96,15 +93,12 @@ def test_first_up_writes_a_default_config_and_a_key(tmp_path):
         assert "Authorization: Bearer" in r.stdout and str(st.paths.key) in r.stdout
         assert os.stat(st.paths.key).st_mode & 0o777 == 0o600
     finally:
-        st.mlxd("down", timeout=60)
-        kill_stack(st)
+        st.stop()
 
 
 def test_a_foreign_listener_on_our_port_is_reported_not_killed(tmp_path):
     import socket
     import sys
-
-    from testkit import free_port
 
     port = free_port()
     squatter = subprocess.Popen([sys.executable, "-c", f"""

@@ -25,13 +25,14 @@ def _load_soak():
 
 
 soak = _load_soak()
+from crash_traffic import EXPLICIT, GOOD  # noqa: E402  (on sys.path once soak.py is loaded)
 # One of each kind that a client can meet mid-request, in a fixed order.
 PLAN = ("abort@token", "hang@token", "raise@token", "sigkill", "abort@start")
 
 
 @pytest.fixture(scope="module")
 def result(demo_models, tmp_path_factory):
-    settings = soak.Settings(requests=100, max_seconds=80, clients=3, seed=7, fault_every=4, plan=PLAN,
+    settings = soak.SoakSettings(requests=100, max_seconds=80, clients=3, seed=7, fault_every=4, plan=PLAN,
                              fault_wait_s=20, request_timeout_s=45, model=demo_models.a, progress_every=25)
     return soak.run_soak(settings, home_root=tmp_path_factory.mktemp("soak"), say=print)
 
@@ -50,8 +51,8 @@ def test_no_stream_is_silently_truncated_or_spliced(result):
 
 def test_every_failure_is_explicit(result):
     for r in result["records"]:
-        if r["outcome"] not in soak.GOOD:
-            assert r["outcome"] in soak.EXPLICIT and r.get("error_type") and r.get("error"), r
+        if r["outcome"] not in GOOD:
+            assert r["outcome"] in EXPLICIT and r.get("error_type") and r.get("error"), r
 
 
 def test_both_backends_answered(result):

@@ -28,10 +28,10 @@ def test_sigabrt_mid_generation_is_journaled_and_the_engine_comes_back(stack):
     st.fault_file.unlink()
     wait_until(lambda: st.records(), 30, what="a journal record")
     rec = st.records()[-1]
-    assert rec["class"] == "sigabrt" and rec["signal"] == "SIGABRT" and rec["pid"] == first_pid
-    assert rec["request_id"] and rec["fingerprint"] and rec["model"] == "demo-a"
-    assert rec["uptime_s"] > 0 and rec["memory"]["mlx_active_bytes"] > 0
-    assert rec["restart_in_s"] == 0.0  # the first crash after a run restarts at once
+    assert rec.klass == "sigabrt" and rec.signal == "SIGABRT" and rec.pid == first_pid
+    assert rec.request_id and rec.fingerprint and rec.model == "demo-a"
+    assert rec.uptime_s > 0 and rec.memory["mlx_active_bytes"] > 0
+    assert rec.restart_in_s == 0.0  # the first crash after a run restarts at once
     wait_until(st.healthy, 60, what="engine healthy again")
     assert st.engine_pid() != first_pid
     assert chat(st.url).status_code == 200
@@ -47,8 +47,8 @@ def test_metal_oom_message_in_stderr_is_classified_metal_oom(stack):
     st.fault_file.unlink()
     wait_until(lambda: st.records(), 30, what="a journal record")
     rec = st.records()[-1]
-    assert rec["class"] == "metal_oom" and rec["signal"] == "SIGABRT"
-    assert "kIOGPUCommandBufferCallbackErrorOutOfMemory" in rec["stderr_tail"]
+    assert rec.klass == "metal_oom" and rec.signal == "SIGABRT"
+    assert "kIOGPUCommandBufferCallbackErrorOutOfMemory" in rec.stderr_tail
     wait_until(st.healthy, 60, what="engine healthy again")
 
 
@@ -56,10 +56,10 @@ def test_crash_loop_backs_off_then_degrades_stays_quiet_and_recovers(stack):
     st = stack(supervisor="loop_crashes = 4\ncooldown_s = 6\nhealthy_reset_s = 60", fault="abort@boot")
     wait_until(lambda: st.supervision().get("mode") == "degraded", 90, what="degraded after the crash loop")
     recs = st.records()
-    assert [r["class"] for r in recs] == ["sigabrt"] * 4
-    assert [r["restart_in_s"] for r in recs] == [0.0, 0.2, 0.4, None]  # growing backoff, then none
-    assert recs[-1]["degraded"] is True
-    gaps = [b["time"] - a["time"] for a, b in zip(recs, recs[1:])]
+    assert [r.klass for r in recs] == ["sigabrt"] * 4
+    assert [r.restart_in_s for r in recs] == [0.0, 0.2, 0.4, None]  # growing backoff, then none
+    assert recs[-1].degraded is True
+    gaps = [b.time - a.time for a, b in zip(recs, recs[1:])]
     assert gaps[2] > gaps[0]  # the waits grew between crashes
     assert st.status()["overall"] == "degraded"
     # During the cool-down: no restarts, and supervisord + listener stay idle.
@@ -98,7 +98,7 @@ def test_hang_is_killed_and_restarted_within_the_deadline(stack):
     wait_until(lambda: st.records(), 30, what="a journal record")
     detected = time.monotonic() - t0
     rec = st.records()[-1]
-    assert rec["class"] == "hang" and rec["pid"] == first_pid
+    assert rec.klass == "hang" and rec.pid == first_pid
     assert detected < 1.0 + 5  # stuck_grace_s + a few seconds
     wait_until(st.healthy, 60, what="engine healthy again")
     assert chat(st.url).status_code == 200
@@ -112,7 +112,7 @@ def test_a_request_that_crashes_twice_is_quarantined_and_others_are_served(stack
             chat(st.url, content=poison, max_tokens=20)
         wait_until(lambda: len(st.records()) == crash, 30, what=f"crash {crash} journaled")
         wait_until(st.healthy, 60, what="engine back")
-    fps = {r["fingerprint"] for r in st.records()}
+    fps = {r.fingerprint for r in st.records()}
     assert len(fps) == 1
     wait_until(lambda: st.paths.quarantine.exists(), 10, what="quarantine list written")
     r = chat(st.url, content=poison, max_tokens=20)

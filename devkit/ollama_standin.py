@@ -16,10 +16,11 @@ Endpoints (shapes as in Ollama's docs/api.md; unknown models get 404 {"error": "
   POST /api/show     model details (LiteLLM's model-info lookup posts {"name": model})
 Test-only: GET /_standin/stats -> {"chat_requests", "last_request", "requests"}.
 
-Run: python tests/doubles/ollama_standin.py --port N --models llama3.2:3b,qwen2.5:7b
+Run: python -m mlxd.devkit.ollama_standin --port N --models llama3.2:3b,qwen2.5:7b
      [--chunk-delay SECONDS]     (binds 127.0.0.1 only; logs warnings only)
-Or from a test: `start_standin(models, chunk_delay)` -> StandinProcess (.url .port .proc
-.stats() .stop()), a real process on a free port, up once /api/version answers.
+Or from a test or a benchmark: `start_standin(models, chunk_delay)` -> StandinProcess (.url
+.port .proc .stats() .stop()), a real process on a free port, up once /api/version answers.
+What LiteLLM's provider really calls, and why: devkit/README.md.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ import hashlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -43,6 +43,8 @@ from pathlib import Path
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+
+from mlxd.devkit.ports import free_port
 
 VERSION = "0.6.8"  # the Ollama version this double claims to be
 DEFAULT_MODELS = ("llama3.2:3b", "qwen2.5:7b")
@@ -184,12 +186,6 @@ def create_app(models=DEFAULT_MODELS, chunk_delay: float = 0.0) -> FastAPI:
 
 # ---- running it as a real process -------------------------------------------------
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _get_json(url: str, timeout: float = 5.0) -> dict:
     with urllib.request.urlopen(url, timeout=timeout) as response:
         return json.loads(response.read())
@@ -229,7 +225,7 @@ def start_standin(models=DEFAULT_MODELS, chunk_delay: float = 0.0, port: int | N
     GET /api/version answers; raise RuntimeError (with its log) if it dies or the deadline passes."""
     port = port or free_port()
     fd, log_name = tempfile.mkstemp(prefix="ollama-standin-", suffix=".log")
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--port", str(port),
+    cmd = [sys.executable, "-m", "mlxd.devkit.ollama_standin", "--port", str(port),
            "--models", ",".join(models), "--chunk-delay", str(chunk_delay)]
     with os.fdopen(fd, "wb") as log_file:
         proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -1,0 +1,439 @@
+"""What the benchmarks share (bench/ is no package: each script puts this
+folder on sys.path and imports it): the demo models and result files, the
+streaming SSE client that timestamps every chunk, one run's trace and sample,
+CPU accounting, server subprocesses stopped by pid, machine info, medians.
+
+Metrics, identical for every benchmark that streams (see bench/README.md):
+  TTFT            t0 -> first content-carrying chunk (non-empty text), where
+                  t0 is just before the request is sent
+  decode tok/s    (window - 1) / (t_last - t_first) over the first and last
+                  content-carrying chunks; window = the tokens between them
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import math
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import psutil
+import requests
+
+from mlxd.devkit.ports import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mlxd-bench"
+# Chosen so that the greedy continuations of both demo models start and end
+# with a token that has text (see "decode window" in bench/README.md).
+DEFAULT_PROMPT = ("Tokens stream back one by one. The first token takes longest, because the prompt must be "
+                  "processed; after that, every step is a small matrix product per layer.")
+
+now = time.perf_counter
+
+
+class BenchError(RuntimeError):
+    """A benchmark cannot go on (a server died, a stream broke): reported, exit 1."""
+
+
+def say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# --- one run's raw observations -> one sample ------------------------------------
+
+@dataclass
+class Trace:
+    t0: float
+    chunk_times: list[float]  # arrival of each content-carrying chunk
+    completion_tokens: int
+    prompt_tokens: int
+    text: str
+    finish_reason: str | None
+    t_end: float
+    cached_prompt_tokens: int | None = None
+    # Tokens from the first to the last content-carrying one, both included;
+    # known exactly in-process only (a server sends nothing for a token whose
+    # text is empty, e.g. half of a multi-byte character).
+    window_tokens: int | None = None
+    # CPU seconds spent during the run (filled in by measure()).
+    server_cpu_s: float = 0.0
+    client_cpu_s: float = 0.0
+    background_cores: float | None = None
+
+
+@dataclass
+class Sample:
+    model: str
+    way: str
+    round: int  # 0-based; warmups are numbered separately
+    warmup: bool
+    ttft_ms: float
+    decode_tok_s: float
+    completion_tokens: int
+    prompt_tokens: int
+    content_chunks: int
+    total_s: float
+    finish_reason: str | None
+    text_sha1: str
+    cached_prompt_tokens: int | None
+    decode_window_tokens: int
+    window_source: str  # "exact", "in-process reference" or "assumed (no empty-text tokens)"
+    # CPU per generated token: the generating process (the server, or this
+    # process in-process) and the HTTP client (this process); noise-robust.
+    server_cpu_us_per_token: float
+    client_cpu_us_per_token: float
+    # CPU used by everything else on the machine during the run, in cores
+    # (other programs competing for the CPUs make the run slower).
+    background_cores: float | None
+    chunk_times_ms: list[float] = field(repr=False)  # relative to t0
+
+
+def text_sha1(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
+def to_sample(tr: Trace, model: str, way: str, rnd: int, warmup: bool, ref_windows: dict[str, int]) -> Sample:
+    """`ref_windows`: text hash -> decode window measured in-process. Greedy
+    output is deterministic, so a server run that produced the same text had
+    the same window."""
+    if not tr.chunk_times:
+        raise BenchError(f"{way}: no content-carrying chunk came back")
+    sha = text_sha1(tr.text)
+    if tr.window_tokens is not None:
+        window, source = tr.window_tokens, "exact"
+    elif sha in ref_windows:
+        window, source = ref_windows[sha], "in-process reference"
+    else:
+        window, source = tr.completion_tokens, "assumed (no empty-text tokens)"
+    first, last = tr.chunk_times[0], tr.chunk_times[-1]
+    decode = (window - 1) / (last - first) if last > first and window > 1 else math.nan
+    return Sample(model=model, way=way, round=rnd, warmup=warmup, ttft_ms=(first - tr.t0) * 1e3,
+                  decode_tok_s=decode, completion_tokens=tr.completion_tokens, prompt_tokens=tr.prompt_tokens,
+                  content_chunks=len(tr.chunk_times), total_s=tr.t_end - tr.t0, finish_reason=tr.finish_reason,
+                  text_sha1=sha, cached_prompt_tokens=tr.cached_prompt_tokens, decode_window_tokens=window,
+                  window_source=source,
+                  server_cpu_us_per_token=tr.server_cpu_s / max(tr.completion_tokens, 1) * 1e6,
+                  client_cpu_us_per_token=tr.client_cpu_s / max(tr.completion_tokens, 1) * 1e6,
+                  background_cores=tr.background_cores,
+                  chunk_times_ms=[round((t - tr.t0) * 1e3, 3) for t in tr.chunk_times])
+
+
+
+
+def busy_cpu_s() -> float:
+    """CPU seconds the whole machine has been busy (all cores)."""
+    t = psutil.cpu_times()
+    return sum(t) - t.idle - getattr(t, "iowait", 0.0)
+
+
+# --- the streaming client ------------------------------------------------------------
+
+class HttpWay:
+    """A streaming OpenAI /v1/completions client with as little per-chunk work
+    as possible: bytes are read as they arrive (read1), split into SSE events
+    and timestamped; JSON is parsed only after the stream ends."""
+
+    def __init__(self, way: str, url: str, model_name: str, server: "Server") -> None:
+        self.way = way
+        self.url = url
+        self.model_name = model_name
+        self.server = server
+        self.session = requests.Session()
+
+    def run(self, prompt: str, max_tokens: int, read_timeout: float = 300.0) -> Trace:
+        payload = json.dumps({"model": self.model_name, "prompt": prompt, "max_tokens": max_tokens,
+                              "temperature": 0.0, "stream": True,
+                              "stream_options": {"include_usage": True}}).encode()
+        return self.stream("/v1/completions", payload, {"Content-Type": "application/json"}, read_timeout)
+
+    def stream(self, path: str, payload: bytes, headers: dict[str, str], read_timeout: float) -> Trace:
+        """POST `payload`, read the SSE answer as it arrives, timestamp each event."""
+        events: list[tuple[float, bytes]] = []
+        t0 = now()
+        with self.session.post(self.url + path, data=payload, stream=True, headers=headers,
+                               timeout=(10, read_timeout)) as r:
+            if r.status_code != 200:
+                raise BenchError(f"{self.way}: HTTP {r.status_code}: {r.text[:500]}")
+            raw, buf = r.raw, b""
+            while True:
+                data = raw.read1(65536)  # whatever has arrived; never waits for a full buffer
+                t = now()
+                if not data:
+                    break
+                buf += data
+                while (i := buf.find(b"\n\n")) >= 0:
+                    events.append((t, buf[:i]))
+                    buf = buf[i + 2:]
+        t_end = events[-1][0] if events else now()
+        return self._parse(t0, events, t_end)
+
+    def _parse(self, t0: float, events: list[tuple[float, bytes]], t_end: float) -> Trace:
+        times: list[float] = []
+        parts: list[str] = []
+        usage: dict[str, Any] | None = None
+        finish = None
+        done = False
+        for t, ev in events:
+            for line in ev.decode().splitlines():
+                if not line.startswith("data:"):
+                    continue  # SSE comments (mlx_lm.server's ": keepalive")
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    done = True
+                    continue
+                obj = json.loads(data)
+                if "error" in obj:
+                    raise BenchError(f"{self.way}: error in stream: {obj['error']}")
+                for choice in obj.get("choices") or []:
+                    text = choice.get("text")
+                    if text is None:
+                        text = (choice.get("delta") or {}).get("content")
+                    if text:
+                        times.append(t)
+                        parts.append(text)
+                    finish = choice.get("finish_reason") or finish
+                if obj.get("usage"):
+                    usage = obj["usage"]
+        if not done:
+            raise BenchError(f"{self.way}: the stream ended without [DONE]")
+        if usage is None:
+            raise BenchError(f"{self.way}: no usage chunk (stream_options.include_usage ignored?)")
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+        return Trace(t0, times, int(usage["completion_tokens"]), int(usage["prompt_tokens"]), "".join(parts),
+                     finish, t_end, cached)
+
+    def close(self) -> None:
+        self.session.close()
+
+
+# --- subprocesses ----------------------------------------------------------------------
+
+_children: list[subprocess.Popen] = []
+
+
+def _resolve_prctl() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl  # resolved here, not in the forked child
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _resolve_prctl()
+
+
+def _child_setup() -> None:
+    """In the child, before exec (Linux): get SIGTERM when the benchmark dies,
+    even by SIGKILL, when it never reaches its `finally`."""
+    _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+@dataclass
+class Server:
+    name: str
+    proc: subprocess.Popen
+    url: str
+    health_path: str
+    log_path: Path
+
+    def log_tail(self, n: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return "(no log)"
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise BenchError(f"{self.name} exited with {self.proc.returncode} while starting:\n{self.log_tail()}")
+            try:
+                if requests.get(self.url + self.health_path, timeout=2).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            if time.monotonic() > deadline:
+                raise BenchError(f"{self.name} not ready after {timeout:.0f}s:\n{self.log_tail()}")
+            time.sleep(0.1)
+
+
+def spawn(name: str, argv: list[str], env: dict[str, str], log_path: Path, port: int, health_path: str) -> Server:
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True,  # a Ctrl-C reaches us only; we stop them ourselves
+                                preexec_fn=_child_setup if _PRCTL is not None else None)
+    _children.append(proc)
+    return Server(name, proc, f"http://127.0.0.1:{port}", health_path, log_path)
+
+
+def stop_child(proc: subprocess.Popen, grace: float = 15.0) -> None:
+    """SIGTERM by pid (the engine drains: it is idle, so that is quick), then SIGKILL."""
+    if proc.poll() is None:
+        try:
+            os.kill(proc.pid, signal.SIGTERM)
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        except ProcessLookupError:
+            pass
+    if proc in _children:
+        _children.remove(proc)
+
+
+def stop_all_children() -> None:
+    for proc in list(_children):
+        try:
+            stop_child(proc)
+        except Exception as exc:  # noqa: BLE001 - keep stopping the others
+            say(f"could not stop pid {proc.pid}: {exc}")
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **extra}
+    env.pop("MLXD_CONFIG", None)
+    return env
+
+
+def one_model_toml(model: Path) -> str:
+    """An engine config serving `model` as "default" with no token cap."""
+    # stuck_grace_s: a slow CPU's long prefill must not count as a hang here
+    return ("[engine]\nmax_tokens_cap = 100000\nstuck_grace_s = 600\n\n"
+            f"[models.bench]\npath = {json.dumps(str(model.resolve()))}\n\n[aliases]\ndefault = \"bench\"\n")
+
+
+def start_engine(home: Path, toml: str, log_path: Path, name: str = "mlxd engine") -> Server:
+    """`mlxd engine` alone (no supervisor) on a free port, `toml` its config."""
+    home.mkdir(parents=True)
+    (home / "mlxd.toml").write_text(toml)
+    port = free_port()
+    argv = [sys.executable, "-m", "mlxd.cli", "engine", "--port", str(port)]
+    return spawn(name, argv, child_env(MLXD_HOME=str(home)), log_path, port, "/health")
+
+
+# --- machine info ------------------------------------------------------------------------
+
+def version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu_model() -> str | None:
+    try:
+        if sys.platform == "darwin":
+            return subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True,
+                                  timeout=5).stdout.strip() or None
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except Exception:  # noqa: BLE001
+        pass
+    return None
+
+
+def _git() -> dict[str, Any]:
+    try:
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+        dirty = bool(subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "core", "engine"],
+                                    capture_output=True, text=True, timeout=10).stdout.strip())
+        return {"commit": head or None, "engine_or_core_dirty": dirty}
+    except Exception:  # noqa: BLE001
+        return {"commit": None}
+
+
+def _gpu_name() -> str | None:
+    """The NVIDIA GPU's name when MLX runs on CUDA (Apple GPUs: mlx reports the device)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10).stdout.strip()
+        return out.splitlines()[0] if out else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def machine_info() -> dict[str, Any]:
+    import mlx.core as mx
+
+    return {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "loadavg_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "python": platform.python_version(),
+        "mlx": version("mlx") or getattr(mx, "__version__", None),
+        "mlx_device": str(mx.default_device()),
+        "gpu": _gpu_name(),
+        "mlx_lm": version("mlx-lm"),
+        "http_stack": {d: version(d) for d in ("uvicorn", "h11", "httptools", "uvloop", "fastapi", "starlette",
+                                                "requests", "urllib3")},
+        "git": _git(),
+    }
+
+
+# --- statistics, demo models, results, signals ------------------------------------------
+
+def median(xs: list[float]) -> float:
+    xs = [x for x in xs if not math.isnan(x)]
+    return statistics.median(xs) if xs else math.nan
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The q-quantile (0..1) of `values` by nearest rank; None when empty."""
+    if not values:
+        return None
+    v = sorted(values)
+    return v[min(len(v) - 1, max(0, round(q * (len(v) - 1))))]
+
+
+
+def variants() -> list[str]:
+    """The demo model variants (mlxd.engine.demo_model), for --variant."""
+    from mlxd.engine.demo_model import VARIANTS
+
+    return list(VARIANTS)
+
+
+def demo_model(variant: str, cache_dir: Path = DEFAULT_CACHE) -> tuple[str, Path]:
+    """(label with its shape, folder) of a demo model, built once into `cache_dir`."""
+    from mlxd.engine.demo_model import VARIANTS, build_demo_model
+
+    dest = cache_dir / f"demo-{variant}"
+    say(f"demo model {variant}: {dest}")
+    build_demo_model(dest, variant, progress=lambda m: say(f"   {m}"))
+    spec = VARIANTS[variant]
+    return f"demo-{variant} ({spec.hidden_size}x{spec.num_hidden_layers})", dest
+
+
+def write_json(path: Path, doc: Any) -> None:
+    """A benchmark's results file (its folder made as needed)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1, allow_nan=True, default=str) + "\n")
+
+
+def interrupt_on_sigterm() -> None:
+    """SIGTERM stops a benchmark as Ctrl-C does: through its `finally`s."""
+    def handler(signum, frame):  # noqa: ARG001
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, handler)

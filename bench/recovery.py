@@ -25,7 +25,6 @@ those without splicing two answers, which the gateway never does.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import signal

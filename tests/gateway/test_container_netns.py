@@ -68,8 +68,8 @@ def test_a_container_reaches_the_gateway_with_the_key_and_never_the_engine(stack
     st = stack(gateway='host = "0.0.0.0"')  # the documented choice for Docker runtimes other than Docker Desktop
     out = subprocess.run(
         ["ip", "netns", "exec", ns, sys.executable, "-c", CLIENT,
-         f"http://{host_ip}:{st.gateway_port}/v1/chat/completions", st.key,
-         f"http://{host_ip}:{st.port}/v1/chat/completions"],
+         f"http://{host_ip}:{st.config.gateway.port}/v1/chat/completions", st.key,
+         f"http://{host_ip}:{st.config.engine.port}/v1/chat/completions"],
         capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     seen = json.loads(out.stdout)

@@ -3,15 +3,9 @@ with fault injection, our runner and listener, in a temporary state dir."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
-import sys
 import time
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Iterator
 
 import psutil
 import pytest

@@ -24,7 +24,7 @@ model, the Ollama stand-in as the fallback), then:
                   through the gateway answered by the engine (not the fallback).
   4. operator     the fault again: a crash during probation is degraded at
                   once (1 crash); the fault removed, `mlxd restart engine`
-                  (supervisor/operate.py): time to /health 200 and to an
+                  (cli/operate.py): time to /health 200 and to an
                   engine answer through the gateway; the crash history cleared.
 
 Supervisor settings: the documented defaults (core/config.py SupervisorConfig,

@@ -124,10 +124,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 rec = wait_for(lambda: (r := stack.records()) and len(r) > n_records and r[-1], 30, 0.005)
                 if not rec:
                     raise BenchError("the crash was not journaled")
-                row = {"detection_s": rec["handled_at"] - t_kill, "backoff_s": rec["restart_in_s"],
-                       "spawn_s": new["process_started_at"] - (rec["handled_at"] + rec["restart_in_s"]),
+                row = {"detection_s": rec.handled_at - t_kill, "backoff_s": rec.restart_in_s,
+                       "spawn_s": new["process_started_at"] - (rec.handled_at + rec.restart_in_s),
                        "load_s": new["ready_at"] - new["process_started_at"], "total_s": t_back - t_kill,
-                       "class": rec["class"]}
+                       "class": rec.klass}
                 rows.append(row)
                 say(f"crash {i + 1}/{args.crashes}: " + "  ".join(
                     f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items())

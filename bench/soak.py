@@ -49,6 +49,7 @@ from pathlib import Path
 import openai
 
 from mlxd.devkit.wait import wait_for
+from mlxd.records import CrashRecord
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # when imported by path (tests/soak)
 from benchkit import ROOT, RESULTS, percentile, write_json  # noqa: E402
@@ -202,7 +203,7 @@ class Soak:
             f["cut_short"] = not fired and self.stop.is_set()  # the soak ended before it could fire
         f["journaled_s"] = round(time.monotonic() - t0, 3) if fired else None
         new = self.stack.records()[n_before:]
-        f["class"] = new[0]["class"] if new else None
+        f["class"] = new[0].klass if new else None
         f["matched"] = f["class"] == expected
         back = wait_for(self.stack.healthy, 120, 0.05, self.stop)
         f["healthy_again_s"] = round(time.monotonic() - t0, 3) if back else None
@@ -237,7 +238,7 @@ def _mask(text: str) -> str:
     return re.sub(r"\d+(\.\d+)?", "N", re.sub(r"[0-9a-f]{8,}", "X", text))[:120]
 
 
-def summarize(records: list[dict], faults: list[dict], journal: list[dict], modes: list, wall_s: float,
+def summarize(records: list[dict], faults: list[dict], journal: list[CrashRecord], modes: list, wall_s: float,
               engine_healthy_at_end: bool) -> dict:
     """The soak's figures from the raw records (pure)."""
     outcomes = Counter(r["outcome"] for r in records)
@@ -247,7 +248,7 @@ def summarize(records: list[dict], faults: list[dict], journal: list[dict], mode
                        for r in records if r["outcome"] not in GOOD)
     lat = [r["latency_s"] for r in records]
     lat_by = {b: [r["latency_s"] for r in good if r["backend"] == b] for b in ("engine", "ollama")}
-    crashes = [j for j in journal if j.get("class") != "clean_stop"]
+    crashes = [j for j in journal if j.is_crash]
     degraded = [m for m in modes if m[1] == "degraded"]
     short = [r for r in good if not r["stream"] and r["backend"] == "engine" and r["finish_reason"] == "length"
              and (r.get("completion_tokens") or 0) < r["max_tokens"]]
@@ -266,7 +267,7 @@ def summarize(records: list[dict], faults: list[dict], journal: list[dict], mode
         "streams_ended_with_explicit_error": outcomes["stream_error"],
         "streams_complete_without_done": sum(1 for r in records if r.get("no_done")),
         "engine_answers_shorter_than_max_tokens": len(short),
-        "restarts_by_class": dict(Counter(j["class"] for j in crashes)),
+        "restarts_by_class": dict(Counter(j.klass for j in crashes)),
         "restarts": len(crashes),
         "faults_injected_by_kind": dict(Counter(f["kind"] for f in faults if not f.get("cut_short"))),
         "faults_not_journaled": sum(1 for f in faults if f["class"] is None and not f.get("cut_short")),
@@ -274,7 +275,7 @@ def summarize(records: list[dict], faults: list[dict], journal: list[dict], mode
         "faults_misclassified": sum(1 for f in faults if f["class"] is not None and not f["matched"]),
         "restarts_not_injected": len(crashes) - sum(1 for f in faults if f["class"] is not None),
         "degraded_periods": len(degraded),
-        "degraded_entries_in_journal": sum(1 for j in crashes if j.get("degraded")),
+        "degraded_entries_in_journal": sum(1 for j in crashes if j.degraded),
         "recovery_s_median": statistics.median([f["healthy_again_s"] for f in faults if f["healthy_again_s"]] or [0]),
         "latency_s": {"p50": percentile(lat, 0.5), "p99": percentile(lat, 0.99), "max": max(lat, default=None)},
         "latency_s_by_backend": {b: {"p50": percentile(v, 0.5), "p99": percentile(v, 0.99)} for b, v in lat_by.items()},
@@ -332,7 +333,7 @@ def run_soak(s: SoakSettings, home_root: Path | None = None, keep_home: bool = F
         healthy = bool(wait_for(stack.healthy, 60, 0.1))
         journal = stack.records()
     summary = summarize(soak.records, soak.faults, journal, soak.modes, soak.wall_s, healthy)
-    slim_journal = [{k: j.get(k) for k in ("time", "class", "signal", "exit_code", "uptime_s", "restart_in_s",
+    slim_journal = [{k: j.to_json().get(k) for k in ("time", "class", "signal", "exit_code", "uptime_s", "restart_in_s",
                                            "degraded", "request_id")} for j in journal]
     return {"summary": summary, "settings": {**asdict(s), "model": str(s.model) if s.model else "demo-a"},
             "faults": soak.faults, "journal": slim_journal, "supervision_modes": soak.modes,

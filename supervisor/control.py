@@ -137,10 +137,15 @@ def shutdown(paths: StatePaths, timeout: float = 60.0) -> bool:
     return True
 
 
+OPERATOR_RESTART = ("mlxd", "operator-restart")  # supervisord remote-communication (type, data)
+
+
 def restart_engine(paths: StatePaths) -> None:
-    """An operator's restart: stop (draining) if running, then start. The
-    listener sees an operator's start and clears the crash history."""
+    """An operator's restart: tell the crash listener (it clears the crash
+    history, a crash loop included), then stop (draining) if running, and
+    start."""
     server = rpc(paths)
+    server.supervisor.sendRemoteCommEvent(*OPERATOR_RESTART)
     info = server.supervisor.getProcessInfo("engine")
     if info["statename"] in ("RUNNING", "STARTING"):
         server.supervisor.stopProcess("engine", True)

@@ -32,8 +32,9 @@ from mlxd.probe import get_json
 from mlxd.records import CrashRecord, EngineExit, EnginePid, ExitRecord, InflightRequest, Quarantine, SupervisionFile
 
 from . import journal
-from .policy import (Action, EngineExited, EngineStarted, EngineStopped, Event, Health, KillEngine, Mode, Policy,
-                     Reconciled, RecordCrash, StartEngine, State, Tick, decide)
+from .control import OPERATOR_RESTART
+from .policy import (Action, EngineExited, EngineStarted, EngineStopped, Event, Health, KillEngine, Mode,
+                     OperatorRestart, Policy, Reconciled, RecordCrash, StartEngine, State, Tick, decide)
 
 log = logging.getLogger("mlxd.listener")
 STDERR_TAIL_BYTES = 16_384
@@ -154,7 +155,7 @@ class Supervision:
 
     # --- supervisord events --------------------------------------------------
     def _policy_event(self, eventname: str, headers: dict[str, str], t: float) -> Event | None:
-        """supervisord's process-state event -> the policy's event."""
+        """supervisord's event -> the policy's event."""
         if eventname == "PROCESS_STATE_RUNNING":
             self.stderr_offset = self._stderr_size()
             return EngineStarted(t)
@@ -162,6 +163,8 @@ class Supervision:
             return EngineExited(t, self._collect_exit(headers, t))
         if eventname == "PROCESS_STATE_STOPPED":
             return EngineStopped(t)
+        if eventname == "REMOTE_COMMUNICATION":
+            return OperatorRestart(t)
         return None  # STARTING, STOPPING, BACKOFF: nothing to decide
 
     def _stderr_size(self) -> int:
@@ -288,6 +291,10 @@ def serve_protocol(stdin, stdout, supervision: Supervision) -> None:
         if eventname.startswith("PROCESS_STATE"):
             pheaders, _ = childutils.eventdata(payload + "\n")
             if pheaders.get("processname") == "engine":
+                supervision.events.put((eventname, pheaders, time.time()))
+        elif eventname == "REMOTE_COMMUNICATION":
+            pheaders, data = childutils.eventdata(payload)
+            if (pheaders.get("type"), data) == OPERATOR_RESTART:
                 supervision.events.put((eventname, pheaders, time.time()))
         childutils.listener.ok(stdout)
 

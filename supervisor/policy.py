@@ -133,6 +133,14 @@ class EngineStopped:
 
 
 @dataclass(frozen=True)
+class OperatorRestart:
+    """`mlxd restart engine` said so (before it stops and starts the engine
+    itself): the crash history, a crash loop included, is cleared."""
+
+    t: float
+
+
+@dataclass(frozen=True)
 class Health:
     t: float
     ok: bool
@@ -155,7 +163,7 @@ class Reconciled:
     started_at: float | None = None
 
 
-Event = EngineStarted | EngineExited | EngineStopped | Health | Tick | Reconciled
+Event = EngineStarted | EngineExited | EngineStopped | OperatorRestart | Health | Tick | Reconciled
 
 
 # --- actions -----------------------------------------------------------------
@@ -200,6 +208,8 @@ def decide(state: State, event: Event, policy: Policy) -> tuple[State, list[Acti
 def _decide(state: State, event: Event, policy: Policy) -> tuple[State, list[Action]]:
     if isinstance(event, EngineStopped):
         return replace(state, mode=Mode.STOPPED, restart_at=None, killing=None), []
+    if isinstance(event, OperatorRestart):  # the operator's command starts it: no StartEngine of ours
+        return State(mode=Mode.STARTING), []
     if isinstance(event, EngineStarted):
         if state.mode is Mode.STARTING:
             return replace(state, mode=Mode.RUNNING, started_at=event.t, health_failures=0, killing=None), []

@@ -112,7 +112,7 @@ priority=100
 
 {_gateway_program(config, python, env)}[eventlistener:crashwatch]
 command={_q(python)} -m mlxd.supervisor.listener
-events=PROCESS_STATE,TICK_5
+events=PROCESS_STATE,REMOTE_COMMUNICATION,TICK_5
 autostart=true
 autorestart=true
 startsecs=0

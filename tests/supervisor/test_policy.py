@@ -5,8 +5,8 @@ import pytest
 from mlxd.config import SupervisorConfig
 from mlxd.records import ExitRecord
 from mlxd.supervisor.policy import (TRANSITIONS, EngineExited, EngineStarted, EngineStopped, Health,
-                                    InvalidTransition, KillEngine, Mode, Policy, Reconciled, RecordCrash,
-                                    StartEngine, State, Tick, backoff_delay, decide)
+                                    InvalidTransition, KillEngine, Mode, OperatorRestart, Policy, Reconciled,
+                                    RecordCrash, StartEngine, State, Tick, backoff_delay, decide)
 
 P = Policy.from_config(SupervisorConfig(backoff_base_s=1, backoff_cap_s=8, healthy_reset_s=60, loop_crashes=5,
                                         loop_window_s=600, cooldown_s=300, health_failures=3, start_grace_s=30))
@@ -86,6 +86,22 @@ def test_a_start_we_did_not_order_is_an_operator_restart_with_a_fresh_slate(mode
     assert acts == [] and state == State(mode=Mode.RUNNING, started_at=10)
 
 
+def test_operator_restart_clears_a_crash_loop_and_waits_for_the_operators_start():
+    state = State(mode=Mode.DEGRADED, restart_at=1000, crash_times=(1, 2, 3, 4, 5), consecutive=5)
+    state, acts = decide(state, OperatorRestart(10), P)
+    assert acts == [] and state == State(mode=Mode.STARTING)  # `mlxd restart` starts it, not us
+    state, _ = decide(state, EngineStarted(11), P)
+    assert state.mode is Mode.RUNNING and state.consecutive == 0 and state.crash_times == ()
+
+
+def test_operator_restart_of_a_running_engine_passes_through_stopped():
+    state, _ = run([EngineStarted(0), exited(5), EngineStarted(6)])  # one crash in the history
+    for ev in (OperatorRestart(10), EngineStopped(11), EngineStarted(12)):
+        state, acts = decide(state, ev, P)
+        assert acts == []
+    assert state == State(mode=Mode.RUNNING, started_at=12)
+
+
 def test_a_start_we_ordered_keeps_the_crash_history():
     state = State(mode=Mode.STARTING, crash_times=(1, 2), consecutive=2)
     state, _ = decide(state, EngineStarted(10), P)
@@ -140,7 +156,8 @@ def test_reconcile_matches_supervisords_view(saved, statename, expected_mode, re
 
 def test_every_transition_decide_makes_is_in_the_table():
     """Walk every mode through every kind of event: each resulting move is allowed."""
-    events = [EngineStarted(500), exited(500), EngineStopped(500), Health(500, ok=False, unhealthy=True),
+    events = [EngineStarted(500), exited(500), EngineStopped(500), OperatorRestart(500),
+              Health(500, ok=False, unhealthy=True),
               Tick(10_000), Reconciled(500, "RUNNING"), Reconciled(500, "EXITED"), Reconciled(500, "STOPPED")]
     seen = set()
     for mode in Mode:

@@ -77,6 +77,10 @@ def test_explicit_restart_ends_a_crash_loop_at_once(stack):
     r = st.mlxd("restart", "engine")
     assert r.returncode == 0, r.stderr
     assert st.healthy() and st.supervision()["mode"] == "running"
+    # It went through the policy as the operator's event, not by inference:
+    listener_log = (st.paths.logs / "listener.log").read_text()
+    assert "engine supervision: degraded -> starting (OperatorRestart)" in listener_log
+    assert st.supervision()["crash_times"] == []
 
 
 def test_hang_is_killed_and_restarted_within_the_deadline(stack):

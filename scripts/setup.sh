@@ -72,7 +72,10 @@ want="$(sha256sum "$root/pyproject.toml" | cut -d' ' -f1)"
 pip=("$venv/bin/python" -m pip --disable-pip-version-check)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "==> [2/2] installing mlxd and its dependencies (MLX, mlx-lm, LiteLLM, supervisord; first run only)"
-  pip_with_progress "${pip[@]}" install --upgrade pip "setuptools>=77" wheel
+  if ! out="$("${pip[@]}" install --quiet --upgrade pip "setuptools>=77" wheel 2>&1)"; then
+    echo "$out" | grep -v 'is ignored: it is neither a file nor a directory' >&2
+    exit 1
+  fi
   pip_with_progress "${pip[@]}" install -e "$root[dev]" --config-settings editable_mode=strict
   echo "$want" > "$stamp"
 else

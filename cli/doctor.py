@@ -115,7 +115,7 @@ def check_models(config: Config) -> list[Check]:
     out = []
     for model_id in config.models:
         info = model_info(config, model_id, budget)
-        where = info.spec.repo or info.spec.path or f"built-in demo {info.spec.demo}"
+        where = info.spec.repo or info.spec.path or info.spec.gguf or f"built-in demo {info.spec.demo}"
         if info.verdict.allowed:
             out.append(Check(f"model {model_id}", "pass", f"{where}: {info.verdict.reason}"))
         else:

@@ -12,6 +12,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlxd import gguf
 from mlxd.config import Config
 
 
@@ -73,10 +74,26 @@ def port_problems(config: Config) -> list[Problem]:
     return problems
 
 
+def _gguf_problems(model_id: str, path: Path) -> list[Problem]:
+    if not path.is_file():
+        return [Problem(f"models.{model_id}.gguf: {path} does not exist",
+                        f"point [models.{model_id}] gguf at a .gguf file")]
+    try:
+        problem = gguf.unsupported(gguf.read_header(path))
+    except gguf.GGUFError as exc:
+        problem = str(exc)
+    if problem is None:
+        return []
+    return [Problem(f"models.{model_id}.gguf: {problem}",
+                    f"use another GGUF of this model, or remove [models.{model_id}] (Ollama can still serve it)")]
+
+
 def model_problems(config: Config) -> list[Problem]:
-    """Models whose local folder is missing or is not a model folder."""
+    """Models whose local folder or GGUF file is missing or cannot be served."""
     problems = []
     for model_id, spec in config.models.items():
+        if spec.gguf is not None:
+            problems += _gguf_problems(model_id, Path(spec.gguf).expanduser())
         if spec.path is None:
             continue
         folder = Path(spec.path).expanduser()

@@ -42,20 +42,24 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+SOURCES = ("path", "repo", "gguf", "demo")  # where a model comes from: exactly one per model
+
+
 class ModelSpec(Strict):
-    """One MLX model. Exactly one of path / repo / demo says where it is."""
+    """One MLX model. Exactly one of path / repo / gguf / demo says where it is."""
 
     path: str | None = None  # a local model folder
     repo: str | None = None  # a Hugging Face repo id, e.g. mlx-community/...-4bit
+    gguf: str | None = None  # a local .gguf file (llama, qwen2, qwen3; F32/F16/BF16/Q4_0/Q4_1/Q8_0), converted once
     demo: Literal["a", "b"] | None = None  # a built-in demo model variant
     ollama: str | None = None  # the Ollama model the gateway falls back to
     context_tokens: int | None = Field(default=None, gt=0)  # KV allowance override
 
     @model_validator(mode="after")
     def _exactly_one_source(self) -> "ModelSpec":
-        given = [k for k in ("path", "repo", "demo") if getattr(self, k) is not None]
+        given = [k for k in SOURCES if getattr(self, k) is not None]
         if len(given) != 1:
-            raise ValueError(f"give exactly one of path, repo, demo (got {given or 'none'})")
+            raise ValueError(f"give exactly one of {', '.join(SOURCES)} (got {given or 'none'})")
         return self
 
 
@@ -318,7 +322,10 @@ def reference_markdown() -> str:
             ann = getattr(field.annotation, "__name__", str(field.annotation)).replace("typing.", "")
             lines.append(f"| `{name}` | {ann} | `{default!r}` |")
         lines.append("")
-    lines += ["## [models.ID]", "", "One MLX model; exactly one of `path`, `repo`, `demo`.", "",
+    lines += ["## [models.ID]", "", "One MLX model; exactly one of `path`, `repo`, `gguf`, `demo`. A `gguf` file is",
+              "converted once into `$MLXD_HOME/models/gguf/` (tensors kept as they are: F32, F16, BF16, Q4_0,",
+              "Q4_1, Q8_0; other types, architectures other than llama/qwen2/qwen3 and non-BPE tokenizers",
+              "are refused with `400 model_unsupported`).", "",
               "| key | type | default |", "|---|---|---|"]
     for name, field in ModelSpec.model_fields.items():
         ann = str(field.annotation).replace("typing.", "")

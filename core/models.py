@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlxd import gguf
 from mlxd import memory_estimate as me
 from mlxd.config import Config, ModelSpec
 
@@ -48,6 +49,8 @@ def local_model_dir(config: Config, spec: ModelSpec) -> Path | None:
     if spec.path is not None:
         d = Path(spec.path).expanduser()
         return d if d.is_dir() else None
+    if spec.gguf is not None:  # its header says all (see model_info); the folder is the engine's cache
+        return None
     try:  # a Hugging Face repo already in the local cache
         from huggingface_hub import try_to_load_from_cache
 
@@ -57,24 +60,43 @@ def local_model_dir(config: Config, spec: ModelSpec) -> Path | None:
         return None
 
 
+def gguf_cache_dir(config: Config) -> Path:
+    """Where GGUF files are converted to MLX model folders."""
+    return config.home / "models" / "gguf"
+
+
+def _gguf_facts(path: Path) -> tuple[dict | None, tuple[int, str] | None, bool]:
+    """(model config, (weight bytes, source), on disk) from a GGUF header."""
+    try:
+        header = gguf.read_header(path)
+        if gguf.unsupported(header) is None:
+            return gguf.mlx_config(header), (gguf.weight_bytes(header), "GGUF header"), True
+        return None, None, True  # the engine refuses it by name when it tries
+    except (gguf.GGUFError, KeyError, TypeError, ValueError):
+        return None, None, path.is_file()
+
+
 def model_info(config: Config, model_id: str, budget_bytes: int) -> ModelInfo:
-    """Footprint and verdict of a configured model id; reads config.json and
-    safetensors headers only."""
+    """Footprint and verdict of a configured model id; reads config.json,
+    safetensors headers or a GGUF header only."""
     spec = config.models[model_id]
     ctx = spec.context_tokens or config.engine.context_tokens
     local = local_model_dir(config, spec)
     cfg = None
     weights = None
-    if local is not None:
+    on_disk = local is not None
+    if spec.gguf is not None:
+        cfg, weights, on_disk = _gguf_facts(Path(spec.gguf).expanduser())
+    elif local is not None:
         try:
             cfg = json.loads((local / "config.json").read_text())
         except (OSError, json.JSONDecodeError):
             cfg = None
         weights = me.read_weight_bytes(local)
-    name = spec.repo or spec.path or model_id
+    name = spec.repo or spec.path or spec.gguf or model_id
     footprint = me.estimate_footprint(cfg, weights, name, ctx)
     verdict = me.judge(name, footprint, budget_bytes, config.engine.heavy_patterns)
-    return ModelInfo(model_id, spec, verdict, footprint, on_disk=local is not None)
+    return ModelInfo(model_id, spec, verdict, footprint, on_disk=on_disk)
 
 
 def heavy_models(config: Config, budget_bytes: int) -> dict[str, bool]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mlxd.config import Config
-from mlxd.models import ModelInfo, demo_model_dir, model_info
+from mlxd.models import ModelInfo, demo_model_dir, gguf_cache_dir, model_info
 
 from .errors import EngineError
 
@@ -52,7 +52,7 @@ class ModelRegistry:
 
     def load_target(self, model_id: str) -> str:
         """What mlx-lm's load() gets: a folder or a repo id. Builds the demo
-        model on first use."""
+        model, or converts a GGUF, on first use (on the worker thread)."""
         spec = self.config.models[model_id]
         if spec.demo is not None:
             from .demo_model import build_demo_model
@@ -60,6 +60,10 @@ class ModelRegistry:
             return str(build_demo_model(demo_model_dir(self.config, spec.demo), spec.demo))
         if spec.path is not None:
             return str(Path(spec.path).expanduser())
+        if spec.gguf is not None:
+            from .gguf_convert import convert_gguf
+
+            return str(convert_gguf(Path(spec.gguf).expanduser(), gguf_cache_dir(self.config)))
         return spec.repo  # type: ignore[return-value]
 
     def listing(self) -> list[dict]:

@@ -15,6 +15,7 @@ import pytest
 
 from mlxd.cli.preflight import model_problems, port_problems
 from mlxd.config import parse_config
+from mlxd.devkit.gguf_fixture import write_header_only
 from mlxd.supervisor.control import kill_all, supervisord_pid
 from mlxd.paths import StatePaths
 from testkit import free_port
@@ -92,6 +93,18 @@ def test_model_folder_checks(tmp_path, layout, problem):
     if layout == "model":
         (folder / "config.json").write_text("{}")
     config = parse_config({"models": {"m": {"path": str(folder)}, "r": {"repo": "org/name"}}}, tmp_path)
+    found = model_problems(config)
+    assert [problem in p.what for p in found] == ([True] if problem else [])
+
+
+@pytest.mark.parametrize("make, problem", [
+    (lambda d: d / "missing.gguf", "does not exist"),
+    (lambda d: write_header_only(d / "k.gguf", "llama", {"blk.0.attn_q.weight": 14}), "tensor type Q6_K"),
+    (lambda d: write_header_only(d / "g.gguf", "gemma2", {"blk.0.attn_q.weight": 1}), "architecture 'gemma2'"),
+    (lambda d: write_header_only(d / "ok.gguf", "llama", {"blk.0.attn_q.weight": 3}), None),
+])
+def test_gguf_checks(tmp_path, make, problem):
+    config = parse_config({"models": {"g": {"gguf": str(make(tmp_path))}}}, tmp_path)
     found = model_problems(config)
     assert [problem in p.what for p in found] == ([True] if problem else [])
 

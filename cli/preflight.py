@@ -14,6 +14,8 @@ from pathlib import Path
 
 from mlxd import gguf
 from mlxd.config import Config
+from mlxd.models import gguf_file
+from mlxd.ollama_store import OllamaModelNotFound
 
 
 @dataclass(frozen=True)
@@ -92,8 +94,12 @@ def model_problems(config: Config) -> list[Problem]:
     """Models whose local folder or GGUF file is missing or cannot be served."""
     problems = []
     for model_id, spec in config.models.items():
-        if spec.gguf is not None:
-            problems += _gguf_problems(model_id, Path(spec.gguf).expanduser())
+        if spec.gguf is not None or spec.from_ollama is not None:
+            try:
+                problems += _gguf_problems(model_id, gguf_file(spec))  # type: ignore[arg-type]
+            except OllamaModelNotFound as exc:
+                problems.append(Problem(f"models.{model_id}.from_ollama: {exc}",
+                                        "pull it with Ollama, or set OLLAMA_MODELS to where Ollama keeps models"))
         if spec.path is None:
             continue
         folder = Path(spec.path).expanduser()

@@ -42,7 +42,7 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-SOURCES = ("path", "repo", "gguf", "demo")  # where a model comes from: exactly one per model
+SOURCES = ("path", "repo", "gguf", "from_ollama", "demo")  # where a model comes from: exactly one per model
 
 
 class ModelSpec(Strict):
@@ -51,9 +51,15 @@ class ModelSpec(Strict):
     path: str | None = None  # a local model folder
     repo: str | None = None  # a Hugging Face repo id, e.g. mlx-community/...-4bit
     gguf: str | None = None  # a local .gguf file (llama, qwen2, qwen3; F32/F16/BF16/Q4_0/Q4_1/Q8_0), converted once
+    from_ollama: str | None = None  # an Ollama model name (qwen3:4b): its GGUF from Ollama's store, and its fallback
     demo: Literal["a", "b"] | None = None  # a built-in demo model variant
     ollama: str | None = None  # the Ollama model the gateway falls back to
     context_tokens: int | None = Field(default=None, gt=0)  # KV allowance override
+
+    @property
+    def fallback_ollama(self) -> str | None:
+        """The Ollama model that answers when the engine cannot."""
+        return self.ollama or self.from_ollama
 
     @model_validator(mode="after")
     def _exactly_one_source(self) -> "ModelSpec":
@@ -322,7 +328,9 @@ def reference_markdown() -> str:
             ann = getattr(field.annotation, "__name__", str(field.annotation)).replace("typing.", "")
             lines.append(f"| `{name}` | {ann} | `{default!r}` |")
         lines.append("")
-    lines += ["## [models.ID]", "", "One MLX model; exactly one of `path`, `repo`, `gguf`, `demo`. A `gguf` file is",
+    lines += ["## [models.ID]", "", "One MLX model; exactly one of `path`, `repo`, `gguf`, `from_ollama`, `demo`.",
+              "`from_ollama` finds that model's GGUF in Ollama's store (`$OLLAMA_MODELS`, default",
+              "`~/.ollama/models`) and makes the same name its Ollama fallback. A GGUF is",
               "converted once into `$MLXD_HOME/models/gguf/` (tensors kept as they are: F32, F16, BF16, Q4_0,",
               "Q4_1, Q8_0; other types, architectures other than llama/qwen2/qwen3 and non-BPE tokenizers",
               "are refused with `400 model_unsupported`).", "",

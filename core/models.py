@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlxd import gguf
+from mlxd import gguf, ollama_store
 from mlxd import memory_estimate as me
 from mlxd.config import Config, ModelSpec
 
@@ -49,7 +49,7 @@ def local_model_dir(config: Config, spec: ModelSpec) -> Path | None:
     if spec.path is not None:
         d = Path(spec.path).expanduser()
         return d if d.is_dir() else None
-    if spec.gguf is not None:  # its header says all (see model_info); the folder is the engine's cache
+    if spec.gguf is not None or spec.from_ollama is not None:  # the header says all (model_info)
         return None
     try:  # a Hugging Face repo already in the local cache
         from huggingface_hub import try_to_load_from_cache
@@ -63,6 +63,16 @@ def local_model_dir(config: Config, spec: ModelSpec) -> Path | None:
 def gguf_cache_dir(config: Config) -> Path:
     """Where GGUF files are converted to MLX model folders."""
     return config.home / "models" / "gguf"
+
+
+def gguf_file(spec: ModelSpec) -> Path | None:
+    """The GGUF a model is served from, if it is one: its own file, or the
+    blob in Ollama's store (raises ollama_store.OllamaModelNotFound)."""
+    if spec.gguf is not None:
+        return Path(spec.gguf).expanduser()
+    if spec.from_ollama is not None:
+        return ollama_store.model_blob(spec.from_ollama)
+    return None
 
 
 def _gguf_facts(path: Path) -> tuple[dict | None, tuple[int, str] | None, bool]:
@@ -85,15 +95,18 @@ def model_info(config: Config, model_id: str, budget_bytes: int) -> ModelInfo:
     cfg = None
     weights = None
     on_disk = local is not None
-    if spec.gguf is not None:
-        cfg, weights, on_disk = _gguf_facts(Path(spec.gguf).expanduser())
+    if spec.gguf is not None or spec.from_ollama is not None:
+        try:
+            cfg, weights, on_disk = _gguf_facts(gguf_file(spec))  # type: ignore[arg-type]
+        except ollama_store.OllamaModelNotFound:
+            on_disk = False
     elif local is not None:
         try:
             cfg = json.loads((local / "config.json").read_text())
         except (OSError, json.JSONDecodeError):
             cfg = None
         weights = me.read_weight_bytes(local)
-    name = spec.repo or spec.path or spec.gguf or model_id
+    name = spec.repo or spec.path or spec.gguf or spec.from_ollama or model_id
     footprint = me.estimate_footprint(cfg, weights, name, ctx)
     verdict = me.judge(name, footprint, budget_bytes, config.engine.heavy_patterns)
     return ModelInfo(model_id, spec, verdict, footprint, on_disk=on_disk)

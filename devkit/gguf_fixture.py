@@ -96,3 +96,27 @@ def write_header_only(out: Path, architecture: str, tensor_types: dict[str, int]
         body += _string(name) + struct.pack("<I", 2) + struct.pack("<QQ", 256, 4) + struct.pack("<IQ", type_id, 0)
     out.write_bytes(body)
     return out
+
+
+def write_ollama_store(store: Path, name: str, gguf_path: Path) -> Path:
+    """Lay `gguf_path` out in `store` as `ollama pull name` would: the blob
+    under its sha256 digest and a manifest naming it as the model layer."""
+    import hashlib
+
+    from mlxd.ollama_store import MODEL_LAYER, manifest_parts
+
+    data = gguf_path.read_bytes()
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    blob = store / "blobs" / digest.replace(":", "-")
+    blob.parent.mkdir(parents=True, exist_ok=True)
+    blob.write_bytes(data)
+    manifest = store.joinpath("manifests", *manifest_parts(name))
+    manifest.parent.mkdir(parents=True, exist_ok=True)
+    config_digest = "sha256:" + hashlib.sha256(b"{}").hexdigest()
+    manifest.write_text(json.dumps({
+        "schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+        "config": {"mediaType": "application/vnd.docker.container.image.v1+json", "digest": config_digest,
+                   "size": 2},
+        "layers": [{"mediaType": MODEL_LAYER, "digest": digest, "size": len(data)},
+                   {"mediaType": "application/vnd.ollama.image.template", "digest": config_digest, "size": 2}]}))
+    return blob

@@ -148,7 +148,7 @@ def convert_gguf(gguf_path: Path, cache_root: Path, say: Callable[[str], None] =
     size_mib = gguf_path.stat().st_size / 2**20
     say(f"converting {gguf_path.name} ({size_mib:.0f} MiB, {header.architecture}) to MLX: reading tensors")
     try:
-        loaded = mx.load(str(gguf_path))
+        loaded = mx.load(str(gguf_path), format="gguf")  # Ollama's blobs have no extension
     except (RuntimeError, ValueError, OSError) as exc:  # a damaged data section, a tensor MLX cannot read
         shutil.rmtree(tmp, ignore_errors=True)
         raise EngineError(400, f"{gguf_path.name}: MLX cannot read its tensors: {exc}", code="model_unsupported",

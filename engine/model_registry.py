@@ -11,7 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from mlxd.config import Config
-from mlxd.models import ModelInfo, demo_model_dir, gguf_cache_dir, model_info
+from mlxd.models import ModelInfo, demo_model_dir, gguf_cache_dir, gguf_file, model_info
+from mlxd.ollama_store import OllamaModelNotFound
 
 from .errors import EngineError
 
@@ -60,10 +61,14 @@ class ModelRegistry:
             return str(build_demo_model(demo_model_dir(self.config, spec.demo), spec.demo))
         if spec.path is not None:
             return str(Path(spec.path).expanduser())
-        if spec.gguf is not None:
+        if spec.gguf is not None or spec.from_ollama is not None:
             from .gguf_convert import convert_gguf
 
-            return str(convert_gguf(Path(spec.gguf).expanduser(), gguf_cache_dir(self.config)))
+            try:
+                path = gguf_file(spec)
+            except OllamaModelNotFound as exc:
+                raise EngineError(503, str(exc), code="model_load_failed", param="model") from None
+            return str(convert_gguf(path, gguf_cache_dir(self.config)))  # type: ignore[arg-type]
         return spec.repo  # type: ignore[return-value]
 
     def listing(self) -> list[dict]:

@@ -48,7 +48,7 @@ def plan_routes(config: Config, heavy: dict[str, bool]) -> list[Route]:
         if config.gateway.only_light and name in config.all_aliases:
             model_id = light
         spec = config.models[model_id]
-        ollama = spec.ollama or config.gateway.default_ollama_model
+        ollama = spec.fallback_ollama or config.gateway.default_ollama_model
         if heavy.get(model_id) and ollama:
             routes.append(Route(name, None, ollama))
         else:

@@ -118,5 +118,5 @@ def test_the_cache_key_changes_with_the_file(demo_gguf, tmp_path):
 def test_gguf_is_one_of_the_exclusive_model_sources(tmp_path):
     from mlxd.config import ConfigError
 
-    with pytest.raises(ConfigError, match="exactly one of path, repo, gguf, demo"):
+    with pytest.raises(ConfigError, match="exactly one of path, repo, gguf, from_ollama, demo"):
         parse_config({"models": {"g": {"gguf": "/x.gguf", "path": "/y"}}}, tmp_path)

@@ -139,3 +139,29 @@ def test_a_kill_9_during_conversion_leaves_no_model_that_looks_whole(demo_gguf, 
     assert not target.exists(), "a killed conversion left the final folder"
     assert convert_gguf(demo_gguf, cache) == target and (target / "config.json").is_file()
     assert not list(cache.glob(".*.tmp")), "the next conversion removes a dead one's temp folder"
+
+
+def test_the_engine_serves_an_ollama_model_from_ollamas_store(start_engine, demo_models, demo_gguf, tmp_path):
+    from mlxd.devkit.gguf_fixture import write_ollama_store
+
+    write_ollama_store(tmp_path / "ollama", "demo:tiny", demo_gguf)
+    toml = f"""
+[models.from-ollama]
+from_ollama = "demo:tiny"
+
+[models.demo-a]
+path = "{demo_models.a}"
+
+[models.not-pulled]
+from_ollama = "nothing:here"
+
+[aliases]
+default = "from-ollama"
+"""
+    eng = start_engine(toml=toml, env={"OLLAMA_MODELS": str(tmp_path / "ollama")})
+    same = [chat(eng.url, m, "hello there", max_tokens=12).json()["choices"][0]["message"]["content"]
+            for m in ("from-ollama", "demo-a")]
+    assert same[0] == same[1] and same[0]
+    missing = chat(eng.url, "not-pulled", "hello")
+    assert missing.status_code == 503 and "ollama pull nothing:here" in missing.json()["error"]["message"]
+    assert eng.proc.poll() is None

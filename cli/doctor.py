@@ -124,6 +124,16 @@ def check_models(config: Config) -> list[Check]:
     return out
 
 
+def check_default_model() -> Check:
+    from mlxd import default_model
+
+    path = default_model.gguf_path()
+    if path.is_file():
+        return Check("default model", "pass", f"{default_model.MODEL_NAME} ({path})")
+    return Check("default model", "warn", default_model.missing_hint(),
+                 "./scripts/setup.sh (with the package registry reachable)")
+
+
 def run_checks(config: Config) -> list[Check]:
     from mlxd.supervisor.control import supervisord_pid
 
@@ -131,7 +141,7 @@ def run_checks(config: Config) -> list[Check]:
     running = supervisord_pid(paths) is not None
     checks = [check_python(), check_packages(), check_backend(config), *check_ports(config, running),
               check_key(paths), Check("config", "pass", f"{config.home / 'mlxd.toml'} is valid"),
-              check_ollama(config), *check_models(config)]
+              check_ollama(config), check_default_model(), *check_models(config)]
     try:
         from mlxd.launchd.service import status_summary
 

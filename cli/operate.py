@@ -9,8 +9,8 @@ import re
 import sys
 import time
 
-from mlxd import exit_codes
-from mlxd.config import Config
+from mlxd import default_model, exit_codes
+from mlxd.config import DEMO_MODEL_ID, Config
 from mlxd.probe import get_json
 from mlxd.supervisor import control
 from mlxd.supervisor.status import collect_status
@@ -113,9 +113,13 @@ def _first_run(config: Config) -> None:
 
     path = config_path(config.home)
     if write_default_config(path):
-        print(f"mlxd: wrote a default config to {path}: every alias serves the built-in demo model.\n"
-              f"      For a real model add e.g. [models.qwen] repo = \"mlx-community/Qwen3-4B-Instruct-2507-4bit\" "
+        serving = (default_model.MODEL_NAME if default_model.MODEL_ID in config.models
+                   else "the built-in demo model (random weights)")
+        print(f"mlxd: wrote a default config to {path}: every alias serves {serving}.\n"
+              f"      For another model add e.g. [models.qwen] repo = \"mlx-community/Qwen3-4B-Instruct-2507-4bit\" "
               f"there (see the comments in it).", file=sys.stderr)
+    if list(config.models) == [DEMO_MODEL_ID]:
+        print(f"mlxd: warning: {default_model.missing_hint()}", file=sys.stderr)
     if config.gateway.enabled:
         ensure_key(config.paths)
 
@@ -198,7 +202,10 @@ def format_status(st: dict) -> str:
     gw = st.get("gateway")
     if gw is not None:
         lines.append(f"  gateway       {'ok' if gw['http_status'] == 200 else 'no answer'}  {gw['url'].rsplit('/', 2)[0]}")
-    lines.append(f"  engine        {h.get('status', 'no answer')}  model {h.get('resident_model') or '-'}  "
+    model = h.get("resident_model") or "-"
+    if model == default_model.MODEL_ID:
+        model = f"{model} ({default_model.MODEL_NAME})"
+    lines.append(f"  engine        {h.get('status', 'no answer')}  model {model}  "
                  f"queue {h.get('queue_depth', '-')}  in flight {h.get('in_flight') or '-'}")
     if mem:
         gib = 2**30

@@ -2,7 +2,8 @@
 
 `$MLXD_HOME/mlxd.toml` (default home `~/.mlxd`) is the single source of truth;
 generated configs (supervisord, LiteLLM, launchd) are derived from it. A
-missing file means the defaults: the built-in demo model behind every alias.
+missing file means the defaults: the default model (SmolLM2-135M-Instruct once
+set-up fetched it, else the built-in demo model) behind every alias.
 
 Environment overrides (each documented in README.md):
   MLXD_HOME          state directory (default ~/.mlxd)
@@ -25,6 +26,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from mlxd import default_model
 from mlxd.paths import StatePaths, write_atomic
 
 REQUIRED_ALIASES = ("fast", "default", "coding", "reasoning")
@@ -127,7 +129,7 @@ class Config(Strict):
     engine: EngineConfig = EngineConfig()
     supervisor: SupervisorConfig = SupervisorConfig()
     gateway: GatewayConfig = GatewayConfig()
-    models: dict[str, ModelSpec] = Field(default_factory=lambda: {DEMO_MODEL_ID: ModelSpec(demo="a")})
+    models: dict[str, ModelSpec] = Field(default_factory=lambda: default_models(default_model.gguf_path()))
     aliases: dict[str, str] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -147,7 +149,7 @@ class Config(Strict):
     @property
     def all_aliases(self) -> dict[str, str]:
         """Configured aliases plus the required ones, which default to the
-        first configured model (the demo model when none is configured)."""
+        first configured model (the default model when none is configured)."""
         first = next(iter(self.models))
         merged = {a: first for a in REQUIRED_ALIASES}
         merged.update(self.aliases)
@@ -183,6 +185,14 @@ def connect_host(bind_host: str) -> str:
     if bind_host in ("0.0.0.0", "::", ""):
         return "127.0.0.1"
     return f"[{bind_host}]" if ":" in bind_host else bind_host
+
+
+def default_models(real_gguf: Path) -> dict[str, ModelSpec]:
+    """With no model configured: the real default model once set-up fetched
+    it (mlxd.default_model), else the random-weight demo model."""
+    if real_gguf.is_file():
+        return {default_model.MODEL_ID: ModelSpec(gguf=str(real_gguf), ollama=default_model.OLLAMA_TWIN)}
+    return {DEMO_MODEL_ID: ModelSpec(demo="a")}
 
 
 def default_home() -> Path:
@@ -276,12 +286,13 @@ DEFAULT_CONFIG_TEXT = """\
 # mlxd configuration (written by `mlxd up` on first run). Every setting and
 # its default: docs/CONFIG.md. `mlxd config validate` checks this file.
 #
-# No model is configured, so every alias serves the built-in demo model
-# (random weights: it answers nonsense, quickly). To serve a real model:
+# No model is configured, so every alias serves the default model:
+# SmolLM2-135M-Instruct (small and real), or the random-weight demo model when
+# set-up could not fetch it. To serve another model:
 #
 # [models.qwen]
-# repo = "mlx-community/Qwen3-4B-Instruct-2507-4bit"   # or: path = "/path/to/model"
-# ollama = "qwen3:4b"                                   # the fallback when the engine is down
+# repo = "mlx-community/Qwen3-4B-Instruct-2507-4bit"   # or: path = "/model/folder", gguf = "/file.gguf",
+# ollama = "qwen3:4b"                                   #     from_ollama = "qwen3:4b"; ollama: the fallback
 #
 # [aliases]
 # default = "qwen"
@@ -339,5 +350,6 @@ def reference_markdown() -> str:
         ann = str(field.annotation).replace("typing.", "")
         lines.append(f"| `{name}` | {ann} | `{field.default!r}` |")
     lines += ["", "## [aliases]", "", "`alias = \"model id\"`. `fast`, `default`, `coding` and `reasoning` always exist;",
-              "unset ones point at the first model under [models] (the built-in demo model when there is none).", ""]
+              "unset ones point at the first model under [models] (the default model, SmolLM2-135M-Instruct or",
+              "the built-in demo model, when there is none).", ""]
     return "\n".join(lines)

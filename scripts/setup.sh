@@ -58,7 +58,7 @@ pip_with_progress() {
 
 if [ ! -x "$venv/bin/python" ]; then
   python="$(find_python)"
-  echo "==> [1/2] creating the virtualenv .venv with $python"
+  echo "==> [1/3] creating the virtualenv .venv with $python"
   if ! "$python" -m venv "$venv"; then
     rm -rf "$venv"
     echo "mlxd: $python cannot create a virtualenv." >&2
@@ -71,7 +71,7 @@ stamp="$venv/.mlxd-deps"
 want="$(sha256sum "$root/pyproject.toml" | cut -d' ' -f1)"
 pip=("$venv/bin/python" -m pip --disable-pip-version-check)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  echo "==> [2/2] installing mlxd and its dependencies (MLX, mlx-lm, LiteLLM, supervisord; first run only)"
+  echo "==> [2/3] installing mlxd and its dependencies (MLX, mlx-lm, LiteLLM, supervisord; first run only)"
   if ! out="$("${pip[@]}" install --quiet --upgrade pip "setuptools>=77" wheel 2>&1)"; then
     echo "$out" | grep -v 'is ignored: it is neither a file nor a directory' >&2
     exit 1
@@ -85,4 +85,10 @@ else
     echo "$out" >&2
     exit 1
   fi
+fi
+
+# The real default model, once (see core/default_model.py); offline, the demo model serves.
+if [ ! -f "$("$venv/bin/python" -c 'from mlxd.default_model import gguf_path; print(gguf_path())')" ]; then
+  echo "==> [3/3] fetching the default model, SmolLM2-135M-Instruct (once)"
+  "$venv/bin/python" -m mlxd.default_model
 fi

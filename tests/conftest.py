@@ -111,7 +111,8 @@ def stack_factory(tmp_path_factory: pytest.TempPathFactory, demo_models: DemoMod
     def start(supervisor: str = "", engine: str = "", env: dict | None = None, fault: str | None = None,
               gateway: str | None = None, models: str = "") -> Stack:
         """gateway: None for no gateway, else extra [gateway] settings."""
-        st = Stack.create(tmp_path_factory.mktemp("stack"), demo_models.a, engine=TEST_ENGINE + engine,
+        engine = engine if "stuck_grace_s" in engine else TEST_ENGINE + engine  # a slow model sets its own
+        st = Stack.create(tmp_path_factory.mktemp("stack"), demo_models.a, engine=engine,
                           supervisor=TEST_SUPERVISOR + supervisor, gateway=gateway, models=models, env=env)
         stacks.append(st)
         if fault:

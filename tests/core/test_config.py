@@ -9,12 +9,25 @@ from mlxd.config import REQUIRED_ALIASES, ConfigError, apply_env_overrides, pars
 HOME = Path("/nonexistent-home")
 
 
-def test_empty_config_serves_the_demo_model_under_every_required_alias():
+def test_empty_config_serves_the_default_model_under_every_required_alias():
+    from mlxd import default_model
+
     cfg = parse_config({}, HOME)
-    assert list(cfg.models) == ["demo"] and cfg.models["demo"].demo == "a"
+    expected = "smollm2" if default_model.gguf_path().is_file() else "demo"
+    assert list(cfg.models) == [expected]
     for alias in REQUIRED_ALIASES:
-        assert cfg.resolve(alias) == "demo"
+        assert cfg.resolve(alias) == expected
     assert cfg.engine.port == 8080 and cfg.engine.host == "127.0.0.1"
+
+
+def test_the_default_model_is_the_real_one_once_fetched_else_the_demo(tmp_path):
+    from mlxd.config import default_models
+
+    real = tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert default_models(real) == {"demo": default_models(real)["demo"]} and default_models(real)["demo"].demo == "a"
+    real.write_bytes(b"GGUF")
+    (model,) = default_models(real).values()
+    assert model.gguf == str(real) and model.fallback_ollama == "smollm2:135m"
 
 
 @pytest.mark.parametrize("doc, key_in_error", [

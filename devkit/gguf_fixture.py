@@ -18,7 +18,8 @@ from pathlib import Path
 # mlx-lm's names -> llama.cpp's (inverse of mlxd.gguf's map)
 _PARTS = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
           "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-          "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+          "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+          "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
 _TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 
 
@@ -35,19 +36,46 @@ def permute(w, n_head: int):
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(model_dir: Path, out: Path, architecture: str = "llama") -> Path:
+def qwen3_from_demo(demo_dir: Path, out: Path, seed: int = 7) -> Path:
+    """A tiny random-weight qwen3 model (q/k norms, head_dim of its own, tied
+    embeddings) with the demo model's tokenizer, as an MLX folder."""
+    import shutil
+
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import qwen3
+
+    demo = json.loads((demo_dir / "config.json").read_text())
+    config = {"model_type": "qwen3", "hidden_size": 128, "num_hidden_layers": 2, "intermediate_size": 256,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 48, "rms_norm_eps": 1e-6,
+              "vocab_size": demo["vocab_size"], "max_position_embeddings": 4096, "rope_theta": 1000000.0,
+              "tie_word_embeddings": True}
+    mx.random.seed(seed)
+    model = qwen3.Model(qwen3.ModelArgs.from_dict(config))
+    weights = {k: (mx.random.normal(v.shape) * 0.05).astype(mx.float16) for k, v in tree_flatten(model.parameters())}
+    out.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (out / "config.json").write_text(json.dumps(config))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(demo_dir / name, out / name)
+    return out
+
+
+def write_gguf(model_dir: Path, out: Path) -> Path:
+    """model_dir's model as llama.cpp writes a GGUF (llama or qwen3)."""
     import mlx.core as mx
 
     config = json.loads((model_dir / "config.json").read_text())
+    architecture = config["model_type"]
     tok = json.loads((model_dir / "tokenizer.json").read_text())
     tok_config = json.loads((model_dir / "tokenizer_config.json").read_text())
     weights = mx.load(str(model_dir / "model.safetensors"))
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     arrays = {}
     for name, w in weights.items():
-        if name.endswith("q_proj.weight"):
+        if architecture == "llama" and name.endswith("q_proj.weight"):  # only llama's are permuted
             w = permute(w, heads)
-        elif name.endswith("k_proj.weight"):
+        elif architecture == "llama" and name.endswith("k_proj.weight"):
             w = permute(w, kv_heads)
         arrays[gguf_name(name)] = w
     vocab = tok["model"]["vocab"]
@@ -64,6 +92,7 @@ def write_gguf(model_dir: Path, out: Path, architecture: str = "llama") -> Path:
         f"{a}.attention.layer_norm_rms_epsilon": f32(config["rms_norm_eps"]),
         f"{a}.rope.freq_base": f32(config["rope_theta"]), f"{a}.context_length": u32(config["max_position_embeddings"]),
         f"{a}.vocab_size": u32(config["vocab_size"]),
+        **({f"{a}.attention.key_length": u32(config["head_dim"])} if "head_dim" in config else {}),
         "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "default",
         "tokenizer.ggml.tokens": tokens,
         "tokenizer.ggml.merges": [" ".join(m) if isinstance(m, list) else m for m in tok["model"]["merges"]],

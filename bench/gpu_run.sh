@@ -11,6 +11,7 @@
 #   bash bench/gpu_run.sh stage     # call 1: keep .whl1 in /tmp/stage
 #   bash bench/gpu_run.sh engine    # call 2: install, build the 8B model, bound + engine overhead
 #   bash bench/gpu_run.sh gateway   # call 3: install LiteLLM, gateway overhead on the 8B model
+#   bash bench/gpu_run.sh cache     # after `engine` (BUILD_ONLY=1 is enough): the prompt-cache benchmark
 # Results go to $OUT (or bench/results/gpu).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,14 +27,8 @@ pip_target() {  # pip_target DIR WHEELS...: one transaction, so wheels sharing a
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$dir" "$@"
 }
 
-case "${1:-}" in
-stage)
-  cp .whl1/* /tmp/stage/
-  ls -la /tmp/stage
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-  ;;
-engine)
-  if [ ! -d /tmp/site/mlx ]; then  # once per machine
+install_engine() {  # once per machine: MLX (CUDA), mlx-lm, the engine's web stack, mlxd; then the 8b model
+  if [ ! -d /tmp/site/mlx ]; then
     cp .whl2/* /tmp/stage/
     cat /tmp/stage/mlxcuda.part* > /tmp/stage/mlx_cuda_13-0.32.4-py3-none-manylinux_2_35_x86_64.whl
     rm /tmp/stage/mlxcuda.part*
@@ -49,6 +44,16 @@ from pathlib import Path
 from mlxd.engine.demo_model import build_demo_model
 build_demo_model(Path('$MODEL'), '8b', progress=print)"
   du -sh "$MODEL"
+}
+
+case "${1:-}" in
+stage)
+  cp .whl1/* /tmp/stage/
+  ls -la /tmp/stage
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  ;;
+engine)
+  install_engine
   [ -n "${BUILD_ONLY:-}" ] && exit 0
   $PY bench/roofline.py "$MODEL" --gib 2 | tee "$OUT/roofline.json"
   $PY bench/engine_overhead.py --model "$MODEL" --rounds "${ROUNDS:-5}" --max-tokens 256 \
@@ -63,8 +68,17 @@ gateway)
   $PY bench/gateway_overhead.py --model "$MODEL" --rounds "${ROUNDS:-7}" --max-tokens 256 --ready-runs 1 \
       --timeout 180 --no-short --out "$OUT/gateway_overhead_8b.json" | tee "$OUT/gateway_overhead_8b.md"
   ;;
+cache)
+  # The prompt cache (issue 13): a 10-turn agent conversation with a system prompt of
+  # SYSTEM_TOKENS (~8k) tokens, with/without the cache, mlx_lm.server, across a SIGABRT.
+  install_engine
+  [ -n "${BUILD_ONLY:-}" ] && exit 0
+  $PY bench/prompt_cache.py --model "$MODEL" --system-tokens "${SYSTEM_TOKENS:-8000}" --max-tokens 32 \
+      --turns 10 --rounds "${ROUNDS:-1}" --interleaved-turns 3 --startup-timeout 300 \
+      --out "$OUT/prompt_cache_8b.json" | tee "$OUT/prompt_cache_8b.md"
+  ;;
 *)
-  echo "usage: $0 stage|engine|gateway" >&2
+  echo "usage: $0 stage|engine|gateway|cache" >&2
   exit 64
   ;;
 esac

@@ -190,6 +190,20 @@ def cmd_restart(args: argparse.Namespace, config: Config) -> int:
     return cmd_up(argparse.Namespace(detach=True, timeout=300.0), config)
 
 
+def format_prompt_cache(pc: dict) -> str:
+    """One line: how much of the prompts the cache served, and what it holds."""
+    if not pc.get("enabled"):
+        return "off"
+    mib = 2**20
+    line = (f"{pc['hit_rate']:.0%} of prompt tokens reused ({pc['hits']}/{pc['requests']} requests hit), "
+            f"memory {pc['memory_bytes'] / mib:.0f} of {pc['memory_budget_bytes'] / mib:.0f} MiB "
+            f"({pc['memory_entries']} entries)")
+    if pc.get("disk_enabled"):
+        line += (f", disk {pc['disk_bytes'] / mib:.0f} of {pc['disk_budget_bytes'] / mib:.0f} MiB "
+                 f"({pc['disk_entries']} entries)")
+    return line + ("" if pc.get("disk_enabled") else ", disk off")
+
+
 def format_status(st: dict) -> str:
     lines = [f"mlxd: {st['overall']}   (home {st['home']})"]
     sup = st["supervisord"]
@@ -212,6 +226,9 @@ def format_status(st: dict) -> str:
         lines.append(f"  memory        MLX active {mem.get('mlx_active_bytes', 0) / gib:.2f} GiB, "
                      f"peak {mem.get('mlx_peak_bytes', 0) / gib:.2f} GiB, RSS {mem.get('rss_bytes', 0) / gib:.2f} GiB "
                      f"of budget {mem.get('budget_bytes', 0) / gib:.1f} GiB")
+    pc = h.get("prompt_cache")
+    if pc is not None:
+        lines.append(f"  prompt cache  {format_prompt_cache(pc)}")
     sv = st["supervision"] or {}
     if sv:
         extra = ""

@@ -71,6 +71,22 @@ class ModelSpec(Strict):
         return self
 
 
+class PromptCacheConfig(Strict):
+    """Prefix reuse across requests (engine/prompt_cache.py): the KV of earlier
+    prompts, in memory and on disk under $MLXD_HOME/state/kv."""
+
+    enabled: bool = True
+    # Memory for cached KV. None: half of what the resident model's estimate
+    # (weights + KV for context_tokens) leaves of the memory budget.
+    memory_gib: float | None = Field(default=None, ge=0)
+    disk: bool = True  # evicted entries (and the last one, when idle) go to disk; survives engine restarts
+    disk_gib: float = Field(default=8.0, ge=0)
+    max_read_s: float = Field(default=5.0, gt=0)  # never read an entry expected to take longer than this
+    # Agent-safe keys: volatile text ignored when matching a conversation to its
+    # entry (the model always sees the original tokens). Off unless named here.
+    normalize: list[Literal["iso_timestamps", "clock_times", "uuids", "request_ids"]] = Field(default_factory=list)
+
+
 class EngineConfig(Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=1, le=65535)
@@ -92,6 +108,7 @@ class EngineConfig(Strict):
     # well under stuck_grace_s even on a slow machine with a big model, or a long
     # prompt is mistaken for a hang (mlx-lm's own default is 2048).
     prefill_step_size: int = Field(default=512, ge=16)
+    prompt_cache: PromptCacheConfig = PromptCacheConfig()
 
 
 class SupervisorConfig(Strict):
@@ -319,6 +336,14 @@ def write_default_config(path: Path) -> bool:
 
 SECTION_DOCS = {
     "engine": "The MLX engine (engine/): one request at a time, one model, no heavy models.",
+    "engine.prompt_cache": (
+        "The prompt cache (engine/prompt_cache.py): an agent's next turn reuses the KV of the conversation so "
+        "far, from memory or, after an engine restart, from disk (`$MLXD_HOME/state/kv/`). `memory_gib` unset: "
+        "half of what the resident model's estimate leaves of the memory budget (never more than that). "
+        "`disk = false` keeps it in memory only; `max_read_s` bounds a disk read. `normalize` (agent-safe keys, "
+        "off by default) names rules among `iso_timestamps`, `clock_times`, `uuids`, `request_ids`: text they "
+        "match is ignored when telling which conversation a request continues, so a later turn replaces the "
+        "earlier one's entry; the model always sees the real text and reuse stops at the first real difference."),
     "supervisor": "Crash-aware supervision (supervisor/policy.py): backoff, crash loops, hangs.",
     "gateway": "The LiteLLM gateway (gateway/): aliases, keys, the Ollama fallback.",
 }
@@ -332,11 +357,14 @@ def reference_markdown() -> str:
              "The file is `$MLXD_HOME/mlxd.toml` (`MLXD_CONFIG` overrides the path). Environment overrides:",
              "`MLXD_HOME`, `MLXD_CONFIG`, `MLXD_ENGINE_HOST`, `MLXD_ENGINE_PORT`, `MLXD_GATEWAY_HOST`,",
              "`MLXD_GATEWAY_PORT`, `MLXD_OLLAMA_URL`.", ""]
-    for section, model in (("engine", EngineConfig), ("supervisor", SupervisorConfig), ("gateway", GatewayConfig)):
+    for section, model in (("engine", EngineConfig), ("engine.prompt_cache", PromptCacheConfig),
+                           ("supervisor", SupervisorConfig), ("gateway", GatewayConfig)):
         lines += [f"## [{section}]", "", SECTION_DOCS[section], "", "| key | type | default |", "|---|---|---|"]
         for name, field in model.model_fields.items():
+            if isinstance(field.default, BaseModel):
+                continue  # a section of its own
             default = field.default_factory() if field.default_factory else field.default
-            ann = getattr(field.annotation, "__name__", str(field.annotation)).replace("typing.", "")
+            ann = getattr(field.annotation, "__name__", str(field.annotation)).replace("typing.", "").replace("|", "\\|")
             lines.append(f"| `{name}` | {ann} | `{default!r}` |")
         lines.append("")
     lines += ["## [models.ID]", "", "One MLX model; exactly one of `path`, `repo`, `gguf`, `from_ollama`, `demo`.",

@@ -182,6 +182,16 @@ def estimate_footprint(
     return Footprint(None, kv, "unknown")
 
 
+def prompt_cache_budget(budget_bytes: int, model_bytes: int | None, configured_bytes: int | None) -> int:
+    """Memory for cached prompt KV beside a model (pure): what the model's
+    estimate (weights + KV for its context) leaves of the budget, so the cache
+    can never push a model that fits over the line; half of that unless
+    configured. A model of unknown size is assumed to take half the budget."""
+    model = budget_bytes // 2 if model_bytes is None else model_bytes
+    left = max(0, budget_bytes - model)
+    return left // 2 if configured_bytes is None else min(configured_bytes, left)
+
+
 def memory_budget(total_bytes: int, fraction: float) -> int:
     return int(total_bytes * fraction)
 

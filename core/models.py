@@ -35,6 +35,7 @@ class ModelInfo:
     verdict: me.Verdict
     footprint: me.Footprint
     on_disk: bool  # False: a repo not downloaded yet, so the estimate may change
+    prompt_cache_bytes: int = 0  # memory the prompt cache may hold beside this model
 
 
 def demo_model_dir(config: Config, variant: str) -> Path:
@@ -109,7 +110,10 @@ def model_info(config: Config, model_id: str, budget_bytes: int) -> ModelInfo:
     name = spec.repo or spec.path or spec.gguf or spec.from_ollama or model_id
     footprint = me.estimate_footprint(cfg, weights, name, ctx)
     verdict = me.judge(name, footprint, budget_bytes, config.engine.heavy_patterns)
-    return ModelInfo(model_id, spec, verdict, footprint, on_disk=on_disk)
+    pc = config.engine.prompt_cache
+    configured = None if pc.memory_gib is None else int(pc.memory_gib * me.GIB)
+    cache_bytes = me.prompt_cache_budget(budget_bytes, footprint.total_bytes, configured) if pc.enabled else 0
+    return ModelInfo(model_id, spec, verdict, footprint, on_disk=on_disk, prompt_cache_bytes=cache_bytes)
 
 
 def heavy_models(config: Config, budget_bytes: int) -> dict[str, bool]:

@@ -5,7 +5,8 @@
   run/   supervisord.sock, supervisord.pid, engine.pid, engine.exit.json,
          engine.inflight.json    (live process state; stale after a crash)
   logs/  supervisord.log, engine.log, engine.err.log, listener.log
-  state/ crashes.jsonl, quarantine.json, supervision.json
+  state/ crashes.jsonl, quarantine.json, supervision.json,
+         kv/ (the prompt cache's disk tier: one safetensors file per entry)
   generated/ supervisord.conf    (generated from mlxd.toml, never edited)
   models/ demo-a, demo-b          (built-in demo models)
 """
@@ -72,6 +73,10 @@ class StatePaths:
     @property
     def inflight(self) -> Path:
         return self.run / "engine.inflight.json"
+
+    @property
+    def kv(self) -> Path:
+        return self.state / "kv"
 
     @property
     def journal(self) -> Path:

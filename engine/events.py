@@ -36,6 +36,13 @@ class Finished:
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prompt cache
+
+    @property
+    def usage(self) -> "Usage":
+        from .protocol import Usage
+
+        return Usage(self.prompt_tokens, self.completion_tokens, self.cached_tokens)
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,13 @@ ACTION: abort  (os.abort(): SIGABRT, as Metal's check_error does)
         hang   (block forever, ignoring cancellation)
         raise  (raise RuntimeError with a Metal-like message, as mlx >= 0.32)
         exit   (os._exit(1), like an uncaught Python error)
+        kill   (SIGKILL: what kill -9 or the OOM killer does)
 POINT:  boot   (engine start, before the preload)
         load   (before loading a model)
         start  (a request was admitted, before its first token)
         token  (after N generated tokens; N defaults to 1)
         idle   (the worker is idle)
+        kv_write (a prompt-cache entry is written but not yet in place)
 Several specs may be joined with commas. MLXD_FAULT_MATCH="text" limits
 start/token faults to requests whose prompt contains the text (a "poison"
 request, for the quarantine tests).
@@ -26,13 +28,14 @@ request, for the quarantine tests).
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-ACTIONS = ("abort", "oom", "hang", "raise", "exit")
-POINTS = ("boot", "load", "start", "token", "idle")
+ACTIONS = ("abort", "oom", "hang", "raise", "exit", "kill")
+POINTS = ("boot", "load", "start", "token", "idle", "kv_write")
 # What libmlx prints before aborting when Metal runs out of memory.
 METAL_OOM_MESSAGE = ("libc++abi: terminating due to uncaught exception of type std::runtime_error: "
                      "[METAL] Command buffer execution failed: Insufficient Memory "
@@ -81,6 +84,8 @@ def trigger(fault: Fault) -> None:
         os.abort()
     if fault.action == "exit":
         os._exit(1)
+    if fault.action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
     if fault.action == "raise":
         raise InjectedMLXError(METAL_MESSAGE)
     forever = threading.Event()

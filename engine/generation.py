@@ -18,6 +18,7 @@ from .errors import EngineError, bad_request
 from .events import Delta, Failed, Finished, ToolCalls
 from .faults import FaultInjector
 from .jobs import Job, SamplingParams
+from .prompt_cache import PROCESSOR_CONTEXT
 from .stop_matcher import StopMatcher
 from .tool_calls import ToolCallSplitter, format_tool_calls
 
@@ -107,6 +108,34 @@ def _sampling(p: SamplingParams, vocab: int) -> tuple[Any, Any]:
     return sampler, processors
 
 
+def _seeing(processor: Callable, context: list[int]) -> Callable:
+    """A logits processor that also sees the tail of the cached prefix:
+    mlx-lm hands processors only the tokens it prefilled itself, and
+    penalties must look back the same way with and without the cache."""
+    import mlx.core as mx
+
+    head = mx.array(context[-PROCESSOR_CONTEXT:], dtype=mx.int32)
+
+    def seeing(tokens: Any, logits: Any) -> Any:
+        return processor(mx.concatenate([head.astype(tokens.dtype), tokens]), logits)
+
+    return seeing
+
+
+def prefill(model: Any, prompt_cache: list[Any], tokens: list[int], step: int, progress: Callable[[], None]) -> None:
+    """Run `tokens` through the model into `prompt_cache`, `step` at a time,
+    as mlx-lm's generate_step does (for a snapshot at the prompt's boundary)."""
+    import mlx.core as mx
+    from mlx_lm.generate import generation_stream
+
+    ids = mx.array(tokens, dtype=mx.int32)
+    with mx.stream(generation_stream):
+        for start in range(0, len(tokens), step):
+            model(ids[start:start + step][None], cache=prompt_cache)
+            mx.eval([c.state for c in prompt_cache])
+            progress()
+
+
 class Generation:
     """Decodes one job and sends its events. `heartbeat` reports progress
     (the worker's stuck detection); `on_decode` marks the first token."""
@@ -126,9 +155,11 @@ class Generation:
         self.called_tools = False
         self.deadline = time.monotonic() + job.deadline_s
 
-    def decode(self, prompt: list[int]) -> tuple[str, int]:
+    def decode(self, prompt: list[int], prompt_cache: list[Any] | None = None,
+               context: list[int] | None = None) -> tuple[str, list[int]]:
         """Generate until a stop, the end, a cancel or the deadline:
-        (finish, tokens generated)."""
+        (finish, the tokens generated). `prompt` is what is left to prefill
+        after `context`, whose KV `prompt_cache` already holds."""
         import mlx.core as mx
         from mlx_lm.generate import stream_generate
 
@@ -136,11 +167,14 @@ class Generation:
         if p.seed is not None:
             mx.random.seed(p.seed)
         sampler, processors = _sampling(p, self.resident.vocab_size())
+        if processors and context:
+            processors = [_seeing(proc, context) for proc in processors]
         token_faults = any(f.point == "token" for f in self.faults.active) and self.faults.applies_to(job.text)
+        tokens: list[int] = []
         generated = 0
         first = True
         for resp in stream_generate(self.resident.model, self.resident.tokenizer, prompt, max_tokens=p.max_tokens,
-                                    sampler=sampler, logits_processors=processors,
+                                    sampler=sampler, logits_processors=processors, prompt_cache=prompt_cache,
                                     prefill_step_size=self.prefill_step_size,
                                     prompt_progress_callback=self.heartbeat):
             if first:
@@ -148,6 +182,7 @@ class Generation:
                 first = False
             else:
                 self.heartbeat()
+            tokens.append(resp.token)
             generated = resp.generation_tokens
             if token_faults:
                 self.faults.check("token", generated)
@@ -156,12 +191,12 @@ class Generation:
                                    time.monotonic() > self.deadline)
             if finish == "deadline":
                 log.info("request %s hit its %.0fs deadline after %d tokens", job.id, job.deadline_s, generated)
-                return "length", generated  # the deadline ends the answer like max_tokens does
+                return "length", tokens  # the deadline ends the answer like max_tokens does
             if finish is not None:
-                return finish, generated
-        return "length", generated
+                return finish, tokens
+        return "length", tokens
 
-    def end(self, finish: str, prompt_tokens: int, generated: int) -> None:
+    def end(self, finish: str, prompt_tokens: int, generated: int, cached_tokens: int = 0) -> None:
         """Send what was held back and the last event."""
         channel = self.job.channel
         if finish == "cancelled":
@@ -178,7 +213,7 @@ class Generation:
             self._emit_tool_calls(bodies + last)
         if tail:
             channel.put(Delta(tail))
-        channel.put(Finished(answer_finish(finish, self.called_tools), prompt_tokens, generated))
+        channel.put(Finished(answer_finish(finish, self.called_tools), prompt_tokens, generated, cached_tokens))
 
     def _relay(self, piece: str) -> None:
         text = self.stops.feed(piece)

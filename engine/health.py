@@ -104,6 +104,7 @@ class Health:
                 "mlx_active_after_last_unload": w.active_after_last_unload,
             },
             "counters": dict(w.counters),
+            "prompt_cache": w.cache_stats().as_dict(),
             "timings": dict(w.timings),
             "uptime_s": round(time.monotonic() - self.started_at, 3),
             # Wall-clock instants, for recovery timing: process spawn -> ready.

@@ -18,6 +18,7 @@ from typing import Any
 
 from mlxd.config import EngineConfig
 
+from .cache_keys import conversation_keys
 from .errors import EngineError
 from .events import EventChannel
 from .model_registry import ModelRegistry
@@ -52,6 +53,7 @@ class Job:
     messages: list[dict[str, Any]] | None = None
     tools: list[dict[str, Any]] | None = None
     prompt: str | list[int] | None = None
+    conversation: tuple[str, ...] = ()  # agent-safe cache keys (engine/cache_keys.py); () when off
     cancelled: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -88,7 +90,8 @@ def job_from_request(req: SamplingFields, kind: str, registry: ModelRegistry, li
     )
     return Job(id=uuid.uuid4().hex[:12], kind=kind, model_id=model_id, params=params,
                channel=EventChannel(asyncio.get_running_loop()), deadline_s=limits.request_deadline_s,
-               messages=messages, tools=tools, prompt=prompt)
+               messages=messages, tools=tools, prompt=prompt,
+               conversation=conversation_keys(messages, tools, limits.prompt_cache.normalize))
 
 
 def check_prompt_size(messages: list[dict] | None, tools: list[dict] | None, prompt: str | list[int] | None,

@@ -53,4 +53,14 @@ def register_gauges(metrics: EngineMetrics, worker: ModelWorker, admission: Admi
     m.gauge("mlxd_engine_mlx_peak_bytes", "MLX peak memory", lambda: w.memory.peak_bytes)
     m.gauge("mlxd_engine_mlx_cache_bytes", "MLX buffer cache", lambda: w.memory.cache_bytes)
     m.gauge("mlxd_engine_rss_bytes", "Engine resident set size", lambda: psutil.Process().memory_info().rss)
+    for field, doc in (("memory_bytes", "Bytes of cached prompt KV in memory"),
+                       ("memory_entries", "Prompt-cache entries in memory"),
+                       ("disk_bytes", "Bytes of cached prompt KV on disk"),
+                       ("disk_entries", "Prompt-cache entries on disk"),
+                       ("cached_tokens", "Prompt tokens served from the prompt cache since start"),
+                       ("hits", "Requests that reused cached prompt KV since start"),
+                       ("disk_hits", "Requests that reused prompt KV read from disk since start"),
+                       ("evictions", "Prompt-cache entries evicted from memory since start"),
+                       ("hit_rate", "Share of prompt tokens served from the prompt cache")):
+        m.gauge(f"mlxd_engine_prompt_cache_{field}", doc, lambda f=field: getattr(w.cache_stats(), f))
     m.gauge("mlxd_engine_healthy", "1 when /health answers 200", lambda: 1 if healthy() else 0)

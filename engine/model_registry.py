@@ -8,6 +8,7 @@ cached here once the model is on disk.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from mlxd.config import Config
@@ -70,6 +71,25 @@ class ModelRegistry:
                 raise EngineError(503, str(exc), code="model_load_failed", param="model") from None
             return str(convert_gguf(path, gguf_cache_dir(self.config)))  # type: ignore[arg-type]
         return spec.repo  # type: ignore[return-value]
+
+    def build_key(self, model_id: str, target: str) -> str:
+        """`id@fingerprint` of the files `target` loads: prompt-cache entries
+        never cross models, nor builds of one model (weights replaced under
+        the same id)."""
+        folder = Path(target)
+        if not folder.is_dir():
+            try:
+                from huggingface_hub import snapshot_download
+
+                folder = Path(snapshot_download(target, local_files_only=True))
+            except Exception:  # noqa: BLE001 - not downloaded / not a repo: the name is all we know
+                return f"{model_id}@{hashlib.sha256(target.encode()).hexdigest()[:16]}"
+        h = hashlib.sha256(str(folder.resolve()).encode())
+        for f in sorted(folder.iterdir()):
+            if f.is_file():
+                st = f.stat()
+                h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns};".encode())
+        return f"{model_id}@{h.hexdigest()[:16]}"
 
     def listing(self) -> list[dict]:
         """GET /v1/models: every id and alias."""

@@ -267,12 +267,14 @@ def describe_validation_errors(errors: list[dict]) -> tuple[str, str | None, str
 class Usage:
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
         }
 
 

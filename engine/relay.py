@@ -25,7 +25,7 @@ from .jobs import Job, job_from_request
 from .lifecycle import Lifecycle
 from .metrics import EngineMetrics
 from .model_registry import ModelRegistry
-from .protocol import SSE_DONE, ResponseBuilder, SamplingFields, Usage, sse_error
+from .protocol import SSE_DONE, ResponseBuilder, SamplingFields, sse_error
 from .quarantine import QuarantineList
 
 POLL_S = 0.25  # how often a waiting handler checks for disconnects and timeouts
@@ -95,7 +95,7 @@ class RequestRelay:
                 elif isinstance(ev, ToolCalls):
                     calls.extend(ev.calls)
                 elif isinstance(ev, Finished):
-                    body = builder.full("".join(parts), ev.finish_reason, Usage(ev.prompt_tokens, ev.completion_tokens),
+                    body = builder.full("".join(parts), ev.finish_reason, ev.usage,
                                         calls)
                     return JSONResponse(body, headers={"X-Request-Id": feed.job.id})
                 elif isinstance(ev, Failed):
@@ -125,7 +125,7 @@ class RequestRelay:
                     elif isinstance(ev, Finished):
                         out += builder.finish_chunk(ev.finish_reason)
                         if include_usage:
-                            out += builder.usage_chunk(Usage(ev.prompt_tokens, ev.completion_tokens))
+                            out += builder.usage_chunk(ev.usage)
                         out += SSE_DONE
                         done = True
                     elif isinstance(ev, Failed):

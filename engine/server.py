@@ -19,21 +19,32 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mlxd.config import Config
+from mlxd.memory_estimate import GIB
 
 from .admission import AdmissionQueue
 from .errors import EngineError
 from .faults import FaultInjector
 from .health import Health
 from .jobs import Job
+from .kv_files import KVFiles
 from .lifecycle import Lifecycle
 from .metrics import CONTENT_TYPE, EngineMetrics, register_gauges
 from .model_registry import ModelRegistry
+from .prompt_cache import PromptCache
 from .protocol import ChatCompletionRequest, CompletionRequest, describe_validation_errors
 from .quarantine import QuarantineList
 from .relay import ClientGone, RequestRelay
 from .worker import ModelWorker
 
 log = logging.getLogger("mlxd.engine")
+
+
+def make_prompt_cache(config: Config, faults: FaultInjector) -> PromptCache:
+    """The prompt cache as configured (built on the worker thread)."""
+    pc = config.engine.prompt_cache
+    files = (KVFiles(config.paths.kv, int(pc.disk_gib * GIB), config.models, lambda: faults.check("kv_write"))
+             if pc.enabled and pc.disk else None)
+    return PromptCache(pc.enabled, files, pc.max_read_s)
 
 
 class Engine:
@@ -49,7 +60,7 @@ class Engine:
         default = config.resolve(limits.default_model)
         self.lifecycle = Lifecycle(self.admission, limits.shutdown_grace_s, lambda on_fatal: ModelWorker(
             registry, self.admission, faults, on_fatal, limits.max_prompt_tokens, default, paths.inflight,
-            limits.prefill_step_size))
+            limits.prefill_step_size, lambda: make_prompt_cache(config, faults)))
         self.health = Health(self.lifecycle, self.admission, registry.budget_bytes, limits.stuck_grace_s)
         self.metrics = EngineMetrics()
         register_gauges(self.metrics, self.lifecycle.worker, self.admission, lambda: self.health.state()[0] == "ok")

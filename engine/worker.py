@@ -14,6 +14,7 @@ rather than let it limp on.
 
 from __future__ import annotations
 
+import copy
 import enum
 import gc
 import logging
@@ -30,10 +31,11 @@ from .admission import AdmissionQueue
 from .errors import EngineError
 from .events import Failed, Started
 from .faults import FaultInjector
-from .generation import Generation, ResidentModel, tokenize
+from .generation import Generation, ResidentModel, prefill, tokenize
 from .jobs import Job
 from .model_cache import Unload, plan_release, plan_switch
 from .model_registry import ModelRegistry
+from .prompt_cache import CacheStats, PromptCache, kv_offset, needs_boundary_snapshot
 
 log = logging.getLogger("mlxd.engine.worker")
 HEARTBEAT_S = 0.05  # progress is published at most this often
@@ -80,6 +82,7 @@ class ModelWorker(threading.Thread):
         default_model: str | None,
         inflight_path: Path | None = None,
         prefill_step_size: int = 512,
+        make_prompt_cache: Callable[[], PromptCache] | None = None,
     ) -> None:
         super().__init__(name="mlxd-model-worker", daemon=True)
         self.prefill_step_size = prefill_step_size
@@ -95,6 +98,9 @@ class ModelWorker(threading.Thread):
         self._stop_event = threading.Event()
         # Owned by this thread; other threads read the published snapshots.
         self._resident: ResidentModel | None = None
+        # Built on this thread when it starts (it reads the disk tier's index).
+        self._make_prompt_cache = make_prompt_cache or (lambda: PromptCache(False, None, 0.0))
+        self.prompt_cache: PromptCache | None = None
         self.current_job: Job | None = None  # read by the drain timer to cancel it
         self.status = WorkerStatus(Phase.STARTING, None)
         self.memory = MemorySnapshot()
@@ -118,6 +124,7 @@ class ModelWorker(threading.Thread):
                 self.inflight_path.unlink(missing_ok=True)  # the listener has read it by now
             self.faults.refresh()
             self.faults.check("boot")
+            self.prompt_cache = self._make_prompt_cache()
             self._preload()
             self.ready_at = time.time()
             self.ready.set()
@@ -129,6 +136,7 @@ class ModelWorker(threading.Thread):
                 self._serve(job)
             if self.status.phase is Phase.FAILED:
                 return
+            self.prompt_cache.idle()  # a clean stop keeps the conversation in progress on disk
         except BaseException as exc:  # noqa: BLE001 - anything escaping is fatal
             self._publish(Phase.FAILED)
             self.ready.set()
@@ -155,6 +163,7 @@ class ModelWorker(threading.Thread):
         if self.faults.enabled:
             self.faults.refresh()
             self.faults.check("idle")
+        self.prompt_cache.idle()
         if time.monotonic() - self.memory.taken_at > 1.0:
             self._sample_memory()
 
@@ -176,6 +185,11 @@ class ModelWorker(threading.Thread):
         self.memory = MemorySnapshot(mx.get_active_memory(), mx.get_peak_memory(), mx.get_cache_memory(),
                                      time.monotonic())
 
+    def cache_stats(self) -> CacheStats:
+        """The prompt cache's latest published figures (any thread)."""
+        cache = self.prompt_cache
+        return cache.stats if cache is not None else CacheStats()
+
     # --- the model cache -------------------------------------------------
     @property
     def _resident_id(self) -> str | None:
@@ -194,6 +208,7 @@ class ModelWorker(threading.Thread):
 
         started = time.monotonic()
         self._resident = None
+        self.prompt_cache.set_model(None, 0)  # entries never cross models: to disk, out of memory
         gc.collect()
         mx.clear_cache()
         self.counters["model_unloads"] += 1
@@ -222,6 +237,8 @@ class ModelWorker(threading.Thread):
             raise EngineError(503, f"could not load model {model_id!r}: {exc}", code="model_load_failed",
                               param="model", retry_after=30) from exc
         self._resident = ResidentModel(model_id, model, tokenizer)
+        self.prompt_cache.set_model(self.registry.build_key(model_id, target),
+                                    self.registry.info(model_id).prompt_cache_bytes)
         self.counters["model_loads"] += 1
         self._sample_memory()
         self.timings["last_load_s"] = round(time.monotonic() - started, 4)
@@ -276,17 +293,43 @@ class ModelWorker(threading.Thread):
             log.warning("cannot record the in-flight request: %s", exc)
 
     def _generate(self, job: Job, prompt: list[int]) -> None:
+        from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
+
+        started = time.monotonic()
+        first_token_at: list[float] = []
+
+        def on_decode() -> None:
+            first_token_at.append(time.monotonic())
+            self._publish(Phase.DECODE, job)
+
         generation = Generation(self._resident, job, self.faults, self.prefill_step_size, self._heartbeat,
-                                on_decode=lambda: self._publish(Phase.DECODE, job))
+                                on_decode=on_decode)
+        cache = self.prompt_cache
+        fetched = cache.fetch(prompt)
+        kv, cached = fetched.kv, fetched.cached_tokens
+        rest, snapshot = prompt[cached:], None
+        if cache.enabled:
+            kv = kv if kv is not None else make_prompt_cache(self._resident.model)
+            if needs_boundary_snapshot([type(c).__name__ for c in kv], can_trim_prompt_cache(kv)):
+                # Kept at the prompt's boundary: this cache cannot be cut back later.
+                prefill(self._resident.model, kv, rest[:-1], self.prefill_step_size, self._heartbeat)
+                snapshot, rest = copy.deepcopy(kv), rest[-1:]
         self.active_generations += 1
         self.max_observed_concurrency = max(self.max_observed_concurrency, self.active_generations)
         try:
-            finish, generated = generation.decode(prompt)
+            finish, generated = generation.decode(rest, kv, prompt[:len(prompt) - len(rest)])
         finally:
             self.active_generations -= 1
         # Counted before the last event: a client that reads /metrics right
         # after its answer sees its tokens.
-        self.counters["generated_tokens"] += generated
+        self.counters["generated_tokens"] += len(generated)
         self.counters["prompt_tokens"] += len(prompt)
-        generation.end(finish, len(prompt), generated)
+        generation.end(finish, len(prompt), len(generated), cached)
+        if first_token_at:
+            cache.note_prefill(len(prompt) - cached, first_token_at[0] - started)
+        if snapshot is not None:
+            cache.store(prompt[:-1], len(prompt) - 1, snapshot, job.conversation)
+        elif kv is not None:
+            covered = (prompt + generated)[:kv_offset(kv) or 0]
+            cache.store(covered, len(prompt), kv, job.conversation)
         self._sample_memory()

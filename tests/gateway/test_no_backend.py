@@ -26,7 +26,9 @@ def test_no_engine_and_no_ollama_is_a_clear_503(stack):
         assert r.status_code == 503, r.text
         err = r.json()["error"]
         assert err["code"] == "backends_unavailable" and "Ollama" in err["message"]
-        assert time.monotonic() - t0 < 2
+        # No retry loop, no waiting out a timeout (30 s here): refused connections answer at once
+        # (well under a second when the machine is not loaded; bounded loosely for a busy CI box).
+        assert time.monotonic() - t0 < 8
     assert st.status()["overall"] == "down"  # stopped by an operator, no fallback answers
     ready = st.gateway_url + "/health/readiness"  # LiteLLM's probe: open, and false with no backend
     assert requests.get(ready, timeout=10).json() == {"status": "unhealthy", "db": "Not connected"}

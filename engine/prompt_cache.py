@@ -1,0 +1,422 @@
+"""The prompt cache: an agent's next turn reuses the KV of the conversation so far.
+
+Agents resend the whole conversation every turn; prefilling all of it again
+costs seconds to minutes on a long prompt. The cache keeps the KV of earlier
+requests (mlx-lm's cache objects, as `make_prompt_cache` builds them) keyed by
+the tokens they cover; a new prompt reuses the longest cached prefix and only
+the rest is prefilled (`trim_prompt_cache` cuts an entry back to the shared
+part).
+
+An entry covers a request's prompt and, for caches that can be trimmed, the
+answer generated after it: the next turn usually carries that answer back,
+and where the template renders it differently (a `<think>` block dropped),
+the entry is cut back to the shared prefix, which still holds the whole
+earlier prompt. Caches that cannot be trimmed (recurrent layers, a rotating
+window that wrapped) are stored at the prompt's boundary instead and reused
+only where all of an entry is a prefix of the new prompt.
+
+Two tiers. Memory: a byte budget counted from the real arrays (beside the
+model's estimate, so the cache never pushes a model that fits over the line),
+least recently used out first. Disk (engine/kv_files.py): what leaves memory,
+and the latest entry when the engine goes idle, so an engine restarted after a
+Metal abort still answers the next turn from its cache.
+
+The decisions are the pure functions at the top; `PromptCache` is their I/O
+shell. The worker thread owns it: every MLX array here is created, read,
+written to disk and freed on that thread, between or inside its own jobs.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Sequence
+
+import numpy as np
+
+from .cache_keys import continues
+from .kv_files import DiskEntry, KVFileError, KVFiles
+
+log = logging.getLogger("mlxd.engine.prompt_cache")
+
+# Tokens of the cached prefix handed to logits processors (repetition,
+# presence and frequency penalties look back 20 tokens in mlx-lm): with them a
+# request with penalties samples the same with and without the cache.
+PROCESSOR_CONTEXT = 256
+# Shorter shared prefixes are not reused: every conversation shares its chat
+# template's opening tokens, and continuing another conversation's entry
+# for them would cost a copy of it.
+MIN_REUSE_TOKENS = 32
+
+
+# --- decisions (pure) ------------------------------------------------------
+
+@dataclass(frozen=True, eq=False)  # eq=False: identity, never an elementwise compare of token arrays
+class Candidate:
+    """What the decision needs to know about an entry."""
+
+    tokens: np.ndarray  # the tokens its KV covers
+    prompt_len: int  # how many of them a client sent (the rest were generated)
+    trimmable: bool
+
+
+@dataclass(frozen=True)
+class Reuse:
+    index: int  # the candidate reused
+    tokens: int  # prompt tokens it covers
+    trim: int  # tokens cut off the entry's end first
+    copy: bool  # use a copy and keep the entry: the part cut off is a branch a client sent
+
+
+def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    """Length of the longest common prefix of two token arrays."""
+    n = min(len(a), len(b))
+    differ = np.flatnonzero(a[:n] != b[:n])
+    return int(differ[0]) if len(differ) else n
+
+
+def choose_reuse(candidates: Sequence[Candidate], prompt: np.ndarray, min_tokens: int = 1) -> Reuse | None:
+    """The entry that covers most of `prompt`, or None (pure).
+
+    At least the prompt's last token is always left to prefill: its logits
+    start the answer. A trimmable entry is cut back to the shared prefix; one
+    that cannot be trimmed is reused only when all of it is a prefix of the
+    prompt, never at a wrong depth. Candidates come least recently used
+    first; on a tie the most recent wins. An entry is continued in place
+    unless the prompt parts from tokens a client sent earlier: then another
+    conversation branched there, so that entry stays and a copy is used.
+    (Cutting off generated tokens, or a last token the prompt has again, loses
+    nothing: the client showed what it kept, and this request re-covers it.)
+    Less than `min_tokens` is not worth it (a chat template's opening tokens
+    are shared by every conversation)."""
+    limit = len(prompt) - 1
+    best: Reuse | None = None
+    for i, c in enumerate(candidates):
+        shared = common_prefix(c.tokens, prompt)
+        if c.trimmable:
+            usable = min(shared, limit)
+        else:
+            usable = len(c.tokens) if shared == len(c.tokens) <= limit else 0
+        if usable >= max(min_tokens, 1) and (best is None or usable >= best.tokens):
+            best = Reuse(i, usable, len(c.tokens) - usable, copy=shared < c.prompt_len)
+    return best
+
+
+def entries_to_evict(sizes_lru_first: Sequence[int], budget_bytes: int) -> int:
+    """How many entries, least recently used first, must leave for the rest
+    to fit the budget (pure)."""
+    total = sum(sizes_lru_first)
+    n = 0
+    while total > budget_bytes and n < len(sizes_lru_first):
+        total -= sizes_lru_first[n]
+        n += 1
+    return n
+
+
+def worth_reading(file_bytes: int, tokens_saved: int, *, max_bytes: int, max_read_s: float,
+                  read_bytes_per_s: float, prefill_tokens_per_s: float | None) -> bool:
+    """Whether to read a disk entry (pure): it must fit the memory the cache
+    may use, be read within max_read_s at the measured disk speed, and be
+    quicker to read than the prefill it saves (when that speed is known)."""
+    if file_bytes > max_bytes:
+        return False
+    read_s = file_bytes / max(read_bytes_per_s, 1.0)
+    if read_s > max_read_s:
+        return False
+    return prefill_tokens_per_s is None or read_s < tokens_saved / max(prefill_tokens_per_s, 1e-9)
+
+
+def needs_boundary_snapshot(layer_kinds: Sequence[str], trimmable: bool) -> bool:
+    """Whether an entry must be snapshotted at the prompt's boundary (pure):
+    a cache that cannot be trimmed now, or a rotating window that may wrap
+    during the answer and stop being trimmable."""
+    return not trimmable or any(kind == "RotatingKVCache" for kind in layer_kinds)
+
+
+# --- the cache (the worker thread's) ------------------------------------------
+
+@dataclass(eq=False)
+class Entry:
+    model_key: str
+    tokens: np.ndarray
+    prompt_len: int
+    kv: list[Any]  # mlx-lm cache objects, one per layer
+    nbytes: int
+    conversation: tuple[str, ...] = ()  # agent-safe keys of the request (engine/cache_keys.py)
+    file: DiskEntry | None = None  # its copy on disk, once written
+
+    def candidate(self) -> Candidate:
+        return Candidate(self.tokens, self.prompt_len, _trimmable(self.kv))
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """A prompt's reuse: the KV to continue (None: start cold) and how many
+    of the prompt's tokens it covers."""
+
+    kv: list[Any] | None
+    cached_tokens: int
+    source: str  # "memory", "disk" or "none"
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """Published after every change; read by /health and /metrics."""
+
+    enabled: bool = False
+    disk_enabled: bool = False
+    model: str | None = None
+    memory_entries: int = 0
+    memory_bytes: int = 0
+    memory_budget_bytes: int = 0
+    disk_entries: int = 0
+    disk_bytes: int = 0
+    disk_budget_bytes: int = 0
+    requests: int = 0
+    hits: int = 0
+    disk_hits: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    evictions: int = 0
+    disk_writes: int = 0
+    disk_write_failures: int = 0
+    disk_rejects: int = 0  # corrupt, partial or foreign files removed
+    errors: int = 0  # faults in the cache's own bookkeeping (logged; the request went on cold)
+    superseded: int = 0  # entries replaced by a later turn of their conversation
+
+    @property
+    def hit_rate(self) -> float:
+        """Share of prompt tokens served from the cache."""
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        out["hit_rate"] = round(self.hit_rate, 4)
+        return out
+
+
+def _trimmable(kv: list[Any]) -> bool:
+    from mlx_lm.models.cache import can_trim_prompt_cache
+
+    return bool(kv) and can_trim_prompt_cache(kv)
+
+
+def kv_nbytes(kv: list[Any]) -> int:
+    """Bytes the entry's arrays really hold (buffers included)."""
+    return sum(int(c.nbytes) for c in kv)
+
+
+def kv_offset(kv: list[Any]) -> int | None:
+    """Tokens an attention cache holds (None for caches that do not say)."""
+    offsets = [c.offset for c in kv if hasattr(c, "offset")]
+    return min(offsets) if offsets else None
+
+
+def _never_fatal(default: Any = None):
+    """A fault in the cache's own bookkeeping costs the cache, never the
+    engine: it is logged, memory entries are dropped (they may be
+    inconsistent) and the request goes on cold. A real MLX fault shows
+    again in the generation itself, which is fatal there."""
+
+    def wrap(method):
+        def guarded(self: "PromptCache", *args: Any, **kwargs: Any) -> Any:
+            try:
+                return method(self, *args, **kwargs)
+            except Exception:  # noqa: BLE001
+                log.exception("prompt cache: %s failed; dropping the memory entries", method.__name__)
+                self._entries.clear()
+                self.stats = replace(self.stats, errors=self.stats.errors + 1)
+                self._publish()
+                return default
+        guarded.__name__ = method.__name__
+        guarded.__doc__ = method.__doc__
+        return guarded
+    return wrap
+
+
+class PromptCache:
+    """Both tiers for the resident model; used from the worker thread only."""
+
+    def __init__(self, enabled: bool, files: KVFiles | None, max_read_s: float) -> None:
+        self.enabled = enabled
+        self.files = files if enabled else None
+        self.max_read_s = max_read_s
+        self.model_key: str | None = None
+        self.budget_bytes = 0
+        self._entries: list[Entry] = []  # least recently used first
+        self._read_bytes_per_s = 1e9  # until measured
+        self._prefill_tokens_per_s: float | None = None
+        self.stats = CacheStats(enabled=enabled, disk_enabled=self.files is not None)
+        self._publish()
+
+    # --- the resident model ---------------------------------------------
+    @_never_fatal()
+    def set_model(self, model_key: str | None, budget_bytes: int) -> None:
+        """The resident model changed: other models' entries leave memory
+        (to disk), and this one's budget applies."""
+        if model_key == self.model_key:
+            self.budget_bytes = budget_bytes
+            return
+        self._evict(len(self._entries))
+        self.model_key = model_key
+        self.budget_bytes = budget_bytes
+        if self.files is not None and model_key is not None:
+            self.files.forget_other_builds(model_key)
+        self._publish()
+
+    # --- a request ---------------------------------------------------------
+    @_never_fatal(Fetched(None, 0, "none"))
+    def fetch(self, prompt: list[int]) -> Fetched:
+        """The KV to continue `prompt` from, taken out of the cache (or a copy)."""
+        if not self.enabled or self.model_key is None:
+            return Fetched(None, 0, "none")
+        tokens = np.asarray(prompt, dtype=np.int32)
+        in_memory = choose_reuse([e.candidate() for e in self._entries], tokens, MIN_REUSE_TOKENS)
+        fetched = None
+        if self.files is not None:
+            fetched = self._fetch_from_disk(tokens, in_memory.tokens if in_memory else 0)
+        if fetched is None and in_memory is not None:
+            fetched = self._take(in_memory)
+        fetched = fetched or Fetched(None, 0, "none")
+        s = self.stats
+        self.stats = replace(s, requests=s.requests + 1, hits=s.hits + (fetched.cached_tokens > 0),
+                             disk_hits=s.disk_hits + (fetched.source == "disk"),
+                             prompt_tokens=s.prompt_tokens + len(prompt),
+                             cached_tokens=s.cached_tokens + fetched.cached_tokens)
+        self._publish()
+        return fetched
+
+    @_never_fatal()
+    def store(self, covered: list[int], prompt_len: int, kv: list[Any], conversation: tuple[str, ...] = ()) -> None:
+        """Keep the KV of `covered` (a prompt, and what was generated after
+        it) for later requests; older entries leave for the budget."""
+        if not self.enabled or self.model_key is None or not covered:
+            return
+        tokens = np.asarray(covered, dtype=np.int32)
+        entry = Entry(self.model_key, tokens, min(prompt_len, len(tokens)), kv, kv_nbytes(kv), conversation)
+        trimmable = entry.candidate().trimmable
+        # Entries this one supersedes only take room now: a prefix of it, or
+        # (agent-safe keys) an earlier turn of the same conversation.
+        kept = [e for e in self._entries
+                if not ((trimmable and len(e.tokens) <= len(tokens) and common_prefix(e.tokens, tokens) == len(e.tokens))
+                        or continues(e.conversation, conversation))]
+        if len(kept) < len(self._entries):
+            self.stats = replace(self.stats, superseded=self.stats.superseded + len(self._entries) - len(kept))
+        self._entries = kept
+        self._entries.append(entry)
+        self._evict(entries_to_evict([e.nbytes for e in self._entries], self.budget_bytes))
+        self._publish()
+
+    @_never_fatal()
+    def note_prefill(self, tokens: int, seconds: float) -> None:
+        """A measured prefill speed, for the disk-read decision."""
+        if tokens >= 64 and seconds > 0:
+            rate = tokens / seconds
+            self._prefill_tokens_per_s = rate if self._prefill_tokens_per_s is None else \
+                0.7 * self._prefill_tokens_per_s + 0.3 * rate
+
+    # --- between requests ----------------------------------------------------
+    @_never_fatal()
+    def idle(self) -> None:
+        """The engine has nothing to do: write the latest entry to disk, so an
+        engine restart does not lose the conversation in progress."""
+        if self.files is None or not self._entries:
+            return
+        latest = self._entries[-1]
+        if latest.file is None:
+            latest.file = self._write(latest)
+            self._publish()
+
+    def clear(self) -> None:
+        """Drop every memory entry (disk entries stay)."""
+        self._entries.clear()
+        self._free()
+        self._publish()
+
+    # --- internals -------------------------------------------------------------
+    def _take(self, reuse: Reuse) -> Fetched:
+        from mlx_lm.models.cache import trim_prompt_cache
+
+        entry = self._entries[reuse.index]
+        if reuse.copy:
+            kv = copy.deepcopy(entry.kv)
+            self._entries.remove(entry)
+            self._entries.append(entry)  # used: most recent now
+        else:
+            kv = entry.kv
+            self._entries.remove(entry)  # continued by this request; stored again after it
+        if reuse.trim:
+            trim_prompt_cache(kv, reuse.trim)
+        return Fetched(kv, reuse.tokens, "memory")
+
+    def _fetch_from_disk(self, tokens: np.ndarray, memory_tokens: int) -> Fetched | None:
+        """A disk entry that covers more than memory does, read if worth it."""
+        assert self.files is not None
+        candidates = self.files.entries(self.model_key)  # type: ignore[arg-type]
+        reuse = choose_reuse([d.candidate() for d in candidates], tokens, MIN_REUSE_TOKENS)
+        if reuse is None or reuse.tokens <= memory_tokens:
+            return None
+        found = candidates[reuse.index]
+        if not worth_reading(found.nbytes, reuse.tokens - memory_tokens, max_bytes=max(self.budget_bytes, 0),
+                             max_read_s=self.max_read_s, read_bytes_per_s=self._read_bytes_per_s,
+                             prefill_tokens_per_s=self._prefill_tokens_per_s):
+            log.info("prompt cache: not reading %s (%d MiB): slower than the prefill it saves or over the "
+                     "budget", found.path.name, found.nbytes >> 20)
+            return None
+        started = time.monotonic()
+        try:
+            kv = self.files.load(found)
+        except KVFileError as exc:
+            log.warning("prompt cache: %s; removed", exc)
+            return None
+        elapsed = time.monotonic() - started
+        if elapsed > 0.01:
+            self._read_bytes_per_s = 0.7 * self._read_bytes_per_s + 0.3 * (found.nbytes / elapsed)
+        log.info("prompt cache: read %d tokens from disk in %.2fs", len(found.tokens), elapsed)
+        if reuse.trim:
+            from mlx_lm.models.cache import trim_prompt_cache
+
+            trim_prompt_cache(kv, reuse.trim)
+        return Fetched(kv, reuse.tokens, "disk")
+
+    def _evict(self, n: int) -> None:
+        """The n least recently used entries leave memory, to disk first."""
+        if n <= 0:
+            return
+        leaving, self._entries = self._entries[:n], self._entries[n:]
+        for entry in leaving:
+            if self.files is not None and entry.file is None:
+                self._write(entry)
+        self.stats = replace(self.stats, evictions=self.stats.evictions + len(leaving))
+        del leaving
+        self._free()
+
+    def _write(self, entry: Entry) -> DiskEntry | None:
+        assert self.files is not None
+        try:
+            written = self.files.write(entry.model_key, entry.tokens, entry.prompt_len, entry.kv, entry.conversation)
+        except OSError as exc:  # a full disk costs the disk tier, never a request
+            log.warning("prompt cache: cannot write an entry: %s", exc)
+            self.stats = replace(self.stats, disk_write_failures=self.stats.disk_write_failures + 1)
+            return None
+        if written is not None:
+            self.stats = replace(self.stats, disk_writes=self.stats.disk_writes + 1)
+        return written
+
+    def _free(self) -> None:
+        import gc
+
+        import mlx.core as mx
+
+        gc.collect()
+        mx.clear_cache()  # give evicted buffers back, not keep them in MLX's pool
+
+    def _publish(self) -> None:
+        s = replace(self.stats, model=self.model_key, memory_entries=len(self._entries),
+                    memory_bytes=sum(e.nbytes for e in self._entries), memory_budget_bytes=self.budget_bytes)
+        if self.files is not None:
+            s = replace(s, disk_entries=self.files.count, disk_bytes=self.files.total_bytes,
+                        disk_budget_bytes=self.files.budget_bytes, disk_rejects=self.files.rejected)
+        self.stats = s

@@ -1,0 +1,151 @@
+"""The prompt cache's decisions, as tables: which entry a prompt reuses and
+how deep, what leaves memory first, whether a disk entry is worth reading,
+and the memory the cache may use beside a model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mlxd.engine.cache_keys import continues, conversation_keys, normalize
+from mlxd.engine.prompt_cache import (Candidate, choose_reuse, common_prefix, entries_to_evict,
+                                      needs_boundary_snapshot, worth_reading)
+from mlxd.memory_estimate import GIB, prompt_cache_budget
+
+
+def toks(*ids: int) -> np.ndarray:
+    return np.array(ids, dtype=np.int32)
+
+
+def cand(ids, prompt_len=None, trimmable=True) -> Candidate:
+    arr = toks(*ids)
+    return Candidate(arr, len(arr) if prompt_len is None else prompt_len, trimmable)
+
+
+@pytest.mark.parametrize("a, b, expected", [
+    ((1, 2, 3), (1, 2, 3), 3),
+    ((1, 2, 3), (1, 2, 4), 2),
+    ((1, 2), (1, 2, 3, 4), 2),
+    ((9,), (1,), 0),
+    ((), (1, 2), 0),
+])
+def test_common_prefix(a, b, expected):
+    assert common_prefix(toks(*a), toks(*b)) == expected
+
+
+# (candidates, prompt, expected (index, tokens reused, trim, copy) or None)
+REUSE_TABLE = [
+    # nothing cached
+    ([], (1, 2, 3), None),
+    # the next turn extends the last one: all of it, in place
+    ([cand((1, 2, 3))], (1, 2, 3, 4, 5), (0, 3, 0, False)),
+    # the same prompt again: all but the last token (its logits start the answer)
+    ([cand((1, 2, 3, 4))], (1, 2, 3, 4), (0, 3, 1, False)),
+    # the answer came back rendered differently (a <think> block dropped): cut back into the
+    # generated part only, in place
+    ([cand((1, 2, 3, 7, 8), prompt_len=3)], (1, 2, 3, 9, 10), (0, 3, 2, False)),
+    # a conversation that diverges mid-history: only the shared part, and the other branch is kept
+    ([cand((1, 2, 3, 4, 5))], (1, 2, 9, 9), (0, 2, 3, True)),
+    # the longest shared prefix wins
+    ([cand((1, 2, 8)), cand((1, 2, 3, 4, 8))], (1, 2, 3, 4, 5), (1, 4, 1, True)),
+    # a tie goes to the most recently used (later in the list)
+    ([cand((1, 2, 3)), cand((1, 2, 3))], (1, 2, 3, 4), (1, 3, 0, False)),
+    # a cache that cannot be trimmed: only when all of it is a prefix
+    ([cand((1, 2, 3), trimmable=False)], (1, 2, 3, 4), (0, 3, 0, False)),
+    ([cand((1, 2, 3, 4), trimmable=False)], (1, 2, 3, 5), None),  # never at a wrong depth
+    ([cand((1, 2, 3), trimmable=False)], (1, 2, 3), None),  # would leave nothing to prefill
+    ([cand((1, 2, 3, 4), trimmable=False), cand((1, 2))], (1, 2, 3, 9), (1, 2, 0, False)),
+    # nothing shared
+    ([cand((5, 6))], (1, 2, 3), None),
+]
+
+
+def test_a_prefix_shorter_than_the_minimum_is_not_reused():
+    entry = [cand(tuple(range(40)))]
+    assert choose_reuse(entry, toks(*range(10), 99, 98), min_tokens=8).tokens == 10
+    assert choose_reuse(entry, toks(*range(10), 99, 98), min_tokens=11) is None
+
+
+@pytest.mark.parametrize("candidates, prompt, expected", REUSE_TABLE)
+def test_choose_reuse(candidates, prompt, expected):
+    got = choose_reuse(candidates, toks(*prompt))
+    assert (None if got is None else (got.index, got.tokens, got.trim, got.copy)) == expected
+
+
+@pytest.mark.parametrize("sizes, budget, evicted", [
+    ([], 10, 0),
+    ([3, 3, 3], 9, 0),
+    ([3, 3, 3], 8, 1),  # least recently used first
+    ([5, 1, 1], 2, 1),  # the big old one goes, two small recent ones stay
+    ([1, 1, 5], 4, 3),  # the newest alone is over the budget: everything leaves
+    ([4, 4], 0, 2),
+])
+def test_entries_to_evict(sizes, budget, evicted):
+    assert entries_to_evict(sizes, budget) == evicted
+
+
+GB = 10**9
+
+
+@pytest.mark.parametrize("file_bytes, saved, prefill_rate, expected", [
+    (1 * GB, 8000, 2000.0, True),  # 0.5 s to read vs 4 s of prefill
+    (1 * GB, 8000, 100_000.0, False),  # the prefill is faster than the read
+    (1 * GB, 8000, None, True),  # prefill speed not measured yet: read (within the limits)
+    (20 * GB, 10**6, 1.0, False),  # 10 s: over max_read_s
+    (9 * GB, 10**6, 1.0, False),  # over the memory the cache may use
+])
+def test_worth_reading(file_bytes, saved, prefill_rate, expected):
+    assert worth_reading(file_bytes, saved, max_bytes=8 * GB, max_read_s=5.0, read_bytes_per_s=2 * GB,
+                         prefill_tokens_per_s=prefill_rate) is expected
+
+
+@pytest.mark.parametrize("kinds, trimmable, expected", [
+    (["KVCache"] * 4, True, False),
+    (["KVCache", "RotatingKVCache"], True, True),  # the window may wrap during the answer
+    (["ArraysCache", "KVCache"], False, True),  # recurrent layers: not trimmable
+])
+def test_needs_boundary_snapshot(kinds, trimmable, expected):
+    assert needs_boundary_snapshot(kinds, trimmable) is expected
+
+
+@pytest.mark.parametrize("budget, model, configured, expected", [
+    (16 * GIB, 6 * GIB, None, 5 * GIB),  # half of what the model leaves
+    (16 * GIB, 6 * GIB, 2 * GIB, 2 * GIB),  # as configured
+    (16 * GIB, 6 * GIB, 40 * GIB, 10 * GIB),  # never more than what is left
+    (16 * GIB, 20 * GIB, None, 0),  # a model over the budget leaves nothing (and is refused anyway)
+    (16 * GIB, None, None, 4 * GIB),  # unknown size: assumed to take half
+])
+def test_prompt_cache_budget(budget, model, configured, expected):
+    assert prompt_cache_budget(budget, model, configured) == expected
+
+
+# --- agent-safe keys ------------------------------------------------------------------
+
+@pytest.mark.parametrize("rule, text, expected", [
+    ("iso_timestamps", "Now: 2026-11-23T10:31:02Z.", "Now: ⟨iso_timestamps⟩."),
+    ("iso_timestamps", "at 2026-11-23 10:31 and 2026-11-23T10:31:02.123+01:00", "at ⟨iso_timestamps⟩ and ⟨iso_timestamps⟩"),
+    ("iso_timestamps", "version 2026.11 on 2026-11-23", "version 2026.11 on 2026-11-23"),  # a date alone is stable
+    ("clock_times", "It is 9:05 PM, or 21:05:30.", "It is ⟨clock_times⟩, or ⟨clock_times⟩."),
+    ("uuids", "id 123e4567-e89b-12d3-a456-426614174000 done", "id ⟨uuids⟩ done"),
+    ("request_ids", "msg_01XyZabc12 and req-8f3a9b1c and call_abc123", "⟨request_ids⟩ and ⟨request_ids⟩ and ⟨request_ids⟩"),
+    ("request_ids", "sha 0123456789abcdef0123 kept short: abc123", "sha ⟨request_ids⟩ kept short: abc123"),
+    ("request_ids", "message_board and call_me", "message_board and call_me"),  # not ids
+])
+def test_normalize(rule, text, expected):
+    assert normalize(text, [rule]) == expected
+
+
+def test_conversation_keys_see_a_later_turn_through_a_changed_timestamp():
+    def convo(ts: str, *more: dict) -> list[dict]:
+        return [{"role": "system", "content": f"Agent. Time: {ts}"}, {"role": "user", "content": "go"}, *more]
+
+    turn1 = convo("2026-11-23T10:31:02Z")
+    turn2 = convo("2026-11-23T10:32:40Z", {"role": "assistant", "content": "ok"}, {"role": "user", "content": "on"})
+    other = [{"role": "system", "content": "Another agent."}, {"role": "user", "content": "go"}]
+    on = ["iso_timestamps"]
+    assert continues(conversation_keys(turn1, None, on), conversation_keys(turn2, None, on))
+    assert not continues(conversation_keys(turn1, None, []), conversation_keys(turn2, None, []))  # off: no keys
+    assert not continues(conversation_keys(turn1, None, on), conversation_keys(other, None, on))
+    assert not continues(conversation_keys(turn2, None, on), conversation_keys(turn1, None, on))  # not backwards
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    assert not continues(conversation_keys(turn1, None, on), conversation_keys(turn2, tools, on))  # other tools

@@ -163,6 +163,9 @@ def run_arm(arm: str, model: Path, workdir: Path, system: str, turns: int, max_t
         server.wait_ready(startup_timeout)
         chat = Chat(server.url, "default", max_tokens)
     holder = {"server": server}
+    # One short request first: a GPU compiles its kernels on first use (tens of seconds on CUDA),
+    # which is not what a turn costs. Nothing in it is shared with the conversation.
+    Chat(chat.url, chat.model, 2).turn([{"role": "user", "content": "warm up " * 300}])
 
     def crash_between(turn: int) -> None:
         if arm != "crash" or turn != CRASH_AFTER_TURN:
@@ -205,6 +208,7 @@ def run_interleaved(model: Path, workdir: Path, system_tokens: int, turns: int, 
     try:
         server.wait_ready(startup_timeout)
         chat = Chat(server.url, "default", max_tokens)
+        Chat(server.url, "default", 2).turn([{"role": "user", "content": "warm up " * 300}])
         convs = {name: [{"role": "system", "content": system_prompt(system_tokens, name)}]
                  for name in ("orchestrator", "subagent-1", "subagent-2")}
         for t in range(1, turns + 1):

@@ -143,9 +143,13 @@ def weights_from_name(name: str) -> int | None:
 
 # --- KV cache --------------------------------------------------------------
 
-def kv_cache_bytes(config: dict[str, Any], context_tokens: int, bytes_per_value: int = 2) -> int:
-    """K and V for every layer over `context_tokens` positions (pure)."""
+def kv_cache_bytes(config: dict[str, Any], context_tokens: int, bytes_per_value: int | None = None) -> int:
+    """K and V for every layer over `context_tokens` positions (pure), in the
+    model's activation dtype (float16 unless its config says float32)."""
     c = _text_config(config)
+    if bytes_per_value is None:
+        dtype = str(c.get("torch_dtype") or config.get("torch_dtype") or "float16")
+        bytes_per_value = 4 if dtype == "float32" else 2
     try:
         hidden = int(c["hidden_size"])
         layers = int(c["num_hidden_layers"])
@@ -180,6 +184,15 @@ def estimate_footprint(
         # No config: assume a 10% KV allowance on top of the weights.
         return Footprint(by_name, by_name // 10, "model name")
     return Footprint(None, kv, "unknown")
+
+
+def request_fits(budget_bytes: int, weights_bytes: int, request_kv_bytes: int, cache_bytes: int) -> tuple[bool, int]:
+    """(whether a request's own KV — its prompt and answer — fits beside the
+    model's weights in the budget, the bytes the prompt cache may keep
+    meanwhile) (pure). The cache gives way first; a request that cannot fit
+    even then is refused, never run into an out-of-memory abort."""
+    room = budget_bytes - weights_bytes - request_kv_bytes
+    return room >= 0, max(0, min(cache_bytes, room))
 
 
 def prompt_cache_budget(budget_bytes: int, model_bytes: int | None, configured_bytes: int | None) -> int:

@@ -16,7 +16,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlxd import gguf, ollama_store
@@ -36,6 +36,7 @@ class ModelInfo:
     footprint: me.Footprint
     on_disk: bool  # False: a repo not downloaded yet, so the estimate may change
     prompt_cache_bytes: int = 0  # memory the prompt cache may hold beside this model
+    config: dict | None = field(default=None, compare=False)  # the model's shape, for KV sizes
 
 
 def demo_model_dir(config: Config, variant: str) -> Path:
@@ -113,7 +114,7 @@ def model_info(config: Config, model_id: str, budget_bytes: int) -> ModelInfo:
     pc = config.engine.prompt_cache
     configured = None if pc.memory_gib is None else int(pc.memory_gib * me.GIB)
     cache_bytes = me.prompt_cache_budget(budget_bytes, footprint.total_bytes, configured) if pc.enabled else 0
-    return ModelInfo(model_id, spec, verdict, footprint, on_disk=on_disk, prompt_cache_bytes=cache_bytes)
+    return ModelInfo(model_id, spec, verdict, footprint, on_disk=on_disk, prompt_cache_bytes=cache_bytes, config=cfg)
 
 
 def heavy_models(config: Config, budget_bytes: int) -> dict[str, bool]:

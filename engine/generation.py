@@ -19,6 +19,7 @@ from .events import Delta, Failed, Finished, ToolCalls
 from .faults import FaultInjector
 from .jobs import Job, SamplingParams
 from .prompt_cache import PROCESSOR_CONTEXT
+from .prompt_tokens import PieceEncoder, template_tokens
 from .stop_matcher import StopMatcher
 from .tool_calls import ToolCallSplitter, format_tool_calls
 
@@ -33,6 +34,7 @@ class ResidentModel:
     model_id: str
     model: Any
     tokenizer: Any
+    encoder: PieceEncoder | None = None  # chat prompts, piece by piece (engine/prompt_tokens.py)
 
     def vocab_size(self) -> int:
         args = getattr(self.model, "args", None)
@@ -70,8 +72,12 @@ def tokenize(resident: ResidentModel, job: Job, max_prompt_tokens: int) -> list[
             tokens = tok.encode(job.prompt)
     elif getattr(tok, "chat_template", None):
         try:
-            tokens = tok.apply_chat_template(job.messages, tools=job.tools, add_generation_prompt=True,
-                                             tokenize=True)
+            if resident.encoder is not None and resident.encoder.enabled:
+                text = tok.apply_chat_template(job.messages, tools=job.tools, add_generation_prompt=True,
+                                               tokenize=False)
+                tokens = resident.encoder.encode(text)
+            else:
+                tokens = template_tokens(tok, job.messages, job.tools)
         except Exception as exc:  # noqa: BLE001 - templates raise anything; it is the input's fault
             raise bad_request(f"the model's chat template rejected the messages: {exc}", param="messages",
                               code="invalid_messages") from exc

@@ -317,6 +317,13 @@ class PromptCache:
             self._prefill_tokens_per_s = rate if self._prefill_tokens_per_s is None else \
                 0.7 * self._prefill_tokens_per_s + 0.3 * rate
 
+    @_never_fatal()
+    def shrink_to(self, budget_bytes: int) -> None:
+        """Least recently used entries leave memory (to disk) until the rest
+        take at most `budget_bytes`: room for a request's own KV."""
+        self._evict(entries_to_evict([e.nbytes for e in self._entries], budget_bytes))
+        self._publish()
+
     # --- between requests ----------------------------------------------------
     @_never_fatal()
     def idle(self) -> None:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from mlxd.memory_estimate import kv_cache_bytes, request_fits
 from mlxd.records import InflightRequest
 
 from .admission import AdmissionQueue
@@ -36,6 +37,7 @@ from .jobs import Job
 from .model_cache import Unload, plan_release, plan_switch
 from .model_registry import ModelRegistry
 from .prompt_cache import CacheStats, PromptCache, kv_offset, needs_boundary_snapshot
+from .prompt_tokens import PieceEncoder
 
 log = logging.getLogger("mlxd.engine.worker")
 HEARTBEAT_S = 0.05  # progress is published at most this often
@@ -236,7 +238,7 @@ class ModelWorker(threading.Thread):
                 self._unload()
             raise EngineError(503, f"could not load model {model_id!r}: {exc}", code="model_load_failed",
                               param="model", retry_after=30) from exc
-        self._resident = ResidentModel(model_id, model, tokenizer)
+        self._resident = ResidentModel(model_id, model, tokenizer, PieceEncoder(tokenizer))
         self.prompt_cache.set_model(self.registry.build_key(model_id, target),
                                     self.registry.info(model_id).prompt_cache_bytes)
         self.counters["model_loads"] += 1
@@ -292,6 +294,25 @@ class ModelWorker(threading.Thread):
         except OSError as exc:  # a full disk must not take requests down
             log.warning("cannot record the in-flight request: %s", exc)
 
+    def _room_beside(self, job: Job, prompt: list[int]) -> int:
+        """Bytes the prompt cache may keep while this request runs: its own KV
+        must fit beside the model, so the cache gives way first, and a request
+        that cannot fit even then is refused with a 400 (the gateway falls
+        back) rather than run into Metal's out-of-memory abort."""
+        info = self.registry.info(job.model_id)
+        if info.footprint.weights_bytes is None or not info.config:
+            return self.prompt_cache.stats.memory_bytes  # size unknown: nothing to go by
+        tokens = len(prompt) + job.params.max_tokens
+        need = kv_cache_bytes(info.config, tokens)
+        fits, room = request_fits(self.registry.budget_bytes, info.footprint.weights_bytes, need,
+                                  self.prompt_cache.stats.memory_bytes)
+        if not fits:
+            raise EngineError(400, f"this request needs {need / 2**30:.2f} GiB of KV cache for {tokens} tokens "
+                                   f"(prompt + max_tokens), which does not fit beside the model in the memory budget "
+                                   f"of {self.registry.budget_bytes / 2**30:.2f} GiB; shorten the prompt or max_tokens",
+                              code="context_length_exceeded", param="messages")
+        return room
+
     def _generate(self, job: Job, prompt: list[int]) -> None:
         from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 
@@ -305,7 +326,10 @@ class ModelWorker(threading.Thread):
         generation = Generation(self._resident, job, self.faults, self.prefill_step_size, self._heartbeat,
                                 on_decode=on_decode)
         cache = self.prompt_cache
+        room = self._room_beside(job, prompt)  # raises the 400 for a request that cannot fit
         fetched = cache.fetch(prompt)
+        if room < cache.stats.memory_bytes:
+            cache.shrink_to(room)
         kv, cached = fetched.kv, fetched.cached_tokens
         rest, snapshot = prompt[cached:], None
         if cache.enabled:

@@ -180,6 +180,31 @@ def test_agent_safe_keys_keep_one_entry_per_conversation_and_reuse_only_real_mat
         assert stats["memory_entries"] == entries_after and stats["superseded"] == 2 - entries_after
 
 
+def test_a_request_whose_kv_cannot_fit_is_refused_and_the_cache_gives_way_first(start_engine, demo_models):
+    from mlxd.memory_estimate import read_weight_bytes
+
+    weights, _ = read_weight_bytes(demo_models.a)
+    # A memory budget (75 % of this "machine") of the weights + 3 MiB: demo-a's KV takes 4 KiB a
+    # token, so a request of up to ~760 tokens (prompt + max_tokens) fits beside the model.
+    total = int((weights + 3 * 2**20) / 0.75) + 1
+    ep = start_engine(toml=toml(demo_models, "disk = false\nmemory_gib = 1", engine="context_tokens = 128"),
+                      env={"MLXD_MEMORY_TOTAL_BYTES": str(total)})
+    short = [{"role": "system", "content": SYSTEM[:500]}, {"role": "user", "content": "short"}]
+    ask(ep.url, short)  # ~300 tokens: fits, and its entry (2 MiB of buffer) stays in the cache
+    assert cache_stats(ep.url)["memory_entries"] == 1
+    r = requests.post(ep.url + "/v1/chat/completions", timeout=60, json={
+        "model": "demo-a", "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "long"}],
+        "max_tokens": 6})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+    assert "does not fit beside the model" in r.json()["error"]["message"]
+    # Another ~500-token conversation fits only if the cached entry gives way: it does.
+    other = [{"role": "system", "content": "other: " + SYSTEM[:900]}, {"role": "user", "content": "x"}]
+    _, usage = ask(ep.url, other)
+    assert usage["completion_tokens"] > 0
+    stats = cache_stats(ep.url)
+    assert stats["evictions"] >= 1 and requests.get(ep.url + "/health", timeout=5).json()["status"] == "ok"
+
+
 def test_a_disk_entry_survives_kill_9_and_is_used_after_the_restart(tmp_path, demo_models):
     home = tmp_path / "home"
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "remember this"}]

@@ -10,7 +10,7 @@ import pytest
 from mlxd.engine.cache_keys import continues, conversation_keys, normalize
 from mlxd.engine.prompt_cache import (Candidate, choose_reuse, common_prefix, entries_to_evict,
                                       needs_boundary_snapshot, worth_reading)
-from mlxd.memory_estimate import GIB, prompt_cache_budget
+from mlxd.memory_estimate import GIB, prompt_cache_budget, request_fits
 
 
 def toks(*ids: int) -> np.ndarray:
@@ -149,3 +149,13 @@ def test_conversation_keys_see_a_later_turn_through_a_changed_timestamp():
     assert not continues(conversation_keys(turn2, None, on), conversation_keys(turn1, None, on))  # not backwards
     tools = [{"type": "function", "function": {"name": "f"}}]
     assert not continues(conversation_keys(turn1, None, on), conversation_keys(turn2, tools, on))  # other tools
+
+
+@pytest.mark.parametrize("budget, weights, need, cached, expected", [
+    (16 * GIB, 8 * GIB, 2 * GIB, 1 * GIB, (True, 1 * GIB)),  # room for both
+    (16 * GIB, 8 * GIB, 6 * GIB, 5 * GIB, (True, 2 * GIB)),  # the cache gives way first
+    (16 * GIB, 8 * GIB, 8 * GIB, 5 * GIB, (True, 0)),  # all of it
+    (16 * GIB, 8 * GIB, 9 * GIB, 0, (False, 0)),  # the request alone does not fit: refused
+])
+def test_request_fits(budget, weights, need, cached, expected):
+    assert request_fits(budget, weights, need, cached) == expected

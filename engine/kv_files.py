@@ -27,11 +27,14 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
+from mlxd.paths import write_atomic
+
 from .cache_keys import continues
 
 log = logging.getLogger("mlxd.engine.prompt_cache")
 
 FORMAT = "mlxd-kv-1"
+RATES_FILE = "rates.json"  # measured disk-read and prefill speeds (prompt_cache.py)
 MAX_HEADER_BYTES = 64 * 2**20  # tokens live in the header: 100k tokens take ~0.5 MB
 
 
@@ -156,7 +159,7 @@ class KVFiles:
         if not self.folder.is_dir():
             return
         for path in sorted(self.folder.glob("*")):
-            if path.is_dir():
+            if path.is_dir() or path.name == RATES_FILE or path.name.startswith(f".{RATES_FILE}."):
                 continue
             if path.suffix != ".safetensors":
                 self._reject(path, "not an entry file")
@@ -231,6 +234,20 @@ class KVFiles:
         self._index[final] = entry
         self._enforce_budget(keep=final)
         return entry
+
+    def load_rates(self) -> dict[str, float]:
+        try:
+            rates = json.loads((self.folder / RATES_FILE).read_text())
+            return {k: float(v) for k, v in rates.items() if isinstance(v, (int, float)) and v > 0}
+        except (OSError, ValueError, AttributeError):
+            return {}
+
+    def save_rates(self, rates: dict[str, float | None]) -> None:
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            write_atomic(self.folder / RATES_FILE, json.dumps(rates), durable=False)
+        except OSError as exc:
+            log.warning("prompt cache: cannot save measured speeds: %s", exc)
 
     # --- upkeep ------------------------------------------------------------------
     def _enforce_budget(self, keep: Path | None = None) -> None:

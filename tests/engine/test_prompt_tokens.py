@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mlxd import default_model
 from mlxd.engine.prompt_tokens import PieceEncoder, split_pattern, splittable, template_tokens
+from testkit import real_default_model
 
 # Text an agent sends: words, whitespace runs, digits, punctuation, unicode, JSON, and the
 # template's own markers inside content.
@@ -27,20 +27,15 @@ CONVERSATION = st.lists(MESSAGE, min_size=1, max_size=6)
 def tokenizers(demo_models, tmp_path_factory):
     from mlx_lm.utils import load
 
-    out = {"demo": load(str(demo_models.a))[1]}
-    gguf = default_model.gguf_path()
-    if gguf.is_file():  # set-up fetched it (CI does): the real model's byte-level BPE too
-        from mlxd.engine.gguf_convert import convert_gguf
+    from mlxd.engine.gguf_convert import convert_gguf
 
-        out["smollm2"] = load(str(convert_gguf(gguf, tmp_path_factory.mktemp("gguf"))))[1]
-    return out
+    return {"demo": lambda: load(str(demo_models.a))[1],  # the real model's byte-level BPE too:
+            "smollm2": lambda: load(str(convert_gguf(real_default_model(), tmp_path_factory.mktemp("gguf"))))[1]}
 
 
 @pytest.mark.parametrize("name", ["demo", "smollm2"])
 def test_piece_by_piece_equals_the_template_tokenization(tokenizers, name):
-    if name not in tokenizers:
-        pytest.skip(default_model.missing_hint())
-    tok = tokenizers[name]
+    tok = tokenizers[name]()
     encoder = PieceEncoder(tok)
     assert encoder.enabled  # both tokenizers split cleanly at their added tokens
 
@@ -54,7 +49,7 @@ def test_piece_by_piece_equals_the_template_tokenization(tokenizers, name):
 
 
 def test_a_later_turn_reuses_the_earlier_pieces(tokenizers):
-    tok = tokenizers["demo"]
+    tok = tokenizers["demo"]()
     encoder = PieceEncoder(tok)
     calls = []
     whole = encoder._encode_whole

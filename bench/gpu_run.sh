@@ -12,6 +12,7 @@
 #   bash bench/gpu_run.sh engine    # call 2: install, build the 8B model, bound + engine overhead
 #   bash bench/gpu_run.sh gateway   # call 3: install LiteLLM, gateway overhead on the 8B model
 #   bash bench/gpu_run.sh cache     # after `engine` (BUILD_ONLY=1 is enough): the prompt-cache benchmark
+#   bash bench/gpu_run.sh profile   # likewise: bench/kv_reuse_profile.py (a diagnosis, mlx-lm alone)
 # Results go to $OUT (or bench/results/gpu).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -77,8 +78,15 @@ cache)
       --turns 10 --rounds "${ROUNDS:-1}" --interleaved-turns 3 --startup-timeout 300 \
       --out "$OUT/prompt_cache_8b.json" | tee "$OUT/prompt_cache_8b.md"
   ;;
+profile)
+  # Diagnosis, by hand: where a reused KV cache's time goes in mlx-lm alone
+  # (bench/kv_reuse_profile.py), on the 8B model.
+  install_engine
+  $PY bench/kv_reuse_profile.py "$MODEL" --prompt-tokens "${SYSTEM_TOKENS:-12288}" --turns "${TURNS:-6}" \
+      | tee "$OUT/kv_reuse_profile_8b.txt"
+  ;;
 *)
-  echo "usage: $0 stage|engine|gateway|cache" >&2
+  echo "usage: $0 stage|engine|gateway|cache|profile" >&2
   exit 64
   ;;
 esac

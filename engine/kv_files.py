@@ -184,6 +184,8 @@ class KVFiles:
     # --- reading and writing ----------------------------------------------------
     def load(self, entry: DiskEntry) -> list[Any]:
         """The entry's KV, checked against its metadata; a file that fails is deleted."""
+        import mlx.core as mx
+        from mlx.utils import tree_flatten
         from mlx_lm.models.cache import load_prompt_cache
 
         try:
@@ -191,6 +193,8 @@ class KVFiles:
             if parse_entry(entry.path, meta, self.expected).model_key != entry.model_key:
                 raise KVFileError(f"{entry.path.name} changed on disk")
             kv = load_prompt_cache(str(entry.path))
+            # mx.load is lazy: read now, so a bad file fails here and the read is timed.
+            mx.eval([a for c in kv for _, a in tree_flatten(c.state) if isinstance(a, mx.array)])
         except (KVFileError, OSError, RuntimeError, ValueError, KeyError, TypeError, IndexError) as exc:
             self._reject(entry.path, str(exc))
             raise KVFileError(f"cannot read {entry.path.name}: {exc}") from None

@@ -128,16 +128,32 @@ def entries_to_evict(sizes_lru_first: Sequence[int], budget_bytes: int) -> int:
 
 
 def worth_reading(file_bytes: int, tokens_saved: int, *, max_bytes: int, max_read_s: float,
-                  read_bytes_per_s: float, prefill_tokens_per_s: float | None) -> bool:
+                  read_bytes_per_s: float, read_timed: bool, prefill_tokens_per_s: float | None) -> bool:
     """Whether to read a disk entry (pure): it must fit the memory the cache
-    may use, be read within max_read_s at the measured disk speed, and be
-    quicker to read than the prefill it saves (when that speed is known)."""
+    may use, be read within max_read_s at the disk's speed, and, once a read
+    has been timed, be quicker to read than the prefill it saves. Before
+    that the speed is the write speed, a guess: a file written moments
+    before a crash is usually still in the OS's page cache, and an estimate
+    that forbade the first read would never be corrected."""
     if file_bytes > max_bytes:
         return False
     read_s = file_bytes / max(read_bytes_per_s, 1.0)
     if read_s > max_read_s:
         return False
-    return prefill_tokens_per_s is None or read_s < tokens_saved / max(prefill_tokens_per_s, 1e-9)
+    if not read_timed or prefill_tokens_per_s is None:
+        return True
+    return read_s < tokens_saved / max(prefill_tokens_per_s, 1e-9)
+
+
+def prefill_rate_for(warm: bool, fastest: float | None, first_in_process: float | None) -> float | None:
+    """The prefill speed a disk read competes with (pure). An engine that has
+    not prefilled a long prompt yet pays for its kernels' first compilation
+    too (on MLX CUDA a restarted engine's first 12k-token prefill took 2.4 s,
+    later ones 0.7 s): judged by earlier engines' first prefills, it reads
+    where a read really is quicker for it."""
+    if warm:
+        return fastest
+    return first_in_process or fastest
 
 
 def needs_boundary_snapshot(layer_kinds: Sequence[str], trimmable: bool) -> bool:
@@ -216,6 +232,45 @@ def _trimmable(kv: list[Any]) -> bool:
     return bool(kv) and can_trim_prompt_cache(kv)
 
 
+def packed_length(offset: int, room: int, step: int) -> int:
+    """The buffer a reused KVCache layer is copied into: its tokens and the
+    turn's new ones, rounded up to mlx-lm's growth step. A cache mlx-lm grows
+    from a fresh start always has such a buffer; one continued from an odd
+    offset does not (KVCache.update_and_fetch cuts it back there before
+    growing), and decoding on those ran 25 % slower on MLX CUDA (8B model,
+    12-14k tokens: 9.7 vs 7.4 ms per token, bench/kv_reuse_profile.py)."""
+    return -(-(offset + room) // step) * step
+
+
+def needs_repack(buffer_len: int, offset: int, room: int, step: int, shared: bool) -> bool:
+    """Whether a layer's buffer must be copied before the turn: always when
+    it is shared with an entry that stays (mlx-lm writes new tokens into the
+    buffer in place), else unless it is already a whole number of steps with
+    room for the new tokens."""
+    return shared or buffer_len % step != 0 or buffer_len < offset + room
+
+
+def packed(kv: list[Any], room: int, shared: bool = False) -> list[Any]:
+    """The cache with each plain KVCache layer in a buffer of packed_length,
+    copied where needs_repack says so."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import KVCache
+
+    out, fresh = [], []
+    for c in kv:
+        if type(c) is KVCache and c.keys is not None and needs_repack(c.keys.shape[2], c.offset, room, c.step, shared):
+            n, length = c.offset, packed_length(c.offset, room, c.step)
+            keys = mx.zeros((*c.keys.shape[:2], length, c.keys.shape[3]), c.keys.dtype)
+            values = mx.zeros((*c.values.shape[:2], length, c.values.shape[3]), c.values.dtype)
+            keys[..., :n, :] = c.keys[..., :n, :]
+            values[..., :n, :] = c.values[..., :n, :]
+            c = KVCache.from_state((keys, values, n))
+            fresh += [keys, values]
+        out.append(c)
+    mx.eval(fresh)
+    return out
+
+
 def kv_offset(kv: list[Any]) -> int | None:
     """Tokens an attention cache holds (None for caches that do not say)."""
     offsets = [c.offset for c in kv if hasattr(c, "offset")]
@@ -258,7 +313,9 @@ class PromptCache:
         # an engine restarted after a crash judges its first read by them.
         rates = self.files.load_rates() if self.files is not None else {}
         self._read_bytes_per_s = float(rates.get("read_bytes_per_s") or 1e9)  # until measured
-        self._prefill_tokens_per_s: float | None = rates.get("prefill_tokens_per_s")
+        self._prefill_tokens_per_s: float | None = rates.get("prefill_tokens_per_s")  # fastest seen
+        self._first_prefill_tokens_per_s: float | None = rates.get("first_prefill_tokens_per_s")
+        self._warm = False  # this process has prefilled a long prompt
         self._read_measured = bool(rates.get("read_measured"))
         self._rates_saved = dict(rates)
         self.stats = CacheStats(enabled=enabled, disk_enabled=self.files is not None)
@@ -291,7 +348,7 @@ class PromptCache:
         if self.files is not None and (in_memory is None or in_memory.tokens < len(tokens) - 1):
             fetched = self._fetch_from_disk(tokens, in_memory.tokens if in_memory else 0)
         if fetched is None and in_memory is not None:
-            fetched = self._take(in_memory)
+            fetched = self._take(in_memory, len(tokens))
         fetched = fetched or Fetched(None, 0, "none")
         s = self.stats
         self.stats = replace(s, requests=s.requests + 1, hits=s.hits + (fetched.cached_tokens > 0),
@@ -323,7 +380,11 @@ class PromptCache:
         over long prompts (short ones are mostly fixed costs), so a read is
         chosen only where it beats the prefill at its best."""
         if tokens >= MIN_PREFILL_SAMPLE and seconds > 0:
-            self._prefill_tokens_per_s = max(self._prefill_tokens_per_s or 0.0, tokens / seconds)
+            rate = tokens / seconds
+            self._prefill_tokens_per_s = max(self._prefill_tokens_per_s or 0.0, rate)
+            if not self._warm:  # this process's first: what a restarted engine's prefill costs
+                self._first_prefill_tokens_per_s = rate
+                self._warm = True
 
     @_never_fatal()
     def shrink_to(self, budget_bytes: int) -> None:
@@ -344,18 +405,22 @@ class PromptCache:
             self._publish()
         # After the write, which may have measured the disk: the speeds go with the entries.
         rates = {"read_bytes_per_s": self._read_bytes_per_s, "prefill_tokens_per_s": self._prefill_tokens_per_s,
+                 "first_prefill_tokens_per_s": self._first_prefill_tokens_per_s,
                  "read_measured": 1.0 if self._read_measured else None}
         if rates != self._rates_saved:
             self.files.save_rates(rates)
             self._rates_saved = rates
 
     # --- internals -------------------------------------------------------------
-    def _take(self, reuse: Reuse) -> Fetched:
-        from mlx_lm.models.cache import trim_prompt_cache
+    def _take(self, reuse: Reuse, prompt_len: int) -> Fetched:
+        from mlx_lm.models.cache import KVCache, trim_prompt_cache
 
         entry = self._entries[reuse.index]
         if reuse.copy:
-            kv = copy.deepcopy(entry.kv)
+            # Cut a copy, not the entry. A plain KVCache's trim only moves its offset,
+            # so a shallow copy can be cut and then packed into arrays of its own;
+            # other layers write into their arrays in place and are deep-copied.
+            kv = [copy.copy(c) if type(c) is KVCache else copy.deepcopy(c) for c in entry.kv]
             self._entries.remove(entry)
             self._entries.append(entry)  # used: most recent now
         else:
@@ -363,7 +428,7 @@ class PromptCache:
             self._entries.remove(entry)  # continued by this request; stored again after it
         if reuse.trim:
             trim_prompt_cache(kv, reuse.trim)
-        return Fetched(kv, reuse.tokens, "memory")
+        return Fetched(packed(kv, prompt_len - reuse.tokens, shared=reuse.copy), reuse.tokens, "memory")
 
     def _fetch_from_disk(self, tokens: np.ndarray, memory_tokens: int) -> Fetched | None:
         """A disk entry that covers more than memory does, read if worth it."""
@@ -375,7 +440,9 @@ class PromptCache:
         found = candidates[reuse.index]
         if not worth_reading(found.nbytes, reuse.tokens - memory_tokens, max_bytes=max(self.budget_bytes, 0),
                              max_read_s=self.max_read_s, read_bytes_per_s=self._read_bytes_per_s,
-                             prefill_tokens_per_s=self._prefill_tokens_per_s):
+                             read_timed=self._read_measured,
+                             prefill_tokens_per_s=prefill_rate_for(self._warm, self._prefill_tokens_per_s,
+                                                                   self._first_prefill_tokens_per_s)):
             log.info("prompt cache: not reading %s (%d MiB): slower than the prefill it saves or over the "
                      "budget", found.path.name, found.nbytes >> 20)
             return None
@@ -396,7 +463,7 @@ class PromptCache:
             from mlx_lm.models.cache import trim_prompt_cache
 
             trim_prompt_cache(kv, reuse.trim)
-        return Fetched(kv, reuse.tokens, "disk")
+        return Fetched(packed(kv, len(tokens) - reuse.tokens), reuse.tokens, "disk")
 
     def _evict(self, n: int) -> None:
         """The n least recently used entries leave memory, to disk first."""

@@ -217,6 +217,7 @@ def test_a_disk_entry_survives_kill_9_and_is_used_after_the_restart(tmp_path, de
     # The measured speeds the next engine's first read is judged by went with it.
     rates = json.loads((home / "state" / "kv" / "rates.json").read_text())
     assert rates["prefill_tokens_per_s"] > 0 and rates["read_bytes_per_s"] > 0
+    assert rates["first_prefill_tokens_per_s"] > 0
     with engine_in(home, toml(demo_models)) as ep:
         assert cache_stats(ep.url)["disk_entries"] == 1 and cache_stats(ep.url)["memory_entries"] == 0
         _, usage = ask(ep.url, messages + [{"role": "assistant", "content": reply}, {"role": "user", "content": "go"}])

@@ -11,7 +11,8 @@ import pytest
 
 from mlxd.engine.cache_keys import continues, conversation_keys, normalize
 from mlxd.engine.prompt_cache import (Candidate, choose_reuse, common_prefix, entries_to_evict, supersedes,
-                                      needs_boundary_snapshot, worth_reading)
+                                      needs_boundary_snapshot, needs_repack, packed_length,
+                                      prefill_rate_for, worth_reading)
 from mlxd.memory_estimate import GIB, prompt_cache_budget, request_fits
 
 
@@ -89,16 +90,44 @@ def test_entries_to_evict(sizes, budget, evicted):
 GB = 10**9
 
 
-@pytest.mark.parametrize("file_bytes, saved, prefill_rate, expected", [
-    (1 * GB, 8000, 2000.0, True),  # 0.5 s to read vs 4 s of prefill
-    (1 * GB, 8000, 100_000.0, False),  # the prefill is faster than the read
-    (1 * GB, 8000, None, True),  # prefill speed not measured yet: read (within the limits)
-    (20 * GB, 10**6, 1.0, False),  # 10 s: over max_read_s
-    (9 * GB, 10**6, 1.0, False),  # over the memory the cache may use
+@pytest.mark.parametrize("file_bytes, saved, prefill_rate, read_timed, expected", [
+    (1 * GB, 8000, 2000.0, True, True),  # 0.5 s to read vs 4 s of prefill
+    (1 * GB, 8000, 100_000.0, True, False),  # the prefill is faster than the read
+    (1 * GB, 8000, 100_000.0, False, True),  # ...but no read timed yet: the first one is tried
+    (1 * GB, 8000, None, True, True),  # prefill speed not measured yet: read (within the limits)
+    (20 * GB, 10**6, 1.0, True, False),  # 10 s: over max_read_s
+    (20 * GB, 10**6, 1.0, False, False),  # ...which bounds a first read too
+    (9 * GB, 10**6, 1.0, True, False),  # over the memory the cache may use
 ])
-def test_worth_reading(file_bytes, saved, prefill_rate, expected):
+def test_worth_reading(file_bytes, saved, prefill_rate, read_timed, expected):
     assert worth_reading(file_bytes, saved, max_bytes=8 * GB, max_read_s=5.0, read_bytes_per_s=2 * GB,
-                         prefill_tokens_per_s=prefill_rate) is expected
+                         read_timed=read_timed, prefill_tokens_per_s=prefill_rate) is expected
+
+
+@pytest.mark.parametrize("warm, fastest, first, expected", [
+    (True, 18_000.0, 5_000.0, 18_000.0),  # this engine has compiled its kernels: its best speed
+    (False, 18_000.0, 5_000.0, 5_000.0),  # a restarted engine: what earlier engines' first prefills cost
+    (False, 18_000.0, None, 18_000.0),  # no first prefill recorded (rates from an older version)
+    (False, None, None, None),  # nothing measured
+])
+def test_prefill_rate_for(warm, fastest, first, expected):
+    assert prefill_rate_for(warm, fastest, first) == expected
+
+
+@pytest.mark.parametrize("buffer_len, offset, room, shared, expected", [
+    (512, 300, 100, False, False),  # whole steps, room for the turn: used as it is
+    (512, 300, 300, False, True),  # no room: mlx-lm would cut it at 300 and grow an odd buffer
+    (556, 300, 100, False, True),  # not whole steps (grown from an odd offset)
+    (512, 300, 100, True, True),  # shared with an entry that stays: always a copy
+])
+def test_needs_repack(buffer_len, offset, room, shared, expected):
+    assert needs_repack(buffer_len, offset, room, 256, shared) is expected
+
+
+@pytest.mark.parametrize("offset, room, expected", [(300, 100, 512), (300, 0, 512), (256, 0, 256), (256, 1, 512),
+                                                    (12_384, 396, 12_800)])
+def test_packed_length(offset, room, expected):
+    assert packed_length(offset, room, 256) == expected
 
 
 @pytest.mark.parametrize("kinds, trimmable, expected", [

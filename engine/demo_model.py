@@ -30,6 +30,7 @@ BUILDER_VERSION = 1
 STAMP = ".mlxd-demo.json"
 BOS, IM_START, IM_END, PAD = "<|begin_of_text|>", "<|im_start|>", "<|im_end|>", "<|pad|>"
 SPECIAL_TOKENS = [BOS, IM_START, IM_END, PAD]  # ids 0..3, in this order
+THINK, END_THINK = "<think>", "</think>"  # ids 4, 5 in a thinking variant's tokenizer
 # Files a build writes; an unstamped folder holding only these may be replaced.
 _OUR_FILES = {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
               "special_tokens_map.json", "generation_config.json", STAMP}
@@ -50,6 +51,10 @@ class DemoSpec:
     # same), so a real checkpoint's shape (e.g. Llama 3's 128256) is read per token.
     # The extra lm_head rows are zero and so never win a greedy pick (see _write_weights).
     model_vocab_size: int = 0
+    # A reasoning model's tokenizer and template: <think> and </think> are special
+    # tokens, and the template's `enable_thinking` switch opens the block (true) or
+    # writes it empty (false), as Qwen3's does.
+    thinking: bool = False
 
 
 VARIANTS: dict[str, DemoSpec] = {
@@ -65,6 +70,8 @@ VARIANTS: dict[str, DemoSpec] = {
     # "8b": Llama 3.1 8B's shapes exactly (32 x 4096, GQA 32/8, MLP 14336, vocab
     # 128256), bfloat16, 16 GB: for GPU runs (mlx-cuda).
     "8b": DemoSpec(4096, 32, 14336, 32, 8, 1024, 8008, 131072, "bfloat16", 128256),
+    # "a" as a reasoning model (for the reasoning tests).
+    "think": DemoSpec(256, 4, 512, 4, 2, 1024, 1234, 4096, "float32", thinking=True),
 }
 
 CHAT_TEMPLATE = """{{- bos_token -}}
@@ -118,6 +125,22 @@ For each call, return a JSON object with the function name and arguments inside 
 <|im_start|>assistant
 {% endif -%}
 """
+
+# The thinking variant's template: the same, with Qwen3's switch at the end.
+THINKING_CHAT_TEMPLATE = CHAT_TEMPLATE.replace("""{%- if add_generation_prompt -%}
+<|im_start|>assistant
+{% endif -%}
+""", """{%- if add_generation_prompt -%}
+<|im_start|>assistant
+{% if enable_thinking is defined and enable_thinking is false %}<think>
+
+</think>
+
+{% elif enable_thinking is defined and enable_thinking %}<think>
+{% endif -%}
+{% endif -%}
+""")
+assert THINKING_CHAT_TEMPLATE != CHAT_TEMPLATE
 
 _CORPUS = r'''
 The quick brown fox jumps over the lazy dog. A server that keeps running when one part
@@ -179,14 +202,14 @@ emoji: 🙂 😀 🚀 ✨ ❤️ 👍 — “quotes” ‘single’ … • € 
 '''
 
 
-def _train_tokenizer(vocab_size: int):
+def _train_tokenizer(vocab_size: int, special_tokens: list[str] | None = None):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
+        vocab_size=vocab_size, special_tokens=special_tokens or SPECIAL_TOKENS, show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     # The corpus is fed line by line in a fixed order; ties in pair counts are
     # broken deterministically by the trainer, so the result is byte-identical.
@@ -201,7 +224,7 @@ def _train_tokenizer(vocab_size: int):
 
 
 def _model_config(spec: DemoSpec, ids: dict[str, int]) -> dict:
-    shape = {k: v for k, v in asdict(spec).items() if k not in ("seed", "dtype", "model_vocab_size")}
+    shape = {k: v for k, v in asdict(spec).items() if k not in ("seed", "dtype", "model_vocab_size", "thinking")}
     shape["vocab_size"] = spec.model_vocab_size or spec.vocab_size
     return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **shape,
             "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "hidden_act": "silu",
@@ -272,7 +295,8 @@ def _is_complete(dest: Path, stamp: dict) -> bool:
 
 def _build_into(folder: Path, variant: str, spec: DemoSpec, say: Callable[[str], None]) -> None:
     say(f"demo model {variant}: training tokenizer (vocab {spec.vocab_size})")
-    tok = _train_tokenizer(spec.vocab_size)
+    extra = [THINK, END_THINK] if spec.thinking else []
+    tok = _train_tokenizer(spec.vocab_size, SPECIAL_TOKENS + extra)
     tok.save(str(folder / "tokenizer.json"))
     ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
     config = _model_config(spec, ids)
@@ -281,12 +305,12 @@ def _build_into(folder: Path, variant: str, spec: DemoSpec, say: Callable[[str],
         "bos_token_id": ids[BOS], "eos_token_id": ids[IM_END], "pad_token_id": ids[PAD]})
     _write_json(folder / "special_tokens_map.json", {
         "bos_token": BOS, "eos_token": IM_END, "pad_token": PAD,
-        "additional_special_tokens": [IM_START]})
+        "additional_special_tokens": [IM_START, *extra]})
     _write_json(folder / "tokenizer_config.json", {
         "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": BOS, "eos_token": IM_END,
-        "pad_token": PAD, "additional_special_tokens": [IM_START],
+        "pad_token": PAD, "additional_special_tokens": [IM_START, *extra],
         "model_max_length": spec.max_position_embeddings, "clean_up_tokenization_spaces": False,
-        "chat_template": CHAT_TEMPLATE})
+        "chat_template": THINKING_CHAT_TEMPLATE if spec.thinking else CHAT_TEMPLATE})
     say(f"demo model {variant}: writing weights ({spec.num_hidden_layers} layers, "
         f"hidden {spec.hidden_size}, {spec.dtype})")
     _write_weights(folder / "model.safetensors", config, spec, ids[IM_END])

@@ -24,6 +24,7 @@ class Started:
 @dataclass(frozen=True)
 class Delta:
     text: str
+    reasoning: bool = False  # the model's reasoning (`reasoning_content`), not its answer
 
 
 @dataclass(frozen=True)

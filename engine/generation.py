@@ -21,7 +21,12 @@ from .jobs import Job, SamplingParams
 from .prompt_cache import PROCESSOR_CONTEXT
 from .prompt_tokens import PieceEncoder, template_tokens
 from .stop_matcher import StopMatcher
-from .tool_calls import ToolCallSplitter, format_tool_calls
+from .answer_parts import AnswerSplitter, Markers, Part, markers_of, opens_in_reasoning
+from .tool_calls import format_tool_calls
+
+# Prompt tokens looked at for an open reasoning block (the template opens it
+# at the very end of the prompt).
+PROMPT_TAIL = 64
 
 log = logging.getLogger("mlxd.engine.worker")  # it runs on the worker thread, and logs as the worker
 MAX_BACKLOG = 2048  # events buffered for a slow reader before the worker waits
@@ -74,10 +79,10 @@ def tokenize(resident: ResidentModel, job: Job, max_prompt_tokens: int) -> list[
         try:
             if resident.encoder is not None and resident.encoder.enabled:
                 text = tok.apply_chat_template(job.messages, tools=job.tools, add_generation_prompt=True,
-                                               tokenize=False)
+                                               tokenize=False, **job.template_kwargs)
                 tokens = resident.encoder.encode(text)
             else:
-                tokens = template_tokens(tok, job.messages, job.tools)
+                tokens = template_tokens(tok, job.messages, job.tools, **job.template_kwargs)
         except Exception as exc:  # noqa: BLE001 - templates raise anything; it is the input's fault
             raise bad_request(f"the model's chat template rejected the messages: {exc}", param="messages",
                               code="invalid_messages") from exc
@@ -155,9 +160,9 @@ class Generation:
         self.heartbeat = heartbeat
         self.on_decode = on_decode
         self.stops = StopMatcher(list(job.params.stop))
-        tok = resident.tokenizer
-        self.splitter = (ToolCallSplitter(tok.tool_call_start, tok.tool_call_end)
-                         if job.tools and getattr(tok, "has_tool_calling", False) else None)
+        # A text completion is raw text: only chat answers are split.
+        self.markers = markers_of(resident.tokenizer, bool(job.tools)) if job.kind == "chat" else Markers()
+        self.splitter = AnswerSplitter(self.markers)  # replaced in decode, which sees the whole prompt
         self.called_tools = False
         self.deadline = time.monotonic() + job.deadline_s
 
@@ -176,6 +181,9 @@ class Generation:
         if processors and context:
             processors = [_seeing(proc, context) for proc in processors]
         token_faults = any(f.point == "token" for f in self.faults.active) and self.faults.applies_to(job.text)
+        if self.markers.think is not None:
+            tail = (list(context or [])[-PROMPT_TAIL:] + list(prompt))[-PROMPT_TAIL:]
+            self.splitter = AnswerSplitter(self.markers, opens_in_reasoning(self.resident.tokenizer, tail))
         tokens: list[int] = []
         first = True
         for resp in stream_generate(self.resident.model, self.resident.tokenizer, prompt, max_tokens=p.max_tokens,
@@ -209,35 +217,26 @@ class Generation:
             channel.put(Failed(EngineError(503, "generation cancelled: the engine is shutting down",
                                            code="engine_unavailable", retry_after=5)))
             return
-        tail = self.stops.flush()
-        if self.splitter is not None:
-            text, bodies = self.splitter.feed(tail)
-            more, last = self.splitter.flush()
-            tail = text + more
-            self._emit_tool_calls(bodies + last)
-        if tail:
-            channel.put(Delta(tail))
+        self._send(self.splitter.feed(self.stops.flush()) + self.splitter.flush())
         channel.put(Finished(answer_finish(finish, self.called_tools), prompt_tokens, generated, cached_tokens))
 
     def _relay(self, piece: str) -> None:
-        text = self.stops.feed(piece)
-        if self.splitter is not None:
-            text, bodies = self.splitter.feed(text)
-            self._emit_tool_calls(bodies)
-        if text:
-            self.job.channel.put(Delta(text))
-            if self.job.channel.backlog > MAX_BACKLOG:
-                self._wait_for_reader()
+        self._send(self.splitter.feed(self.stops.feed(piece)))
+        if self.job.channel.backlog > MAX_BACKLOG:
+            self._wait_for_reader()
 
-    def _emit_tool_calls(self, bodies: list[str]) -> None:
-        if not bodies:
-            return
-        calls, unparsed = format_tool_calls(bodies, self.resident.tokenizer.tool_parser, self.job.tools)
-        if calls:
-            self.job.channel.put(ToolCalls(calls))
-            self.called_tools = True
-        if unparsed:
-            self.job.channel.put(Delta(unparsed))
+    def _send(self, parts: list[Part]) -> None:
+        channel = self.job.channel
+        for part in parts:
+            if part.kind == "tool":
+                calls, unparsed = format_tool_calls([part.text], self.resident.tokenizer.tool_parser, self.job.tools)
+                if calls:
+                    channel.put(ToolCalls(calls))
+                    self.called_tools = True
+                if unparsed:  # nothing the model wrote is lost
+                    channel.put(Delta(unparsed))
+            else:
+                channel.put(Delta(part.text, reasoning=part.kind == "reasoning"))
 
     def _wait_for_reader(self) -> None:
         """Backpressure: a client that reads slower than we generate makes

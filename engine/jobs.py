@@ -53,6 +53,7 @@ class Job:
     messages: list[dict[str, Any]] | None = None
     tools: list[dict[str, Any]] | None = None
     prompt: str | list[int] | None = None
+    template_kwargs: dict[str, Any] = field(default_factory=dict)  # extra chat-template arguments
     conversation: tuple[str, ...] = ()  # agent-safe cache keys (engine/cache_keys.py); () when off
     cancelled: threading.Event = field(default_factory=threading.Event)
 
@@ -66,7 +67,8 @@ class Job:
     @functools.cached_property
     def fingerprint(self) -> str:
         """Identifies the request's content (for the crash journal)."""
-        body = json.dumps([self.model_id, self.messages, self.tools, self.prompt], sort_keys=True, default=str)
+        body = json.dumps([self.model_id, self.messages, self.tools, self.prompt, self.template_kwargs],
+                          sort_keys=True, default=str)
         return hashlib.sha256(body.encode()).hexdigest()[:16]
 
 
@@ -74,8 +76,10 @@ def job_from_request(req: SamplingFields, kind: str, registry: ModelRegistry, li
     """The job for a validated request; raises the EngineError that refuses it."""
     model_id = registry.resolve(req.model)
     messages = tools = prompt = None
+    template_kwargs: dict[str, Any] = {}
     if isinstance(req, ChatCompletionRequest):
         messages, tools = [m.for_template() for m in req.messages], req.tools_for_template()
+        template_kwargs = req.template_kwargs()
     else:
         prompt = req.prompt  # type: ignore[attr-defined]
     check_prompt_size(messages, tools, prompt, limits.max_prompt_tokens)
@@ -90,7 +94,7 @@ def job_from_request(req: SamplingFields, kind: str, registry: ModelRegistry, li
     )
     return Job(id=uuid.uuid4().hex[:12], kind=kind, model_id=model_id, params=params,
                channel=EventChannel(asyncio.get_running_loop()), deadline_s=limits.request_deadline_s,
-               messages=messages, tools=tools, prompt=prompt,
+               messages=messages, tools=tools, prompt=prompt, template_kwargs=template_kwargs,
                conversation=conversation_keys(messages, tools, limits.prompt_cache.normalize))
 
 

@@ -54,9 +54,11 @@ def split_pattern(contents: list[str]) -> re.Pattern[str] | None:
     return re.compile("(" + "|".join(map(re.escape, contents)) + ")") if contents else None
 
 
-def template_tokens(tokenizer: Any, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+def template_tokens(tokenizer: Any, messages: list[dict], tools: list[dict] | None = None,
+                    **template_kwargs: Any) -> list[int]:
     """The chat template's own tokenization of `messages` (the reference)."""
-    ids = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True)
+    ids = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True,
+                                        **template_kwargs)
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 

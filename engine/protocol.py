@@ -84,6 +84,7 @@ class ChatMessage(Lenient):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
+    reasoning_content: str | None = None  # an earlier answer's reasoning, sent back
 
     @model_validator(mode="after")
     def _content_required(self) -> "ChatMessage":
@@ -106,6 +107,8 @@ class ChatMessage(Lenient):
             out["tool_call_id"] = self.tool_call_id
         if self.tool_calls:
             out["tool_calls"] = [_template_tool_call(tc) for tc in self.tool_calls]
+        if self.reasoning_content:  # templates that keep reasoning render it (Qwen3's)
+            out["reasoning_content"] = clean_text(self.reasoning_content)
         return out
 
 
@@ -183,12 +186,81 @@ class SamplingFields(Lenient):
         return self.max_tokens
 
 
+# Template arguments a client may not set through chat_template_kwargs: the
+# engine passes them itself.
+RESERVED_TEMPLATE_ARGS = frozenset({"messages", "conversation", "tools", "documents", "add_generation_prompt",
+                                    "tokenize", "continue_final_message", "return_dict", "chat_template"})
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
+
+
+class ReasoningControl(Lenient):
+    """`reasoning: {...}` (OpenRouter's and the Responses API's shape)."""
+
+    effort: ReasoningEffort | None = None
+    enabled: bool | None = None
+
+
+class ThinkingControl(Lenient):
+    """`thinking: {...}` (Anthropic's shape)."""
+
+    type: Literal["enabled", "disabled", "adaptive"]
+    budget_tokens: int | None = Field(default=None, ge=0)
+
+
+def thinking_switch(template_kwargs: dict[str, Any] | None, enable_thinking: bool | None,
+                    thinking: ThinkingControl | None, reasoning: ReasoningControl | None,
+                    reasoning_effort: str | None) -> bool | None:
+    """Whether the client asked for reasoning on (True), off (False) or said
+    nothing (None: the model's own default), from whichever of the controls
+    clients send; the most specific one wins (pure)."""
+    if template_kwargs and isinstance(template_kwargs.get("enable_thinking"), bool):
+        return template_kwargs["enable_thinking"]
+    if enable_thinking is not None:
+        return enable_thinking
+    if thinking is not None:
+        return thinking.type != "disabled"
+    if reasoning is not None:
+        if reasoning.enabled is not None:
+            return reasoning.enabled
+        if reasoning.effort is not None:
+            return reasoning.effort != "none"
+    if reasoning_effort is not None:
+        return reasoning_effort != "none"
+    return None
+
+
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_SANITY)
     tools: list[ToolDefinition] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     response_format: ResponseFormat | None = None
+    # Reasoning controls, mapped to the chat template's switch where the model has
+    # one (mlx-lm renames `enable_thinking` to the model's own argument) and
+    # harmless where it has none.
+    chat_template_kwargs: dict[str, Any] | None = None
+    enable_thinking: bool | None = None
+    thinking: ThinkingControl | None = None
+    reasoning: ReasoningControl | None = None
+    reasoning_effort: ReasoningEffort | None = None
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _not_reserved(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        taken = sorted(RESERVED_TEMPLATE_ARGS & set(v or {}))
+        if taken:
+            raise ValueError(f"chat_template_kwargs may not set {', '.join(taken)}")
+        return v
+
+    def template_kwargs(self) -> dict[str, Any]:
+        """Extra arguments for the chat template: the client's own, and the
+        reasoning switch when any control set it."""
+        out = dict(self.chat_template_kwargs or {})
+        switch = thinking_switch(self.chat_template_kwargs, self.enable_thinking, self.thinking, self.reasoning,
+                                 self.reasoning_effort)
+        if switch is not None:
+            out["enable_thinking"] = switch
+        return out
 
     @field_validator("response_format")
     @classmethod
@@ -294,9 +366,12 @@ class ResponseBuilder:
                 "system_fingerprint": self.fingerprint}
         self._chunk_head = json.dumps(head)[:-1]
 
-    def full(self, text: str, finish_reason: str, usage: Usage, tool_calls: list[dict] | None = None) -> dict[str, Any]:
+    def full(self, text: str, finish_reason: str, usage: Usage, tool_calls: list[dict] | None = None,
+             reasoning: str = "") -> dict[str, Any]:
         if self.kind == "chat":
             message: dict[str, Any] = {"role": "assistant", "content": text if text or not tool_calls else None}
+            if reasoning:
+                message["reasoning_content"] = reasoning
             if tool_calls:
                 message["tool_calls"] = tool_calls
             choice = {"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}
@@ -315,10 +390,11 @@ class ResponseBuilder:
             return b""
         return self._sse('[{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null}]')
 
-    def delta_chunk(self, text: str) -> bytes:
+    def delta_chunk(self, text: str, reasoning: bool = False) -> bytes:
         t = json.dumps(text)
         if self.kind == "chat":
-            return self._sse(f'[{{"index": 0, "delta": {{"content": {t}}}, "finish_reason": null}}]')
+            key = "reasoning_content" if reasoning else "content"
+            return self._sse(f'[{{"index": 0, "delta": {{"{key}": {t}}}, "finish_reason": null}}]')
         return self._sse(f'[{{"index": 0, "text": {t}, "finish_reason": null}}]')
 
     def tool_calls_chunk(self, calls: list[dict], first_index: int) -> bytes:

@@ -87,16 +87,16 @@ class RequestRelay:
 
     async def _collect(self, feed: JobFeed, builder: ResponseBuilder) -> Response:
         parts: list[str] = []
+        reasoning: list[str] = []
         calls: list[dict] = []
         while True:
             for ev in await feed.batch(check_disconnect=True):
                 if isinstance(ev, Delta):
-                    parts.append(ev.text)
+                    (reasoning if ev.reasoning else parts).append(ev.text)
                 elif isinstance(ev, ToolCalls):
                     calls.extend(ev.calls)
                 elif isinstance(ev, Finished):
-                    body = builder.full("".join(parts), ev.finish_reason, ev.usage,
-                                        calls)
+                    body = builder.full("".join(parts), ev.finish_reason, ev.usage, calls, "".join(reasoning))
                     return JSONResponse(body, headers={"X-Request-Id": feed.job.id})
                 elif isinstance(ev, Failed):
                     raise ev.error
@@ -118,7 +118,7 @@ class RequestRelay:
                     return
                 for ev in events:
                     if isinstance(ev, Delta):
-                        out += builder.delta_chunk(ev.text)
+                        out += builder.delta_chunk(ev.text, ev.reasoning)
                     elif isinstance(ev, ToolCalls):
                         out += builder.tool_calls_chunk(ev.calls, calls_sent)
                         calls_sent += len(ev.calls)

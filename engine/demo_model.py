@@ -72,6 +72,9 @@ VARIANTS: dict[str, DemoSpec] = {
     "8b": DemoSpec(4096, 32, 14336, 32, 8, 1024, 8008, 131072, "bfloat16", 128256),
     # "a" as a reasoning model (for the reasoning tests).
     "think": DemoSpec(256, 4, 512, 4, 2, 1024, 1234, 4096, "float32", thinking=True),
+    # A very small reasoning model, the base that devkit/agent_model.py fine-tunes at
+    # test set-up (a training step must take a fraction of a second on 2 CPU cores).
+    "agent": DemoSpec(64, 2, 128, 4, 2, 1024, 77, 4096, "float32", thinking=True),
 }
 
 CHAT_TEMPLATE = """{{- bos_token -}}

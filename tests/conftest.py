@@ -32,6 +32,20 @@ def demo_models(tmp_path_factory: pytest.TempPathFactory) -> DemoModels:
     )
 
 
+@pytest.fixture(scope="session")
+def think_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo model's reasoning variant (think tokens, Qwen3's switch)."""
+    return build_demo_model(tmp_path_factory.mktemp("models") / "demo-think", "think")
+
+
+@pytest.fixture(scope="session")
+def agent_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The fine-tuned agent model (devkit/agent_model.py): ~1 min to build."""
+    from mlxd.devkit.agent_model import build_agent_model
+
+    return build_agent_model(tmp_path_factory.mktemp("models") / "agent")
+
+
 def engine_toml(models: DemoModels, engine: dict | None = None, extra_models: str = "") -> str:
     engine_lines = "\n".join(f"{k} = {v!r}" if not isinstance(v, str) else f'{k} = "{v}"'
                              for k, v in (engine or {}).items())

@@ -10,14 +10,8 @@ import pytest
 from openai import OpenAI
 
 from conftest import engine_toml
-from mlxd.engine.demo_model import build_demo_model
 
 HELLO = [{"role": "user", "content": "Tell me about the lighthouse."}]
-
-
-@pytest.fixture(scope="module")
-def think_model(tmp_path_factory):
-    return build_demo_model(tmp_path_factory.mktemp("models") / "demo-think", "think")
 
 
 @pytest.fixture

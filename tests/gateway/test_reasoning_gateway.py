@@ -7,15 +7,8 @@ from __future__ import annotations
 import openai
 import pytest
 
-from mlxd.engine.demo_model import build_demo_model
-
 pytestmark = pytest.mark.timeout(300)
 HELLO = [{"role": "user", "content": "Tell me about the lighthouse."}]
-
-
-@pytest.fixture(scope="module")
-def think_model(tmp_path_factory):
-    return build_demo_model(tmp_path_factory.mktemp("models") / "demo-think", "think")
 
 
 def ask(client: openai.OpenAI, stream: bool, **extra) -> tuple[str, str]:

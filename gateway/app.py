@@ -24,7 +24,9 @@ from .keys import matches, read_key
 # The OpenAI API is all the gateway serves: LiteLLM's admin routes (keys,
 # users, UI, spend...) are not reachable even with the key.
 SERVED_PATHS = frozenset({"/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions",
-                          "/v1/models", "/models"})
+                          "/v1/models", "/models",
+                          # Anthropic's Messages API, for coding agents: LiteLLM's own route.
+                          "/v1/messages", "/v1/messages/count_tokens"})
 # Auth headers never reach LiteLLM (it gets its inner key); nor does
 # accept-encoding: a gzip-compressed error could not be rewritten.
 AUTH_HEADERS = (b"authorization", b"x-api-key", b"api-key", b"accept-encoding")

@@ -93,6 +93,9 @@ def render_litellm_config(config: Config, heavy: dict[str, bool]) -> dict[str, A
             "num_retries": 0,
             "request_timeout": timeout,
             "drop_params": True,
+            # /v1/messages (Anthropic clients) through chat/completions, which the
+            # engine serves, not the Responses API LiteLLM picks for openai/ models.
+            "use_chat_completions_url_for_anthropic_messages": True,
             "telemetry": False,
             "turn_off_message_logging": True,
             "callbacks": [],

@@ -75,7 +75,10 @@ def render_litellm_config(config: Config, heavy: dict[str, bool]) -> dict[str, A
             continue
         model_list.append({"model_name": r.name, "litellm_params": {
             "model": f"openai/{r.engine_model}", "api_base": engine_base, "api_key": "mlxd-engine-loopback",
-            "timeout": timeout, "stream_timeout": timeout, "max_retries": 0}})
+            "timeout": timeout, "stream_timeout": timeout, "max_retries": 0},
+            # Keeps LiteLLM from sending Anthropic clients' `thinking` to the Responses
+            # API (the engine serves chat/completions; its answers carry reasoning_content).
+            "model_info": {"supports_reasoning": False}})
         if r.ollama_model:
             model_list.append({"model_name": r.name + OLLAMA_SUFFIX, "litellm_params": ollama_params})
             fallbacks.append({r.name: [r.name + OLLAMA_SUFFIX]})

@@ -62,14 +62,17 @@ def test_a_generated_tool_use_and_its_round_trip(client):
     assert answer.stop_reason == "end_turn"
 
 
-def test_reasoning_arrives_as_a_thinking_block(client):
-    # The model's default (thinking on). An explicit `thinking: enabled` is not covered yet: LiteLLM
-    # bridges it to the Responses API, which the engine does not serve.
-    message = client.messages.create(model="agent", max_tokens=64, extra_body=GREEDY,
+@pytest.mark.parametrize("thinking", [{"type": "enabled", "budget_tokens": 1024}, None],
+                         ids=["thinking-enabled", "model-default"])
+def test_reasoning_arrives_as_a_thinking_block(client, thinking):
+    # Claude-Code-style clients send `thinking: enabled` (LiteLLM must not take it to the
+    # Responses API, which the engine does not serve); without it the model's default is on.
+    kw = {"thinking": thinking} if thinking else {}
+    message = client.messages.create(model="agent", max_tokens=64, extra_body=GREEDY, **kw,
                                      messages=[{"role": "user", "content": agent.THINK_QUESTION}])
-    thinking = "".join(b.thinking for b in message.content if b.type == "thinking")
+    thinking_text = "".join(b.thinking for b in message.content if b.type == "thinking")
     text = "".join(b.text for b in message.content if b.type == "text")
-    assert (thinking.strip(), text.strip()) == (agent.THINK_REASONING, agent.THINK_ANSWER)
+    assert (thinking_text.strip(), text.strip()) == (agent.THINK_REASONING, agent.THINK_ANSWER)
 
 
 def test_the_messages_route_needs_the_key(st):

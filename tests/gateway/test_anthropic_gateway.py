@@ -10,6 +10,9 @@ import anthropic
 import pytest
 
 from mlxd.devkit import agent_model as agent
+from mlxd.devkit.ollama_standin import marker, start_standin
+from mlxd.supervisor.control import rpc
+from testkit import wait_until
 
 pytestmark = pytest.mark.timeout(300)
 GREEDY = {"temperature": 0}  # the anthropic client no longer takes temperature itself
@@ -17,11 +20,23 @@ FN = agent.WEATHER_TOOL["function"]
 WEATHER_TOOL = {"name": FN["name"], "description": FN["description"], "input_schema": FN["parameters"]}
 # The agent model learned its tool call with thinking off; Anthropic's own switch turns it off.
 NO_THINKING = {"type": "disabled"}
+OLLAMA_MODEL = "llama3.2:3b"
+FAULT_WORD = "boom"  # injected faults fire only for prompts with this word
 
 
 @pytest.fixture(scope="module")
-def st(module_stack, agent_model):
-    return module_stack(gateway="", models=f'[models.agent]\npath = "{agent_model}"\n')
+def ollama():
+    standin = start_standin(models=(OLLAMA_MODEL,))
+    try:
+        yield standin
+    finally:
+        standin.stop()
+
+
+@pytest.fixture(scope="module")
+def st(module_stack, agent_model, ollama):
+    return module_stack(gateway=f'ollama_url = "{ollama.url}"\ndefault_ollama_model = "{OLLAMA_MODEL}"',
+                        models=f'[models.agent]\npath = "{agent_model}"\n', env={"MLXD_FAULT_MATCH": FAULT_WORD})
 
 
 @pytest.fixture
@@ -79,3 +94,42 @@ def test_the_messages_route_needs_the_key(st):
     client = anthropic.Anthropic(base_url=st.gateway_url, api_key="wrong", max_retries=0, timeout=30)
     with pytest.raises(anthropic.AuthenticationError):
         client.messages.create(model="default", max_tokens=4, messages=[{"role": "user", "content": "hi"}])
+
+
+def test_with_the_engine_down_the_fallback_answers(client, st, ollama):
+    kw = dict(model="default", max_tokens=12, messages=[{"role": "user", "content": "are you there"}])
+    rpc(st.paths).supervisor.stopProcess("engine", True)
+    try:
+        asked_before = ollama.stats()["chat_requests"]
+        message = client.messages.create(**kw)
+        assert "".join(b.text for b in message.content if b.type == "text").startswith(marker(OLLAMA_MODEL).rstrip())
+        with client.messages.stream(**kw) as stream:
+            assert "are you there" in "".join(stream.text_stream)
+        assert ollama.stats()["chat_requests"] == asked_before + 2
+    finally:
+        rpc(st.paths).supervisor.startProcess("engine", False)
+        wait_until(st.healthy, 60, what="the engine back")
+
+
+def test_an_engine_crash_mid_answer_is_never_a_silent_end(client, st):
+    """The engine aborts after 60 tokens of a streamed answer: the client gets
+    an explicit error, or (where nothing had reached it yet) the fallback's
+    whole answer, never the engine's partial answer ended as if complete."""
+    pid = st.engine_pid()
+    st.fault_file.write_text("abort@token:60")
+    received: list[str] = []
+    try:
+        try:
+            with client.messages.stream(model="default", max_tokens=200, extra_body=GREEDY,
+                                        messages=[{"role": "user", "content": f"{FAULT_WORD} go"}]) as stream:
+                received.extend(stream.text_stream)
+                stream.get_final_message()
+        except anthropic.APIError:
+            pass  # explicit
+        else:
+            assert "".join(received).startswith(marker(OLLAMA_MODEL).rstrip()), "a partial answer ended silently"
+        wait_until(lambda: st.engine_pid() not in (None, pid), 60, what="the engine restarted after its abort")
+        assert any(r.signal == "SIGABRT" for r in st.records())
+    finally:
+        st.fault_file.unlink(missing_ok=True)
+        wait_until(st.healthy, 60, what="the restarted engine healthy")

@@ -8,7 +8,6 @@ per decode step (median, p90, max) for:
   reuse     one cache carried across turns (what the prompt cache does in memory)
   compact   the same, but its arrays copied to hold just the covered tokens before
             each turn (what the engine does since this run)
-  view      the same cut as a view into the old buffer, no copy
   burn      as compact, after a 4096-token prefill into a throwaway cache: does
             decode speed depend on what the GPU did just before?
   aligned   as compact, into a buffer whose length is a multiple of KVCache.step
@@ -83,15 +82,12 @@ def aligned(cache, room):
     return out
 
 
-def compact(cache, copy=True):
+def compact(cache):
     out = []
     for c in cache:
         if type(c) is KVCache and c.keys is not None:
             o = c.offset
-            k, v = c.keys[..., :o, :], c.values[..., :o, :]
-            if copy:
-                k, v = mx.contiguous(k), mx.contiguous(v)
-            c = KVCache.from_state((k, v, o))
+            c = KVCache.from_state((mx.contiguous(c.keys[..., :o, :]), mx.contiguous(c.values[..., :o, :]), o))
             mx.eval(c.keys, c.values)
         out.append(c)
     return out
@@ -163,9 +159,9 @@ def main() -> None:
                 continue
             cache = carried[arm]
             extra = {}
-            if arm in ("compact", "view", "burn") and t > 1:
+            if arm in ("compact", "burn") and t > 1:
                 t0 = time.perf_counter()
-                cache = carried[arm] = compact(cache, copy=arm != "view")
+                cache = carried[arm] = compact(cache)
                 extra["compact_s"] = time.perf_counter() - t0
             if arm == "aligned" and t > 1:
                 cache = carried[arm] = aligned(cache, len(prompt) - fed[arm])

@@ -197,6 +197,12 @@ class StandinProcess:
     proc: subprocess.Popen
     log_path: Path
 
+    def __enter__(self) -> "StandinProcess":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"

@@ -56,11 +56,8 @@ GATEWAY_RSS_GROWTH_BOUND = 256 * 2**20
 
 @pytest.fixture(scope="module")
 def ollama():
-    standin = start_standin(models=(OLLAMA_MODEL,))
-    try:
+    with start_standin(models=(OLLAMA_MODEL,)) as standin:  # stopped by pid at the end
         yield standin
-    finally:
-        standin.stop()
 
 
 # The stack fixture's engine has stuck_grace_s = 1 (for the failure tests),

@@ -23,11 +23,8 @@ NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
 
 @pytest.fixture(scope="module")
 def ollama():
-    standin = start_standin(models=(OLLAMA_MODEL,))
-    try:
+    with start_standin(models=(OLLAMA_MODEL,)) as standin:  # stopped by pid at the end
         yield standin
-    finally:
-        standin.stop()
 
 
 def tool_request(client: openai.OpenAI, messages: list[dict], stream: bool):

@@ -26,11 +26,8 @@ FAULT_WORD = "boom"  # injected faults fire only for prompts with this word
 
 @pytest.fixture(scope="module")
 def ollama():
-    standin = start_standin(models=(OLLAMA_MODEL,))
-    try:
+    with start_standin(models=(OLLAMA_MODEL,)) as standin:  # stopped by pid at the end
         yield standin
-    finally:
-        standin.stop()
 
 
 @pytest.fixture(scope="module")

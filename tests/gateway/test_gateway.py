@@ -24,11 +24,8 @@ OLLAMA_MARK = marker(OLLAMA_MODEL).split(":")[0]  # "[ollama-standin"
 
 @pytest.fixture(scope="module")
 def ollama():
-    standin = start_standin(models=(OLLAMA_MODEL, "llama3.1:70b"))
-    try:
+    with start_standin(models=(OLLAMA_MODEL, "llama3.1:70b")) as standin:  # stopped by pid at the end
         yield standin
-    finally:
-        standin.stop()
 
 
 @pytest.fixture(scope="module")

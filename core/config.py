@@ -54,7 +54,7 @@ class ModelSpec(Strict):
     repo: str | None = None  # a Hugging Face repo id, e.g. mlx-community/...-4bit
     gguf: str | None = None  # a local .gguf file (llama, qwen2, qwen3; F32/F16/BF16/Q4_0/Q4_1/Q8_0), converted once
     from_ollama: str | None = None  # an Ollama model name (qwen3:4b): its GGUF from Ollama's store, and its fallback
-    demo: Literal["a", "b"] | None = None  # a built-in demo model variant
+    demo: Literal["a", "b", "vision"] | None = None  # a built-in demo model variant ("vision": a tiny VLM)
     ollama: str | None = None  # the Ollama model the gateway falls back to
     context_tokens: int | None = Field(default=None, gt=0)  # KV allowance override
 
@@ -87,6 +87,16 @@ class PromptCacheConfig(Strict):
     normalize: list[Literal["iso_timestamps", "clock_times", "uuids", "request_ids"]] = Field(default_factory=list)
 
 
+class ImagesConfig(Strict):
+    """Images in requests to vision models (engine/images.py)."""
+
+    # Folders that file:///... image URLs may name (links resolved first); empty: none.
+    local_dirs: list[str] = Field(default_factory=list)
+    max_per_request: int = Field(default=8, ge=1)
+    max_bytes: int = Field(default=20 * 2**20, gt=0)  # one encoded image
+    max_pixels: int = Field(default=50_000_000, gt=0)  # one decoded image (width x height)
+
+
 class EngineConfig(Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=1, le=65535)
@@ -109,6 +119,7 @@ class EngineConfig(Strict):
     # prompt is mistaken for a hang (mlx-lm's own default is 2048).
     prefill_step_size: int = Field(default=512, ge=16)
     prompt_cache: PromptCacheConfig = PromptCacheConfig()
+    images: ImagesConfig = ImagesConfig()
 
 
 class SupervisorConfig(Strict):
@@ -344,6 +355,11 @@ SECTION_DOCS = {
         "off by default) names rules among `iso_timestamps`, `clock_times`, `uuids`, `request_ids`: text they "
         "match is ignored when telling which conversation a request continues, so a later turn replaces the "
         "earlier one's entry; the model always sees the real text and reuse stops at the first real difference."),
+    "engine.images": (
+        "Images in requests to vision models (engine/images.py). `image_url` parts may be data URLs "
+        "(`data:image/png;base64,...`) or, only under the folders in `local_dirs`, `file:///` URLs; the engine "
+        "never fetches http(s) URLs (such a request goes on to Ollama). Limits are per image, except "
+        "`max_per_request`."),
     "supervisor": "Crash-aware supervision (supervisor/policy.py): backoff, crash loops, hangs.",
     "gateway": "The LiteLLM gateway (gateway/): aliases, keys, the Ollama fallback.",
 }
@@ -358,7 +374,7 @@ def reference_markdown() -> str:
              "`MLXD_HOME`, `MLXD_CONFIG`, `MLXD_ENGINE_HOST`, `MLXD_ENGINE_PORT`, `MLXD_GATEWAY_HOST`,",
              "`MLXD_GATEWAY_PORT`, `MLXD_OLLAMA_URL`.", ""]
     for section, model in (("engine", EngineConfig), ("engine.prompt_cache", PromptCacheConfig),
-                           ("supervisor", SupervisorConfig), ("gateway", GatewayConfig)):
+                           ("engine.images", ImagesConfig), ("supervisor", SupervisorConfig), ("gateway", GatewayConfig)):
         lines += [f"## [{section}]", "", SECTION_DOCS[section], "", "| key | type | default |", "|---|---|---|"]
         for name, field in model.model_fields.items():
             if isinstance(field.default, BaseModel):

@@ -163,6 +163,22 @@ def kv_cache_bytes(config: dict[str, Any], context_tokens: int, bytes_per_value:
     return 2 * layers * kv_heads * head_dim * positions * bytes_per_value
 
 
+def vision_encoder_bytes(config: dict[str, Any], image_tokens: int) -> int:
+    """Activations of a vision tower encoding images that become
+    `image_tokens` tokens (pure): one layer's live tensors (residual, q/k/v,
+    attention output, MLP hidden) over every patch, in float32, twice over
+    (a layer's input and output coexist). Their KV is counted with the prompt;
+    attention scores are not (MLX fuses attention). 0 without a vision tower."""
+    v = config.get("vision_config")
+    if not isinstance(v, dict) or image_tokens <= 0:
+        return 0
+    merge = int(v.get("spatial_merge_size") or v.get("merge_size") or 1)
+    patches = image_tokens * merge * merge
+    width = int(v.get("embed_dim") or v.get("hidden_size") or 1024)
+    mlp_ratio = float(v.get("mlp_ratio") or (int(v.get("intermediate_size") or 4 * width) / width))
+    return int(2 * patches * width * (5 + mlp_ratio) * 4)
+
+
 # --- putting it together -----------------------------------------------------
 
 def estimate_footprint(

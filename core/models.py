@@ -39,6 +39,15 @@ class ModelInfo:
     config: dict | None = field(default=None, compare=False)  # the model's shape, for KV sizes
 
 
+def is_vision_config(config: dict | None) -> bool | None:
+    """Whether a model config describes a vision-language model (a vision
+    tower beside the language model: mlx-vlm loads it); None when there is
+    no config to tell."""
+    if not config:
+        return None
+    return isinstance(config.get("vision_config"), dict)
+
+
 def demo_model_dir(config: Config, variant: str) -> Path:
     return config.home / "models" / f"demo-{variant}"
 

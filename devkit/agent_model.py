@@ -12,13 +12,11 @@ reproduces it. Built once into a folder, atomically, like the demo models.
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+
+from .fine_tune import build_once, fine_tune, save_weights
 
 BUILD_VERSION = 1
 STAMP = ".mlxd-agent.json"
@@ -84,7 +82,6 @@ def _fine_tune(model: Any, examples: list[tuple[list[int], int]], say: Callable[
     """Adam on all weights until every reply token is the argmax; the steps taken."""
     import mlx.core as mx
     import mlx.nn as nn
-    import mlx.optimizers as optim
 
     batch = [(mx.array(tokens[:-1])[None], mx.array(tokens[1:]), start - 1) for tokens, start in examples]
 
@@ -101,17 +98,7 @@ def _fine_tune(model: Any, examples: list[tuple[list[int], int]], say: Callable[
                 return False
         return True
 
-    optimizer = optim.Adam(learning_rate=3e-3)
-    step_fn = nn.value_and_grad(model, loss_fn)
-    for step in range(1, max_steps + 1):
-        loss, grads = step_fn(model)
-        optimizer.update(model, grads)
-        mx.eval(model.parameters(), optimizer.state, loss)
-        if step % 10 == 0:
-            say(f"agent model: step {step}, loss {loss.item():.4f}")
-            if memorised():
-                return step
-    raise RuntimeError(f"the agent model did not learn its script in {max_steps} steps")
+    return fine_tune(model, loss_fn, memorised, "agent model", say, learning_rate=3e-3, max_steps=max_steps)
 
 
 def _stamp() -> dict:
@@ -123,32 +110,19 @@ def _stamp() -> dict:
 
 def build_agent_model(dest: Path, progress: Callable[[str], None] | None = None) -> Path:
     """Builds (once) the agent model into `dest`; returns dest."""
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
-    from mlx_lm.utils import load
-
-    from mlxd.engine.demo_model import build_demo_model
-
-    dest = Path(dest)
-    stamp = _stamp()
-    try:
-        if json.loads((dest / STAMP).read_text()) == stamp:
-            return dest
-    except (OSError, ValueError):
-        pass
     say = progress or (lambda _msg: None)
-    tmp = dest.parent / f".{dest.name}.building-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
-        build_demo_model(tmp, "agent")
-        model, tokenizer = load(str(tmp))
+
+    def build_into(folder: Path) -> None:
+        import mlx.core as mx
+        from mlx_lm.utils import load
+
+        from mlxd.engine.demo_model import build_demo_model
+
+        build_demo_model(folder, "agent")
+        model, tokenizer = load(str(folder))
         mx.random.seed(0)
         steps = _fine_tune(model, _examples(tokenizer), say)
         say(f"agent model: learned its script in {steps} steps")
-        mx.save_safetensors(str(tmp / "model.safetensors"), dict(tree_flatten(model.parameters())),
-                            metadata={"format": "mlx"})
-        (tmp / STAMP).write_text(json.dumps(stamp))
-        shutil.rmtree(dest, ignore_errors=True)
-        os.rename(tmp, dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return dest
+        save_weights(model, folder)
+
+    return build_once(Path(dest), STAMP, _stamp(), build_into)

@@ -31,9 +31,13 @@ STAMP = ".mlxd-demo.json"
 BOS, IM_START, IM_END, PAD = "<|begin_of_text|>", "<|im_start|>", "<|im_end|>", "<|pad|>"
 SPECIAL_TOKENS = [BOS, IM_START, IM_END, PAD]  # ids 0..3, in this order
 THINK, END_THINK = "<think>", "</think>"  # ids 4, 5 in a thinking variant's tokenizer
+# A vision variant's image tokens (Qwen2-VL's names, which its processor looks for).
+VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD = "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"
+VISION_TOKENS = [VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD]
 # Files a build writes; an unstamped folder holding only these may be replaced.
 _OUR_FILES = {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-              "special_tokens_map.json", "generation_config.json", STAMP}
+              "special_tokens_map.json", "generation_config.json", "preprocessor_config.json",
+              "processor_config.json", STAMP}
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,10 @@ class DemoSpec:
     # tokens, and the template's `enable_thinking` switch opens the block (true) or
     # writes it empty (false), as Qwen3's does.
     thinking: bool = False
+    # A vision-language model: mlx-vlm's ``qwen2_vl`` architecture (a small ViT whose
+    # patches are merged into image tokens) around the text model, with Qwen2-VL's
+    # image processor settings; loaded by ``mlx_vlm.load``.
+    vision: bool = False
 
 
 VARIANTS: dict[str, DemoSpec] = {
@@ -75,7 +83,17 @@ VARIANTS: dict[str, DemoSpec] = {
     # A very small reasoning model, the base that devkit/agent_model.py fine-tunes at
     # test set-up (a training step must take a fraction of a second on 2 CPU cores).
     "agent": DemoSpec(64, 2, 128, 4, 2, 1024, 77, 4096, "float32", thinking=True),
+    # A very small vision-language model (qwen2_vl): the service's `demo = "vision"`,
+    # and the base that devkit/vision_model.py fine-tunes at test set-up.
+    "vision": DemoSpec(64, 2, 128, 4, 2, 1024, 2468, 4096, "float32", vision=True),
 }
+
+# The vision variant's tower (Qwen2-VL's layout at a tiny size) and image sizes: 14-pixel
+# patches, 2x2 of them merged into one image token, so one token per 28x28 pixels,
+# from 4 tokens (56x56 and smaller) to 256 (448x448 and larger, scaled down).
+VISION_TOWER = {"depth": 2, "embed_dim": 32, "num_heads": 2, "mlp_ratio": 2, "patch_size": 14,
+                "spatial_patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "in_channels": 3}
+VISION_PIXELS = {"min_pixels": 56 * 56, "max_pixels": 448 * 448}
 
 CHAT_TEMPLATE = """{{- bos_token -}}
 {%- set ns = namespace(skip_first=false) -%}
@@ -144,6 +162,17 @@ THINKING_CHAT_TEMPLATE = CHAT_TEMPLATE.replace("""{%- if add_generation_prompt -
 {% endif -%}
 """)
 assert THINKING_CHAT_TEMPLATE != CHAT_TEMPLATE
+
+# The vision variant's template: image parts become Qwen2-VL's placeholder, which its
+# processor widens to the image's tokens.
+VISION_CHAT_TEMPLATE = CHAT_TEMPLATE.replace(
+    "{%- set content = content | selectattr('type', 'equalto', 'text') | map(attribute='text') | join('') -%}",
+    "{%- set parts = namespace(text='') -%}{%- for part in content -%}"
+    "{%- if part.type == 'text' -%}{%- set parts.text = parts.text ~ part.text -%}"
+    "{%- elif part.type in ['image', 'image_url'] -%}"
+    "{%- set parts.text = parts.text ~ '<|vision_start|><|image_pad|><|vision_end|>' -%}"
+    "{%- endif -%}{%- endfor -%}{%- set content = parts.text -%}")
+assert VISION_CHAT_TEMPLATE != CHAT_TEMPLATE
 
 _CORPUS = r'''
 The quick brown fox jumps over the lazy dog. A server that keeps running when one part
@@ -227,8 +256,20 @@ def _train_tokenizer(vocab_size: int, special_tokens: list[str] | None = None):
 
 
 def _model_config(spec: DemoSpec, ids: dict[str, int]) -> dict:
-    shape = {k: v for k, v in asdict(spec).items() if k not in ("seed", "dtype", "model_vocab_size", "thinking")}
+    shape = {k: v for k, v in asdict(spec).items()
+             if k not in ("seed", "dtype", "model_vocab_size", "thinking", "vision")}
     shape["vocab_size"] = spec.model_vocab_size or spec.vocab_size
+    if spec.vision:
+        head_dim = spec.hidden_size // spec.num_attention_heads
+        third = head_dim // 2 // 3  # mRoPE: time, height, width sections of half the head
+        return {"architectures": ["Qwen2VLForConditionalGeneration"], "model_type": "qwen2_vl", **shape,
+                "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": False,
+                "rope_scaling": {"type": "mrope", "mrope_section": [head_dim // 2 - 2 * third, third, third]},
+                "vision_config": {**VISION_TOWER, "hidden_size": spec.hidden_size},
+                "image_token_id": ids[IMAGE_PAD], "video_token_id": ids[VIDEO_PAD],
+                "vision_start_token_id": ids[VISION_START], "vision_end_token_id": ids[VISION_END],
+                "torch_dtype": spec.dtype, "bos_token_id": ids[BOS], "eos_token_id": ids[IM_END],
+                "pad_token_id": ids[PAD]}
     return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **shape,
             "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "hidden_act": "silu",
             "tie_word_embeddings": False,  # own lm_head, so the EOS row can be zeroed
@@ -246,18 +287,28 @@ def _write_weights(path: Path, config: dict, spec: DemoSpec, eos_id: int) -> Non
     import mlx.core as mx
     import numpy as np
     from mlx.utils import tree_flatten
-    from mlx_lm.models import llama
+    # Instantiating the real class gives exactly the names and shapes mlx-lm (or
+    # mlx-vlm) expects (its own random init is lazy and never evaluated).
+    if spec.vision:
+        from mlx_vlm.models import qwen2_vl
 
-    # Instantiating the real class gives exactly the names and shapes mlx-lm expects
-    # (its own random init is lazy and never evaluated).
-    model = llama.Model(llama.ModelArgs.from_dict(config))
+        args = qwen2_vl.ModelConfig.from_dict(dict(config))
+        args.vision_config = qwen2_vl.VisionConfig.from_dict(config["vision_config"])
+        args.text_config = qwen2_vl.TextConfig.from_dict(args.text_config)
+        model = qwen2_vl.Model(args)
+        head = "language_model.lm_head.weight"
+    else:
+        from mlx_lm.models import llama
+
+        model = llama.Model(llama.ModelArgs.from_dict(config))
+        head = "lm_head.weight"
     params = sorted(tree_flatten(model.parameters()))
     use_numpy = sum(p.size for _, p in params) <= _NUMPY_MAX_PARAMS
     dtype = getattr(mx, spec.dtype)
     weights = {}
     for name, param in params:
         # One RNG stream per tensor, seeded by (variant seed, name): independent of order.
-        if name.endswith("norm.weight"):
+        if name.endswith(("norm.weight", "norm1.weight", "norm2.weight", "ln_q.weight")):
             arr = mx.ones(param.shape, dtype)
         elif use_numpy:  # HF-style init: N(0, 0.02) keeps activations in a sane range
             rng = np.random.default_rng([spec.seed, zlib.crc32(name.encode())])
@@ -265,7 +316,7 @@ def _write_weights(path: Path, config: dict, spec: DemoSpec, eos_id: int) -> Non
         else:
             key = mx.random.key((spec.seed << 32) | zlib.crc32(name.encode()))
             arr = mx.random.normal(param.shape, dtype, scale=0.02, key=key)
-        if name == "lm_head.weight":
+        if name == head:
             # EOS logit is exactly 0 while the others spread around 0, so across
             # ~1000 tokens some logit is almost always higher: greedy decoding
             # practically never stops on EOS and tests can rely on reaching max_tokens.
@@ -298,10 +349,10 @@ def _is_complete(dest: Path, stamp: dict) -> bool:
 
 def _build_into(folder: Path, variant: str, spec: DemoSpec, say: Callable[[str], None]) -> None:
     say(f"demo model {variant}: training tokenizer (vocab {spec.vocab_size})")
-    extra = [THINK, END_THINK] if spec.thinking else []
+    extra = ([THINK, END_THINK] if spec.thinking else []) + (VISION_TOKENS if spec.vision else [])
     tok = _train_tokenizer(spec.vocab_size, SPECIAL_TOKENS + extra)
     tok.save(str(folder / "tokenizer.json"))
-    ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
+    ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS + extra}
     config = _model_config(spec, ids)
     _write_json(folder / "config.json", config)
     _write_json(folder / "generation_config.json", {
@@ -313,7 +364,15 @@ def _build_into(folder: Path, variant: str, spec: DemoSpec, say: Callable[[str],
         "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": BOS, "eos_token": IM_END,
         "pad_token": PAD, "additional_special_tokens": [IM_START, *extra],
         "model_max_length": spec.max_position_embeddings, "clean_up_tokenization_spaces": False,
-        "chat_template": THINKING_CHAT_TEMPLATE if spec.thinking else CHAT_TEMPLATE})
+        "chat_template": (VISION_CHAT_TEMPLATE if spec.vision else
+                          THINKING_CHAT_TEMPLATE if spec.thinking else CHAT_TEMPLATE)})
+    if spec.vision:  # Qwen2-VL's image processor settings, read by mlx-vlm's processor
+        _write_json(folder / "preprocessor_config.json", {
+            "image_processor_type": "Qwen2VLImageProcessor", "processor_class": "Qwen2VLProcessor",
+            "patch_size": VISION_TOWER["patch_size"], "temporal_patch_size": VISION_TOWER["temporal_patch_size"],
+            "merge_size": VISION_TOWER["spatial_merge_size"], **VISION_PIXELS,
+            "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711]})
+        _write_json(folder / "processor_config.json", {"processor_class": "Qwen2VLProcessor"})
     say(f"demo model {variant}: writing weights ({spec.num_hidden_layers} layers, "
         f"hidden {spec.hidden_size}, {spec.dtype})")
     _write_weights(folder / "model.safetensors", config, spec, ids[IM_END])

@@ -34,16 +34,34 @@ MAX_BACKLOG = 2048  # events buffered for a slow reader before the worker waits
 
 @dataclass(frozen=True)
 class ResidentModel:
-    """The one loaded model (mlx-lm's model and tokenizer)."""
+    """The one loaded model: mlx-lm's model and tokenizer, or, for a vision
+    model, mlx-vlm's model and processor (with mlx-lm's tokenizer wrapper on
+    the same files, for the reasoning and tool-call markers)."""
 
     model_id: str
     model: Any
     tokenizer: Any
     encoder: PieceEncoder | None = None  # chat prompts, piece by piece (engine/prompt_tokens.py)
+    processor: Any = None  # mlx-vlm's processor; None for a text model
+
+    @property
+    def vision(self) -> bool:
+        return self.processor is not None
 
     def vocab_size(self) -> int:
         args = getattr(self.model, "args", None)
         return int(getattr(args, "vocab_size", 0) or len(self.tokenizer.vocab))
+
+
+@dataclass(frozen=True)
+class VisionPrompt:
+    """A vision model's prompt, prepared once by mlx-vlm's processor: the
+    token ids (each image widened to its image tokens) and the tensors the
+    model takes with them."""
+
+    tokens: list[int]
+    inputs: dict[str, Any]  # input_ids, pixel_values, mask and the model's extras (image_grid_thw...)
+    image_tokens: int
 
 
 def finish_reason(stopped: bool, model_finish: str | None, cancelled: bool, past_deadline: bool) -> str | None:
@@ -68,6 +86,10 @@ def answer_finish(finish: str, called_tools: bool) -> str:
 
 def tokenize(resident: ResidentModel, job: Job, max_prompt_tokens: int) -> list[int]:
     """The job's prompt as token ids; raises the 400 for a prompt the model cannot take."""
+    if job.images:
+        raise EngineError(400, f"the model {job.model_id!r} is a text model and cannot see images; send the "
+                               "request to a vision model, or without image_url parts",
+                          code="images_not_supported", param="messages")
     tok = resident.tokenizer
     if job.kind == "completion":
         if isinstance(job.prompt, list):
@@ -98,6 +120,47 @@ def tokenize(resident: ResidentModel, job: Job, max_prompt_tokens: int) -> list[
     if job.params.logit_bias:
         _check_token_ids(job.params.logit_bias, resident.vocab_size(), "logit_bias")
     return tokens
+
+
+def vision_prompt(resident: ResidentModel, job: Job, max_prompt_tokens: int) -> VisionPrompt:
+    """A vision model's prompt: mlx-vlm's chat template for the model type
+    (which places each image's placeholder) and its processor (which widens
+    them to the image's tokens); the 400 for a prompt the model cannot take."""
+    from mlx_vlm import apply_chat_template
+    from mlx_vlm.generate.dispatch import should_add_special_tokens
+    from mlx_vlm.utils import prepare_inputs
+
+    from .images import decode_image
+
+    if job.kind != "chat":
+        raise bad_request("this is a vision model: use /v1/chat/completions", code="unsupported_parameter")
+    config = resident.model.config
+    try:
+        text = apply_chat_template(resident.processor, config, job.messages, num_images=len(job.images),
+                                   tools=job.tools, **job.template_kwargs)
+    except Exception as exc:  # noqa: BLE001 - templates raise anything; it is the input's fault
+        raise bad_request(f"the model's chat template rejected the messages: {exc}", param="messages",
+                          code="invalid_messages") from exc
+    try:
+        images = [decode_image(data) for data in job.images]
+    except Exception as exc:  # noqa: BLE001 - a truncated or odd file: the input's fault
+        raise bad_request(f"an image could not be decoded: {exc}", param="messages") from exc
+    try:
+        inputs = prepare_inputs(resident.processor, images=images or None, prompts=text,
+                                image_token_index=getattr(config, "image_token_index", None),
+                                add_special_tokens=should_add_special_tokens(config.model_type, resident.processor))
+    except (ValueError, TypeError, KeyError, IndexError) as exc:  # the processor refused this input
+        raise bad_request(f"the model's processor could not prepare the prompt: {exc}", param="messages") from exc
+    tokens = inputs["input_ids"].flatten().tolist()
+    image_id = getattr(config, "image_token_id", None) or getattr(config, "image_token_index", None)
+    image_tokens = sum(1 for t in tokens if t == image_id) if images else 0
+    if len(tokens) > max_prompt_tokens:
+        raise EngineError(400, f"the prompt has {len(tokens)} tokens ({image_tokens} of them for images), over this "
+                               f"engine's limit of {max_prompt_tokens}", code="context_length_exceeded",
+                          param="messages")
+    extras = {k: v for k, v in inputs.items() if k not in ("input_ids", "pixel_values", "attention_mask")}
+    return VisionPrompt(tokens, {"input_ids": inputs["input_ids"], "pixel_values": inputs.get("pixel_values"),
+                                 "mask": inputs.get("attention_mask"), **extras}, image_tokens)
 
 
 def _check_token_ids(ids: Any, vocab: int, param: str) -> None:
@@ -147,6 +210,24 @@ def prefill(model: Any, prompt_cache: list[Any], tokens: list[int], step: int, p
             progress()
 
 
+@dataclass(frozen=True)
+class _Step:
+    text: str
+    token: int | None
+    finish_reason: str | None
+
+
+def _closing_step_holds_no_token(results: Any) -> Any:
+    """mlx-vlm's stream: per token a result, then one closing result that
+    repeats the last token with the detokenizer's rest and the finish reason
+    (mlx-lm's puts the finish reason on the last token's own result)."""
+    for r in results:
+        if r.finish_reason is not None:
+            yield _Step(r.text, None, r.finish_reason)
+            return
+        yield _Step(r.text, int(r.token), None)
+
+
 class Generation:
     """Decodes one job and sends its events. `heartbeat` reports progress
     (the worker's stuck detection); `on_decode` marks the first token."""
@@ -174,27 +255,49 @@ class Generation:
         import mlx.core as mx
         from mlx_lm.generate import stream_generate
 
-        job, p = self.job, self.job.params
+        p = self.job.params
         if p.seed is not None:
             mx.random.seed(p.seed)
         sampler, processors = _sampling(p, self.resident.vocab_size())
         if processors and context:
             processors = [_seeing(proc, context) for proc in processors]
+        steps = stream_generate(self.resident.model, self.resident.tokenizer, prompt, max_tokens=p.max_tokens,
+                                sampler=sampler, logits_processors=processors, prompt_cache=prompt_cache,
+                                prefill_step_size=self.prefill_step_size, prompt_progress_callback=self.heartbeat)
+        return self._run(steps, list(context or [])[-PROMPT_TAIL:] + list(prompt))
+
+    def decode_vision(self, prompt: VisionPrompt) -> tuple[str, list[int]]:
+        """decode() for a vision model, through mlx-vlm's generation on the
+        prompt its processor prepared (no prompt cache)."""
+        import mlx.core as mx
+        from mlx_vlm import stream_generate
+
+        p = self.job.params
+        if p.seed is not None:
+            mx.random.seed(p.seed)
+        sampler, processors = _sampling(p, self.resident.vocab_size())
+        steps = stream_generate(self.resident.model, self.resident.processor, "", max_tokens=p.max_tokens,
+                                sampler=sampler, logits_processors=processors or None,
+                                prefill_step_size=self.prefill_step_size, **prompt.inputs)
+        return self._run(_closing_step_holds_no_token(steps), prompt.tokens)
+
+    def _run(self, steps: Any, prompt_tail: list[int]) -> tuple[str, list[int]]:
+        job = self.job
         token_faults = any(f.point == "token" for f in self.faults.active) and self.faults.applies_to(job.text)
         if self.markers.think is not None:
-            tail = (list(context or [])[-PROMPT_TAIL:] + list(prompt))[-PROMPT_TAIL:]
+            tail = prompt_tail[-PROMPT_TAIL:]
             self.splitter = AnswerSplitter(self.markers, opens_in_reasoning(self.resident.tokenizer, tail))
         tokens: list[int] = []
         first = True
-        for resp in stream_generate(self.resident.model, self.resident.tokenizer, prompt, max_tokens=p.max_tokens,
-                                    sampler=sampler, logits_processors=processors, prompt_cache=prompt_cache,
-                                    prefill_step_size=self.prefill_step_size,
-                                    prompt_progress_callback=self.heartbeat):
+        for resp in steps:
             if first:
                 self.on_decode()
                 first = False
             else:
                 self.heartbeat()
+            if resp.token is None:  # mlx-vlm's closing step: the last text, no token
+                self._relay(resp.text)
+                return finish_reason(self.stops.stopped, resp.finish_reason, False, False) or "length", tokens
             tokens.append(resp.token)
             if token_faults:
                 self.faults.check("token", len(tokens))

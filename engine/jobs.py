@@ -2,7 +2,8 @@
 sampling settings, and where the events go.
 
 `job_from_request` validates what can be judged without the tokenizer (the
-model, a certainly-too-long prompt); the worker checks the rest.
+model, a certainly-too-long prompt, the images' bytes); the worker checks the
+rest.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from typing import Any
 from mlxd.config import EngineConfig
 
 from .cache_keys import conversation_keys
-from .errors import EngineError
+from .errors import EngineError, bad_request
 from .events import EventChannel
+from .images import ImagePolicy, check_image, digest, read_image_bytes
 from .model_registry import ModelRegistry
 from .protocol import ChatCompletionRequest, SamplingFields
 
@@ -54,6 +56,7 @@ class Job:
     tools: list[dict[str, Any]] | None = None
     prompt: str | list[int] | None = None
     template_kwargs: dict[str, Any] = field(default_factory=dict)  # extra chat-template arguments
+    images: tuple[bytes, ...] = ()  # encoded, in the order of the messages' image parts
     conversation: tuple[str, ...] = ()  # agent-safe cache keys (engine/cache_keys.py); () when off
     cancelled: threading.Event = field(default_factory=threading.Event)
 
@@ -67,8 +70,8 @@ class Job:
     @functools.cached_property
     def fingerprint(self) -> str:
         """Identifies the request's content (for the crash journal)."""
-        body = json.dumps([self.model_id, self.messages, self.tools, self.prompt, self.template_kwargs],
-                          sort_keys=True, default=str)
+        body = json.dumps([self.model_id, self.messages, self.tools, self.prompt, self.template_kwargs,
+                           [digest(image) for image in self.images]], sort_keys=True, default=str)
         return hashlib.sha256(body.encode()).hexdigest()[:16]
 
 
@@ -77,13 +80,19 @@ def job_from_request(req: SamplingFields, kind: str, registry: ModelRegistry, li
     model_id = registry.resolve(req.model)
     messages = tools = prompt = None
     template_kwargs: dict[str, Any] = {}
+    images: tuple[bytes, ...] = ()
     if isinstance(req, ChatCompletionRequest):
         messages, tools = [m.for_template() for m in req.messages], req.tools_for_template()
         template_kwargs = req.template_kwargs()
+        images = read_images(req, ImagePolicy.from_config(limits.images))
     else:
         prompt = req.prompt  # type: ignore[attr-defined]
     check_prompt_size(messages, tools, prompt, limits.max_prompt_tokens)
     registry.check_allowed(model_id)
+    if images and registry.is_vision(model_id) is False:  # None: not known before the load; the worker checks
+        raise EngineError(400, f"the model {req.model!r} is a text model and cannot see images; send the request "
+                               "to a vision model, or without image_url parts", code="images_not_supported",
+                          param="messages")
     requested = req.requested_max_tokens() or limits.default_max_tokens
     params = SamplingParams(
         max_tokens=min(requested, limits.max_tokens_cap),
@@ -94,8 +103,23 @@ def job_from_request(req: SamplingFields, kind: str, registry: ModelRegistry, li
     )
     return Job(id=uuid.uuid4().hex[:12], kind=kind, model_id=model_id, params=params,
                channel=EventChannel(asyncio.get_running_loop()), deadline_s=limits.request_deadline_s,
-               messages=messages, tools=tools, prompt=prompt, template_kwargs=template_kwargs,
+               messages=messages, tools=tools, prompt=prompt, template_kwargs=template_kwargs, images=images,
                conversation=conversation_keys(messages, tools, limits.prompt_cache.normalize))
+
+
+def read_images(req: ChatCompletionRequest, policy: ImagePolicy) -> tuple[bytes, ...]:
+    """The request's images, encoded, each read and checked to be an image
+    (engine/images.py); the 400 that refuses them otherwise."""
+    parts = req.image_parts()
+    if len(parts) > policy.max_images:
+        raise bad_request(f"the request has {len(parts)} images, over this engine's limit of {policy.max_images}",
+                          param="messages")
+    images = []
+    for where, url in parts:
+        data = read_image_bytes(url, policy, where)
+        check_image(data, policy, where)
+        images.append(data)
+    return tuple(images)
 
 
 def check_prompt_size(messages: list[dict] | None, tools: list[dict] | None, prompt: str | list[int] | None,

@@ -12,7 +12,7 @@ import hashlib
 from pathlib import Path
 
 from mlxd.config import Config
-from mlxd.models import ModelInfo, demo_model_dir, gguf_cache_dir, gguf_file, model_info
+from mlxd.models import ModelInfo, demo_model_dir, gguf_cache_dir, gguf_file, is_vision_config, model_info
 from mlxd.ollama_store import OllamaModelNotFound
 
 from .errors import EngineError
@@ -42,6 +42,14 @@ class ModelRegistry:
                 return info
             self._info[model_id] = info  # same value from any thread: benign
         return self._info[model_id]
+
+    def is_vision(self, model_id: str) -> bool | None:
+        """Whether the model sees images (mlx-vlm loads it); None while its
+        config is not on disk yet."""
+        spec = self.config.models[model_id]
+        if spec.demo is not None:
+            return spec.demo == "vision"
+        return is_vision_config(self.info(model_id).config)
 
     def check_allowed(self, model_id: str) -> None:
         """Raise the `model_too_large` refusal for a heavy model."""

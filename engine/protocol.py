@@ -45,6 +45,20 @@ class TextPart(Lenient):
     text: str
 
 
+class ImageUrl(Lenient):
+    url: str = Field(min_length=1)
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ImagePart(Lenient):
+    """An image for a vision model (engine/images.py reads its URL)."""
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
+ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+
+
 class FunctionCall(Lenient):
     name: str
     arguments: str | dict[str, Any] = "{}"
@@ -80,7 +94,7 @@ class NamedToolChoice(Lenient):
 
 class ChatMessage(Lenient):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
@@ -90,17 +104,34 @@ class ChatMessage(Lenient):
     def _content_required(self) -> "ChatMessage":
         if self.content is None and not (self.role == "assistant" and self.tool_calls):
             raise ValueError(f"a {self.role} message needs content")
+        if self.role != "user" and self.image_urls():
+            raise ValueError(f"images are accepted in user messages only, not in a {self.role} message")
         return self
 
     def text(self) -> str:
         if isinstance(self.content, list):
-            return clean_text("".join(part.text for part in self.content))
+            return clean_text("".join(part.text for part in self.content if isinstance(part, TextPart)))
         return clean_text(self.content or "")
+
+    def image_urls(self) -> list[str]:
+        if not isinstance(self.content, list):
+            return []
+        return [part.image_url.url for part in self.content if isinstance(part, ImagePart)]
+
+    def template_content(self) -> str | list[dict[str, str]]:
+        """The text, or, where the message has images, its parts in order
+        with each image as {"type": "image"} (the form chat templates and
+        mlx-vlm count images by)."""
+        if not self.image_urls():
+            return self.text()
+        return [{"type": "text", "text": clean_text(part.text)} if isinstance(part, TextPart) else {"type": "image"}
+                for part in self.content]  # type: ignore[union-attr]
 
     def for_template(self) -> dict[str, Any]:
         """The message as chat templates expect it (tool-call arguments as dicts,
         the 'developer' role as 'system')."""
-        out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role,
+                               "content": self.template_content()}
         if self.name:
             out["name"] = self.name
         if self.tool_call_id:
@@ -271,6 +302,12 @@ class ChatCompletionRequest(SamplingFields):
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    def image_parts(self) -> list[tuple[str, str]]:
+        """(where, url) of every image part, in the messages' order."""
+        return [(f"messages[{i}].content[{j}]", part.image_url.url)
+                for i, m in enumerate(self.messages) if isinstance(m.content, list)
+                for j, part in enumerate(m.content) if isinstance(part, ImagePart)]
 
     def tools_for_template(self) -> list[dict[str, Any]] | None:
         return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None

@@ -25,14 +25,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from mlxd.memory_estimate import kv_cache_bytes, request_fits
+from mlxd.memory_estimate import kv_cache_bytes, request_fits, vision_encoder_bytes
+from mlxd.models import is_vision_config
 from mlxd.records import InflightRequest
 
 from .admission import AdmissionQueue
 from .errors import EngineError
 from .events import Failed, Started
 from .faults import FaultInjector
-from .generation import Generation, ResidentModel, prefill, tokenize
+from .generation import Generation, ResidentModel, VisionPrompt, prefill, tokenize, vision_prompt
 from .jobs import Job
 from .model_cache import Unload, plan_release, plan_switch
 from .model_registry import ModelRegistry
@@ -41,6 +42,26 @@ from .prompt_tokens import PieceEncoder
 
 log = logging.getLogger("mlxd.engine.worker")
 HEARTBEAT_S = 0.05  # progress is published at most this often
+
+
+def load_resident(model_id: str, target: str) -> ResidentModel:
+    """Loads a model folder or repo (downloading it first, as mlx-lm does):
+    a vision-language model through mlx-vlm, any other through mlx-lm."""
+    import json
+
+    from mlx_lm.utils import _download, load, load_tokenizer
+
+    folder = _download(target)
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    if not is_vision_config(config):
+        model, tokenizer = load(str(folder))
+        return ResidentModel(model_id, model, tokenizer, PieceEncoder(tokenizer))
+    from mlx_vlm import load as load_vlm
+
+    model, processor = load_vlm(str(folder))
+    # mlx-lm's wrapper on the same tokenizer finds the reasoning and tool-call markers.
+    tokenizer = load_tokenizer(folder, eos_token_ids=getattr(model.config, "eos_token_id", None))
+    return ResidentModel(model_id, model, tokenizer, None, processor)
 
 
 # --- published state --------------------------------------------------------
@@ -222,15 +243,13 @@ class ModelWorker(threading.Thread):
         mx.reset_peak_memory()
 
     def _load(self, model_id: str) -> None:
-        from mlx_lm.utils import load
-
         self.registry.check_allowed(model_id)  # re-checked: files may have changed
         self.faults.check("load")
         target = self.registry.load_target(model_id)
         started = time.monotonic()
         log.info("loading model %s from %s", model_id, target)
         try:
-            model, tokenizer = load(target)
+            resident = load_resident(model_id, target)
         except (OSError, ValueError, KeyError, ImportError) as exc:
             # Missing files, unsupported architecture, no network for a
             # download: not an MLX fault; the engine stays up.
@@ -238,9 +257,12 @@ class ModelWorker(threading.Thread):
                 self._unload()
             raise EngineError(503, f"could not load model {model_id!r}: {exc}", code="model_load_failed",
                               param="model", retry_after=30) from exc
-        self._resident = ResidentModel(model_id, model, tokenizer, PieceEncoder(tokenizer))
-        self.prompt_cache.set_model(self.registry.build_key(model_id, target),
-                                    self.registry.info(model_id).prompt_cache_bytes)
+        self._resident = resident
+        if resident.vision:  # mlx-vlm's generation takes no prompt cache of ours
+            self.prompt_cache.set_model(None, 0)
+        else:
+            self.prompt_cache.set_model(self.registry.build_key(model_id, target),
+                                        self.registry.info(model_id).prompt_cache_bytes)
         self.counters["model_loads"] += 1
         self._sample_memory()
         self.timings["last_load_s"] = round(time.monotonic() - started, 4)
@@ -260,10 +282,14 @@ class ModelWorker(threading.Thread):
             self.faults.check("start", request_text=job.text)
             self._ensure_model(job.model_id, job)
             self._publish(Phase.PREFILL, job)
-            tokens = tokenize(self._resident, job, self.max_prompt_tokens)
+            if self._resident.vision:
+                vision = vision_prompt(self._resident, job, self.max_prompt_tokens)
+                tokens = vision.tokens
+            else:
+                vision, tokens = None, tokenize(self._resident, job, self.max_prompt_tokens)
             self._heartbeat()  # tokenizing a long prompt is progress, not a hang
             job.channel.put(Started(len(tokens)))
-            self._generate(job, tokens)
+            self._generate(job, tokens, vision)
         except EngineError as exc:
             job.channel.put(Failed(exc))
         except BaseException as exc:  # noqa: BLE001 - an MLX fault: do not limp on
@@ -294,7 +320,7 @@ class ModelWorker(threading.Thread):
         except OSError as exc:  # a full disk must not take requests down
             log.warning("cannot record the in-flight request: %s", exc)
 
-    def _room_beside(self, job: Job, prompt: list[int]) -> int:
+    def _room_beside(self, job: Job, prompt: list[int], image_tokens: int = 0) -> int:
         """Bytes the prompt cache may keep while this request runs: its own KV
         must fit beside the model, so the cache gives way first, and a request
         that cannot fit even then is refused with a 400 (the gateway falls
@@ -303,17 +329,18 @@ class ModelWorker(threading.Thread):
         if info.footprint.weights_bytes is None or not info.config:
             return self.prompt_cache.stats.memory_bytes  # size unknown: nothing to go by
         tokens = len(prompt) + job.params.max_tokens
-        need = kv_cache_bytes(info.config, tokens)
+        need = kv_cache_bytes(info.config, tokens) + vision_encoder_bytes(info.config, image_tokens)
         fits, room = request_fits(self.registry.budget_bytes, info.footprint.weights_bytes, need,
                                   self.prompt_cache.stats.memory_bytes)
         if not fits:
-            raise EngineError(400, f"this request needs {need / 2**30:.2f} GiB of KV cache for {tokens} tokens "
+            raise EngineError(400, f"this request needs {need / 2**30:.2f} GiB of KV cache (and image encoding) for "
+                                   f"{tokens} tokens "
                                    f"(prompt + max_tokens), which does not fit beside the model in the memory budget "
                                    f"of {self.registry.budget_bytes / 2**30:.2f} GiB; shorten the prompt or max_tokens",
                               code="context_length_exceeded", param="messages")
         return room
 
-    def _generate(self, job: Job, prompt: list[int]) -> None:
+    def _generate(self, job: Job, prompt: list[int], vision: VisionPrompt | None = None) -> None:
         from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 
         started = time.monotonic()
@@ -325,6 +352,11 @@ class ModelWorker(threading.Thread):
 
         generation = Generation(self._resident, job, self.faults, self.prefill_step_size, self._heartbeat,
                                 on_decode=on_decode)
+        if vision is not None:
+            self._room_beside(job, prompt, vision.image_tokens)  # raises the 400 for a request that cannot fit
+            self._run_generation(generation, len(prompt), 0, lambda: generation.decode_vision(vision))
+            self._sample_memory()
+            return
         cache = self.prompt_cache
         room = self._room_beside(job, prompt)  # raises the 400 for a request that cannot fit
         fetched = cache.fetch(prompt)
@@ -338,17 +370,8 @@ class ModelWorker(threading.Thread):
                 # Kept at the prompt's boundary: this cache cannot be cut back later.
                 prefill(self._resident.model, kv, rest[:-1], self.prefill_step_size, self._heartbeat)
                 snapshot, rest = copy.deepcopy(kv), rest[-1:]
-        self.active_generations += 1
-        self.max_observed_concurrency = max(self.max_observed_concurrency, self.active_generations)
-        try:
-            finish, generated = generation.decode(rest, kv, prompt[:len(prompt) - len(rest)])
-        finally:
-            self.active_generations -= 1
-        # Counted before the last event: a client that reads /metrics right
-        # after its answer sees its tokens.
-        self.counters["generated_tokens"] += len(generated)
-        self.counters["prompt_tokens"] += len(prompt)
-        generation.end(finish, len(prompt), len(generated), cached)
+        generated = self._run_generation(generation, len(prompt), cached,
+                                         lambda: generation.decode(rest, kv, prompt[:len(prompt) - len(rest)]))
         if first_token_at:
             cache.note_prefill(len(prompt) - cached, first_token_at[0] - started)
         if snapshot is not None:
@@ -357,3 +380,19 @@ class ModelWorker(threading.Thread):
             covered = (prompt + generated)[:kv_offset(kv) or 0]
             cache.store(covered, len(prompt), kv, job.conversation)
         self._sample_memory()
+
+    def _run_generation(self, generation: Generation, prompt_tokens: int, cached: int,
+                        decode: Callable[[], tuple[str, list[int]]]) -> list[int]:
+        """Decode, count, and send the answer's end; the tokens generated."""
+        self.active_generations += 1
+        self.max_observed_concurrency = max(self.max_observed_concurrency, self.active_generations)
+        try:
+            finish, generated = decode()
+        finally:
+            self.active_generations -= 1
+        # Counted before the last event: a client that reads /metrics right
+        # after its answer sees its tokens.
+        self.counters["generated_tokens"] += len(generated)
+        self.counters["prompt_tokens"] += prompt_tokens
+        generation.end(finish, prompt_tokens, len(generated), cached)
+        return generated

@@ -46,6 +46,15 @@ def agent_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_agent_model(tmp_path_factory.mktemp("models") / "agent")
 
 
+@pytest.fixture(scope="session")
+def vision_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The fine-tuned demo vision model (devkit/vision_model.py): names a
+    plain image's colour; ~10 s to build."""
+    from mlxd.devkit.vision_model import build_vision_model
+
+    return build_vision_model(tmp_path_factory.mktemp("models") / "vision")
+
+
 def engine_toml(models: DemoModels, engine: dict | None = None, extra_models: str = "") -> str:
     engine_lines = "\n".join(f"{k} = {v!r}" if not isinstance(v, str) else f'{k} = "{v}"'
                              for k, v in (engine or {}).items())

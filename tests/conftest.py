@@ -109,15 +109,23 @@ def start_engine(tmp_path_factory: pytest.TempPathFactory,
 SHARED_ENGINE = {"max_queue": 4, "max_tokens_cap": 64, "max_prompt_tokens": 4096}
 
 
-@pytest.fixture(scope="module")
-def shared_engine(tmp_path_factory: pytest.TempPathFactory, demo_models: DemoModels) -> Iterator[EngineProcess]:
-    """One engine for the tests of a module that neither stop nor crash it."""
-    ep = spawn_engine(tmp_path_factory.mktemp("home-shared"), engine_toml(demo_models, SHARED_ENGINE))
+@contextmanager
+def running_engine(tmp_path_factory: pytest.TempPathFactory, toml: str) -> Iterator[EngineProcess]:
+    """One engine with this config, healthy, stopped by pid on leaving: for
+    module-scoped fixtures whose tests neither stop nor crash it."""
+    ep = spawn_engine(tmp_path_factory.mktemp("home"), toml)
     try:
         wait_healthy(ep)
         yield ep
     finally:
         ep.stop()
+
+
+@pytest.fixture(scope="module")
+def shared_engine(tmp_path_factory: pytest.TempPathFactory, demo_models: DemoModels) -> Iterator[EngineProcess]:
+    """One engine for the tests of a module that neither stop nor crash it."""
+    with running_engine(tmp_path_factory, engine_toml(demo_models, SHARED_ENGINE)) as ep:
+        yield ep
 
 
 # Fast supervision for tests: short backoffs, a quick health poll.

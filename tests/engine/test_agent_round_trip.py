@@ -10,17 +10,18 @@ import json
 import pytest
 from openai import OpenAI
 
-from conftest import engine_toml
+from conftest import engine_toml, running_engine
 from mlxd.devkit import agent_model as agent
 
 pytestmark = pytest.mark.timeout(600)
 
 
-@pytest.fixture
-def client(start_engine, demo_models, agent_model):
+@pytest.fixture(scope="module")
+def client(tmp_path_factory, demo_models, agent_model):
+    """One engine for the module: no test stops or crashes it."""
     extra = f'[models.agent]\npath = "{agent_model}"\n'
-    ep = start_engine(toml=engine_toml(demo_models, {"max_tokens_cap": 64}, extra_models=extra))
-    return OpenAI(base_url=ep.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    with running_engine(tmp_path_factory, engine_toml(demo_models, {"max_tokens_cap": 64}, extra_models=extra)) as ep:
+        yield OpenAI(base_url=ep.url + "/v1", api_key="unused", max_retries=0, timeout=120)
 
 
 def weather_question(client, stream: bool):

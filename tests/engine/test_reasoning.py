@@ -9,16 +9,17 @@ from __future__ import annotations
 import pytest
 from openai import OpenAI
 
-from conftest import engine_toml
+from conftest import engine_toml, running_engine
 
 HELLO = [{"role": "user", "content": "Tell me about the lighthouse."}]
 
 
-@pytest.fixture
-def client(start_engine, demo_models, think_model):
+@pytest.fixture(scope="module")
+def client(tmp_path_factory, demo_models, think_model):
+    """One engine for the module: no test stops or crashes it."""
     extra = f'[models.demo-think]\npath = "{think_model}"\n'
-    ep = start_engine(toml=engine_toml(demo_models, {"max_tokens_cap": 64}, extra_models=extra))
-    return OpenAI(base_url=ep.url + "/v1", api_key="unused", max_retries=0)
+    with running_engine(tmp_path_factory, engine_toml(demo_models, {"max_tokens_cap": 64}, extra_models=extra)) as ep:
+        yield OpenAI(base_url=ep.url + "/v1", api_key="unused", max_retries=0)
 
 
 def ask(client, model="demo-think", **extra):

@@ -11,12 +11,12 @@ import base64
 
 import pytest
 import requests
-from openai import BadRequestError, OpenAI
+from openai import OpenAI
 
-from conftest import engine_toml
+from conftest import engine_toml, running_engine
 from mlxd.devkit import vision_model as vision
 from mlxd.devkit.vision_model import data_url, question
-from testkit import metric, spawn_engine, wait_healthy
+from testkit import metric
 
 pytestmark = pytest.mark.timeout(600)
 MAX_PROMPT_TOKENS = 200  # a 448x448 image alone is 256 image tokens
@@ -27,15 +27,10 @@ def engine(tmp_path_factory, demo_models, vision_model):
     pictures = tmp_path_factory.mktemp("pictures")
     extra = (f'[models.vision]\npath = "{vision_model}"\n\n'
              f'[engine.images]\nlocal_dirs = ["{pictures}"]\n')
-    ep = spawn_engine(tmp_path_factory.mktemp("home"),
-                      engine_toml(demo_models, {"max_tokens_cap": 32, "max_prompt_tokens": MAX_PROMPT_TOKENS},
-                                  extra_models=extra))
-    try:
-        wait_healthy(ep)
+    toml = engine_toml(demo_models, {"max_tokens_cap": 32, "max_prompt_tokens": MAX_PROMPT_TOKENS}, extra_models=extra)
+    with running_engine(tmp_path_factory, toml) as ep:
         ep.pictures = pictures
         yield ep
-    finally:
-        ep.stop()
 
 
 @pytest.fixture(scope="module")
@@ -137,3 +132,26 @@ def test_the_one_model_cache_swaps_between_text_and_vision(client, engine):
     assert ask(client, question(data_url("green"))).choices[0].message.content == vision.answer("green")
     assert requests.get(engine.url + "/health", timeout=10).json()["resident_model"] == "vision"
     assert metric(engine.url, "mlxd_engine_model_loads") == loads + 2
+
+
+def test_images_count_in_the_memory_check(start_engine, demo_models, tmp_path):
+    """The built-in random-weight demo vision model (`demo = "vision"`) in a
+    memory budget of its weights + 1 MiB: an image's tokens (their KV) and
+    the vision tower's activations (7 KiB a token for this tower) must fit
+    beside the model, so a small image is served and a 448x448 one (256
+    image tokens, ~1.9 MiB) is refused before MLX could run out of memory."""
+    from mlxd.engine.demo_model import build_demo_model
+    from mlxd.memory_estimate import read_weight_bytes
+
+    weights, _ = read_weight_bytes(build_demo_model(tmp_path / "demo-vision", "vision"))  # the same bytes
+    total = int((weights + 2**20) / 0.75) + 1
+    ep = start_engine(toml=engine_toml(demo_models, {"context_tokens": 128},
+                                       extra_models='[models.eye]\ndemo = "vision"\n'),
+                      env={"MLXD_MEMORY_TOTAL_BYTES": str(total)})
+    client = OpenAI(base_url=ep.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    small = ask(client, question(data_url("red", (56, 56))), model="eye")
+    assert small.usage.completion_tokens > 0 and small.usage.prompt_tokens > 4
+    status, error = refusal(ep, question(data_url("red", (448, 448))), model="eye")
+    assert status == 400 and error["code"] == "context_length_exceeded", error
+    assert "does not fit beside the model" in error["message"]
+    assert ask(client, [{"role": "user", "content": "hi"}], model="eye").usage.completion_tokens > 0

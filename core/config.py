@@ -18,6 +18,7 @@ Environment overrides (each documented in README.md):
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import os
 import re
 import tomllib
@@ -97,8 +98,22 @@ class ImagesConfig(Strict):
     max_pixels: int = Field(default=50_000_000, gt=0)  # one decoded image (width x height)
 
 
+def is_loopback(host: str) -> bool:
+    """Whether a bind address is reachable from this machine only (pure):
+    wildcards ("0.0.0.0", "::", "") and real interfaces are not."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: whatever it resolves to, assume the network
+
+
 class EngineConfig(Strict):
     host: str = "127.0.0.1"
+    # Requests must carry the key in $MLXD_HOME/engine.key (created on first start;
+    # the gateway sends it). Required wherever `host` is not a loopback address.
+    require_key: bool = False
     port: int = Field(default=8080, ge=1, le=65535)
     default_model: str = "default"  # alias or id preloaded at start
     max_queue: int = Field(default=8, ge=0)  # waiting requests beyond the running one
@@ -120,6 +135,14 @@ class EngineConfig(Strict):
     prefill_step_size: int = Field(default=512, ge=16)
     prompt_cache: PromptCacheConfig = PromptCacheConfig()
     images: ImagesConfig = ImagesConfig()
+
+    @model_validator(mode="after")
+    def _key_beyond_loopback(self) -> "EngineConfig":
+        if not self.require_key and not is_loopback(self.host):
+            raise ValueError(f"host = {self.host!r} lets other machines reach the engine: set require_key = true "
+                             "(the gateway then sends the key in $MLXD_HOME/engine.key; copy that file to every "
+                             "gateway that uses this engine)")
+        return self
 
 
 class SupervisorConfig(Strict):

@@ -2,6 +2,7 @@
 
   mlxd.toml                      the config (the single source of truth)
   key                            the gateway key (0600)
+  engine.key                     the engine's key, where engine.require_key (0600)
   run/   supervisord.sock, supervisord.pid, engine.pid, engine.exit.json,
          engine.inflight.json    (live process state; stale after a crash)
   logs/  supervisord.log, engine.log, engine.err.log, listener.log
@@ -29,6 +30,10 @@ class StatePaths:
     @property
     def key(self) -> Path:
         return self.home / "key"
+
+    @property
+    def engine_key(self) -> Path:
+        return self.home / "engine.key"
 
     @property
     def litellm_config(self) -> Path:

@@ -17,6 +17,7 @@ import uvicorn
 
 from mlxd import exit_codes
 from mlxd.config import Config
+from mlxd.keyfile import ENGINE_KEY_PREFIX, ensure_key_file
 from mlxd.models import demo_model_dir, system_memory_budget
 
 from .faults import FaultInjector
@@ -69,8 +70,9 @@ def run_engine(config: Config) -> int:
     budget, source = system_memory_budget(config.engine.memory_fraction)
     log.info("memory budget %.1f GiB (%.0f%% of %s)", budget / 2**30, config.engine.memory_fraction * 100, source)
     engine = Engine(config, ModelRegistry(config, budget), faults)
+    key = ensure_key_file(config.paths.engine_key, ENGINE_KEY_PREFIX) if config.engine.require_key else None
     uv_config = uvicorn.Config(
-        create_app(engine),
+        create_app(engine, key),
         host=config.engine.host,
         port=config.engine.port,
         http="auto",  # HTTP/1.1 (httptools when installed, else h11); SSE streams are chunked

@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mlxd.config import Config
+from mlxd.keyfile import bearer, matches
 from mlxd.memory_estimate import GIB
 
 from .admission import AdmissionQueue
@@ -102,7 +103,32 @@ class RequestCounter:
             self.metrics.requests.labels(route, str(status[0])).inc()
 
 
-def create_app(engine: Engine) -> FastAPI:
+class KeyCheck:
+    """engine.require_key: every request but GET /health (the supervisor's
+    and status's probe) must carry the engine key as `Authorization:
+    Bearer`; else 401 in OpenAI's shape. A plain ASGI middleware, as above."""
+
+    OPEN = ("/health",)
+
+    def __init__(self, app, key: str) -> None:
+        self.app = app
+        self.key = key
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["path"] not in self.OPEN:
+            headers = dict(scope.get("headers") or [])
+            given = bearer(headers.get(b"authorization", b"").decode("latin-1"))
+            if not matches(given, self.key):
+                response = error_response(EngineError(401, "this engine requires its key: send 'Authorization: "
+                                                           "Bearer <key>' with the key in $MLXD_HOME/engine.key",
+                                                      code="invalid_api_key"))
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def create_app(engine: Engine, key: str | None = None) -> FastAPI:
+    """The app; with `key`, requests must carry it (KeyCheck)."""
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         engine.lifecycle.start()
@@ -110,7 +136,9 @@ def create_app(engine: Engine) -> FastAPI:
         await asyncio.to_thread(engine.lifecycle.stop, 5.0)
 
     app = FastAPI(title="mlxd engine", version="0.1.0", lifespan=lifespan)
-    app.add_middleware(RequestCounter, metrics=engine.metrics)
+    if key is not None:
+        app.add_middleware(KeyCheck, key=key)
+    app.add_middleware(RequestCounter, metrics=engine.metrics)  # added last: runs first, so 401s count too
 
     @app.exception_handler(EngineError)
     async def _engine_error(request: Request, exc: EngineError) -> JSONResponse:

@@ -79,9 +79,12 @@ class _Substitute:
 
 
 class EngineFastPath:
-    def __init__(self, app: Any, config: Config, heavy: dict[str, bool]) -> None:
+    def __init__(self, app: Any, config: Config, heavy: dict[str, bool], engine_key: str | None = None) -> None:
         self.app = app
         self.base = config.engine_url
+        self.headers = {"Content-Type": "application/json"}
+        if engine_key is not None:  # engine.require_key
+            self.headers["Authorization"] = f"Bearer {engine_key}"
         self.routes = FastRoutes.plan(config, heavy)
         self.session: aiohttp.ClientSession | None = None
 
@@ -113,8 +116,7 @@ class EngineFastPath:
         """The engine answers, unless it does not say 200 before its first
         byte: then LiteLLM gets the request as the client sent it."""
         try:
-            resp = await self._session().post(self.base + path, data=to.body,
-                                              headers={"Content-Type": "application/json"})
+            resp = await self._session().post(self.base + path, data=to.body, headers=self.headers)
         except (aiohttp.ClientError, OSError):
             await self.app(scope, replay, send)  # engine down: LiteLLM falls back
             return

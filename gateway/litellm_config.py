@@ -21,6 +21,9 @@ from typing import Any
 from mlxd.config import Config
 
 OLLAMA_SUFFIX = "--ollama"
+# With engine.require_key the engine deployments' api_key is read from this
+# variable (set by the gateway from $MLXD_HOME/engine.key): no key in the file.
+ENGINE_KEY_ENV = "MLXD_ENGINE_KEY"
 
 
 @dataclass(frozen=True)
@@ -74,7 +77,8 @@ def render_litellm_config(config: Config, heavy: dict[str, bool]) -> dict[str, A
             model_list.append({"model_name": r.name, "litellm_params": ollama_params})
             continue
         model_list.append({"model_name": r.name, "litellm_params": {
-            "model": f"openai/{r.engine_model}", "api_base": engine_base, "api_key": "mlxd-engine-loopback",
+            "model": f"openai/{r.engine_model}", "api_base": engine_base,
+            "api_key": f"os.environ/{ENGINE_KEY_ENV}" if config.engine.require_key else "mlxd-engine-loopback",
             "timeout": timeout, "stream_timeout": timeout, "max_retries": 0},
             # Keeps LiteLLM from sending Anthropic clients' `thinking` to the Responses
             # API (the engine serves chat/completions; its answers carry reasoning_content).

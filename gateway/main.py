@@ -17,11 +17,12 @@ from typing import Any
 
 from mlxd import exit_codes
 from mlxd.config import Config
+from mlxd.keyfile import ENGINE_KEY_PREFIX, ensure_key_file
 from mlxd.models import heavy_models, metal_working_set_in_child, system_memory_budget
 from mlxd.paths import write_atomic
 
 from .keys import ensure_key
-from .litellm_config import render_litellm_config
+from .litellm_config import ENGINE_KEY_ENV, render_litellm_config
 
 log = logging.getLogger("mlxd.gateway")
 
@@ -54,6 +55,10 @@ def build_app(config: Config) -> Any:
     paths.make_dirs()
     ensure_key(paths)
     heavy = decide_heavy(config)
+    engine_key = None
+    if config.engine.require_key:  # LiteLLM's deployments read it as os.environ/MLXD_ENGINE_KEY
+        engine_key = ensure_key_file(paths.engine_key, ENGINE_KEY_PREFIX)
+        os.environ[ENGINE_KEY_ENV] = engine_key
     write_litellm_config(config, heavy)
     os.environ["CONFIG_FILE_PATH"] = str(paths.litellm_config)
     # LiteLLM's Ollama provider looks models up at $OLLAMA_API_BASE whatever
@@ -72,7 +77,7 @@ def build_app(config: Config) -> Any:
     if config.gateway.engine_fast_path:
         from .fastpath import EngineFastPath
 
-        inner = EngineFastPath(litellm_app, config, heavy)
+        inner = EngineFastPath(litellm_app, config, heavy, engine_key)
     return KeyGuard(inner, paths.key, inner_key, Health(config.engine_url, config.gateway.ollama_url))
 
 

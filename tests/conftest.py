@@ -56,7 +56,8 @@ def vision_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def engine_toml(models: DemoModels, engine: dict | None = None, extra_models: str = "") -> str:
-    engine_lines = "\n".join(f"{k} = {v!r}" if not isinstance(v, str) else f'{k} = "{v}"'
+    engine_lines = "\n".join(f"{k} = {str(v).lower()}" if isinstance(v, bool) else
+                             f"{k} = {v!r}" if not isinstance(v, str) else f'{k} = "{v}"'
                              for k, v in (engine or {}).items())
     return f"""
 [engine]

@@ -56,7 +56,8 @@ def test_aliases_resolve_and_unknown_names_do_not():
 
 
 def test_env_overrides_engine_port_and_host():
-    doc = apply_env_overrides({"engine": {"port": 1234}}, {"MLXD_ENGINE_PORT": "9999", "MLXD_ENGINE_HOST": "0.0.0.0"})
+    doc = apply_env_overrides({"engine": {"port": 1234, "require_key": True}},
+                              {"MLXD_ENGINE_PORT": "9999", "MLXD_ENGINE_HOST": "0.0.0.0"})
     cfg = parse_config(doc, HOME)
     assert cfg.engine.port == 9999 and cfg.engine.host == "0.0.0.0"
 
@@ -84,6 +85,25 @@ def test_invalid_config_file_names_the_key(tmp_path):
     ("::1", "172.17.0.1", "http://[::1]:8080", "http://172.17.0.1:4000"),
 ])
 def test_one_loopback_rule_for_every_url(engine_host, gateway_host, engine_url, gateway_url):
-    c = parse_config({"engine": {"host": engine_host}, "gateway": {"host": gateway_host}}, Path("/h"))
+    c = parse_config({"engine": {"host": engine_host, "require_key": True}, "gateway": {"host": gateway_host}},
+                     Path("/h"))
     assert (c.engine_url, c.gateway_url) == (engine_url, gateway_url)
     assert c.paths.journal == Path("/h/state/crashes.jsonl")
+
+
+@pytest.mark.parametrize("host, loopback", [
+    ("127.0.0.1", True), ("127.0.0.2", True), ("localhost", True), ("::1", True), ("[::1]", True),
+    ("0.0.0.0", False), ("::", False), ("", False), ("192.168.1.20", False), ("mac-studio.local", False),
+])
+def test_is_loopback(host, loopback):
+    from mlxd.config import is_loopback
+
+    assert is_loopback(host) is loopback
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "192.168.1.20", "mac-studio.local"])
+def test_an_engine_beyond_loopback_must_require_its_key(host):
+    with pytest.raises(ConfigError, match="require_key = true"):
+        parse_config({"engine": {"host": host}}, HOME)
+    assert parse_config({"engine": {"host": host, "require_key": True}}, HOME).engine.require_key
+    assert not parse_config({"engine": {"host": "127.0.0.1"}}, HOME).engine.require_key  # off by default

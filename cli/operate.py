@@ -243,6 +243,12 @@ def format_status(st: dict) -> str:
     if ol is not None:
         lines.append(f"  ollama        {'answers (' + str(ol['version']) + ')' if ol['reachable'] else 'no answer'}"
                      f"  {ol['url']}{'' if ol['reachable'] else '  (no fallback while the engine is down)'}")
+    for host in st.get("hosts") or []:
+        hh = host["health"] or {}
+        state = hh.get("status", "no answer") if host["http_status"] == 200 else "no answer"
+        lines.append(f"  host          {host['url']}  {state}  model {hh.get('resident_model') or '-'}  "
+                     f"queue {hh.get('queue_depth', '-')}  in flight {hh.get('in_flight') or '-'}  "
+                     f"(serves {', '.join(host['models'])})")
     au = st.get("autostart")
     if au:
         lines.append(f"  {au.get('kind', 'autostart'):<13} {au.get('detail', '')}")

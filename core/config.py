@@ -23,7 +23,7 @@ import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -46,6 +46,34 @@ class Strict(BaseModel):
 
 
 SOURCES = ("path", "repo", "gguf", "from_ollama", "demo")  # where a model comes from: exactly one per model
+LOCAL_ENGINE = "local"  # in a model's `hosts`: this machine's engine ([engine] host and port)
+
+
+def engine_host_url(entry: str, local_url: str) -> str:
+    """A `hosts` entry -> the engine's base URL (pure): "local" is this
+    machine's engine; "host:port" is plain HTTP; a full http(s):// URL is
+    used as it is (an engine behind a TLS reverse proxy)."""
+    if entry == LOCAL_ENGINE:
+        return local_url
+    if entry.startswith(("http://", "https://")):
+        return entry.rstrip("/")
+    return "http://" + entry
+
+
+def host_entry_problem(entry: str) -> str | None:
+    """Why a `hosts` entry is unusable, or None (pure)."""
+    from urllib.parse import urlsplit
+
+    if entry == LOCAL_ENGINE:
+        return None
+    url = urlsplit(engine_host_url(entry, ""))
+    try:
+        port = url.port
+    except ValueError:
+        port = None
+    if not url.hostname or port is None or url.path not in ("", "/") or url.query or url.username:
+        return f"{entry!r} is not \"local\", \"host:port\" or \"http(s)://host:port\""
+    return None
 
 
 class ModelSpec(Strict):
@@ -58,6 +86,9 @@ class ModelSpec(Strict):
     demo: Literal["a", "b", "vision"] | None = None  # a built-in demo model variant ("vision": a tiny VLM)
     ollama: str | None = None  # the Ollama model the gateway falls back to
     context_tokens: int | None = Field(default=None, gt=0)  # KV allowance override
+    # The engines that serve it: "local" (this machine's) and/or "host:port" of
+    # other Macs running mlxd with the same model id. Several: LiteLLM balances.
+    hosts: list[str] = Field(default_factory=lambda: [LOCAL_ENGINE], min_length=1)
 
     @property
     def fallback_ollama(self) -> str | None:
@@ -69,6 +100,12 @@ class ModelSpec(Strict):
         given = [k for k in SOURCES if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError(f"give exactly one of {', '.join(SOURCES)} (got {given or 'none'})")
+        for entry in self.hosts:
+            problem = host_entry_problem(entry)
+            if problem:
+                raise ValueError(f"hosts: {problem}")
+        if len(set(self.hosts)) != len(self.hosts):
+            raise ValueError("hosts: an engine is listed twice")
         return self
 
 
@@ -172,6 +209,9 @@ class GatewayConfig(Strict):
     light_model: str | None = None  # model id; default: the first model that fits the memory budget
     busy_spill: bool = False  # a busy engine sends requests to Ollama at once instead of queueing
     engine_fast_path: bool = True  # relay light-model answers from the engine as is (gateway/fastpath.py)
+    # A host that failed (refused, reset, 5xx, wrong key) is left out this long,
+    # then tried again; a busy one (429) for its Retry-After.
+    host_cooldown_s: float = Field(default=5.0, gt=0)
     enabled: bool = True
 
 
@@ -222,6 +262,15 @@ class Config(Strict):
         """Where this machine reaches the engine, e.g. http://127.0.0.1:8080
         (no trailing slash; add /health or /v1)."""
         return f"http://{connect_host(self.engine.host)}:{self.engine.port}"
+
+    def engine_urls(self, model_id: str) -> list[str]:
+        """The base URLs of the engines that serve a model, in config order."""
+        return [engine_host_url(h, self.engine_url) for h in self.models[model_id].hosts]
+
+    @property
+    def remote_engines(self) -> bool:
+        """Whether any model is served by an engine on another host."""
+        return any(h != LOCAL_ENGINE for spec in self.models.values() for h in spec.hosts)
 
     @property
     def gateway_url(self) -> str:
@@ -403,7 +452,10 @@ def reference_markdown() -> str:
             if isinstance(field.default, BaseModel):
                 continue  # a section of its own
             default = field.default_factory() if field.default_factory else field.default
-            ann = getattr(field.annotation, "__name__", str(field.annotation)).replace("typing.", "").replace("|", "\\|")
+            ann = getattr(field.annotation, "__name__", str(field.annotation)).replace("typing.", "")
+            if get_origin(field.annotation) is Literal:
+                ann = " | ".join(repr(a) for a in get_args(field.annotation))
+            ann = ann.replace("|", "\\|")
             lines.append(f"| `{name}` | {ann} | `{default!r}` |")
         lines.append("")
     lines += ["## [models.ID]", "", "One MLX model; exactly one of `path`, `repo`, `gguf`, `from_ollama`, `demo`.",
@@ -415,7 +467,14 @@ def reference_markdown() -> str:
               "| key | type | default |", "|---|---|---|"]
     for name, field in ModelSpec.model_fields.items():
         ann = str(field.annotation).replace("typing.", "")
-        lines.append(f"| `{name}` | {ann} | `{field.default!r}` |")
+        default = field.default_factory() if field.default_factory else field.default
+        lines.append(f"| `{name}` | {ann} | `{default!r}` |")
+    lines += ["", "`hosts` lists the engines that serve the model: `\"local\"` (this machine's engine) and",
+              "`\"host:port\"` (or `\"https://host:port\"` behind a TLS reverse proxy) of other Macs running mlxd",
+              "with the same model id and `engine.require_key = true`, holding this machine's `engine.key`.",
+              "With several, LiteLLM's router spreads requests across them at random, sends a busy or",
+              "failed host's request to another host and leaves a failed host out for `gateway.host_cooldown_s`;",
+              "Ollama answers only when every host is out. docs/SCALE-OUT.md explains the set-up."]
     lines += ["", "## [aliases]", "", "`alias = \"model id\"`. `fast`, `default`, `coding` and `reasoning` always exist;",
               "unset ones point at the first model under [models] (the default model, SmolLM2-135M-Instruct or",
               "the built-in demo model, when there is none).", ""]

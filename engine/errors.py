@@ -12,6 +12,7 @@ _TYPE_BY_STATUS = {
     405: "invalid_request_error",
     413: "invalid_request_error",
     422: "invalid_request_error",
+    401: "authentication_error",  # as the gateway says it (LiteLLM reads invalid_request_error as a 400)
     429: "rate_limit_error",
     500: "server_error",
     503: "service_unavailable_error",

@@ -83,7 +83,7 @@ class EngineFastPath:
         self.app = app
         self.base = config.engine_url
         self.headers = {"Content-Type": "application/json"}
-        if engine_key is not None:  # engine.require_key
+        if engine_key is not None:  # the engine may require it
             self.headers["Authorization"] = f"Bearer {engine_key}"
         self.routes = FastRoutes.plan(config, heavy)
         self.session: aiohttp.ClientSession | None = None

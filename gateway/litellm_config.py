@@ -8,9 +8,25 @@ Every model id and alias becomes a LiteLLM model group:
 - with `only_light`, every alias is the light model on MLX.
 LiteLLM's defaults are wrong for a local fallback (checked on 1.106.2):
 retries turn a refused connection into ~5 s before the fallback answers, and
-cooldowns keep traffic away from an engine that is already back. So: no
-retries, no cooldowns, long timeouts (the engine has its own deadline).
-The key is not in this file: the gateway checks it itself (gateway/app.py).
+cooldowns keep traffic away from an engine that is already back. So a model
+on one engine gets no retries and no cooldown (`cooldown_time: 0`), and long
+timeouts (the engine has its own deadline).
+A model on several engines (`hosts`) is one model group of several
+deployments, spread by LiteLLM's router at random (simple-shuffle: measured
+on 1.106.2, least-busy's in-flight count of a host leaks when a request
+fails over from it, so a host that died and came back was never picked
+again; usage-based-routing-v2 once sent a request to Ollama while a healthy
+host was left). A busy engine queues (its single concurrency) or, queue
+full, answers 429. There
+a failure must move the request to another host, not to Ollama: the group
+gets one retry per other host (`model_group_retry_policy`; LiteLLM retries at
+once while a healthy deployment is left), and a host that fails once is put
+in LiteLLM's cooldown (`allowed_fails_policy` of 0: without it a refused
+connection never cools a host down, and least-busy would keep picking it); a
+busy host (429) for its Retry-After, a failed one for `host_cooldown_s`.
+Ollama answers when every host is out.
+No key is in this file: the gateway checks clients' itself (gateway/app.py),
+and the engines' is read from $MLXD_ENGINE_KEY.
 """
 
 from __future__ import annotations
@@ -31,8 +47,9 @@ class Route:
     """Where one public model name goes."""
 
     name: str  # what clients send as `model`
-    engine_model: str | None  # the name the engine gets, None for heavy models
+    engine_model: str | None  # the name the engines get, None when Ollama serves it
     ollama_model: str | None  # the Ollama model (primary for heavy ones, else fallback)
+    engine_urls: tuple[str, ...] = ()  # the engines that serve it (base URLs, no /v1)
 
 
 def light_model_id(config: Config, heavy: dict[str, bool]) -> str:
@@ -41,9 +58,19 @@ def light_model_id(config: Config, heavy: dict[str, bool]) -> str:
     return next((m for m in config.models if not heavy.get(m)), next(iter(config.models)))
 
 
+def serving_engines(config: Config, model_id: str, heavy: dict[str, bool]) -> tuple[str, ...]:
+    """The engines a model's requests go to (pure): its `hosts`, less this
+    machine's engine when the model is over its memory budget (another Mac
+    may hold it)."""
+    urls = config.engine_urls(model_id)
+    if heavy.get(model_id):
+        urls = [u for u in urls if u != config.engine_url]
+    return tuple(urls)
+
+
 def plan_routes(config: Config, heavy: dict[str, bool]) -> list[Route]:
     """Public names -> routes (pure). `heavy` says which model ids exceed
-    the engine's memory budget (the engine's estimator decides)."""
+    the local engine's memory budget (the engine's estimator decides)."""
     light = light_model_id(config, heavy)
     targets = {m: m for m in config.models} | dict(config.all_aliases)
     routes = []
@@ -52,11 +79,35 @@ def plan_routes(config: Config, heavy: dict[str, bool]) -> list[Route]:
             model_id = light
         spec = config.models[model_id]
         ollama = spec.fallback_ollama or config.gateway.default_ollama_model
-        if heavy.get(model_id) and ollama:
+        engines = serving_engines(config, model_id, heavy)
+        if not engines and ollama:
             routes.append(Route(name, None, ollama))
-        else:
-            routes.append(Route(name, model_id, ollama))
+        else:  # with no engine and no Ollama, the local engine says why it cannot (model_too_large)
+            routes.append(Route(name, model_id, ollama, engines or (config.engine_url,)))
     return routes
+
+
+def sends_engine_key(config: Config) -> bool:
+    """Whether requests to engines carry the engine key: when this machine's
+    engine requires it, and always to other hosts (which must)."""
+    return config.engine.require_key or config.remote_engines
+
+
+# How often a model group on several hosts retries, by LiteLLM's error class:
+# a host that is down, busy, crashing or misconfigured -> the next host; the
+# client's own mistakes and the engine's deadline -> not again.
+RETRIED_ON_ANOTHER_HOST = ("InternalServerErrorRetries", "RateLimitErrorRetries", "ServiceUnavailableErrorRetries",
+                           "AuthenticationErrorRetries", "NotFoundErrorRetries", "DefaultRetries")
+NOT_RETRIED = ("BadRequestErrorRetries", "ContentPolicyViolationErrorRetries", "TimeoutErrorRetries")
+# ...and a host that fails so is left out at once (LiteLLM's names).
+COOLED_DOWN_AT_FIRST_FAILURE = {"InternalServerErrorAllowedFails": 0, "RateLimitErrorAllowedFails": 0,
+                                "ServiceUnavailableErrorAllowedFails": 0, "BadGatewayErrorAllowedFails": 0,
+                                "AuthenticationErrorAllowedFails": 0, "NotFoundErrorAllowedFails": 0}
+
+
+def retry_policy(hosts: int) -> dict[str, int]:
+    """A model group's retries (pure): one per other host."""
+    return {k: hosts - 1 for k in RETRIED_ON_ANOTHER_HOST} | {k: 0 for k in NOT_RETRIED}
 
 
 def engine_timeout_s(config: Config) -> float:
@@ -66,33 +117,42 @@ def engine_timeout_s(config: Config) -> float:
 
 def render_litellm_config(config: Config, heavy: dict[str, bool]) -> dict[str, Any]:
     """The proxy config as a dict (pure); the caller writes it as YAML."""
-    engine_base = config.engine_url + "/v1"
     timeout = engine_timeout_s(config)
+    api_key = f"os.environ/{ENGINE_KEY_ENV}" if sends_engine_key(config) else "mlxd-engine-loopback"
+    never_cooled = {"cooldown_time": 0}  # an engine or Ollama that is back gets traffic at once
     model_list: list[dict[str, Any]] = []
     fallbacks: list[dict[str, list[str]]] = []
+    retry_policies: dict[str, dict[str, int]] = {}
     for r in plan_routes(config, heavy):
         ollama_params = {"model": f"ollama_chat/{r.ollama_model}", "api_base": config.gateway.ollama_url,
                          "timeout": timeout, "stream_timeout": timeout}
         if r.engine_model is None:
-            model_list.append({"model_name": r.name, "litellm_params": ollama_params})
+            model_list.append({"model_name": r.name, "litellm_params": ollama_params, "model_info": never_cooled})
             continue
-        model_list.append({"model_name": r.name, "litellm_params": {
-            "model": f"openai/{r.engine_model}", "api_base": engine_base,
-            "api_key": f"os.environ/{ENGINE_KEY_ENV}" if config.engine.require_key else "mlxd-engine-loopback",
-            "timeout": timeout, "stream_timeout": timeout, "max_retries": 0},
-            # Keeps LiteLLM from sending Anthropic clients' `thinking` to the Responses
-            # API (the engine serves chat/completions; its answers carry reasoning_content).
-            "model_info": {"supports_reasoning": False}})
+        several = len(r.engine_urls) > 1
+        for url in r.engine_urls:
+            model_list.append({"model_name": r.name, "litellm_params": {
+                "model": f"openai/{r.engine_model}", "api_base": url + "/v1", "api_key": api_key,
+                "timeout": timeout, "stream_timeout": timeout, "max_retries": 0},
+                # supports_reasoning: keeps LiteLLM from sending Anthropic clients' `thinking` to the
+                # Responses API (the engine serves chat/completions; its answers carry reasoning_content).
+                "model_info": {"supports_reasoning": False, "mlxd_engine": url}
+                | ({"allowed_fails_policy": COOLED_DOWN_AT_FIRST_FAILURE} if several else never_cooled)})
+        if several:
+            retry_policies[r.name] = retry_policy(len(r.engine_urls))
         if r.ollama_model:
-            model_list.append({"model_name": r.name + OLLAMA_SUFFIX, "litellm_params": ollama_params})
+            model_list.append({"model_name": r.name + OLLAMA_SUFFIX, "litellm_params": ollama_params,
+                               "model_info": never_cooled})
             fallbacks.append({r.name: [r.name + OLLAMA_SUFFIX]})
     return {
         "model_list": model_list,
         "router_settings": {
+            "routing_strategy": "simple-shuffle",  # see above
             "num_retries": 0,
             "retry_after": 0,
+            "model_group_retry_policy": retry_policies,
             "fallbacks": fallbacks,
-            "disable_cooldowns": True,  # an engine that is back gets traffic at once
+            "cooldown_time": config.gateway.host_cooldown_s,  # a failed host of several; a busy one: Retry-After
             "timeout": timeout,
             "enable_pre_call_checks": False,
         },

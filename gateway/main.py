@@ -22,7 +22,7 @@ from mlxd.models import heavy_models, metal_working_set_in_child, system_memory_
 from mlxd.paths import write_atomic
 
 from .keys import ensure_key
-from .litellm_config import ENGINE_KEY_ENV, render_litellm_config
+from .litellm_config import ENGINE_KEY_ENV, render_litellm_config, sends_engine_key
 
 log = logging.getLogger("mlxd.gateway")
 
@@ -56,7 +56,7 @@ def build_app(config: Config) -> Any:
     ensure_key(paths)
     heavy = decide_heavy(config)
     engine_key = None
-    if config.engine.require_key:  # LiteLLM's deployments read it as os.environ/MLXD_ENGINE_KEY
+    if sends_engine_key(config):  # LiteLLM's deployments read it as os.environ/MLXD_ENGINE_KEY
         engine_key = ensure_key_file(paths.engine_key, ENGINE_KEY_PREFIX)
         os.environ[ENGINE_KEY_ENV] = engine_key
     write_litellm_config(config, heavy)

@@ -38,6 +38,8 @@ class FastRoutes:
                 continue
             if r.ollama_model:
                 known.add(r.name + OLLAMA_SUFFIX)
+            if r.engine_urls != (config.engine_url,):
+                continue  # several or other hosts: LiteLLM's router picks the engine
             engine[r.name] = None if config.resolve(r.name) == r.engine_model else r.engine_model
         return cls(engine, frozenset(known))
 

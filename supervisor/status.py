@@ -37,6 +37,28 @@ def _get_json(url: str) -> dict[str, Any]:
     return {"url": url, "http_status": status, "health": body}
 
 
+def other_hosts(config: Config) -> dict[str, list[str]]:
+    """The engines on other hosts (base URL -> the model ids they serve),
+    from the models' `hosts` (pure)."""
+    hosts: dict[str, list[str]] = {}
+    for model_id in config.models:
+        for url in config.engine_urls(model_id):
+            if url != config.engine_url:
+                hosts.setdefault(url, []).append(model_id)
+    return hosts
+
+
+def _hosts(config: Config) -> list[dict[str, Any]]:
+    """Each other host's /health (open: no key needed), probed in parallel."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    hosts = other_hosts(config)
+    with ThreadPoolExecutor(max_workers=min(16, len(hosts) or 1)) as pool:
+        answers = list(pool.map(lambda url: _get_json(url + "/health"), hosts))
+    return [{"url": url, "models": models, "http_status": got["http_status"], "health": got["health"]}
+            for (url, models), got in zip(hosts.items(), answers)]
+
+
 def _processes(paths: StatePaths) -> list[dict[str, Any]] | None:
     try:
         infos = rpc(paths).supervisor.getAllProcessInfo()
@@ -122,6 +144,7 @@ def collect_status(config: Config) -> dict[str, Any]:
                     if last else None},
         "quarantined_requests": len(quarantine.active(now)),
         "ollama": _ollama(config) if config.gateway.enabled else None,
+        "hosts": _hosts(config),
         "foreign_listeners": _port_owners(config, _our_pids(sup_pid)),
         "overall": overall(sup_pid, engine["http_status"] == 200, supervision.mode if supervision else None,
                            None if gateway is None else gateway["http_status"] == 200),

@@ -78,14 +78,14 @@ class EngineProcess:
                 self.proc.wait(10)
 
 
-def spawn_engine(home: Path, toml: str, env: dict | None = None) -> EngineProcess:
-    """Write the config into `home` and start `mlxd engine` on a free port."""
+def spawn_engine(home: Path, toml: str, env: dict | None = None, port: int | None = None) -> EngineProcess:
+    """Write the config into `home` and start `mlxd engine` on `port` (a free one by default)."""
     (home / "mlxd.toml").write_text(toml)
-    port = free_port()
+    port = port or free_port()
     log_path = home / "engine.log"
     full_env = {**os.environ, "MLXD_HOME": str(home), "HF_HUB_OFFLINE": "1", **(env or {})}
     full_env.pop("MLXD_CONFIG", None)
-    with log_path.open("wb") as log_file:
+    with log_path.open("ab") as log_file:
         proc = subprocess.Popen([*MLXD, "engine", "--port", str(port)], env=full_env,
                                 stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
     return EngineProcess(home, port, proc, log_path, env or {})

@@ -4,8 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from mlxd.config import parse_config
-from mlxd.gateway.litellm_config import OLLAMA_SUFFIX, Route, plan_routes, render_litellm_config
+from mlxd.config import ConfigError, engine_host_url, host_entry_problem, parse_config
+from mlxd.gateway.litellm_config import (OLLAMA_SUFFIX, Route, plan_routes, render_litellm_config, retry_policy,
+                                         sends_engine_key)
+from mlxd.gateway.routing import FastRoutes
 
 HOME = Path("/nonexistent")
 MODELS = {"small": {"repo": "mlx-community/Qwen3-4B-4bit", "ollama": "qwen3:4b"},
@@ -13,6 +15,7 @@ MODELS = {"small": {"repo": "mlx-community/Qwen3-4B-4bit", "ollama": "qwen3:4b"}
           "plain": {"path": "/models/plain"}}
 ALIASES = {"coding": "huge", "fast": "small", "default": "small", "reasoning": "plain"}
 HEAVY = {"huge": True}
+LOCAL = ("http://127.0.0.1:8080",)
 
 
 def cfg(**gateway):
@@ -25,9 +28,9 @@ def routes(config):
 
 def test_light_models_go_to_the_engine_with_their_ollama_twin_as_fallback():
     r = routes(cfg())
-    assert r["small"] == Route("small", "small", "qwen3:4b")
-    assert r["fast"] == Route("fast", "small", "qwen3:4b")
-    assert r["plain"] == Route("plain", "plain", "llama3.2:3b")  # the default Ollama model
+    assert r["small"] == Route("small", "small", "qwen3:4b", LOCAL)
+    assert r["fast"] == Route("fast", "small", "qwen3:4b", LOCAL)
+    assert r["plain"] == Route("plain", "plain", "llama3.2:3b", LOCAL)  # the default Ollama model
 
 
 def test_heavy_models_go_straight_to_ollama():
@@ -38,7 +41,7 @@ def test_heavy_models_go_straight_to_ollama():
 
 def test_only_light_maps_every_alias_to_the_light_model_on_mlx():
     r = routes(cfg(only_light=True))
-    assert r["coding"] == Route("coding", "small", "qwen3:4b")
+    assert r["coding"] == Route("coding", "small", "qwen3:4b", LOCAL)
     assert r["huge"].engine_model is None  # a concrete name keeps its meaning
 
 
@@ -48,7 +51,7 @@ def test_light_model_choice(gateway, light):
     assert r["coding"].engine_model == light
 
 
-def test_rendered_config_has_no_retries_no_cooldowns_and_no_key():
+def test_rendered_config_of_single_engines_has_no_retries_no_cooldowns_and_no_key():
     config = cfg(ollama_url="http://127.0.0.1:11434")
     out = render_litellm_config(config, HEAVY)
     groups = {m["model_name"]: m["litellm_params"] for m in out["model_list"]}
@@ -57,5 +60,95 @@ def test_rendered_config_has_no_retries_no_cooldowns_and_no_key():
     assert groups["coding"]["model"] == "ollama_chat/llama3.3:70b" and "coding" + OLLAMA_SUFFIX not in groups
     assert {"fast": ["fast" + OLLAMA_SUFFIX]} in out["router_settings"]["fallbacks"]
     assert out["router_settings"]["num_retries"] == 0 and out["litellm_settings"]["num_retries"] == 0
-    assert out["router_settings"]["disable_cooldowns"] is True
+    assert out["router_settings"]["model_group_retry_policy"] == {}
+    assert all(m["model_info"]["cooldown_time"] == 0 for m in out["model_list"])  # back at once: no cooldown
+    assert groups["fast"]["api_key"] == "mlxd-engine-loopback"
     assert "master_key" not in out["general_settings"] and "sk-" not in str(out)
+
+
+# --- several engines per model (issue 15): LiteLLM's router balances them ----------------------------
+
+SPREAD = {"small": {**MODELS["small"], "hosts": ["local", "studio.lan:8080", "https://laptop.lan:8443"]},
+          "huge": {**MODELS["huge"], "hosts": ["local", "studio.lan:8080"]},
+          "remote": {"path": "/models/remote", "hosts": ["studio.lan:8080"]}, "plain": MODELS["plain"]}
+
+
+def spread(**gateway):
+    return parse_config({"models": SPREAD, "aliases": ALIASES, "gateway": gateway}, HOME)
+
+
+@pytest.mark.parametrize("entry, url", [
+    ("local", "http://127.0.0.1:8080"),
+    ("studio.lan:8080", "http://studio.lan:8080"),
+    ("10.0.0.7:8081", "http://10.0.0.7:8081"),
+    ("[fd00::7]:8080", "http://[fd00::7]:8080"),
+    ("https://laptop.lan:8443/", "https://laptop.lan:8443"),
+])
+def test_a_host_entry_becomes_the_engines_base_url(entry, url):
+    assert host_entry_problem(entry) is None
+    assert engine_host_url(entry, "http://127.0.0.1:8080") == url
+
+
+@pytest.mark.parametrize("entry", ["studio.lan", "studio.lan:http", "http://studio.lan:8080/v1", ":8080",
+                                  "user@studio.lan:8080", "studio.lan:99999", "localhost"])
+def test_unusable_host_entries_are_named(entry):
+    assert entry in host_entry_problem(entry)
+    with pytest.raises(ConfigError, match="hosts"):
+        parse_config({"models": {"m": {"path": "/m", "hosts": [entry]}}}, HOME)
+
+
+def test_a_host_listed_twice_or_no_host_is_refused():
+    for hosts in (["local", "local"], ["a:1", "a:1"], []):
+        with pytest.raises(ConfigError, match="hosts"):
+            parse_config({"models": {"m": {"path": "/m", "hosts": hosts}}}, HOME)
+
+
+def test_routes_list_every_host_and_leave_this_mac_out_where_the_model_is_heavy_here():
+    r = {x.name: x for x in plan_routes(spread(), HEAVY)}
+    assert r["fast"].engine_urls == ("http://127.0.0.1:8080", "http://studio.lan:8080", "https://laptop.lan:8443")
+    assert r["coding"] == Route("coding", "huge", "llama3.3:70b", ("http://studio.lan:8080",))  # the Studio holds it
+    assert r["remote"].engine_urls == ("http://studio.lan:8080",)
+    assert plan_routes(spread(), {"remote": True})[0].engine_urls  # heaviness here says nothing about other Macs
+
+
+def test_several_hosts_are_one_balanced_group_that_retries_on_the_next_host_before_ollama():
+    config = spread(host_cooldown_s=7)
+    out = render_litellm_config(config, HEAVY)
+    fast = [m for m in out["model_list"] if m["model_name"] == "fast"]
+    assert [m["litellm_params"]["api_base"] for m in fast] == [
+        "http://127.0.0.1:8080/v1", "http://studio.lan:8080/v1", "https://laptop.lan:8443/v1"]
+    assert all(m["litellm_params"]["model"] == "openai/small" for m in fast)
+    # a host that fails once is left out (LiteLLM's cooldown) -- for router_settings.cooldown_time, or a 429's Retry-After
+    assert all(m["model_info"]["allowed_fails_policy"]["InternalServerErrorAllowedFails"] == 0 for m in fast)
+    assert all("cooldown_time" not in m["model_info"] for m in fast)
+    settings = out["router_settings"]
+    assert settings["routing_strategy"] == "simple-shuffle" and settings["cooldown_time"] == 7
+    assert settings["model_group_retry_policy"]["fast"] == retry_policy(3)
+    assert "coding" not in settings["model_group_retry_policy"]  # on one host: no other host to retry on
+    assert {"fast": ["fast" + OLLAMA_SUFFIX]} in settings["fallbacks"]  # Ollama: when every host is out
+    ollama = [m for m in out["model_list"] if m["model_name"] == "fast" + OLLAMA_SUFFIX]
+    assert ollama[0]["model_info"]["cooldown_time"] == 0
+    # every engine deployment reads the engine key from the environment: no key in the file
+    assert {m["litellm_params"]["api_key"] for m in out["model_list"] if "api_key" in m["litellm_params"]} == {
+        "os.environ/MLXD_ENGINE_KEY"}
+
+
+@pytest.mark.parametrize("hosts, retries", [(2, 1), (3, 2)])
+def test_retry_policy_gives_one_retry_per_other_host_and_none_for_client_mistakes(hosts, retries):
+    policy = retry_policy(hosts)
+    assert policy["InternalServerErrorRetries"] == policy["RateLimitErrorRetries"] == policy["DefaultRetries"] == retries
+    assert policy["BadRequestErrorRetries"] == policy["TimeoutErrorRetries"] == 0
+
+
+def test_the_fast_path_takes_only_models_on_this_macs_engine_alone():
+    routes = FastRoutes.plan(spread(), HEAVY)
+    assert "fast" not in routes.engine and "remote" not in routes.engine and "coding" not in routes.engine
+    assert routes.engine["plain"] is None and "reasoning" in routes.engine
+    assert {"fast", "fast" + OLLAMA_SUFFIX, "remote", "coding"} <= routes.known
+
+
+@pytest.mark.parametrize("models, require_key, sends", [
+    (MODELS, False, False), (MODELS, True, True), (SPREAD, False, True)])
+def test_the_engine_key_is_sent_where_an_engine_requires_it_and_to_every_other_host(models, require_key, sends):
+    config = parse_config({"models": models, "engine": {"require_key": require_key}}, HOME)
+    assert sends_engine_key(config) is sends

@@ -21,6 +21,12 @@ restarted engine answering /health to its first request through the gateway.
 
     .venv/bin/python bench/hosts.py                 # ~3 min on 2 cores
     .venv/bin/python bench/hosts.py --engines 1,2 --seconds 10
+Ranks (`--ranks`): the same model in one engine process and in a rank
+group of two (mlx.launch, ring backend, loopback; engine/ranks.py), one
+streamed request at a time, alternating: decode tok/s of each, and the
+ratio. On CPU both ranks share this machine's cores.
+
+    .venv/bin/python bench/hosts.py --ranks --variant c
 Results: bench/results/hosts.json (every request).
 """
 
@@ -160,6 +166,14 @@ def drive(url: str, key: str, clients: int, seconds: float, max_tokens: int, str
     return done
 
 
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far."""
+    import psutil
+
+    t = psutil.Process(pid).cpu_times()
+    return t.user + t.system
+
+
 def throughput(reqs: list[Request]) -> dict:
     served = [r for r in reqs if r.outcome == "ok"]
     wall = max(r.t_end for r in reqs) - min(r.t_start for r in reqs)
@@ -188,8 +202,14 @@ def run(args: argparse.Namespace) -> dict:
             say(f"N = {n}: warming up")
             drive(gateway.url, key, 2 * n, 2, args.max_tokens, 0)
             say(f"N = {n}: {2 * n} clients for {args.seconds:.0f} s")
+            cpu_before = {name: cpu_s(s.proc.pid) for name, s in (("gateway", gateway), *(
+                (f"engine {i}", e) for i, e in enumerate(engines)))}
             reqs = drive(gateway.url, key, 2 * n, args.seconds, args.max_tokens, 0)
-            doc["throughput"][n] = {**throughput(reqs), "clients": 2 * n}
+            t = throughput(reqs)
+            # Where the cores went: each process's CPU seconds over the run's wall time.
+            cores = {name: round((cpu_s(s.proc.pid) - cpu_before[name]) / t["wall_s"], 2) for name, s in (
+                ("gateway", gateway), *((f"engine {i}", e) for i, e in enumerate(engines)))}
+            doc["throughput"][n] = {**t, "clients": 2 * n, "cores_used": cores}
             say(f"N = {n}: {doc['throughput'][n]}")
             if n == max(args.engines) and n > 1:
                 doc["kill"] = kill_run(gateway, key, engines, ports, root / f"n{n}-e1", model, args)
@@ -242,6 +262,52 @@ def kill_run(gateway: Server, key: str, engines: list[Server], ports: list[int],
     }
 
 
+def decode_tok_s(url: str, max_tokens: int) -> float:
+    """One streamed request: (content chunks - 1) / (last - first chunk)."""
+    body = {"model": "default", "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "messages": [{"role": "user", "content": PROMPT}]}
+    times = []
+    with requests.post(url + "/v1/chat/completions", json=body, stream=True, timeout=600) as resp:
+        resp.raise_for_status()
+        for line in resp.iter_lines():
+            if line.startswith(b"data: {") and (json.loads(line[6:])["choices"] or [{}])[0].get("delta", {}).get(
+                    "content"):
+                times.append(time.monotonic())
+    if len(times) < 3:
+        raise BenchError(f"only {len(times)} content chunks from {url}")
+    return (len(times) - 1) / (times[-1] - times[0])
+
+
+def ranks_run(args: argparse.Namespace) -> dict:
+    from mlxd.config import RanksConfig
+    from mlxd.supervisor.rank_group import launch_argv
+
+    label, model = demo_model(args.variant)
+    root = Path(tempfile.mkdtemp(prefix="mlxd-bench-ranks-"))
+    single = start_engine(root / "one", model, free_port(), "one-process engine")
+    home = root / "group"
+    home.mkdir()
+    (home / "mlxd.toml").write_text(engine_toml(model) + '\n[engine.ranks]\nhosts = ["127.0.0.1", "127.0.0.1"]\n')
+    port = free_port()
+    launcher = launch_argv(RanksConfig(hosts=["127.0.0.1", "127.0.0.1"], starting_port=free_port()), sys.executable)
+    group = spawn("rank group", [*launcher, sys.executable, "-m", "mlxd.cli", "engine", "--port", str(port)],
+                  child_env(MLXD_HOME=str(home)), home / "group.log", port, "/health")
+    single.wait_ready(300)
+    group.wait_ready(300)
+    samples: dict[str, list[float]] = {"one process": [], "2 ranks": []}
+    for url in (single.url, group.url):  # warm-up
+        decode_tok_s(url, 8)
+    for rnd in range(args.rounds):
+        for name, server in (("one process", single), ("2 ranks", group)):
+            samples[name].append(decode_tok_s(server.url, args.max_tokens))
+            say(f"round {rnd}: {name}: {samples[name][-1]:.2f} tok/s")
+    stop_child(group.proc)
+    stop_child(single.proc)
+    med = {k: sorted(v)[len(v) // 2] for k, v in samples.items()}
+    return {"machine": machine_info(), "model": label, "settings": vars(args), "decode_tok_s": samples,
+            "median": med, "ratio_2_ranks": round(med["2 ranks"] / med["one process"], 3)}
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--engines", default="1,2,3", type=lambda s: [int(x) for x in s.split(",")])
@@ -252,23 +318,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kill-seconds", type=float, default=30.0)
     p.add_argument("--kill-at", type=float, default=8.0)
     p.add_argument("--restart-at", type=float, default=16.0)
-    p.add_argument("--out", type=Path, default=RESULTS / "hosts.json")
+    p.add_argument("--ranks", action="store_true", help="one process vs a 2-rank group instead")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--out", type=Path, default=None)
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    args.out = args.out or RESULTS / ("ranks.json" if args.ranks else "hosts.json")
     try:
-        doc = run(args)
+        doc = ranks_run(args) if args.ranks else run(args)
     except BenchError as exc:
         say(f"hosts: {exc}")
         return 1
     finally:
         stop_all_children()
     write_json(args.out, doc)
+    if args.ranks:
+        print(f"decode tok/s, medians of {args.rounds}: {doc['median']}; 2 ranks / one process = "
+              f"{doc['ratio_2_ranks']}")
+        return 0
     for n, t in doc["throughput"].items():
         print(f"N={n}: {t['tok_s']} tok/s ({t['vs_one_engine']}x one engine), {t['clients']} clients, "
-              f"per host {t['per_host']}, not ok {t['not_ok']}")
+              f"per host {t['per_host']}, not ok {t['not_ok']}, cores used {t['cores_used']}")
     k = {key: v for key, v in doc["kill"].items() if key != "all"}
     print("kill:", json.dumps(k))
     return 0

@@ -243,6 +243,11 @@ def format_status(st: dict) -> str:
     if ol is not None:
         lines.append(f"  ollama        {'answers (' + str(ol['version']) + ')' if ol['reachable'] else 'no answer'}"
                      f"  {ol['url']}{'' if ol['reachable'] else '  (no fallback while the engine is down)'}")
+    rg = st.get("rank_group")
+    if rg:
+        where = ", ".join(rg["hosts"]) if rg["hosts"] else f"hostfile {rg['hostfile']}"
+        pids = ", ".join(map(str, rg["local_pids"])) or "none running"
+        lines.append(f"  rank group    {len(rg['hosts']) or '?'} ranks ({rg['backend']}): {where}; on this Mac: pids {pids}")
     for host in st.get("hosts") or []:
         hh = host["health"] or {}
         state = hh.get("status", "no answer") if host["http_status"] == 200 else "no answer"

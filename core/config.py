@@ -135,6 +135,32 @@ class ImagesConfig(Strict):
     max_pixels: int = Field(default=50_000_000, gt=0)  # one decoded image (width x height)
 
 
+class RanksConfig(Strict):
+    """A rank group (engine/ranks.py): one engine whose model is sharded over
+    several processes, started together by MLX's `mlx.launch`."""
+
+    # One IP per rank, rank 0 (this Mac, which serves HTTP) first; the same IP
+    # twice runs two ranks on one Mac. Empty: one process, no sharding.
+    hosts: list[str] = Field(default_factory=list)
+    backend: Literal["ring", "jaccl"] = "ring"  # ring: TCP (Ethernet, Thunderbolt IP); jaccl: RDMA over Thunderbolt 5
+    hostfile: str | None = None  # mlx.distributed_config's output (JACCL needs one); instead of `hosts`
+    starting_port: int = Field(default=32323, ge=1024, le=65000)  # ring: first port, +1 per rank
+
+    @model_validator(mode="after")
+    def _a_group(self) -> "RanksConfig":
+        if len(self.hosts) == 1:
+            raise ValueError("hosts: a rank group has two ranks or more (leave it empty for one process)")
+        if self.hostfile and self.hosts:
+            raise ValueError("give hosts or hostfile, not both")
+        if self.backend == "jaccl" and not self.hostfile:
+            raise ValueError("backend = \"jaccl\" needs a hostfile (mlx.distributed_config --backend jaccl)")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.hosts or self.hostfile)
+
+
 def is_loopback(host: str) -> bool:
     """Whether a bind address is reachable from this machine only (pure):
     wildcards ("0.0.0.0", "::", "") and real interfaces are not."""
@@ -172,6 +198,7 @@ class EngineConfig(Strict):
     prefill_step_size: int = Field(default=512, ge=16)
     prompt_cache: PromptCacheConfig = PromptCacheConfig()
     images: ImagesConfig = ImagesConfig()
+    ranks: RanksConfig = RanksConfig()
 
     @model_validator(mode="after")
     def _key_beyond_loopback(self) -> "EngineConfig":
@@ -432,6 +459,12 @@ SECTION_DOCS = {
         "(`data:image/png;base64,...`) or, only under the folders in `local_dirs`, `file:///` URLs; the engine "
         "never fetches http(s) URLs (such a request goes on to Ollama). Limits are per image, except "
         "`max_per_request`."),
+    "engine.ranks": (
+        "A rank group (engine/ranks.py): the engine's model sharded over several processes with mlx-lm's tensor "
+        "parallelism, started together by `mlx.launch` (the supervisor runs it as the engine; one rank dying "
+        "restarts the group). Rank 0 is this Mac and serves HTTP. `hosts` are IPs (the ring backend needs them); "
+        "remote ranks are started over ssh with the same Python path and the same mlxd config. "
+        "docs/SCALE-OUT.md explains it."),
     "supervisor": "Crash-aware supervision (supervisor/policy.py): backoff, crash loops, hangs.",
     "gateway": "The LiteLLM gateway (gateway/): aliases, keys, the Ollama fallback.",
 }
@@ -446,7 +479,8 @@ def reference_markdown() -> str:
              "`MLXD_HOME`, `MLXD_CONFIG`, `MLXD_ENGINE_HOST`, `MLXD_ENGINE_PORT`, `MLXD_GATEWAY_HOST`,",
              "`MLXD_GATEWAY_PORT`, `MLXD_OLLAMA_URL`.", ""]
     for section, model in (("engine", EngineConfig), ("engine.prompt_cache", PromptCacheConfig),
-                           ("engine.images", ImagesConfig), ("supervisor", SupervisorConfig), ("gateway", GatewayConfig)):
+                           ("engine.images", ImagesConfig), ("engine.ranks", RanksConfig),
+                           ("supervisor", SupervisorConfig), ("gateway", GatewayConfig)):
         lines += [f"## [{section}]", "", SECTION_DOCS[section], "", "| key | type | default |", "|---|---|---|"]
         for name, field in model.model_fields.items():
             if isinstance(field.default, BaseModel):

@@ -12,6 +12,8 @@ import logging
 import os
 import signal
 import sys
+import threading
+import time
 
 import uvicorn
 
@@ -55,6 +57,43 @@ def build_demo_models(config: Config) -> None:
                              progress=lambda msg, m=model_id: log.info("demo model %s: %s", m, msg))
 
 
+def rank_link(config: Config):
+    """This process's RankLink when it is one rank of a rank group started by
+    mlx.launch (engine/ranks.py); None for a one-process engine."""
+    if not config.engine.ranks.enabled:
+        return None
+    import mlx.core as mx
+
+    from .ranks import RankLink
+
+    group = mx.distributed.init()
+    if group.size() == 1:
+        log.warning("engine.ranks is set but this engine was not started by mlx.launch: serving alone, unsharded")
+        return None
+    threading.Thread(target=_exit_with_launcher, args=(os.getppid(),), daemon=True).start()
+    return RankLink(group)
+
+
+def _exit_with_launcher(parent: int) -> None:
+    """A rank whose launcher is gone (killed for a hang, say) exits too: no
+    orphan keeps the port, the memory or the group's sockets."""
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    log.warning("the rank group's launcher is gone; exiting")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def run_follower(config: Config, link) -> int:
+    """Ranks above 0: no HTTP; load and run what rank 0 says (engine/ranks.py)."""
+    from .ranks import follow, sharded
+
+    registry = ModelRegistry(config, 0)
+    log.info("rank %d of %d: following rank 0 (pid %d)", link.rank, link.size, os.getpid())
+    follow(link, load=lambda model_id: sharded(registry.load_target(model_id), link)[0])
+    log.info("rank %d: rank 0 stopped; exiting", link.rank)
+    return exit_codes.OK
+
+
 def run_engine(config: Config) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
@@ -66,10 +105,16 @@ def run_engine(config: Config) -> int:
     if faults.enabled:
         log.warning("fault injection is ON (MLXD_FAULT / MLXD_FAULT_FILE)")
     config.home.mkdir(parents=True, exist_ok=True)
+    link = rank_link(config)
+    if link is not None and link.rank > 0:
+        return run_follower(config, link)
     build_demo_models(config)
     budget, source = system_memory_budget(config.engine.memory_fraction)
     log.info("memory budget %.1f GiB (%.0f%% of %s)", budget / 2**30, config.engine.memory_fraction * 100, source)
-    engine = Engine(config, ModelRegistry(config, budget), faults)
+    if link is not None:  # every rank holds 1/N of the weights (and of the KV): N budgets, roughly
+        log.info("rank 0 of a rank group of %d: the model is sharded over the group", link.size)
+        budget *= link.size
+    engine = Engine(config, ModelRegistry(config, budget), faults, link)
     key = ensure_key_file(config.paths.engine_key, ENGINE_KEY_PREFIX) if config.engine.require_key else None
     uv_config = uvicorn.Config(
         create_app(engine, key),

@@ -9,6 +9,8 @@ validate, then hand over to the relay; they never touch MLX.
 
 from __future__ import annotations
 
+from typing import Any
+
 import asyncio
 import logging
 from contextlib import asynccontextmanager
@@ -51,7 +53,8 @@ def make_prompt_cache(config: Config, faults: FaultInjector) -> PromptCache:
 class Engine:
     """The engine's parts, wired once."""
 
-    def __init__(self, config: Config, registry: ModelRegistry, faults: FaultInjector) -> None:
+    def __init__(self, config: Config, registry: ModelRegistry, faults: FaultInjector, link: Any = None) -> None:
+        """`link`: rank 0's RankLink in a rank group (engine/ranks.py), else None."""
         limits, paths = config.engine, config.paths
         paths.run.mkdir(parents=True, exist_ok=True)
         self.registry = registry
@@ -61,7 +64,9 @@ class Engine:
         default = config.resolve(limits.default_model)
         self.lifecycle = Lifecycle(self.admission, limits.shutdown_grace_s, lambda on_fatal: ModelWorker(
             registry, self.admission, faults, on_fatal, limits.max_prompt_tokens, default, paths.inflight,
-            limits.prefill_step_size, lambda: make_prompt_cache(config, faults)))
+            limits.prefill_step_size,
+            # A rank group keeps no prompt cache: rank 0's KV is only its shard of it.
+            (lambda: make_prompt_cache(config, faults)) if link is None else None, link))
         self.health = Health(self.lifecycle, self.admission, registry.budget_bytes, limits.stuck_grace_s)
         self.metrics = EngineMetrics()
         register_gauges(self.metrics, self.lifecycle.worker, self.admission, lambda: self.health.state()[0] == "ok")

@@ -106,9 +106,11 @@ class ModelWorker(threading.Thread):
         inflight_path: Path | None = None,
         prefill_step_size: int = 512,
         make_prompt_cache: Callable[[], PromptCache] | None = None,
+        link: Any = None,
     ) -> None:
         super().__init__(name="mlxd-model-worker", daemon=True)
         self.prefill_step_size = prefill_step_size
+        self.link = link  # rank 0 of a rank group (engine/ranks.py): loads and forward passes are mirrored
         self.registry = registry
         self.admission = admission
         self.faults = faults
@@ -159,6 +161,10 @@ class ModelWorker(threading.Thread):
                 self._serve(job)
             if self.status.phase is Phase.FAILED:
                 return
+            if self.link is not None:
+                from .ranks import STOP
+
+                self.link.share((STOP,))  # the other ranks exit 0 with us
             self.prompt_cache.idle()  # a clean stop keeps the conversation in progress on disk
         except BaseException as exc:  # noqa: BLE001 - anything escaping is fatal
             self._publish(Phase.FAILED)
@@ -231,6 +237,10 @@ class ModelWorker(threading.Thread):
 
         started = time.monotonic()
         self._resident = None
+        if self.link is not None:
+            from .ranks import UNLOAD
+
+            self.link.share((UNLOAD,))
         self.prompt_cache.set_model(None, 0)  # entries never cross models: to disk, out of memory
         gc.collect()
         mx.clear_cache()
@@ -249,7 +259,7 @@ class ModelWorker(threading.Thread):
         started = time.monotonic()
         log.info("loading model %s from %s", model_id, target)
         try:
-            resident = load_resident(model_id, target)
+            resident = load_resident(model_id, target) if self.link is None else self._load_shard(model_id, target)
         except (OSError, ValueError, KeyError, ImportError) as exc:
             # Missing files, unsupported architecture, no network for a
             # download: not an MLX fault; the engine stays up.
@@ -258,7 +268,7 @@ class ModelWorker(threading.Thread):
             raise EngineError(503, f"could not load model {model_id!r}: {exc}", code="model_load_failed",
                               param="model", retry_after=30) from exc
         self._resident = resident
-        if resident.vision:  # mlx-vlm's generation takes no prompt cache of ours
+        if resident.vision or self.link is not None:  # mlx-vlm's generation, a rank group: no prompt cache of ours
             self.prompt_cache.set_model(None, 0)
         else:
             self.prompt_cache.set_model(self.registry.build_key(model_id, target),
@@ -268,6 +278,22 @@ class ModelWorker(threading.Thread):
         self.timings["last_load_s"] = round(time.monotonic() - started, 4)
         log.info("loaded %s in %.1fs (MLX active %.0f MiB)", model_id, time.monotonic() - started,
                  self.memory.active_bytes / 2**20)
+
+    def _load_shard(self, model_id: str, target: str) -> ResidentModel:
+        """A rank group's load: every rank loads its shard at once (mlx-lm's
+        tensor parallelism); rank 0's forward passes are mirrored."""
+        import json
+
+        from mlx_lm.utils import _download
+
+        from .ranks import LOAD, MirroredModel, sharded
+
+        folder = _download(target)
+        if is_vision_config(json.loads((folder / "config.json").read_text(encoding="utf-8"))):
+            raise ValueError("a vision model cannot be served by a rank group")
+        self.link.share((LOAD, model_id))
+        model, tokenizer = sharded(str(folder), self.link)
+        return ResidentModel(model_id, MirroredModel(model, self.link), tokenizer, PieceEncoder(tokenizer))
 
     # --- serving one job ---------------------------------------------------
     def _serve(self, job: Job) -> None:
@@ -352,6 +378,9 @@ class ModelWorker(threading.Thread):
 
         generation = Generation(self._resident, job, self.faults, self.prefill_step_size, self._heartbeat,
                                 on_decode=on_decode)
+        if self.link is not None:
+            self._generate_mirrored(job, prompt, generation)
+            return
         if vision is not None:
             self._room_beside(job, prompt, vision.image_tokens)  # raises the 400 for a request that cannot fit
             self._run_generation(generation, len(prompt), 0, lambda: generation.decode_vision(vision))
@@ -379,6 +408,19 @@ class ModelWorker(threading.Thread):
         elif kv is not None:
             covered = (prompt + generated)[:kv_offset(kv) or 0]
             cache.store(covered, len(prompt), kv, job.conversation)
+        self._sample_memory()
+
+    def _generate_mirrored(self, job: Job, prompt: list[int], generation: Generation) -> None:
+        """A rank group's generation: no prompt cache; the other ranks keep a
+        KV cache of their own shard from BEGIN to END."""
+        from .ranks import BEGIN, END
+
+        self._room_beside(job, prompt)  # raises the 400 for a request that cannot fit
+        self.link.share((BEGIN,))
+        try:
+            self._run_generation(generation, len(prompt), 0, lambda: generation.decode(prompt))
+        finally:
+            self.link.share((END,))
         self._sample_memory()
 
     def _run_generation(self, generation: Generation, prompt_tokens: int, cached: int,

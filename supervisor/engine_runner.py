@@ -6,6 +6,11 @@ for it and writes the real status to run/engine.exit.json before exiting
 with the same meaning (the code, or 128 + the signal). It also notices when
 supervisord itself is gone (kill -9, crash) and stops the engine, so that no
 orphan keeps the port and the GPU memory.
+
+With `--rank-group LAUNCHER...` (a rank group, supervisor/rank_group.py) the
+engine is started by MLX's launcher, once per rank; the launcher's stderr
+passes through and says which rank ended how, and the status written is the
+first rank's own failure.
 """
 
 from __future__ import annotations
@@ -41,12 +46,30 @@ def _watch_parent(child: subprocess.Popen, parent: int) -> None:
         time.sleep(PARENT_POLL_S)
 
 
+def _relay(stream, out, lines: list[str]) -> None:
+    """Pass the launcher's stderr on, keeping the lines about ranks' exits."""
+    for raw in iter(stream.readline, b""):
+        out.write(raw)
+        out.flush()
+        if b"Node with rank" in raw:
+            lines.append(raw.decode(errors="replace"))
+
+
 def main() -> int:
     paths = StatePaths(Path(os.environ["MLXD_HOME"]))
-    cmd = [sys.executable, "-m", "mlxd.cli", "engine", *sys.argv[1:]]
+    args = sys.argv[1:]
+    launcher: list[str] = []
+    if args[:1] == ["--rank-group"]:
+        launcher, args = args[1:], []
+    cmd = [*launcher, sys.executable, "-m", "mlxd.cli", "engine", *args]
     parent = os.getppid()
     started = time.time()
-    child = subprocess.Popen(cmd)
+    child = subprocess.Popen(cmd, stderr=subprocess.PIPE if launcher else None)
+    rank_lines: list[str] = []
+    relay = None
+    if launcher:
+        relay = threading.Thread(target=_relay, args=(child.stderr, sys.stderr.buffer, rank_lines), daemon=True)
+        relay.start()
     EnginePid(pid=child.pid, runner_pid=os.getpid(), started=started).write(paths.engine_pid, durable=False)
 
     def forward(signum: int, _frame) -> None:
@@ -57,6 +80,11 @@ def main() -> int:
         signal.signal(sig, forward)
     threading.Thread(target=_watch_parent, args=(child, parent), daemon=True).start()
     returncode = child.wait()
+    if relay is not None:
+        from .rank_group import group_returncode
+
+        relay.join(5)
+        returncode = group_returncode(rank_lines, returncode)
     EngineExit(pid=child.pid, runner_pid=os.getpid(), returncode=returncode, started=started,
                ended=time.time()).write(paths.engine_exit)
     return returncode if returncode >= 0 else 128 - returncode

@@ -59,6 +59,31 @@ def _hosts(config: Config) -> list[dict[str, Any]]:
             for (url, models), got in zip(hosts.items(), answers)]
 
 
+def _rank_group(config: Config, paths: StatePaths) -> dict[str, Any] | None:
+    """The engine's rank group (engine.ranks): its ranks, and the pids of
+    those running on this Mac (the runner's engine processes)."""
+    ranks = config.engine.ranks
+    if not ranks.enabled:
+        return None
+    import psutil
+
+    from mlxd.records import EnginePid
+
+    def is_rank(p: psutil.Process) -> bool:
+        try:
+            return p.cmdline()[1:4] == ["-m", "mlxd.cli", "engine"]  # not the launcher's shells
+        except psutil.Error:
+            return False
+
+    running = EnginePid.read(paths.engine_pid)
+    try:
+        children = psutil.Process(running.runner_pid).children(recursive=True) if running else []
+    except psutil.Error:
+        children = []
+    pids = [p.pid for p in children if is_rank(p)]
+    return {"backend": ranks.backend, "hosts": ranks.hosts, "hostfile": ranks.hostfile, "local_pids": pids}
+
+
 def _processes(paths: StatePaths) -> list[dict[str, Any]] | None:
     try:
         infos = rpc(paths).supervisor.getAllProcessInfo()
@@ -145,6 +170,7 @@ def collect_status(config: Config) -> dict[str, Any]:
         "quarantined_requests": len(quarantine.active(now)),
         "ollama": _ollama(config) if config.gateway.enabled else None,
         "hosts": _hosts(config),
+        "rank_group": _rank_group(config, paths) if sup_pid else None,
         "foreign_listeners": _port_owners(config, _our_pids(sup_pid)),
         "overall": overall(sup_pid, engine["http_status"] == 200, supervision.mode if supervision else None,
                            None if gateway is None else gateway["http_status"] == 200),

@@ -160,7 +160,7 @@ from mlxd.supervisor import engine_runner
 
 class FakeEngine:  # the runner's child, exited at once
     pid = 4242
-    def __init__(self, cmd): pass
+    def __init__(self, cmd, **kwargs): pass
     def poll(self): return 0
     def wait(self, timeout=None): return 0
     def send_signal(self, sig): pass

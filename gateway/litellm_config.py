@@ -24,7 +24,14 @@ once while a healthy deployment is left), and a host that fails once is put
 in LiteLLM's cooldown (`allowed_fails_policy` of 0: without it a refused
 connection never cools a host down, and least-busy would keep picking it); a
 busy host (429) for its Retry-After, a failed one for `host_cooldown_s`.
-Ollama answers when every host is out.
+Retries alone cannot promise that every host is tried: LiteLLM cools a host
+down only at a request's first failure (the failure hook is deduplicated on
+the request's shared logging object, BerriAI/litellm#32574), so a retry can
+pick a host that already failed this request (measured on 1.108.7: a dead
+host picked twice, then Ollama, while a healthy host was left). So the
+router also fails over inside the group (`enable_weighted_failover`), which
+excludes each host that failed this request before picking again, up to
+every host (`max_fallbacks`); only then does Ollama answer.
 No key is in this file: the gateway checks clients' itself (gateway/app.py),
 and the engines' is read from $MLXD_ENGINE_KEY.
 """
@@ -110,6 +117,17 @@ def retry_policy(hosts: int) -> dict[str, int]:
     return {k: hosts - 1 for k in RETRIED_ON_ANOTHER_HOST} | {k: 0 for k in NOT_RETRIED}
 
 
+# LiteLLM's own default depth of fallbacks (ROUTER_MAX_FALLBACKS).
+LITELLM_MAX_FALLBACKS = 5
+
+
+def max_fallbacks(routes: list[Route]) -> int:
+    """Fallback hops a request may take (pure): one in-group failover per
+    other host of the widest group, then Ollama."""
+    widest = max((len(r.engine_urls) for r in routes), default=1)
+    return max(LITELLM_MAX_FALLBACKS, widest)
+
+
 def engine_timeout_s(config: Config) -> float:
     e = config.engine
     return e.queue_timeout_s + e.request_deadline_s + 30
@@ -123,7 +141,8 @@ def render_litellm_config(config: Config, heavy: dict[str, bool]) -> dict[str, A
     model_list: list[dict[str, Any]] = []
     fallbacks: list[dict[str, list[str]]] = []
     retry_policies: dict[str, dict[str, int]] = {}
-    for r in plan_routes(config, heavy):
+    routes = plan_routes(config, heavy)
+    for r in routes:
         ollama_params = {"model": f"ollama_chat/{r.ollama_model}", "api_base": config.gateway.ollama_url,
                          "timeout": timeout, "stream_timeout": timeout}
         if r.engine_model is None:
@@ -152,6 +171,9 @@ def render_litellm_config(config: Config, heavy: dict[str, bool]) -> dict[str, A
             "retry_after": 0,
             "model_group_retry_policy": retry_policies,
             "fallbacks": fallbacks,
+            # a failed host is left out of this request's next pick (see above)
+            "enable_weighted_failover": True,
+            "max_fallbacks": max_fallbacks(routes),
             "cooldown_time": config.gateway.host_cooldown_s,  # a failed host of several; a busy one: Retry-After
             "timeout": timeout,
             "enable_pre_call_checks": False,

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from mlxd.config import ConfigError, engine_host_url, host_entry_problem, parse_config
-from mlxd.gateway.litellm_config import (OLLAMA_SUFFIX, Route, plan_routes, render_litellm_config, retry_policy,
-                                         sends_engine_key)
+from mlxd.gateway.litellm_config import (OLLAMA_SUFFIX, Route, max_fallbacks, plan_routes, render_litellm_config,
+                                         retry_policy, sends_engine_key)
 from mlxd.gateway.routing import FastRoutes
 
 HOME = Path("/nonexistent")
@@ -124,6 +124,8 @@ def test_several_hosts_are_one_balanced_group_that_retries_on_the_next_host_befo
     settings = out["router_settings"]
     assert settings["routing_strategy"] == "simple-shuffle" and settings["cooldown_time"] == 7
     assert settings["model_group_retry_policy"]["fast"] == retry_policy(3)
+    # ...and a host that failed this request is never its next pick, up to every host (LiteLLM#32574)
+    assert settings["enable_weighted_failover"] is True and settings["max_fallbacks"] >= 3
     assert "coding" not in settings["model_group_retry_policy"]  # on one host: no other host to retry on
     assert {"fast": ["fast" + OLLAMA_SUFFIX]} in settings["fallbacks"]  # Ollama: when every host is out
     ollama = [m for m in out["model_list"] if m["model_name"] == "fast" + OLLAMA_SUFFIX]
@@ -152,3 +154,10 @@ def test_the_fast_path_takes_only_models_on_this_macs_engine_alone():
 def test_the_engine_key_is_sent_where_an_engine_requires_it_and_to_every_other_host(models, require_key, sends):
     config = parse_config({"models": models, "engine": {"require_key": require_key}}, HOME)
     assert sends_engine_key(config) is sends
+
+
+@pytest.mark.parametrize("widths, hops", [((), 5), ((1, 1), 5), ((3, 1), 5), ((5,), 5), ((6, 2), 6), ((12,), 12)])
+def test_max_fallbacks_lets_a_request_fail_over_to_every_host_then_ollama(widths, hops):
+    routes = [Route(f"m{i}", "m", "llama3.2:3b", tuple(f"http://h{j}:8080" for j in range(n)))
+              for i, n in enumerate(widths)]
+    assert max_fallbacks(routes) == hops

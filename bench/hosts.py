@@ -16,7 +16,7 @@ Kill: with the largest N, the clients (half of them streaming) run while one
 engine is SIGKILLed and, later, restarted on its port. Counted: requests
 lost (an error, or a stream cut after content), answers from Ollama, the
 requests that paid a failed attempt on the dead host
-(`x-litellm-attempted-retries` > 0) and when, and the time from the
+(`x-litellm-attempted-retries` or `-fallbacks` > 0) and when, and the time from the
 restarted engine answering /health to its first request through the gateway.
 
     .venv/bin/python bench/hosts.py                 # ~3 min on 2 cores
@@ -104,7 +104,9 @@ def one_request(session: requests.Session, url: str, key: str, client: int, n: i
         resp = session.post(url + "/v1/chat/completions", json=body, stream=stream, timeout=300,
                             headers={"Authorization": f"Bearer {key}"})
         r.host = resp.headers.get("x-litellm-model-api-base")
-        r.retries = int(resp.headers.get("x-litellm-attempted-retries") or 0)
+        # a failed attempt is retried, or failed over to another host of the group (a fallback hop)
+        r.retries = sum(int(resp.headers.get(h) or 0) for h in ("x-litellm-attempted-retries",
+                                                                "x-litellm-attempted-fallbacks"))
         if resp.status_code != 200:
             r.error = f"{resp.status_code}: {resp.text[:200]}"
         elif not stream:

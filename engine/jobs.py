@@ -84,7 +84,8 @@ def job_from_request(req: SamplingFields, kind: str, registry: ModelRegistry, li
     if isinstance(req, ChatCompletionRequest):
         messages, tools = [m.for_template() for m in req.messages], req.tools_for_template()
         template_kwargs = req.template_kwargs()
-        images = read_images(req, ImagePolicy.from_config(limits.images))
+        if req.image_parts():  # the policy resolves its folders on disk: only for requests with images
+            images = read_images(req, ImagePolicy.from_config(limits.images))
     else:
         prompt = req.prompt  # type: ignore[attr-defined]
     check_prompt_size(messages, tools, prompt, limits.max_prompt_tokens)

@@ -50,7 +50,7 @@ from benchkit import (RESULTS, BenchError, Server, child_env, demo_model, machin
                       stop_all_children, stop_child, write_json)
 
 from mlxd.devkit.ollama_standin import start_standin  # noqa: E402
-from mlxd.devkit.ports import free_port  # noqa: E402
+from mlxd.devkit.ports import free_port, free_port_run  # noqa: E402
 
 OLLAMA_MODEL = "llama3.2:3b"
 STANDIN_MARK = "[ollama-standin:"
@@ -291,7 +291,7 @@ def ranks_run(args: argparse.Namespace) -> dict:
     home.mkdir()
     (home / "mlxd.toml").write_text(engine_toml(model) + '\n[engine.ranks]\nhosts = ["127.0.0.1", "127.0.0.1"]\n')
     port = free_port()
-    launcher = launch_argv(RanksConfig(hosts=["127.0.0.1", "127.0.0.1"], starting_port=free_port()), sys.executable)
+    launcher = launch_argv(RanksConfig(hosts=["127.0.0.1", "127.0.0.1"], starting_port=free_port_run(2)), sys.executable)
     group = spawn("rank group", [*launcher, sys.executable, "-m", "mlxd.cli", "engine", "--port", str(port)],
                   child_env(MLXD_HOME=str(home)), home / "group.log", port, "/health")
     single.wait_ready(300)

@@ -19,7 +19,7 @@ import requests
 
 from conftest import engine_toml
 from mlxd.config import ConfigError, RanksConfig, parse_config
-from mlxd.devkit.ports import free_port
+from mlxd.devkit.ports import free_port, free_port_run
 from mlxd.supervisor.rank_group import group_returncode, launch_argv
 from testkit import EngineProcess, wait_healthy, wait_until
 
@@ -85,13 +85,14 @@ def answers(url: str) -> list[str]:
 def test_two_ranks_on_loopback_answer_as_one_process_does(shared_engine, tmp_path, demo_models):
     home = tmp_path / "group"
     home.mkdir()
-    (home / "mlxd.toml").write_text(group_toml(demo_models, free_port()))
+    ring = free_port_run(2)  # rank r binds ring + r
+    (home / "mlxd.toml").write_text(group_toml(demo_models, ring))
     port = free_port()
     env = {**os.environ, "MLXD_HOME": str(home), "HF_HUB_OFFLINE": "1"}
     env.pop("MLXD_CONFIG", None)
     launcher = launch_argv(parse_config({"engine": {"ranks": {"hosts": ["127.0.0.1", "127.0.0.1"]}}}, home)
                            .engine.ranks, sys.executable)
-    launcher[launcher.index("--starting-port") + 1] = str(free_port())
+    launcher[launcher.index("--starting-port") + 1] = str(ring)
     log = (home / "group.log").open("wb")
     proc = subprocess.Popen([*launcher, sys.executable, "-m", "mlxd.cli", "engine", "--port", str(port)], env=env,
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -135,7 +136,7 @@ def rank_pids(st) -> dict[int, int]:
 
 
 def test_a_rank_dying_restarts_the_group_and_is_journaled_as_a_crash(stack):
-    st = stack(engine=f'[engine.ranks]\nhosts = ["127.0.0.1", "127.0.0.1"]\nstarting_port = {free_port()}\n')
+    st = stack(engine=f'[engine.ranks]\nhosts = ["127.0.0.1", "127.0.0.1"]\nstarting_port = {free_port_run(2)}\n')
     wait_until(lambda: len(rank_pids(st)) == 2, 60, what="two ranks")
     before = rank_pids(st)
     r = requests.post(st.url + "/v1/chat/completions", timeout=120, json={

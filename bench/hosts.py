@@ -291,7 +291,8 @@ def ranks_run(args: argparse.Namespace) -> dict:
     home.mkdir()
     (home / "mlxd.toml").write_text(engine_toml(model) + '\n[engine.ranks]\nhosts = ["127.0.0.1", "127.0.0.1"]\n')
     port = free_port()
-    launcher = launch_argv(RanksConfig(hosts=["127.0.0.1", "127.0.0.1"], starting_port=free_port_run(2)), sys.executable)
+    ring = RanksConfig(hosts=["127.0.0.1", "127.0.0.1"], starting_port=free_port_run(2))  # rank r binds port + r
+    launcher = launch_argv(ring, sys.executable)
     group = spawn("rank group", [*launcher, sys.executable, "-m", "mlxd.cli", "engine", "--port", str(port)],
                   child_env(MLXD_HOME=str(home)), home / "group.log", port, "/health")
     single.wait_ready(300)

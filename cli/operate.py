@@ -204,6 +204,19 @@ def format_prompt_cache(pc: dict) -> str:
     return line + ("" if pc.get("disk_enabled") else ", disk off")
 
 
+def format_recent_reuse(recent: list[dict]) -> list[str]:
+    """Per recent conversation, newest first: how much of its latest prompt
+    was reused, and where and why reuse stopped (which agent field broke it)."""
+    if not recent:
+        return []
+    rows = ["    conversation  prompt  reused  stopped at  why"]
+    for r in reversed(recent):
+        stopped = "-" if r.get("stopped_at") is None else str(r["stopped_at"])
+        rows.append(f"    {r['conversation']:<12}  {r['prompt_tokens']:>6}  {r['cached_tokens']:>6}  {stopped:>10}  "
+                    f"{r['why']}")
+    return rows
+
+
 def format_status(st: dict) -> str:
     lines = [f"mlxd: {st['overall']}   (home {st['home']})"]
     sup = st["supervisord"]
@@ -229,6 +242,7 @@ def format_status(st: dict) -> str:
     pc = h.get("prompt_cache")
     if pc is not None:
         lines.append(f"  prompt cache  {format_prompt_cache(pc)}")
+        lines += format_recent_reuse(pc.get("recent") or [])
     sv = st["supervision"] or {}
     if sv:
         extra = ""

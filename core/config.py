@@ -123,6 +123,10 @@ class PromptCacheConfig(Strict):
     # Agent-safe keys: volatile text ignored when matching a conversation to its
     # entry (the model always sees the original tokens). Off unless named here.
     normalize: list[Literal["iso_timestamps", "clock_times", "uuids", "request_ids"]] = Field(default_factory=list)
+    # Approximate reuse (opt-in): past a changed span (a clock, an id) the cached
+    # KV is kept and only the changed tokens are recomputed, so the model sees KV
+    # computed from the old value there. Exact reuse stops at the first change.
+    approximate: bool = False
 
 
 class ImagesConfig(Strict):
@@ -196,6 +200,13 @@ class EngineConfig(Strict):
     # well under stuck_grace_s even on a slow machine with a big model, or a long
     # prompt is mistaken for a hang (mlx-lm's own default is 2048).
     prefill_step_size: int = Field(default=512, ge=16)
+    # The engine's own log: "debug" adds, per request, the text on both sides
+    # of where prompt-cache reuse stopped (which agent field broke it).
+    log_level: Literal["debug", "info", "warning"] = "info"
+    # Per-request metadata that agents write into the prompt for a hosted API's
+    # own servers, removed before the chat template (engine/request_metadata.py).
+    strip_metadata: list[Literal["claude_code_billing_header"]] = Field(
+        default_factory=lambda: ["claude_code_billing_header"])
     prompt_cache: PromptCacheConfig = PromptCacheConfig()
     images: ImagesConfig = ImagesConfig()
     ranks: RanksConfig = RanksConfig()
@@ -445,7 +456,12 @@ def write_default_config(path: Path) -> bool:
 
 
 SECTION_DOCS = {
-    "engine": "The MLX engine (engine/): one request at a time, one model, no heavy models.",
+    "engine": (
+        "The MLX engine (engine/): one request at a time, one model, no heavy models. `strip_metadata` names "
+        "the per-request metadata removed from prompts before the chat template (engine/request_metadata.py): "
+        "`claude_code_billing_header` is the `x-anthropic-billing-header: cc_version=...; cch=...;` line Claude "
+        "Code puts at the top of its system prompt for Anthropic's billing, which changes every request and would "
+        "otherwise defeat the prompt cache; `[]` keeps prompts exactly as sent."),
     "engine.prompt_cache": (
         "The prompt cache (engine/prompt_cache.py): an agent's next turn reuses the KV of the conversation so "
         "far, from memory or, after an engine restart, from disk (`$MLXD_HOME/state/kv/`). `memory_gib` unset: "
@@ -453,7 +469,13 @@ SECTION_DOCS = {
         "`disk = false` keeps it in memory only; `max_read_s` bounds a disk read. `normalize` (agent-safe keys, "
         "off by default) names rules among `iso_timestamps`, `clock_times`, `uuids`, `request_ids`: text they "
         "match is ignored when telling which conversation a request continues, so a later turn replaces the "
-        "earlier one's entry; the model always sees the real text and reuse stops at the first real difference."),
+        "earlier one's entry; the model always sees the real text and reuse stops at the first real difference. "
+        "A turn that continues a conversation (its prompt holds the earlier turn's, or the same aligned with a few "
+        "values changed and the earlier answer after it) replaces that conversation's entry in memory and on "
+        "disk, with or without `normalize`. `approximate = true` (off by default; APPROXIMATE) keeps the cached KV past a changed "
+        "span of the same length (a clock, an id) and recomputes only the changed tokens and a few after each: "
+        "the model then sees KV computed from the old text after the change, so answers can differ from a cold "
+        "run's; docs/BENCHMARKS.md measures how often."),
     "engine.images": (
         "Images in requests to vision models (engine/images.py). `image_url` parts may be data URLs "
         "(`data:image/png;base64,...`) or, only under the folders in `local_dirs`, `file:///` URLs; the engine "

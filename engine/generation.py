@@ -210,6 +210,22 @@ def prefill(model: Any, prompt_cache: list[Any], tokens: list[int], step: int, p
             progress()
 
 
+def recompute(model: Any, prompt_cache: list[Any], tokens: list[int], spans: tuple[tuple[int, int], ...], end: int,
+              step: int, progress: Callable[[], None]) -> None:
+    """Approximate reuse (engine/reuse.py): recompute the KV of `tokens`'
+    changed spans over the cached KV before each, in place, and leave the
+    cache at `end`. Every layer is a plain KVCache (reuse.py's `patchable`)
+    whose buffer already reaches `end`: setting its offset back makes the
+    model write the span's new keys and values over the old ones, and the
+    rest of the buffer stays as it was."""
+    for start, stop in spans:
+        for c in prompt_cache:
+            c.offset = start
+        prefill(model, prompt_cache, tokens[start:stop], step, progress)
+    for c in prompt_cache:
+        c.offset = end
+
+
 @dataclass(frozen=True)
 class _Step:
     text: str

@@ -25,6 +25,7 @@ from .events import EventChannel
 from .images import ImagePolicy, check_image, digest, read_image_bytes
 from .model_registry import ModelRegistry
 from .protocol import ChatCompletionRequest, SamplingFields
+from .request_metadata import without_metadata
 
 MAX_CHARS_PER_TOKEN = 64  # generous: tokens of real vocabularies span far fewer characters
 
@@ -82,7 +83,8 @@ def job_from_request(req: SamplingFields, kind: str, registry: ModelRegistry, li
     template_kwargs: dict[str, Any] = {}
     images: tuple[bytes, ...] = ()
     if isinstance(req, ChatCompletionRequest):
-        messages, tools = [m.for_template() for m in req.messages], req.tools_for_template()
+        messages = [m.for_template() for m in without_metadata(req.messages, limits.strip_metadata)]
+        tools = req.tools_for_template()
         template_kwargs = req.template_kwargs()
         if req.image_parts():  # the policy resolves its folders on disk: only for requests with images
             images = read_images(req, ImagePolicy.from_config(limits.images))

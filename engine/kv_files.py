@@ -49,6 +49,16 @@ class DiskEntry:
     trimmable: bool
     nbytes: int
     conversation: tuple[str, ...] = ()
+    patchable: bool = False  # every layer a plain KVCache (engine/reuse.py)
+    echo: tuple[int, ...] = ()  # its answer's first tokens as the next prompt holds them (engine/reuse.py)
+
+
+def is_patchable(kv: list[Any]) -> bool:
+    """Whether spans inside this cache can be recomputed in place: every
+    layer a plain KVCache, whose offset can be set back and forth."""
+    from mlx_lm.models.cache import KVCache
+
+    return bool(kv) and all(type(c) is KVCache for c in kv)
 
 
 def versions() -> dict[str, str]:
@@ -91,7 +101,8 @@ def parse_entry(path: Path, meta: dict[str, str], expected: dict[str, str]) -> D
     try:
         tokens = np.frombuffer(base64.b64decode(meta["tokens"]), dtype="<i4").astype(np.int32)
         entry = DiskEntry(path, meta["model"], tokens, int(meta["prompt_len"]), meta["trimmable"] == "1",
-                          path.stat().st_size, tuple(filter(None, meta.get("conversation", "").split(","))))
+                          path.stat().st_size, tuple(filter(None, meta.get("conversation", "").split(","))),
+                          meta.get("patchable") == "1", tuple(int(t) for t in meta.get("echo", "").split(",") if t))
     except (KeyError, ValueError, TypeError) as exc:
         raise KVFileError(f"{path.name} has incomplete metadata") from exc
     if not len(tokens):
@@ -148,6 +159,12 @@ class KVFiles:
         """Delete the entries a newer one made useless (prompt_cache.supersedes)."""
         for e in list(self._index.values()):
             if superseded(e):
+                self._delete(e.path)
+
+    def delete(self, entries: Iterable[DiskEntry]) -> None:
+        """Delete these entries (a later turn of their conversation replaced them)."""
+        for e in entries:
+            if e.path in self._index:
                 self._delete(e.path)
 
     def forget_other_builds(self, model_key: str) -> None:
@@ -207,7 +224,7 @@ class KVFiles:
         return kv
 
     def write(self, model_key: str, tokens: np.ndarray, prompt_len: int, kv: list[Any],
-              conversation: tuple[str, ...] = ()) -> DiskEntry | None:
+              conversation: tuple[str, ...] = (), echo: tuple[int, ...] = ()) -> DiskEntry | None:
         """Write an entry atomically; None when it cannot fit the disk budget."""
         from mlx_lm.models.cache import can_trim_prompt_cache, save_prompt_cache
 
@@ -221,6 +238,7 @@ class KVFiles:
         tmp_dir.mkdir(parents=True, exist_ok=True)
         tmp = tmp_dir / f"{uuid.uuid4().hex}.safetensors"
         meta = {**self.expected, "model": model_key, "prompt_len": str(prompt_len), "trimmable": "1" if trimmable else "0",
+                "patchable": "1" if is_patchable(kv) else "0", "echo": ",".join(map(str, echo)),
                 "tokens": base64.b64encode(tokens.astype("<i4").tobytes()).decode(), "conversation": ",".join(conversation)}
         try:
             save_prompt_cache(str(tmp), kv, meta)
@@ -231,7 +249,8 @@ class KVFiles:
             _fsync_dir(self.folder)
         finally:
             tmp.unlink(missing_ok=True)
-        entry = DiskEntry(final, model_key, tokens.copy(), prompt_len, trimmable, final.stat().st_size, conversation)
+        entry = DiskEntry(final, model_key, tokens.copy(), prompt_len, trimmable, final.stat().st_size, conversation,
+                          is_patchable(kv), echo)
         self._index.pop(final, None)
         self._index[final] = entry  # most recent
         self._enforce_budget(keep=final)

@@ -97,6 +97,7 @@ def run_follower(config: Config, link) -> int:
 def run_engine(config: Config) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
+    logging.getLogger("mlxd").setLevel(config.engine.log_level.upper())  # ours only: libraries stay at info
     try:
         faults = FaultInjector.from_environ()
     except ValueError as exc:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Callable
 
 import psutil
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
 
 if TYPE_CHECKING:
     from .admission import AdmissionQueue
@@ -63,4 +64,29 @@ def register_gauges(metrics: EngineMetrics, worker: ModelWorker, admission: Admi
                        ("evictions", "Prompt-cache entries evicted from memory since start"),
                        ("hit_rate", "Share of prompt tokens served from the prompt cache")):
         m.gauge(f"mlxd_engine_prompt_cache_{field}", doc, lambda f=field: getattr(w.cache_stats(), f))
+    m.registry.register(RecentReuse(w))
     m.gauge("mlxd_engine_healthy", "1 when /health answers 200", lambda: 1 if healthy() else 0)
+
+
+class RecentReuse:
+    """Per recent conversation (the prompt cache's latest report of each):
+    its prompt, what was reused and where exact reuse stopped, labelled by
+    the cache's name for the conversation. A custom collector: the set of
+    conversations changes between scrapes."""
+
+    FIELDS = (("prompt_tokens", "Prompt tokens of the conversation's latest turn"),
+              ("cached_tokens", "Prompt tokens of the conversation's latest turn served from the cache"),
+              ("stopped_at", "Prompt token at which the latest turn's exact reuse stopped (absent: it did not)"))
+
+    def __init__(self, worker: "ModelWorker") -> None:
+        self.worker = worker
+
+    def collect(self):
+        recent = self.worker.cache_stats().recent
+        for field, doc in self.FIELDS:
+            family = GaugeMetricFamily(f"mlxd_engine_prompt_cache_{field}", doc, labels=["conversation"])
+            for report in recent:
+                value = getattr(report, field)
+                if value is not None:
+                    family.add_metric([report.conversation], value)
+            yield family

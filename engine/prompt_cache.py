@@ -29,15 +29,17 @@ written to disk and freed on that thread, between or inside its own jobs.
 from __future__ import annotations
 
 import copy
+import itertools
 import logging
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 import numpy as np
 
-from .cache_keys import continues
-from .kv_files import DiskEntry, KVFileError, KVFiles, kv_nbytes
+from .kv_files import DiskEntry, KVFileError, KVFiles, is_patchable, kv_nbytes
+from .reuse import ApproxPolicy, Candidate, Reuse, ReuseReport, choose_reuse, explain, supersedes
 
 log = logging.getLogger("mlxd.engine.prompt_cache")
 
@@ -53,68 +55,6 @@ MIN_PREFILL_SAMPLE = 512  # prompt tokens a prefill must have to measure its spe
 
 
 # --- decisions (pure) ------------------------------------------------------
-
-@dataclass(frozen=True, eq=False)  # eq=False: identity, never an elementwise compare of token arrays
-class Candidate:
-    """What the decision needs to know about an entry (Entry and DiskEntry
-    have the same fields)."""
-
-    tokens: np.ndarray  # the tokens its KV covers
-    prompt_len: int  # how many of them a client sent (the rest were generated)
-    trimmable: bool
-
-
-@dataclass(frozen=True)
-class Reuse:
-    index: int  # the candidate reused
-    tokens: int  # prompt tokens it covers
-    trim: int  # tokens cut off the entry's end first
-    copy: bool  # use a copy and keep the entry: the part cut off is a branch a client sent
-
-
-def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
-    """Length of the longest common prefix of two token arrays."""
-    n = min(len(a), len(b))
-    differ = np.flatnonzero(a[:n] != b[:n])
-    return int(differ[0]) if len(differ) else n
-
-
-def choose_reuse(candidates: Sequence[Candidate], prompt: np.ndarray, min_tokens: int = 1) -> Reuse | None:
-    """The entry that covers most of `prompt`, or None (pure).
-
-    At least the prompt's last token is always left to prefill: its logits
-    start the answer. A trimmable entry is cut back to the shared prefix; one
-    that cannot be trimmed is reused only when all of it is a prefix of the
-    prompt, never at a wrong depth. Candidates come least recently used
-    first; on a tie the most recent wins. An entry is continued in place
-    unless the prompt parts from tokens a client sent earlier: then another
-    conversation branched there, so that entry stays and a copy is used.
-    (Cutting off generated tokens, or a last token the prompt has again, loses
-    nothing: the client showed what it kept, and this request re-covers it.)
-    Less than `min_tokens` is not worth it (a chat template's opening tokens
-    are shared by every conversation)."""
-    limit = len(prompt) - 1
-    best: Reuse | None = None
-    for i, c in enumerate(candidates):
-        shared = common_prefix(c.tokens, prompt)
-        if c.trimmable:
-            usable = min(shared, limit)
-        else:
-            usable = len(c.tokens) if shared == len(c.tokens) <= limit else 0
-        if usable >= max(min_tokens, 1) and (best is None or usable >= best.tokens):
-            best = Reuse(i, usable, len(c.tokens) - usable, copy=shared < c.prompt_len)
-    return best
-
-
-def supersedes(new: Any, old: Any) -> bool:
-    """Whether `old` only takes room once `new` is kept (pure; both have
-    tokens, trimmable, conversation, as Entry and DiskEntry do): a prefix of
-    a trimmable `new`, which can be cut back to serve it, or, with agent-safe
-    keys, an earlier turn of its conversation."""
-    prefix = (new.trimmable and len(old.tokens) <= len(new.tokens)
-              and common_prefix(old.tokens, new.tokens) == len(old.tokens))
-    return prefix or continues(old.conversation, new.conversation)
-
 
 def entries_to_evict(sizes_lru_first: Sequence[int], budget_bytes: int) -> int:
     """How many entries, least recently used first, must leave for the rest
@@ -174,20 +114,39 @@ class Entry:
     nbytes: int
     conversation: tuple[str, ...] = ()  # agent-safe keys of the request (engine/cache_keys.py)
     file: DiskEntry | None = None  # its copy on disk, once written
+    name: str = ""  # the cache's name for its conversation (kept by the turns that continue it)
+    replaces: tuple[DiskEntry, ...] = ()  # earlier turns' files, deleted once this one is on disk
+    echo: tuple[int, ...] = ()  # its answer's first tokens as the next prompt will hold them (engine/reuse.py)
 
     @property
     def trimmable(self) -> bool:
         return _trimmable(self.kv)
 
+    @property
+    def patchable(self) -> bool:
+        return is_patchable(self.kv)
+
 
 @dataclass(frozen=True)
 class Fetched:
-    """A prompt's reuse: the KV to continue (None: start cold) and how many
-    of the prompt's tokens it covers."""
+    """A prompt's reuse: the KV to continue (None: start cold), the prompt
+    token the prefill starts at, and the spans to recompute first
+    (approximate reuse). The turn's entry is stored under `name`, replacing
+    `replaces` on disk."""
 
     kv: list[Any] | None
-    cached_tokens: int
+    start: int
+    cached_tokens: int  # KV reused, recomputed spans not counted (usage's cached_tokens)
     source: str  # "memory", "disk" or "none"
+    patches: tuple[tuple[int, int], ...] = ()
+    name: str = ""
+    replaces: tuple[DiskEntry, ...] = ()
+    excerpt: tuple[list[int], list[int]] | None = None  # tokens around where reuse stopped: cached, prompt
+
+
+NOT_CACHED = Fetched(None, 0, 0, "none")
+RECENT_CONVERSATIONS = 8  # reports kept for status and /metrics
+EXCERPT_TOKENS = 12  # each side of where reuse stopped, in the debug log
 
 
 @dataclass(frozen=True)
@@ -214,6 +173,8 @@ class CacheStats:
     disk_rejects: int = 0  # corrupt, partial or foreign files removed
     errors: int = 0  # faults in the cache's own bookkeeping (logged; the request went on cold)
     superseded: int = 0  # entries replaced by a later turn of their conversation
+    recomputed_tokens: int = 0  # tokens recomputed inside reused KV (approximate reuse)
+    recent: tuple[ReuseReport, ...] = ()  # the latest turn of each recent conversation, newest last
 
     @property
     def hit_rate(self) -> float:
@@ -223,6 +184,7 @@ class CacheStats:
     def as_dict(self) -> dict[str, Any]:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__}
         out["hit_rate"] = round(self.hit_rate, 4)
+        out["recent"] = [r.as_dict() for r in self.recent]
         return out
 
 
@@ -302,13 +264,18 @@ def _never_fatal(default: Any = None):
 class PromptCache:
     """Both tiers for the resident model; used from the worker thread only."""
 
-    def __init__(self, enabled: bool, files: KVFiles | None, max_read_s: float) -> None:
+    def __init__(self, enabled: bool, files: KVFiles | None, max_read_s: float,
+                 approximate: ApproxPolicy | None = None) -> None:
         self.enabled = enabled
         self.files = files if enabled else None
         self.max_read_s = max_read_s
+        self.approximate = approximate  # None: exact reuse only (the default)
         self.model_key: str | None = None
         self.budget_bytes = 0
+        self.generation_prompt = 0  # tokens the resident model's template adds to open an answer
         self._entries: list[Entry] = []  # least recently used first
+        self._names = itertools.count(1)
+        self._recent: OrderedDict[str, ReuseReport] = OrderedDict()  # by conversation, newest last
         # Measured speeds for the disk-read decision, kept beside the entries:
         # an engine restarted after a crash judges its first read by them.
         rates = self.files.load_rates() if self.files is not None else {}
@@ -323,9 +290,10 @@ class PromptCache:
 
     # --- the resident model ---------------------------------------------
     @_never_fatal()
-    def set_model(self, model_key: str | None, budget_bytes: int) -> None:
+    def set_model(self, model_key: str | None, budget_bytes: int, generation_prompt: int = 0) -> None:
         """The resident model changed: other models' entries leave memory
         (to disk), and this one's budget applies."""
+        self.generation_prompt = generation_prompt
         if model_key == self.model_key:
             self.budget_bytes = budget_bytes
             return
@@ -337,35 +305,42 @@ class PromptCache:
         self._publish()
 
     # --- a request ---------------------------------------------------------
-    @_never_fatal(Fetched(None, 0, "none"))
+    @_never_fatal(NOT_CACHED)
     def fetch(self, prompt: list[int]) -> Fetched:
         """The KV to continue `prompt` from, taken out of the cache (or a copy)."""
         if not self.enabled or self.model_key is None:
-            return Fetched(None, 0, "none")
+            return NOT_CACHED
         tokens = np.asarray(prompt, dtype=np.int32)
-        in_memory = choose_reuse(self._entries, tokens, MIN_REUSE_TOKENS)
+        in_memory = self._plan(self._entries, tokens)
         fetched = None
         if self.files is not None and (in_memory is None or in_memory.tokens < len(tokens) - 1):
-            fetched = self._fetch_from_disk(tokens, in_memory.tokens if in_memory else 0)
+            fetched = self._fetch_from_disk(tokens, in_memory.reused if in_memory else 0)
         if fetched is None and in_memory is not None:
-            fetched = self._take(in_memory, len(tokens))
-        fetched = fetched or Fetched(None, 0, "none")
+            fetched = self._take(in_memory, tokens)
+        if fetched is None:
+            fetched = Fetched(None, 0, 0, "none", name=self._new_name())
+            stopped, why = explain(None, None, len(tokens), len(self._entries) + self._disk_entries())
+            self._report(ReuseReport(fetched.name, len(tokens), 0, stopped, why))
         s = self.stats
         self.stats = replace(s, requests=s.requests + 1, hits=s.hits + (fetched.cached_tokens > 0),
                              disk_hits=s.disk_hits + (fetched.source == "disk"),
                              prompt_tokens=s.prompt_tokens + len(prompt),
-                             cached_tokens=s.cached_tokens + fetched.cached_tokens)
+                             cached_tokens=s.cached_tokens + fetched.cached_tokens,
+                             recomputed_tokens=s.recomputed_tokens + sum(b - a for a, b in fetched.patches))
         self._publish()
         return fetched
 
     @_never_fatal()
-    def store(self, covered: list[int], prompt_len: int, kv: list[Any], conversation: tuple[str, ...] = ()) -> None:
+    def store(self, covered: list[int], prompt_len: int, kv: list[Any], conversation: tuple[str, ...] = (),
+              turn: Fetched = NOT_CACHED, echo: tuple[int, ...] = ()) -> None:
         """Keep the KV of `covered` (a prompt, and what was generated after
-        it) for later requests; older entries leave for the budget."""
+        it) for later requests, as the latest turn of `turn`'s conversation;
+        older entries leave for the budget."""
         if not self.enabled or self.model_key is None or not covered:
             return
         tokens = np.asarray(covered, dtype=np.int32)
-        entry = Entry(self.model_key, tokens, min(prompt_len, len(tokens)), kv, kv_nbytes(kv), conversation)
+        entry = Entry(self.model_key, tokens, min(prompt_len, len(tokens)), kv, kv_nbytes(kv), conversation,
+                      name=turn.name or self._new_name(), replaces=turn.replaces, echo=echo)
         kept = [e for e in self._entries if not supersedes(entry, e)]
         if len(kept) < len(self._entries):
             self.stats = replace(self.stats, superseded=self.stats.superseded + len(self._entries) - len(kept))
@@ -412,7 +387,10 @@ class PromptCache:
             self._rates_saved = rates
 
     # --- internals -------------------------------------------------------------
-    def _take(self, reuse: Reuse, prompt_len: int) -> Fetched:
+    def _plan(self, candidates: Sequence[Candidate], tokens: np.ndarray) -> Reuse | None:
+        return choose_reuse(candidates, tokens, MIN_REUSE_TOKENS, self.generation_prompt, self.approximate)
+
+    def _take(self, reuse: Reuse, tokens: np.ndarray) -> Fetched:
         from mlx_lm.models.cache import KVCache, trim_prompt_cache
 
         entry = self._entries[reuse.index]
@@ -423,22 +401,37 @@ class PromptCache:
             kv = [copy.copy(c) if type(c) is KVCache else copy.deepcopy(c) for c in entry.kv]
             self._entries.remove(entry)
             self._entries.append(entry)  # used: most recent now
+            name, replaces = self._new_name(), ()
         else:
             kv = entry.kv
-            self._entries.remove(entry)  # continued by this request; stored again after it
+            self._entries.remove(entry)  # continued by this turn, which replaces it
+            self.stats = replace(self.stats, superseded=self.stats.superseded + 1)
+            name, replaces = entry.name, entry.replaces + ((entry.file,) if entry.file is not None else ())
+        fetched = self._fetched(reuse, entry, tokens, kv, "memory", name, replaces)
         if reuse.trim:
             trim_prompt_cache(kv, reuse.trim)
-        return Fetched(packed(kv, prompt_len - reuse.tokens, shared=reuse.copy), reuse.tokens, "memory")
+        return replace(fetched, kv=packed(kv, len(tokens) - reuse.tokens, shared=reuse.copy))
+
+    def _fetched(self, reuse: Reuse, found: Candidate, tokens: np.ndarray, kv: list[Any], source: str, name: str,
+                 replaces: tuple[DiskEntry, ...]) -> Fetched:
+        """The turn's Fetched and its report (before the entry is trimmed)."""
+        stopped, why = explain(reuse, found, len(tokens), 0)
+        excerpt = None
+        if stopped is not None:
+            lo = max(stopped - EXCERPT_TOKENS, 0)
+            excerpt = (found.tokens[lo:stopped + EXCERPT_TOKENS].tolist(), tokens[lo:stopped + EXCERPT_TOKENS].tolist())
+        self._report(ReuseReport(name, len(tokens), reuse.reused, stopped, why, reuse.recomputed, source))
+        return Fetched(kv, reuse.tokens, reuse.reused, source, reuse.patches, name, replaces, excerpt)
 
     def _fetch_from_disk(self, tokens: np.ndarray, memory_tokens: int) -> Fetched | None:
-        """A disk entry that covers more than memory does, read if worth it."""
+        """A disk entry that saves more than memory does, read if worth it."""
         assert self.files is not None
         candidates = self.files.entries(self.model_key)  # type: ignore[arg-type]
-        reuse = choose_reuse(candidates, tokens, MIN_REUSE_TOKENS)
-        if reuse is None or reuse.tokens <= memory_tokens:
+        reuse = self._plan(candidates, tokens)
+        if reuse is None or reuse.reused <= memory_tokens:
             return None
         found = candidates[reuse.index]
-        if not worth_reading(found.nbytes, reuse.tokens - memory_tokens, max_bytes=max(self.budget_bytes, 0),
+        if not worth_reading(found.nbytes, reuse.reused - memory_tokens, max_bytes=max(self.budget_bytes, 0),
                              max_read_s=self.max_read_s, read_bytes_per_s=self._read_bytes_per_s,
                              read_timed=self._read_measured,
                              prefill_tokens_per_s=prefill_rate_for(self._warm, self._prefill_tokens_per_s,
@@ -452,18 +445,32 @@ class PromptCache:
         except KVFileError as exc:
             log.warning("prompt cache: %s; removed", exc)
             return None
-        elapsed = time.monotonic() - started
-        if elapsed > 0.01:
-            measured = found.nbytes / elapsed
-            self._read_bytes_per_s = (0.7 * self._read_bytes_per_s + 0.3 * measured) if self._read_measured \
-                else measured
-            self._read_measured = True
-        log.info("prompt cache: read %d tokens from disk in %.2fs", len(found.tokens), elapsed)
+        # Every read is timed (a fast one too: otherwise the estimate only ever learns from slow reads).
+        elapsed = max(time.monotonic() - started, 1e-6)
+        measured = found.nbytes / elapsed
+        self._read_bytes_per_s = (0.7 * self._read_bytes_per_s + 0.3 * measured) if self._read_measured \
+            else measured
+        self._read_measured = True
+        log.info("prompt cache: read %d tokens from disk in %.3fs", len(found.tokens), elapsed)
+        # A disk entry is read into memory: the file stays for other branches unless this turn continues it.
+        fetched = self._fetched(reuse, found, tokens, kv, "disk", self._new_name(), () if reuse.copy else (found,))
         if reuse.trim:
             from mlx_lm.models.cache import trim_prompt_cache
 
             trim_prompt_cache(kv, reuse.trim)
-        return Fetched(packed(kv, len(tokens) - reuse.tokens), reuse.tokens, "disk")
+        return replace(fetched, kv=packed(kv, len(tokens) - reuse.tokens))
+
+    def _new_name(self) -> str:
+        return f"c{next(self._names)}"
+
+    def _disk_entries(self) -> int:
+        return len(self.files.entries(self.model_key)) if self.files is not None else 0  # type: ignore[arg-type]
+
+    def _report(self, report: ReuseReport) -> None:
+        self._recent.pop(report.conversation, None)
+        self._recent[report.conversation] = report
+        while len(self._recent) > RECENT_CONVERSATIONS:
+            self._recent.popitem(last=False)
 
     def _evict(self, n: int) -> None:
         """The n least recently used entries leave memory, to disk first."""
@@ -481,13 +488,17 @@ class PromptCache:
         assert self.files is not None
         started = time.monotonic()
         try:
-            written = self.files.write(entry.model_key, entry.tokens, entry.prompt_len, entry.kv, entry.conversation)
+            written = self.files.write(entry.model_key, entry.tokens, entry.prompt_len, entry.kv, entry.conversation,
+                                       entry.echo)
         except OSError as exc:  # a full disk costs the disk tier, never a request
             log.warning("prompt cache: cannot write an entry: %s", exc)
             self.stats = replace(self.stats, disk_write_failures=self.stats.disk_write_failures + 1)
             return None
         if written is not None:
             self.stats = replace(self.stats, disk_writes=self.stats.disk_writes + 1)
+            # Earlier turns of its conversation only take room now (a file of the same tokens is this one).
+            self.files.delete(d for d in entry.replaces if d.path != written.path)
+            entry.replaces = ()
             # Files this one extends (or, with agent-safe keys, a later turn of) only take room now.
             self.files.delete_where(lambda d: d is not written and d.model_key == written.model_key
                                     and supersedes(written, d))
@@ -507,7 +518,7 @@ class PromptCache:
         mx.clear_cache()  # give evicted buffers back, not keep them in MLX's pool
 
     def _publish(self) -> None:
-        s = replace(self.stats, model=self.model_key, memory_entries=len(self._entries),
+        s = replace(self.stats, model=self.model_key, memory_entries=len(self._entries), recent=tuple(self._recent.values()),
                     memory_bytes=sum(e.nbytes for e in self._entries), memory_budget_bytes=self.budget_bytes)
         if self.files is not None:
             s = replace(s, disk_entries=self.files.count, disk_bytes=self.files.total_bytes,

@@ -120,3 +120,30 @@ class PieceEncoder:
         finally:
             self._pieces.clear()
             self._chars = 0
+
+
+def generation_prompt_length(tokenizer: Any) -> int:
+    """Tokens the chat template adds to open the answer (`<|im_start|>assistant\n`,
+    and a reasoning template's `<think>`): the part of a prompt that history
+    renders differently. 0 where the template does not say."""
+    sample = [{"role": "user", "content": "Hi"}]
+    try:
+        opened = template_tokens(tokenizer, sample)
+        plain = tokenizer.apply_chat_template(sample, add_generation_prompt=False, tokenize=True)
+        plain = list(plain["input_ids"] if hasattr(plain, "keys") else plain)
+    except Exception:  # noqa: BLE001 - no template, or one that rejects the sample
+        return 0
+    return max(len(opened) - len(plain), 0) if opened[:len(plain)] == plain else 0
+
+
+def answer_echo(tokenizer: Any, generated: list[int], n: int = 4) -> tuple[int, ...]:
+    """The first `n` tokens of an answer as the next turn's prompt will hold
+    them: the client sends back its text, which re-encodes to other tokens
+    where the model wrote, say, half a character."""
+    if not generated:
+        return ()
+    try:
+        text = tokenizer.decode(generated[:4 * n])
+        return tuple(int(t) for t in tokenizer.encode(text, add_special_tokens=False)[:n])
+    except Exception:  # noqa: BLE001 - a tokenizer that cannot: the generated tokens themselves
+        return tuple(int(t) for t in generated[:n])

@@ -34,6 +34,7 @@ from .lifecycle import Lifecycle
 from .metrics import CONTENT_TYPE, EngineMetrics, register_gauges
 from .model_registry import ModelRegistry
 from .prompt_cache import PromptCache
+from .reuse import ApproxPolicy
 from .protocol import ChatCompletionRequest, CompletionRequest, describe_validation_errors
 from .quarantine import QuarantineList
 from .relay import ClientGone, RequestRelay
@@ -47,7 +48,7 @@ def make_prompt_cache(config: Config, faults: FaultInjector) -> PromptCache:
     pc = config.engine.prompt_cache
     files = (KVFiles(config.paths.kv, int(pc.disk_gib * GIB), config.models, lambda: faults.check("kv_write"))
              if pc.enabled and pc.disk else None)
-    return PromptCache(pc.enabled, files, pc.max_read_s)
+    return PromptCache(pc.enabled, files, pc.max_read_s, ApproxPolicy() if pc.approximate else None)
 
 
 class Engine:

@@ -33,12 +33,12 @@ from .admission import AdmissionQueue
 from .errors import EngineError
 from .events import Failed, Started
 from .faults import FaultInjector
-from .generation import Generation, ResidentModel, VisionPrompt, prefill, tokenize, vision_prompt
+from .generation import Generation, ResidentModel, VisionPrompt, prefill, recompute, tokenize, vision_prompt
 from .jobs import Job
 from .model_cache import Unload, plan_release, plan_switch
 from .model_registry import ModelRegistry
-from .prompt_cache import CacheStats, PromptCache, kv_offset, needs_boundary_snapshot
-from .prompt_tokens import PieceEncoder
+from .prompt_cache import CacheStats, Fetched, PromptCache, kv_offset, needs_boundary_snapshot
+from .prompt_tokens import PieceEncoder, answer_echo, generation_prompt_length
 
 log = logging.getLogger("mlxd.engine.worker")
 HEARTBEAT_S = 0.05  # progress is published at most this often
@@ -272,7 +272,8 @@ class ModelWorker(threading.Thread):
             self.prompt_cache.set_model(None, 0)
         else:
             self.prompt_cache.set_model(self.registry.build_key(model_id, target),
-                                        self.registry.info(model_id).prompt_cache_bytes)
+                                        self.registry.info(model_id).prompt_cache_bytes,
+                                        generation_prompt_length(resident.tokenizer))
         self.counters["model_loads"] += 1
         self._sample_memory()
         self.timings["last_load_s"] = round(time.monotonic() - started, 4)
@@ -389,10 +390,14 @@ class ModelWorker(threading.Thread):
         cache = self.prompt_cache
         room = self._room_beside(job, prompt)  # raises the 400 for a request that cannot fit
         fetched = cache.fetch(prompt)
+        self._log_reuse(job, fetched)
         if room < cache.stats.memory_bytes:
             cache.shrink_to(room)
         kv, cached = fetched.kv, fetched.cached_tokens
-        rest, snapshot = prompt[cached:], None
+        rest, snapshot = prompt[fetched.start:], None
+        if fetched.patches:
+            recompute(self._resident.model, kv, prompt, fetched.patches, fetched.start, self.prefill_step_size,
+                      self._heartbeat)
         if cache.enabled:
             kv = kv if kv is not None else make_prompt_cache(self._resident.model)
             if needs_boundary_snapshot([type(c).__name__ for c in kv], can_trim_prompt_cache(kv)):
@@ -402,13 +407,25 @@ class ModelWorker(threading.Thread):
         generated = self._run_generation(generation, len(prompt), cached,
                                          lambda: generation.decode(rest, kv, prompt[:len(prompt) - len(rest)]))
         if first_token_at:
-            cache.note_prefill(len(prompt) - cached, first_token_at[0] - started)
+            recomputed = sum(end - start for start, end in fetched.patches)
+            cache.note_prefill(len(prompt) - fetched.start + recomputed, first_token_at[0] - started)
+        echo = answer_echo(self._resident.tokenizer, generated) if cache.enabled else ()
         if snapshot is not None:
-            cache.store(prompt[:-1], len(prompt) - 1, snapshot, job.conversation)
+            cache.store(prompt[:-1], len(prompt) - 1, snapshot, job.conversation, fetched, echo)
         elif kv is not None:
             covered = (prompt + generated)[:kv_offset(kv) or 0]
-            cache.store(covered, len(prompt), kv, job.conversation)
+            cache.store(covered, len(prompt), kv, job.conversation, fetched, echo)
         self._sample_memory()
+
+    def _log_reuse(self, job: Job, fetched: Fetched) -> None:
+        """At debug level, what the prompt and the cached conversation hold
+        where reuse stopped: which agent field broke the cache."""
+        if fetched.excerpt is None or not log.isEnabledFor(logging.DEBUG):
+            return
+        decode = self._resident.tokenizer.decode
+        cached, sent = fetched.excerpt
+        log.debug("prompt cache: request %s (conversation %s) reused %d tokens; where it stopped the cache holds "
+                  "%r and the prompt has %r", job.id, fetched.name, fetched.cached_tokens, decode(cached), decode(sent))
 
     def _generate_mirrored(self, job: Job, prompt: list[int], generation: Generation) -> None:
         """A rank group's generation: no prompt cache; the other ranks keep a

@@ -33,6 +33,14 @@ def demo_models(tmp_path_factory: pytest.TempPathFactory) -> DemoModels:
 
 
 @pytest.fixture(scope="session")
+def tokenizer(demo_models: DemoModels):
+    """Demo model a's tokenizer, for exact token counts."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(demo_models.a))
+
+
+@pytest.fixture(scope="session")
 def think_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The demo model's reasoning variant (think tokens, Qwen3's switch)."""
     return build_demo_model(tmp_path_factory.mktemp("models") / "demo-think", "think")

@@ -117,3 +117,18 @@ def metric(url: str, name: str) -> float:
     m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
     assert m, f"metric {name} not found"
     return float(m.group(1))
+
+
+def prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
+    """A chat prompt's tokens as the model's own template gives them (the
+    reference the engine's counts are checked against)."""
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens two prompts share."""
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from mlxd.engine.cache_keys import continues, conversation_keys, normalize
-from mlxd.engine.prompt_cache import (Candidate, choose_reuse, common_prefix, entries_to_evict, supersedes,
-                                      needs_boundary_snapshot, needs_repack, packed_length,
+from mlxd.engine.prompt_cache import (entries_to_evict, needs_boundary_snapshot, needs_repack, packed_length,
                                       prefill_rate_for, worth_reading)
+from mlxd.engine.reuse import (ApproxPolicy, Candidate, choose_reuse, common_prefix, continues_conversation, explain,
+                              max_changed, patch_plan, supersedes, walk_changes)
 from mlxd.memory_estimate import GIB, prompt_cache_budget, request_fits
 
 
@@ -206,3 +207,121 @@ def entry(ids, trimmable=True, conversation=()):
 ])
 def test_supersedes(new, old, expected):
     assert supersedes(new, old) is expected
+
+
+# --- a turn's plan: same conversation or a branch, approximate reuse, why it stopped ---
+
+def test_a_turn_of_the_same_conversation_continues_its_entry_in_place():
+    entry = cand((1, 2, 3, 4, 7, 8), prompt_len=4)  # prompt 1-4, answer 7 8
+    assert continues_conversation(entry, toks(1, 2, 3, 4, 7, 8, 9)) is True  # the answer came back, a new message
+    assert continues_conversation(entry, toks(1, 2, 3, 4)) is True  # the same prompt again
+
+
+# (entry tokens, its prompt_len, prompt, generation prompt tokens, continues?)
+CONTINUES_TABLE = [
+    # a reasoning template renders the answer without its think block, and its generation prompt differs from
+    # history: all client tokens but the generation prompt match
+    ((1, 2, 3, 50, 51, 60, 61), 5, (1, 2, 3, 70, 71, 72), 2, True),
+    # ...but without knowing the generation prompt's length it is a branch
+    ((1, 2, 3, 50, 51, 60, 61), 5, (1, 2, 3, 70, 71, 72), 0, False),
+    # a clock changed inside the system prompt, aligned, and the earlier answer came back after it
+    ((1, 2, 9, 9, 5, 6, 7, 8, 20, 21, 22, 23), 8, (1, 2, 8, 8, 5, 6, 7, 8, 20, 21, 22, 23, 30), 0, True),
+    # two sub-agents whose prompts differ in a few tokens: the other's answer is not in the prompt
+    ((1, 2, 9, 9, 5, 6, 7, 8, 20, 21, 22, 23), 8, (1, 2, 8, 8, 5, 6, 7, 8, 40, 41, 42, 43, 30), 0, False),
+    # a shorter prompt than the entry's: never a later turn
+    ((1, 2, 3, 4, 5), 5, (1, 2, 3), 0, False),
+]
+
+
+@pytest.mark.parametrize("tokens, prompt_len, prompt, gen, expected", CONTINUES_TABLE)
+def test_continues_conversation(tokens, prompt_len, prompt, gen, expected):
+    assert continues_conversation(cand(tokens, prompt_len), toks(*prompt), gen) is expected
+
+
+def test_too_many_changed_tokens_is_another_conversation():
+    base = list(range(100, 200))
+    other = [t + 1000 if i % 5 == 0 else t for i, t in enumerate(base)]  # 20 of 100 changed
+    entry = cand(base + [7, 8], prompt_len=100)
+    assert max_changed(100) < 20
+    assert continues_conversation(entry, toks(*other, 7, 8, 9)) is False
+
+
+def test_patch_plan_recomputes_a_changed_span_and_keeps_the_rest():
+    cached = toks(*range(100))
+    prompt = cached.copy()
+    prompt[40:43] = [900, 901, 902]  # a clock's digits
+    end, spans = patch_plan(cached, np.concatenate([prompt, toks(5, 6)]), 101, ApproxPolicy(recompute_after=2))
+    assert (end, spans) == (100, ((40, 45),))
+
+
+def test_patch_plan_stops_where_a_change_of_length_shifts_everything_after_it():
+    cached = toks(*range(100))
+    prompt = np.concatenate([cached[:40], toks(900), cached[40:]])  # one token inserted
+    end, spans = patch_plan(cached, prompt, len(prompt) - 1, ApproxPolicy())
+    assert (end, spans) == (40, ())  # the exact prefix: recomputing the shifted rest would save nothing
+
+
+def test_patch_plan_takes_close_changes_as_one_span_and_bounds_the_share():
+    cached = toks(*range(200))
+    prompt = cached.copy()
+    prompt[[50, 53, 56]] = 999  # within MERGE_GAP: one span
+    prompt[150] = 999
+    end, spans = patch_plan(cached, prompt, 199, ApproxPolicy(recompute_after=0))
+    assert (end, spans) == (199, ((50, 57), (150, 151)))
+    end, _ = patch_plan(cached, prompt, 199, ApproxPolicy(max_changed_share=0.01, recompute_after=0))
+    assert end == 50  # over the share: exact reuse only
+
+
+def test_choose_reuse_with_approximate_reuse():
+    entry = Candidate(toks(*range(100)), 100, True, patchable=True)
+    prompt = toks(*range(100), 500, 501)
+    prompt[10] = 999
+    exact = choose_reuse([entry], prompt)
+    assert (exact.tokens, exact.patches, exact.reused) == (10, (), 10)
+    approx = choose_reuse([entry], prompt, approximate=ApproxPolicy(recompute_after=4))
+    assert (approx.tokens, approx.patches, approx.reused, approx.exact) == (100, ((10, 15),), 95, 10)
+    # an entry whose layers cannot be patched (a rotating or quantised cache) is reused exactly
+    not_patchable = Candidate(entry.tokens, 100, True, patchable=False)
+    assert choose_reuse([not_patchable], prompt, approximate=ApproxPolicy()).tokens == 10
+
+
+@pytest.mark.parametrize("entry, prompt, expected", [
+    (None, (1, 2, 3), (0, "nothing cached")),
+    (cand((1, 2, 3, 4, 5)), (1, 2, 3, 4, 5, 6), (None, "all but the last")),
+    (cand((1, 2, 3)), (1, 2, 3, 4, 5, 6), (3, "ends at token 3")),
+    (cand((1, 2, 3, 7, 8), prompt_len=3), (1, 2, 3, 9, 9, 9), (3, "answer came back different")),
+    (cand((1, 2, 3, 4, 5)), (1, 2, 9, 4, 5, 6), (2, "prompt differs from the cached conversation at token 2")),
+])
+def test_explain_says_where_and_why_reuse_stopped(entry, prompt, expected):
+    reuse = choose_reuse([entry] if entry else [], toks(*prompt))
+    stopped, why = explain(reuse, entry, len(prompt), 0)
+    assert stopped == expected[0] and expected[1] in why
+
+
+@pytest.mark.parametrize("a, b, budget, expected", [
+    (range(20), range(20), 4, (0, 20)),  # the same
+    (range(20), [*range(20), 50, 51], 4, (0, 20)),  # b goes on after a
+    # a clock's digits changed, same length
+    (range(20), [*range(5), 90, 91, *range(7, 20)], 4, (2, 20)),
+    # ...a token longer (9:59 -> 10:00): a's end falls one token later in b
+    (range(20), [*range(5), 90, 91, 92, *range(7, 20)], 4, (3, 21)),
+    # ...a token shorter
+    (range(20), [*range(5), 90, *range(7, 20)], 4, (2, 19)),
+    # two changes, within the budget and over it
+    (range(30), [*range(5), 90, *range(6, 20), 91, *range(21, 30)], 4, (2, 30)),
+    (range(30), [*range(5), 90, *range(6, 20), 91, *range(21, 30)], 1, None),
+    # another text altogether: no point where they agree again
+    (range(20), range(100, 130), 16, None),
+])
+def test_walk_changes(a, b, budget, expected):
+    assert walk_changes(toks(*a), toks(*b), budget) == expected
+
+
+def test_a_changed_value_of_another_length_still_continues_the_conversation():
+    entry = cand((*range(10), 7, 8), prompt_len=10)  # prompt 0..9, answer 7 8
+    assert continues_conversation(entry, toks(0, 1, 2, 90, 91, 5, 6, 7, 8, 9, 7, 8, 40)) is True  # 3 4 -> 90 91
+    assert continues_conversation(entry, toks(*range(30, 40), 7, 8)) is False
+    base = toks(*range(100, 130))
+    entry = Candidate(np.concatenate([base, toks(7, 8)]), 30, True)
+    longer = np.concatenate([base[:10], toks(1, 2), base[11:], toks(7, 8, 9)])  # one token became two
+    assert continues_conversation(entry, longer) is True

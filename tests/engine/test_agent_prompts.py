@@ -143,3 +143,23 @@ def test_the_debug_log_shows_both_sides_where_reuse_stopped(start_engine, demo_m
                what="the debug line about where reuse stopped")
     line = next(x for x in ep.log().splitlines() if "where it stopped the cache holds" in x)
     assert "11" in line and "12" in line, line  # the clock's minutes, before and now
+
+
+def test_a_reasoning_conversation_keeps_one_entry(start_engine, think_model):
+    """The template drops earlier turns' think blocks, so each turn's prompt
+    parts from the cached answer: the turn still continues, and replaces, its
+    conversation's entry."""
+    ep = start_engine(toml=f'[engine]\nmax_tokens_cap = 64\n[engine.prompt_cache]\ndisk = false\n'
+                           f'[models.think]\npath = "{think_model}"\n[aliases]\ndefault = "think"\n')
+    messages = [{"role": "system", "content": HEAD}]
+    for turn in range(1, 5):
+        messages.append({"role": "user", "content": f"question {turn}"})
+        r = requests.post(ep.url + "/v1/chat/completions", timeout=120, json={
+            "model": "think", "messages": messages, "max_tokens": 12, "temperature": 0})
+        assert r.status_code == 200, r.text
+        usage = r.json()["usage"]
+        if turn > 1:
+            assert cached(usage) >= 0.8 * usage["prompt_tokens"], usage
+        messages.append({"role": "assistant", "content": r.json()["choices"][0]["message"]["content"] or "ok"})
+    stats = health(ep.url)
+    assert stats["memory_entries"] == 1 and stats["superseded"] == 3, stats

@@ -163,3 +163,15 @@ def test_a_reasoning_conversation_keeps_one_entry(start_engine, think_model):
         messages.append({"role": "assistant", "content": r.json()["choices"][0]["message"]["content"] or "ok"})
     stats = health(ep.url)
     assert stats["memory_entries"] == 1 and stats["superseded"] == 3, stats
+
+
+def test_on_disk_too_a_conversation_keeps_one_entry(start_engine, demo_models):
+    ep = start_engine(toml=toml(demo_models).replace("disk = false", "disk = true"))
+    history: list[dict] = []
+    for turn in range(1, 5):
+        history.append({"role": "user", "content": f"question {turn}"})
+        reply, _ = ask(ep.url, [{"role": "system", "content": clock_system(10 + turn)}] + history)
+        history.append({"role": "assistant", "content": reply})
+        # The idle worker writes the turn's entry, and the write deletes the turn before's file.
+        wait_until(lambda: health(ep.url)["disk_writes"] >= turn, timeout=30, what=f"turn {turn}'s idle write")
+        assert health(ep.url)["disk_entries"] == 1

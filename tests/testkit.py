@@ -20,6 +20,7 @@ from mlxd.devkit.ports import free_port
 from mlxd.devkit.wait import wait_for
 
 MLXD = [sys.executable, "-m", "mlxd.cli"]
+ROOT = Path(__file__).resolve().parents[1]  # the repository
 __all__ = ["free_port", "wait_until", "EngineProcess", "spawn_engine", "wait_healthy", "chat", "metric",
            "real_default_model"]
 # CI sets this: there set-up must have fetched the real default model, and its tests must run.
@@ -132,3 +133,14 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     while n < min(len(a), len(b)) and a[n] == b[n]:
         n += 1
     return n
+
+
+def load_bench(name: str):
+    """bench/<name>.py as a module (the benchmarks are scripts, not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"mlxd_bench_{name}", ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module

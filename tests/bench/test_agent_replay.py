@@ -4,25 +4,13 @@ pairs each arm runs, and how rows become the table. No server is started."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from testkit import load_bench
 
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"mlxd_bench_{name}", BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-ar = _load("agent_replay")
+ar = load_bench("agent_replay")
 BASE = "\n".join(f"line {i} of the system prompt" for i in range(10))
 
 

@@ -6,25 +6,13 @@ benchmark's JSON changes."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from testkit import load_bench
 
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"mlxd_bench_{name}", BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-suite = _load("run")
-recovery = _load("recovery")
+suite = load_bench("run")
+recovery = load_bench("recovery")
 
 
 def _engine_doc(engine_tok_s: float) -> dict:
@@ -100,7 +88,7 @@ def test_swap_peak_goal_and_markdown_marks_misses(peak_ratio, met):
     assert ("❌" in md) is (not met) and "not measured:** reuse: boom" in md
 
 
-prompt_cache = _load("prompt_cache")
+prompt_cache = load_bench("prompt_cache")
 
 
 def _turns(arm: str, ttft_ms: list[float], prompt: int = 1000, cached_from_2: float = 0.97, decode: float = 100.0):

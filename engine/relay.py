@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections import deque
-from typing import AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -76,9 +76,9 @@ class RequestRelay:
                 job.cancelled.set()
                 self.lifecycle.request_closed()
                 raise
-            return StreamingResponse(self._stream(feed, builder, first, include_usage),
-                                     media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Request-Id": job.id})
+            return RelayedStream(self._stream(feed, builder, first, include_usage), self._closer(job),
+                                 media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Request-Id": job.id})
         try:
             return await self._collect(feed, builder)
         finally:
@@ -138,8 +138,38 @@ class RequestRelay:
                 if done:
                     return
         finally:
-            feed.job.cancelled.set()  # client gone or stream over: free the worker
-            self.lifecycle.request_closed()
+            feed.job.cancelled.set()  # the stream is over: free the worker now (RelayedStream closes it too)
+
+    def _closer(self, job: Job) -> Callable[[], None]:
+        """The stream's cleanup, once: the job cancelled (a no-op once it
+        ended) and the request counted closed for the drain."""
+        closed = False
+
+        def close() -> None:
+            nonlocal closed
+            job.cancelled.set()
+            if not closed:
+                closed = True
+                self.lifecycle.request_closed()
+        return close
+
+
+class RelayedStream(StreamingResponse):
+    """A streamed answer whose cleanup runs however the response ends. The
+    stream generator's own `finally` is not enough: when the client is gone
+    before Starlette first iterates it (it disconnected while the first token
+    was on its way), Starlette cancels the response and never starts the
+    generator, and the job would run on to its deadline, holding the worker."""
+
+    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], None], **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self.on_close = on_close
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()
 
 
 class JobFeed:

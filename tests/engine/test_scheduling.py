@@ -107,6 +107,22 @@ def test_disconnect_mid_stream_frees_the_worker(start_engine):
     assert r.status_code == 200 and time.monotonic() - t0 < 5
 
 
+def test_disconnect_before_the_first_chunk_frees_the_worker(start_engine):
+    """A client gone while its first token is on the way: the handler returns
+    the stream response, and Starlette drops it without starting it. The job
+    must still stop (the cleanup lives with the response, not only in the
+    stream generator's `finally`)."""
+    eng = start_engine({"max_tokens_cap": 100_000, "request_deadline_s": 120})
+    for attempt in range(5):  # each vanishes within a few ms, well before the handler's 0.25 s disconnect poll
+        s = raw_request(eng.port, {"model": "default", "messages": [{"role": "user", "content": f"go {attempt}"}],
+                                   "max_tokens": 100_000, "stream": True, "temperature": 0})
+        s.close()
+        wait_until(lambda: eng.health()["in_flight"] is None, 5, what=f"worker freed after disconnect {attempt}")
+    t0 = time.monotonic()
+    r = chat(eng.url, max_tokens=2)
+    assert r.status_code == 200 and time.monotonic() - t0 < 5
+
+
 def test_disconnect_while_queued_frees_the_place(start_engine):
     eng = start_engine({"max_queue": 2, "max_tokens_cap": 100_000})
     holder = hold_worker(eng.url)

@@ -4,25 +4,13 @@ summary and its table, which BLAS is in use. No model is loaded."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from testkit import load_bench
 
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"mlxd_bench_{name}", BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-aq = _load("approx_reuse_quality")
+aq = load_bench("approx_reuse_quality")
 
 
 def chars(messages):
@@ -31,7 +19,7 @@ def chars(messages):
 
 
 def spec_with(old: str, *candidates: str, system: str = "Time: {clock}. Be brief.") -> "aq.PromptSpec":
-    return aq.PromptSpec("t", "coding", "clock", "start", system, (), "Why?", {"clock": old},
+    return aq.PromptSpec("t", "coding", "clock", "start", system, (), "Why?", False, {"clock": old},
                          tuple({"clock": c} for c in candidates))
 
 
@@ -48,6 +36,10 @@ def test_the_prompt_set_is_fixed_and_varied():
     assert {s.persona for s in SPECS} == set(aq.PERSONAS)
     assert len({s.system for s in SPECS}) == 24
     assert sum(1 for s in SPECS if s.history) == 8  # every third prompt has an earlier exchange
+    asking = [s for s in SPECS if s.asks_value]
+    assert len(asking) == 6 and {s.kind for s in asking} == set(aq.KINDS)  # a quarter, every kind
+    assert all(s.question == aq.VALUE_QUESTIONS[s.kind.split("+")[0]] for s in asking)
+    assert all(s.question not in aq.VALUE_QUESTIONS.values() for s in SPECS if not s.asks_value)
     assert aq.prompt_specs(24, seed=1) != SPECS
 
 
@@ -144,7 +136,7 @@ def test_first_difference(reference, got, n, expected):
 
 
 def row(arm, first_difference, first_top1=True, first_kl=0.0, forced_top1=1.0, forced_kl=0.0, reused=0.5,
-        spans=(), tokens=4):
+        spans=(), tokens=4):  # tokens: the reference's answer, N or fewer (EOS)
     return {"arm": arm, "tokens": tokens, "first_difference": first_difference, "first_top1": first_top1,
             "first_kl": first_kl, "forced_top1": forced_top1, "forced_kl": forced_kl, "reused_share": reused,
             "spans": list(spans)}
@@ -153,7 +145,8 @@ def row(arm, first_difference, first_top1=True, first_kl=0.0, forced_top1=1.0, f
 ROWS = [row("exact", 4, reused=0.1), row("exact", 4, reused=0.3),
         row("approx r0", 4, first_kl=0.01, reused=0.9, spans=[(3, 5)]),
         row("approx r0", 0, first_top1=False, first_kl=0.5, forced_top1=0.5, forced_kl=0.2, reused=0.7),
-        row("approx r4", 1, forced_top1=0.75, forced_kl=0.1, reused=0.8, spans=[(3, 9)])]
+        row("approx r4", 1, forced_top1=0.75, forced_kl=0.1, reused=0.8, spans=[(3, 9)]),
+        row("approx r4", 2, reused=0.8, spans=[(3, 9)], tokens=2)]  # a reference that ended at EOS
 
 
 @pytest.mark.parametrize("arm, field, expected", [
@@ -170,8 +163,9 @@ ROWS = [row("exact", 4, reused=0.1), row("exact", 4, reused=0.3),
     ("approx r0", "forced_kl", 0.1),
     ("approx r0", "reused_share", 0.8),
     ("approx r0", "patched", 1),
-    ("approx r4", "identical_share", 0.0),
-    ("approx r4", "tokens", 4),
+    ("approx r4", "identical_share", 0.5),  # 2 of a 2-token reference: identical
+    ("approx r4", "tokens", 3.0),
+    ("approx r4", "mean_agreeing_tokens", 1.5),
 ])
 def test_summary(arm, field, expected):
     summary = {s["arm"]: s for s in aq.summarize(ROWS, aq.arm_names([0, 4, 16]))}
@@ -187,15 +181,23 @@ def test_the_table():
     lines = aq.markdown_table(aq.summarize(ROWS, aq.arm_names([0, 4]))).splitlines()
     assert len(lines) == 2 + 3
     assert all(line.count("|") == lines[0].count("|") for line in lines)
-    assert lines[2] == "| exact | 2 | 4.0 / 4 | 100 % | 100 % | 0 | 100 % | 0 | 20 % |"
-    assert lines[3] == "| approx r0 (1/2 patched) | 2 | 2.0 / 4 | 50 % | 50 % | 0.26 | 75 % | 0.1 | 80 % |"
+    assert lines[2] == "| exact | 2 | 4.0 / 4.0 | 100 % | 100 % | 0 | 100 % | 0 | 20 % |"
+    assert lines[3] == "| approx r0 (1/2 patched) | 2 | 2.0 / 4.0 | 50 % | 50 % | 0.26 | 75 % | 0.1 | 80 % |"
 
 
-@pytest.mark.parametrize("values, expected", [([0], ["exact", "approx r0"]),
-                                              ([0, 4, 16], ["exact", "approx r0", "approx r4", "approx r16"]),
-                                              ([], ["exact"])])
-def test_arm_names(values, expected):
-    assert aq.arm_names(values) == expected
+def test_the_control_arm_is_named_as_one():
+    rows = [row("stale", 1, reused=0.99), row("exact", 3)]
+    lines = aq.markdown_table(aq.summarize(rows, aq.arm_names([], control=True))).splitlines()
+    assert lines[3].startswith("| stale (control: nothing recomputed) | 1 | 1.0 / 4.0 | 0 % |")
+
+
+@pytest.mark.parametrize("values, control, expected", [
+    ([0], False, ["exact", "approx r0"]),
+    ([0, 4, 16], True, ["exact", "approx r0", "approx r4", "approx r16", "stale"]),
+    ([], False, ["exact"]),
+])
+def test_arm_names(values, control, expected):
+    assert aq.arm_names(values, control) == expected
 
 
 # --- which BLAS -----------------------------------------------------------------------------

@@ -472,7 +472,8 @@ SECTION_DOCS = {
         "earlier one's entry; the model always sees the real text and reuse stops at the first real difference. "
         "A turn that continues a conversation (its prompt holds the earlier turn's, or the same aligned with a few "
         "values changed and the earlier answer after it) replaces that conversation's entry in memory and on "
-        "disk, with or without `normalize`. `approximate = true` (off by default; APPROXIMATE) keeps the cached KV past a changed "
+        "disk, with or without `normalize`. `approximate = true` (off by default, as it is approximate) keeps, in a later turn of "
+        "the same conversation, the cached KV past a changed "
         "span of the same length (a clock, an id) and recomputes only the changed tokens and a few after each: "
         "the model then sees KV computed from the old text after the change, so answers can differ from a cold "
         "run's; docs/BENCHMARKS.md measures how often."),

@@ -11,10 +11,14 @@ Removing it is what Claude Code does itself with
 `CLAUDE_CODE_ATTRIBUTION_HEADER=0`, and what proxies in front of other
 providers do.
 
-Other agents' per-turn values that the model is meant to read (Cline's and
-Codex's environment blocks with the current time, `<system-reminder>` blocks)
-are instructions, not metadata: they stay, and the prompt cache deals with
-them (engine/prompt_cache.py, approximate reuse). Each rule here is matched
+What other agents change every turn is, as far as their issue trackers
+show, meant for the model to read: the pi coding agent's "Current date and
+time: ... 06:00:31 PM" at the end of its system prompt, date and working
+directory lines, Claude Code's own `<system-reminder>` blocks, memory or
+repository state folded into the system prompt. Those are instructions, not
+metadata: they stay, and the prompt cache deals with them (a turn that
+continues a conversation replaces its entry; opt-in approximate reuse goes
+past a changed value: engine/reuse.py). Each rule here is matched
 narrowly, on the role it is sent in, so that nothing else the model sees
 changes. `[engine] strip_metadata` lists the rules in force (all by default;
 `[]` turns it off).

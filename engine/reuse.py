@@ -40,6 +40,11 @@ ANSWER_CHECK = 4
 # this many tokens of where the change began on either side.
 RESYNC_TOKENS = 8
 MAX_SHIFT = 8
+# An edit too large to walk past (an old tool result cleared) still continues
+# the conversation when the entry's last prompt tokens, up to this many (and
+# at least MIN_TAIL_ANCHOR), and its answer come later in the prompt.
+TAIL_ANCHOR = 64
+MIN_TAIL_ANCHOR = 16
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: identity, never an elementwise compare of token arrays
@@ -136,18 +141,34 @@ def continues_conversation(c: Candidate, prompt: np.ndarray, generation_prompt: 
     (`generation_prompt` tokens, which a reasoning template renders
     differently in history); or when it holds the entry's prompt with a few
     values changed (`max_changed`, `walk_changes`) and the entry's answer
-    came back right after it."""
+    came back right after it; or, past a larger edit of its history, when
+    the entry's last prompt tokens and its answer come later in it."""
     p = c.prompt_len
     own = c.tokens[:p]
-    if len(prompt) >= p and common_prefix(own, prompt) >= p - generation_prompt:
+    shared = common_prefix(own, prompt)
+    if len(prompt) >= p and shared >= p - generation_prompt:
         return True
+    answer = np.asarray(c.echo[:ANSWER_CHECK] if c.echo else c.tokens[p:p + ANSWER_CHECK], dtype=np.int32)
     walked = walk_changes(own, prompt, max_changed(p))
-    if walked is None:
-        return False
-    end = walked[1]
-    answer = np.asarray(c.echo[:ANSWER_CHECK] if c.echo else c.tokens[p:p + ANSWER_CHECK])
-    k = min(len(answer), len(prompt) - end)
-    return k > 0 and bool(np.array_equal(answer[:k], prompt[end:end + k]))
+    if walked is not None:
+        end = walked[1]
+        k = min(len(answer), len(prompt) - end)
+        return k > 0 and bool(np.array_equal(answer[:k], prompt[end:end + k]))
+    # History edited in between (an old tool result cleared): the entry's last
+    # message and its answer still come later in the prompt.
+    tail = own[max(p - TAIL_ANCHOR, shared + 1):]
+    return len(answer) > 0 and len(tail) >= MIN_TAIL_ANCHOR and \
+        find_tokens(prompt[shared + 1:], np.concatenate([tail, answer])) >= 0
+
+
+def find_tokens(haystack: np.ndarray, needle: np.ndarray) -> int:
+    """Where `needle` first occurs in `haystack`, or -1 (pure; a bytes search
+    at C speed, kept to whole tokens)."""
+    hay, pin = haystack.astype("<i4").tobytes(), needle.astype("<i4").tobytes()
+    at = hay.find(pin)
+    while at >= 0 and at % 4:
+        at = hay.find(pin, at + 1)
+    return at // 4 if at >= 0 else -1
 
 
 def patch_plan(cached: np.ndarray, prompt: np.ndarray, limit: int,
@@ -195,8 +216,9 @@ def choose_reuse(candidates: Sequence[Candidate], prompt: np.ndarray, min_tokens
     with `approximate`, to the end of its aligned part, changed spans
     recomputed); one that cannot be trimmed is reused only when all of it is
     a prefix of the prompt, never at a wrong depth. Candidates come least
-    recently used first; on a tie the most recent wins. An entry is
-    continued in place when the prompt continues its conversation
+    recently used first; on a tie the most recent wins. Approximate reuse
+    goes past a change only in a later turn of the entry's conversation. An
+    entry is continued in place when the prompt continues its conversation
     (`continues_conversation`): the turn replaces it. Otherwise another
     conversation branched from it, so it stays and a copy is used. Less than
     `min_tokens` is not worth it (a chat template's opening tokens are
@@ -205,17 +227,20 @@ def choose_reuse(candidates: Sequence[Candidate], prompt: np.ndarray, min_tokens
     best: Reuse | None = None
     for i, c in enumerate(candidates):
         shared = common_prefix(c.tokens, prompt)
+        same_conversation = continues_conversation(c, prompt, generation_prompt)
         patches: tuple[tuple[int, int], ...] = ()
         if c.trimmable:
             usable = min(shared, limit)
-            if approximate is not None and c.patchable and usable < min(len(c.tokens), limit):
+            # Past a change only within one conversation (its clock moved on): another
+            # conversation's text that differs in a few tokens may be its very task.
+            if (approximate is not None and c.patchable and same_conversation
+                    and usable < min(len(c.tokens), limit)):
                 usable, patches = patch_plan(c.tokens, prompt, limit, approximate)
         else:
             usable = len(c.tokens) if shared == len(c.tokens) <= limit else 0
         saved = usable - _cost(patches)
         if usable >= max(min_tokens, 1) and (best is None or saved >= best.reused):
-            best = Reuse(i, usable, len(c.tokens) - usable,
-                         copy=not continues_conversation(c, prompt, generation_prompt),
+            best = Reuse(i, usable, len(c.tokens) - usable, copy=not same_conversation,
                          exact=min(shared, limit), patches=patches)
     return best
 

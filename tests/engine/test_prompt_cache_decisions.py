@@ -13,7 +13,7 @@ from mlxd.engine.cache_keys import continues, conversation_keys, normalize
 from mlxd.engine.prompt_cache import (entries_to_evict, needs_boundary_snapshot, needs_repack, packed_length,
                                       prefill_rate_for, worth_reading)
 from mlxd.engine.reuse import (ApproxPolicy, Candidate, choose_reuse, common_prefix, continues_conversation, explain,
-                              max_changed, patch_plan, supersedes, walk_changes)
+                              find_tokens, max_changed, patch_plan, supersedes, walk_changes)
 from mlxd.memory_estimate import GIB, prompt_cache_budget, request_fits
 
 
@@ -273,16 +273,21 @@ def test_patch_plan_takes_close_changes_as_one_span_and_bounds_the_share():
 
 
 def test_choose_reuse_with_approximate_reuse():
-    entry = Candidate(toks(*range(100)), 100, True, patchable=True)
-    prompt = toks(*range(100), 500, 501)
-    prompt[10] = 999
+    entry = Candidate(toks(*range(100), 500, 501), 100, True, patchable=True)  # prompt 0..99, answer 500 501
+    prompt = toks(*range(100), 500, 501, 600, 601)  # the next turn: the answer came back, a new message
+    prompt[10] = 999  # ...and a clock moved on
     exact = choose_reuse([entry], prompt)
-    assert (exact.tokens, exact.patches, exact.reused) == (10, (), 10)
+    assert (exact.tokens, exact.patches, exact.reused, exact.copy) == (10, (), 10, False)
     approx = choose_reuse([entry], prompt, approximate=ApproxPolicy(recompute_after=4))
-    assert (approx.tokens, approx.patches, approx.reused, approx.exact) == (100, ((10, 15),), 95, 10)
+    assert (approx.tokens, approx.patches, approx.reused, approx.exact) == (102, ((10, 15),), 97, 10)
     # an entry whose layers cannot be patched (a rotating or quantised cache) is reused exactly
     not_patchable = Candidate(entry.tokens, 100, True, patchable=False)
     assert choose_reuse([not_patchable], prompt, approximate=ApproxPolicy()).tokens == 10
+    # another conversation that differs in a few tokens (another sub-agent's task): exact reuse only
+    other = toks(*range(100), 700, 701, 600, 601)
+    other[10] = 999
+    branch = choose_reuse([entry], other, approximate=ApproxPolicy())
+    assert (branch.tokens, branch.patches, branch.copy) == (10, (), True)
 
 
 @pytest.mark.parametrize("entry, prompt, expected", [
@@ -325,3 +330,27 @@ def test_a_changed_value_of_another_length_still_continues_the_conversation():
     entry = Candidate(np.concatenate([base, toks(7, 8)]), 30, True)
     longer = np.concatenate([base[:10], toks(1, 2), base[11:], toks(7, 8, 9)])  # one token became two
     assert continues_conversation(entry, longer) is True
+
+
+def test_an_edit_too_large_to_walk_past_still_continues_when_the_last_message_and_answer_follow():
+    history = toks(*range(100, 400))  # an old tool result at 150..250
+    entry = Candidate(np.concatenate([history, toks(7, 8, 9, 10)]), 300, True, echo=(7, 8, 9, 10))
+    cleared = np.concatenate([history[:50], toks(1, 2, 3), history[150:], toks(7, 8, 9, 10, 11)])
+    assert walk_changes(history, cleared, max_changed(300)) is None  # 100 tokens became 3
+    assert continues_conversation(entry, cleared) is True
+    # Another conversation that shares the start but not the entry's last message and answer: a branch.
+    other = np.concatenate([history[:50], toks(1, 2, 3), toks(*range(500, 700)), toks(7, 8, 9, 10)])
+    assert continues_conversation(entry, other) is False
+    # ...and one that holds the entry's last message but another answer: a branch too.
+    assert continues_conversation(entry, np.concatenate([cleared[:-5], toks(70, 80, 90, 100)])) is False
+
+
+@pytest.mark.parametrize("hay, needle, expected", [
+    ((1, 2, 3, 4, 5), (3, 4), 2),
+    ((1, 2, 3, 4, 5), (4, 3), -1),
+    ((1, 2, 3), (1, 2, 3, 4), -1),
+    ((256, 0), (1,), -1),  # whole tokens only: 256 then 0 holds the bytes of 1 at an odd offset
+    ((256, 0, 1), (1,), 2),
+])
+def test_find_tokens(hay, needle, expected):
+    assert find_tokens(toks(*hay), toks(*needle)) == expected

@@ -36,6 +36,7 @@ MERGE_GAP = 8
 # conversation (its answer came back): without it two sub-agents whose
 # prompts differ in a few tokens would replace each other's entries.
 ANSWER_CHECK = 4
+MAX_CHANGED = 64  # changed tokens a turn of the same conversation may have, at most (bounds the walk's cost)
 # Realigning after a changed span: this many tokens must agree again, within
 # this many tokens of where the change began on either side.
 RESYNC_TOKENS = 8
@@ -93,10 +94,23 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     return int(differ[0]) if len(differ) else n
 
 
+def _run_length(a: np.ndarray, b: np.ndarray, i: int, j: int) -> int:
+    """How many tokens agree from a[i] and b[j] on, compared in growing
+    chunks: a walk past many small changes stays linear in the prompt."""
+    n, done, chunk = min(len(a) - i, len(b) - j), 0, 64
+    while done < n:
+        k = min(chunk, n - done)
+        differ = np.flatnonzero(a[i + done:i + done + k] != b[j + done:j + done + k])
+        if len(differ):
+            return done + int(differ[0])
+        done, chunk = done + k, chunk * 4
+    return n
+
+
 def max_changed(prompt_len: int) -> int:
     """Client tokens that may differ, aligned, in a turn of the same
     conversation: a clock, an id, a few values."""
-    return max(16, prompt_len // 50)
+    return min(MAX_CHANGED, max(16, prompt_len // 50))
 
 
 def walk_changes(a: np.ndarray, b: np.ndarray, budget: int) -> tuple[int, int] | None:
@@ -108,7 +122,7 @@ def walk_changes(a: np.ndarray, b: np.ndarray, budget: int) -> tuple[int, int] |
     each side at most MAX_SHIFT tokens on."""
     i = j = changed = 0
     while True:
-        k = common_prefix(a[i:], b[j:])
+        k = _run_length(a, b, i, j)
         i, j = i + k, j + k
         if i >= len(a):
             return changed, j

@@ -354,3 +354,14 @@ def test_an_edit_too_large_to_walk_past_still_continues_when_the_last_message_an
 ])
 def test_find_tokens(hay, needle, expected):
     assert find_tokens(toks(*hay), toks(*needle)) == expected
+
+
+def test_the_walk_past_changes_is_bounded():
+    """A turn may change at most MAX_CHANGED tokens, however long its prompt:
+    the walk (run per cached entry, per request) stays cheap."""
+    assert max_changed(100) == 16 and max_changed(2000) == 40 and max_changed(100_000) == 64
+    base = np.arange(10_000, dtype=np.int32)
+    changed = base.copy()
+    changed[::100] += 20_000  # 100 changes
+    assert walk_changes(base, changed, max_changed(10_000)) is None
+    assert walk_changes(base, changed, 100) == (100, 10_000)

@@ -103,54 +103,47 @@ class RequestRelay:
 
     async def _stream(self, feed: JobFeed, builder: ResponseBuilder, first: list[Event],
                       include_usage: bool) -> AsyncIterator[bytes]:
+        """The SSE body; its cleanup is RelayedStream's, however the stream ends."""
         calls_sent = 0
         pending: list[Event] | None = first
-        try:
-            yield builder.role_chunk()
-            while True:
-                out = bytearray()
-                done = False
-                try:
-                    events, pending = (pending, None) if pending is not None else (await feed.batch(False), None)
-                except EngineError as err:  # e.g. the worker got stuck mid-stream: say so in the stream
-                    self.metrics.rejections.labels(err.code).inc()
-                    yield sse_error(err.body())
-                    return
-                for ev in events:
-                    if isinstance(ev, Delta):
-                        out += builder.delta_chunk(ev.text, ev.reasoning)
-                    elif isinstance(ev, ToolCalls):
-                        out += builder.tool_calls_chunk(ev.calls, calls_sent)
-                        calls_sent += len(ev.calls)
-                    elif isinstance(ev, Finished):
-                        out += builder.finish_chunk(ev.finish_reason)
-                        if include_usage:
-                            out += builder.usage_chunk(ev.usage)
-                        out += SSE_DONE
-                        done = True
-                    elif isinstance(ev, Failed):
-                        # An explicit error event and no [DONE]: never a silent truncation.
-                        self.metrics.rejections.labels(ev.error.code).inc()
-                        out += sse_error(ev.error.body())
-                        done = True
-                if out:
-                    yield bytes(out)
-                if done:
-                    return
-        finally:
-            feed.job.cancelled.set()  # the stream is over: free the worker now (RelayedStream closes it too)
+        yield builder.role_chunk()
+        while True:
+            out = bytearray()
+            done = False
+            try:
+                events, pending = (pending, None) if pending is not None else (await feed.batch(False), None)
+            except EngineError as err:  # e.g. the worker got stuck mid-stream: say so in the stream
+                self.metrics.rejections.labels(err.code).inc()
+                yield sse_error(err.body())
+                return
+            for ev in events:
+                if isinstance(ev, Delta):
+                    out += builder.delta_chunk(ev.text, ev.reasoning)
+                elif isinstance(ev, ToolCalls):
+                    out += builder.tool_calls_chunk(ev.calls, calls_sent)
+                    calls_sent += len(ev.calls)
+                elif isinstance(ev, Finished):
+                    out += builder.finish_chunk(ev.finish_reason)
+                    if include_usage:
+                        out += builder.usage_chunk(ev.usage)
+                    out += SSE_DONE
+                    done = True
+                elif isinstance(ev, Failed):
+                    # An explicit error event and no [DONE]: never a silent truncation.
+                    self.metrics.rejections.labels(ev.error.code).inc()
+                    out += sse_error(ev.error.body())
+                    done = True
+            if out:
+                yield bytes(out)
+            if done:
+                return
 
     def _closer(self, job: Job) -> Callable[[], None]:
-        """The stream's cleanup, once: the job cancelled (a no-op once it
-        ended) and the request counted closed for the drain."""
-        closed = False
-
+        """The stream's cleanup: the job cancelled (a no-op once it ended)
+        and the request counted closed for the drain."""
         def close() -> None:
-            nonlocal closed
             job.cancelled.set()
-            if not closed:
-                closed = True
-                self.lifecycle.request_closed()
+            self.lifecycle.request_closed()
         return close
 
 

@@ -13,6 +13,7 @@
 #   bash bench/gpu_run.sh gateway   # call 3: install LiteLLM, gateway overhead on the 8B model
 #   bash bench/gpu_run.sh cache     # after `engine` (BUILD_ONLY=1 is enough): the prompt-cache benchmark
 #   bash bench/gpu_run.sh profile   # likewise: bench/kv_reuse_profile.py (a diagnosis, mlx-lm alone)
+#   bash bench/gpu_run.sh concurrency  # likewise: 1/2/4/8 clients, mlxd single/batched vs mlx_lm.server
 # Results go to $OUT (or bench/results/gpu).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -78,6 +79,15 @@ cache)
       --turns 10 --rounds "${ROUNDS:-1}" --interleaved-turns 3 --startup-timeout 300 \
       --out "$OUT/prompt_cache_8b.json" | tee "$OUT/prompt_cache_8b.md"
   ;;
+concurrency)
+  # Concurrent clients: 1, 2, 4, 8 streams of distinct ~1k-token prompts, 256 tokens each,
+  # for mlxd single, mlxd batched and mlx_lm.server (bench/concurrency.py); ARMS picks a subset.
+  install_engine
+  [ -n "${BUILD_ONLY:-}" ] && exit 0
+  $PY bench/concurrency.py --model "$MODEL" --arms "${ARMS:-single,batched,mlx_lm}" --clients "${CLIENTS:-1,2,4,8}" \
+      --rounds "${ROUNDS:-3}" --max-tokens 256 --prompt-tokens "${PROMPT_TOKENS:-1000}" --startup-timeout 300 \
+      --out "$OUT/concurrency_8b.json" | tee "$OUT/concurrency_8b.md"
+  ;;
 profile)
   # Diagnosis, by hand: where a reused KV cache's time goes in mlx-lm alone
   # (bench/kv_reuse_profile.py), on the 8B model.
@@ -86,7 +96,7 @@ profile)
       | tee "$OUT/kv_reuse_profile_8b.txt"
   ;;
 *)
-  echo "usage: $0 stage|engine|gateway|cache|profile" >&2
+  echo "usage: $0 stage|engine|gateway|cache|concurrency|profile" >&2
   exit 64
   ;;
 esac

@@ -6,7 +6,7 @@ these, so a field has one name and one type on both sides:
   record            file (StatePaths)        writer            readers
   EnginePid         run/engine.pid           engine runner     listener, control
   EngineExit        run/engine.exit.json     engine runner     listener
-  InflightRequest   run/engine.inflight.json engine worker     listener
+  InflightRequest   run/engine.inflight.json engine worker     listener (every request in flight)
   CrashRecord       state/crashes.jsonl      listener          status, quarantine list, benchmarks
   Quarantine        state/quarantine.json    listener          engine, status
   SupervisionFile   state/supervision.json   listener          status, listener (on restart)
@@ -89,17 +89,42 @@ class EngineExit(Record):
     ended: float
 
 
+def request_pairs(requests: Any) -> tuple[tuple[str, str], ...]:
+    """(request_id, fingerprint) of each well-formed entry of a `requests`
+    list, in order; anything else (a foreign or torn value) is skipped."""
+    if not isinstance(requests, list):
+        return ()
+    return tuple((r["request_id"], r["fingerprint"]) for r in requests
+                 if isinstance(r, dict) and isinstance(r.get("request_id"), str)
+                 and isinstance(r.get("fingerprint"), str))
+
+
 @dataclass(frozen=True)
 class InflightRequest(Record):
-    """The request the engine is generating for (run/engine.inflight.json),
-    so that a crash can be blamed on it (quarantine) and journaled."""
+    """The requests the engine is generating for (run/engine.inflight.json),
+    so that a crash can be blamed on them (quarantine) and journaled.
+
+    `request_id`/`fingerprint` are the oldest request in flight (the only one
+    when the engine generates one at a time); `requests` lists every request
+    in flight, oldest first, each {"request_id": ..., "fingerprint": ...}.
+    A file without `requests` (an older engine, or one request) reads as
+    that single request: use `all_requests()`, never `requests` directly."""
 
     request_id: str
     fingerprint: str
     model: str
     pid: int
-    started: float
+    started: float  # when the oldest request in flight started
     memory: dict[str, int] = field(default_factory=dict)
+    requests: list[dict[str, str]] = field(default_factory=list)
+
+    def all_requests(self) -> tuple[tuple[str, str], ...]:
+        """((request_id, fingerprint), ...) of every request in flight, the
+        oldest first; the record's own request leads even if `requests`
+        left it out."""
+        pairs = request_pairs(self.requests)
+        own = (self.request_id, self.fingerprint)
+        return pairs if own in pairs else (own, *pairs)
 
 
 @dataclass(frozen=True)
@@ -135,16 +160,28 @@ class CrashRecord(Record):
     model: str | None = None
     uptime_s: float | None = None
     memory: dict[str, Any] | None = None
-    request_id: str | None = None
+    request_id: str | None = None  # the oldest request in flight
     fingerprint: str | None = None
     stderr_tail: str = ""
     restart_in_s: float | None = None
     degraded: bool = False
     crash_report: str | None = None
+    requests: list[dict[str, str]] = field(default_factory=list)  # every request in flight, oldest first
 
     @property
     def is_crash(self) -> bool:
         return self.klass != "clean_stop"
+
+    def in_flight(self) -> tuple[tuple[str, str], ...]:
+        """((request_id, fingerprint), ...) of every request in flight at this
+        exit; a line from an older mlxd (no `requests`) gives its one."""
+        pairs = request_pairs(self.requests)
+        if pairs or not self.fingerprint:
+            return pairs
+        return ((self.request_id or "", self.fingerprint),)
+
+    def fingerprints(self) -> frozenset[str]:
+        return frozenset(fp for _, fp in self.in_flight() if fp)
 
     def to_json(self) -> dict[str, Any]:
         d = super().to_json()

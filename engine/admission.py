@@ -1,4 +1,5 @@
-"""Admission: single concurrency behind a bounded FIFO queue.
+"""Admission: a bounded FIFO queue in front of the worker's slots (one by
+default: single concurrency; `max_concurrency` more, for batching).
 
 `decide_admission` is the pure policy; `AdmissionQueue` is the one owner of
 the waiting line, shared by the HTTP handlers (offer / withdraw) and the model
@@ -20,9 +21,10 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class AdmissionState:
     waiting: int  # requests in the queue
-    running: bool  # a request holds the worker
+    running: int  # requests the worker holds
     capacity: int  # most requests allowed to wait
     accepting: bool = True  # False while draining or after a fatal error
+    slots: int = 1  # requests the worker may hold at once
 
 
 def retry_after_s(waiting: int, mean_service_s: float) -> int:
@@ -35,8 +37,8 @@ def decide_admission(state: AdmissionState, mean_service_s: float) -> EngineErro
     if not state.accepting:
         return EngineError(503, "the engine is shutting down or restarting; retry shortly",
                            code="engine_unavailable", retry_after=5)
-    # An idle worker with nobody waiting takes the job at once, even at capacity 0.
-    if state.waiting >= state.capacity and (state.running or state.waiting > 0):
+    # A free slot with nobody waiting takes the job at once, even at capacity 0.
+    if state.waiting >= state.capacity and (state.running >= state.slots or state.waiting > 0):
         return EngineError(
             429,
             f"the engine is busy: {state.waiting} request(s) already waiting (queue limit {state.capacity})",
@@ -49,20 +51,21 @@ def decide_admission(state: AdmissionState, mean_service_s: float) -> EngineErro
 def queue_timeout_error(waited_s: float, mean_service_s: float, waiting: int) -> EngineError:
     return EngineError(
         503,
-        f"timed out after {waited_s:.1f}s waiting for the engine (one request runs at a time)",
+        f"timed out after {waited_s:.1f}s waiting for the engine (its running requests hold every slot)",
         code="queue_timeout",
         retry_after=retry_after_s(waiting, mean_service_s),
     )
 
 
 class AdmissionQueue(Generic[T]):
-    """Thread-safe FIFO of waiting jobs plus the one running job."""
+    """Thread-safe FIFO of waiting jobs plus the jobs the worker holds."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, slots: int = 1) -> None:
         self.capacity = capacity
+        self.slots = slots
         self._cond = threading.Condition()
         self._waiting: deque[T] = deque()
-        self._running: T | None = None
+        self._running: list[T] = []
         self._accepting = True
         self._service_ewma_s = 2.0  # mean time a request holds the worker
         self.max_observed_waiting = 0
@@ -71,7 +74,7 @@ class AdmissionQueue(Generic[T]):
     def offer(self, job: T) -> EngineError | None:
         """Queue `job`, or return why not."""
         with self._cond:
-            state = AdmissionState(len(self._waiting), self._running is not None, self.capacity, self._accepting)
+            state = AdmissionState(len(self._waiting), len(self._running), self.capacity, self._accepting, self.slots)
             refusal = decide_admission(state, self._service_ewma_s)
             if refusal is not None:
                 return refusal
@@ -103,21 +106,27 @@ class AdmissionQueue(Generic[T]):
 
     # --- worker side --------------------------------------------------
     def take(self, timeout: float) -> T | None:
-        """Block until a job is waiting (or `timeout`); it becomes running."""
+        """Block until a job is waiting (or `timeout`; 0: do not wait); it
+        becomes running."""
         with self._cond:
-            assert self._running is None, "take() while a job is running"
-            if not self._waiting:
+            assert len(self._running) < self.slots, "take() with every slot held"
+            if not self._waiting and timeout > 0:
                 self._cond.wait(timeout)
             if not self._waiting:
                 return None
-            self._running = self._waiting.popleft()
-            return self._running
+            job = self._waiting.popleft()
+            self._running.append(job)
+            return job
+
+    def has_waiting(self) -> bool:
+        return bool(self._waiting)  # a read of a length: no lock needed for a hint
 
     def done(self, job: T, service_s: float) -> None:
         with self._cond:
-            assert self._running is job, "done() for a job that is not running"
-            self._running = None
-            self._service_ewma_s = 0.8 * self._service_ewma_s + 0.2 * service_s
+            assert job in self._running, "done() for a job that is not running"
+            self._running.remove(job)
+            # Service time per slot: with n running, one ends every service_s / n.
+            self._service_ewma_s = 0.8 * self._service_ewma_s + 0.2 * service_s / self.slots
 
     # --- lifecycle ----------------------------------------------------
     def close(self) -> list[T]:
@@ -133,7 +142,8 @@ class AdmissionQueue(Generic[T]):
         with self._cond:
             return {
                 "waiting": len(self._waiting),
-                "running": self._running is not None,
+                "running": len(self._running),
+                "slots": self.slots,
                 "capacity": self.capacity,
                 "accepting": self._accepting,
                 "max_observed_waiting": self.max_observed_waiting,

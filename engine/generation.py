@@ -262,6 +262,10 @@ class Generation:
         self.splitter = AnswerSplitter(self.markers)  # replaced in decode, which sees the whole prompt
         self.called_tools = False
         self.deadline = time.monotonic() + job.deadline_s
+        # A slow reader makes a lone generation wait; in a batch it would hold
+        # every other request, so there its events queue up instead (at most
+        # max_tokens of them).
+        self.waits_for_reader = True
 
     def decode(self, prompt: list[int], prompt_cache: list[Any] | None = None,
                context: list[int] | None = None) -> tuple[str, list[int]]:
@@ -298,34 +302,46 @@ class Generation:
         return self._run(_closing_step_holds_no_token(steps), prompt.tokens)
 
     def _run(self, steps: Any, prompt_tail: list[int]) -> tuple[str, list[int]]:
-        job = self.job
-        token_faults = any(f.point == "token" for f in self.faults.active) and self.faults.applies_to(job.text)
+        self.begin(prompt_tail)
+        for resp in steps:
+            finish = self.feed(resp.text, resp.token, resp.finish_reason)
+            if finish is not None:
+                return finish, self.tokens
+        return "length", self.tokens
+
+    def begin(self, prompt_tail: list[int]) -> None:
+        """Before the first token: whether the prompt leaves the model in its
+        reasoning (the template opens it at the end of the prompt)."""
+        self.tokens: list[int] = []
+        self._first = True
+        self._token_faults = (any(f.point == "token" for f in self.faults.active)
+                              and self.faults.applies_to(self.job.text))
         if self.markers.think is not None:
             tail = prompt_tail[-PROMPT_TAIL:]
             self.splitter = AnswerSplitter(self.markers, opens_in_reasoning(self.resident.tokenizer, tail))
-        tokens: list[int] = []
-        first = True
-        for resp in steps:
-            if first:
-                self.on_decode()
-                first = False
-            else:
-                self.heartbeat()
-            if resp.token is None:  # mlx-vlm's closing step: the last text, no token
-                self._relay(resp.text)
-                return finish_reason(self.stops.stopped, resp.finish_reason, False, False) or "length", tokens
-            tokens.append(resp.token)
-            if token_faults:
-                self.faults.check("token", len(tokens))
-            self._relay(resp.text)
-            finish = finish_reason(self.stops.stopped, resp.finish_reason, job.cancelled.is_set(),
-                                   time.monotonic() > self.deadline)
-            if finish == "deadline":
-                log.info("request %s hit its %.0fs deadline after %d tokens", job.id, job.deadline_s, len(tokens))
-                return "length", tokens  # the deadline ends the answer like max_tokens does
-            if finish is not None:
-                return finish, tokens
-        return "length", tokens
+
+    def feed(self, text: str, token: int | None, model_finish: str | None) -> str | None:
+        """One generated token (None: mlx-vlm's closing step) and its text:
+        relayed; the finish when decoding ends here, else None."""
+        if self._first:
+            self.on_decode()
+            self._first = False
+        else:
+            self.heartbeat()
+        if token is None:  # mlx-vlm's closing step: the last text, no token
+            self._relay(text)
+            return finish_reason(self.stops.stopped, model_finish, False, False) or "length"
+        self.tokens.append(token)
+        if self._token_faults:
+            self.faults.check("token", len(self.tokens))
+        self._relay(text)
+        finish = finish_reason(self.stops.stopped, model_finish, self.job.cancelled.is_set(),
+                               time.monotonic() > self.deadline)
+        if finish == "deadline":
+            log.info("request %s hit its %.0fs deadline after %d tokens", self.job.id, self.job.deadline_s,
+                     len(self.tokens))
+            return "length"  # the deadline ends the answer like max_tokens does
+        return finish
 
     def end(self, finish: str, prompt_tokens: int, generated: int, cached_tokens: int = 0) -> None:
         """Send what was held back and the last event."""
@@ -341,7 +357,7 @@ class Generation:
 
     def _relay(self, piece: str) -> None:
         self._send(self.splitter.feed(self.stops.feed(piece)))
-        if self.job.channel.backlog > MAX_BACKLOG:
+        if self.waits_for_reader and self.job.channel.backlog > MAX_BACKLOG:
             self._wait_for_reader()
 
     def _send(self, parts: list[Part]) -> None:

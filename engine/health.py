@@ -68,7 +68,7 @@ class Health:
         """Raise the 503 `engine_stuck` when the worker is stuck on this job;
         the engine stays unhealthy from then on (the supervisor restarts it)."""
         stuck = self.stuck_reason()
-        if stuck and self.worker.status.in_flight == job_id:
+        if stuck and job_id in self.worker.status.in_flight_ids:
             self.unhealthy_reason = f"stuck: {stuck}"
             raise EngineError(503, f"the engine stopped making progress ({stuck}); it will be restarted",
                               code="engine_stuck", retry_after=10)
@@ -91,6 +91,9 @@ class Health:
             "resident_model": s.resident_model,
             "in_flight": s.in_flight,
             "in_flight_fingerprint": s.in_flight_fingerprint,
+            "running": list(s.in_flight_ids),  # every request generating now (several when batching)
+            "batch_size": len(s.in_flight_ids),
+            "max_concurrency": queue["slots"],
             "queue_depth": queue["waiting"],
             "queue_capacity": queue["capacity"],
             "max_observed_concurrency": w.max_observed_concurrency,

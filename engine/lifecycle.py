@@ -57,7 +57,7 @@ class Lifecycle:
 
     def begin_drain(self) -> None:
         """SIGTERM: refuse new work, fail queued jobs fast, give the running
-        one `shutdown_grace_s` to finish, then cancel it."""
+        ones `shutdown_grace_s` to finish, then cancel them."""
         if self.draining:
             return
         self.draining = True
@@ -67,8 +67,7 @@ class Lifecycle:
             self._loop.call_later(self.shutdown_grace_s, self._cancel_running)
 
     def _cancel_running(self) -> None:
-        running = self.worker.current_job
-        if running is not None:
+        for running in self.worker.running_jobs():
             log.info("grace period over: cancelling %s", running.id)
             running.cancelled.set()
 

@@ -43,6 +43,15 @@ class ModelRegistry:
             self._info[model_id] = info  # same value from any thread: benign
         return self._info[model_id]
 
+    def max_concurrency(self, model_id: str) -> int:
+        """Requests generated at once for this model (its own setting, else the engine's)."""
+        return self.config.models[model_id].max_concurrency or self.config.engine.max_concurrency
+
+    def most_concurrency(self) -> int:
+        """The most requests any model generates at once: the worker's slots."""
+        return max([self.config.engine.max_concurrency]
+                   + [m.max_concurrency or 0 for m in self.config.models.values()])
+
     def is_vision(self, model_id: str) -> bool | None:
         """Whether the model sees images (mlx-vlm loads it); None while its
         config is not on disk yet."""

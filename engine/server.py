@@ -61,7 +61,8 @@ class Engine:
         self.registry = registry
         # busy_spill: a busy engine answers 429 at once, and the gateway sends
         # the request to Ollama instead of letting it wait here.
-        self.admission: AdmissionQueue[Job] = AdmissionQueue(0 if config.gateway.busy_spill else limits.max_queue)
+        self.admission: AdmissionQueue[Job] = AdmissionQueue(0 if config.gateway.busy_spill else limits.max_queue,
+                                                             slots=1 if link is not None else registry.most_concurrency())
         default = config.resolve(limits.default_model)
         self.lifecycle = Lifecycle(self.admission, limits.shutdown_grace_s, lambda on_fatal: ModelWorker(
             registry, self.admission, faults, on_fatal, limits.max_prompt_tokens, default, paths.inflight,

@@ -21,7 +21,7 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -30,6 +30,7 @@ from mlxd.models import is_vision_config
 from mlxd.records import InflightRequest
 
 from .admission import AdmissionQueue
+from .batch import Admitted, BatchRun, Ended, batchable_model
 from .errors import EngineError
 from .events import Failed, Started
 from .faults import FaultInjector
@@ -39,8 +40,13 @@ from .model_cache import Unload, plan_release, plan_switch
 from .model_registry import ModelRegistry
 from .prompt_cache import CacheStats, Fetched, PromptCache, kv_offset, needs_boundary_snapshot
 from .prompt_tokens import PieceEncoder, answer_echo, generation_prompt_length
+from .scheduler import Memory, Pending, Row, Step, cache_room, next_step
 
 log = logging.getLogger("mlxd.engine.worker")
+
+
+class _Gone(Exception):
+    """The client left before its request was served."""
 HEARTBEAT_S = 0.05  # progress is published at most this often
 
 
@@ -80,10 +86,21 @@ class Phase(enum.Enum):
 class WorkerStatus:
     phase: Phase
     resident_model: str | None
-    in_flight: str | None = None  # request id
+    in_flight: str | None = None  # request id (the oldest, when several run)
     in_flight_fingerprint: str | None = None
     since: float = field(default_factory=time.monotonic)  # phase start
     last_progress: float = field(default_factory=time.monotonic)
+    in_flight_ids: tuple[str, ...] = ()  # every request running
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A request taken from the queue for the batch, tokenized (unless it is
+    to be served alone) but not admitted yet."""
+
+    job: Job
+    tokens: list[int] | None
+    view: Pending  # what the scheduler sees of it
 
 
 @dataclass(frozen=True)
@@ -126,7 +143,12 @@ class ModelWorker(threading.Thread):
         # Built on this thread when it starts (it reads the disk tier's index).
         self._make_prompt_cache = make_prompt_cache or (lambda: PromptCache(False, None, 0.0))
         self.prompt_cache: PromptCache | None = None
-        self.current_job: Job | None = None  # read by the drain timer to cancel it
+        self.current_job: Job | None = None  # the request served alone, if any
+        self._timeline: list[tuple[str, float]] = []  # moments of the request served alone (debug log)
+        self._batch: BatchRun | None = None  # the requests generated together (max_concurrency > 1)
+        self._pending: Prepared | None = None  # the next to join the batch, once memory allows
+        self._batch_memory: Memory | None = None  # the resident model's figures for admission
+        self._mergeable = False  # mlx-lm can batch the resident model
         self.status = WorkerStatus(Phase.STARTING, None)
         self.memory = MemorySnapshot()
         self.active_before_first_load: int | None = None
@@ -154,6 +176,9 @@ class ModelWorker(threading.Thread):
             self.ready_at = time.time()
             self.ready.set()
             while not self._stop_event.is_set():
+                if self.admission.slots > 1:
+                    self._batch_turn()
+                    continue
                 job = self.admission.take(timeout=0.25)
                 if job is None:
                     self._idle_tick()
@@ -199,14 +224,37 @@ class ModelWorker(threading.Thread):
     # --- publishing ------------------------------------------------------
     def _publish(self, phase: Phase, job: Job | None = None) -> None:
         self.status = WorkerStatus(phase, self._resident_id, job.id if job else None,
-                                   job.fingerprint if job else None)
+                                   job.fingerprint if job else None, in_flight_ids=(job.id,) if job else ())
+
+    def _publish_batch(self, phase: Phase | None = None) -> None:
+        """The batch's state: decoding once any request has its first token."""
+        rows = list(self._batch.rows.values()) if self._batch is not None else []
+        if phase is None:
+            phase = Phase.IDLE if not rows else Phase.DECODE if any(a.first_token_at for a in rows) else Phase.PREFILL
+        first = rows[0].job if rows else None
+        ids = tuple(a.job.id for a in rows)
+        if self.status.phase is not phase or self.status.in_flight_ids != ids:
+            self.status = WorkerStatus(phase, self._resident_id, first.id if first else None,
+                                       first.fingerprint if first else None, in_flight_ids=ids)
+        self.active_generations = len(rows)
+        self.max_observed_concurrency = max(self.max_observed_concurrency, len(rows))
+
+    def running_jobs(self) -> list[Job]:
+        """Every request the worker holds (any thread: the drain cancels them)."""
+        jobs = [self.current_job] if self.current_job is not None else []
+        batch, pending = self._batch, self._pending
+        if batch is not None:
+            jobs += batch.jobs
+        if pending is not None:
+            jobs.append(pending.job)
+        return jobs
 
     def _heartbeat(self, *_: Any) -> None:
         s = self.status
         now = time.monotonic()
         if now - s.last_progress < HEARTBEAT_S:
             return
-        self.status = WorkerStatus(s.phase, s.resident_model, s.in_flight, s.in_flight_fingerprint, s.since, now)
+        self.status = replace(s, last_progress=now)
 
     def _sample_memory(self) -> None:
         import mlx.core as mx
@@ -237,6 +285,9 @@ class ModelWorker(threading.Thread):
 
         started = time.monotonic()
         self._resident = None
+        if self._batch is not None:
+            self._batch.close()
+            self._batch = None
         if self.link is not None:
             from .ranks import UNLOAD
 
@@ -268,6 +319,10 @@ class ModelWorker(threading.Thread):
             raise EngineError(503, f"could not load model {model_id!r}: {exc}", code="model_load_failed",
                               param="model", retry_after=30) from exc
         self._resident = resident
+        self._mergeable = not resident.vision and self.link is None and batchable_model(resident.model)
+        info = self.registry.info(model_id)
+        self._batch_memory = Memory(self.registry.budget_bytes, info.footprint.weights_bytes,
+                                    kv_cache_bytes(info.config, 1) if info.config else 0)
         if resident.vision or self.link is not None:  # mlx-vlm's generation, a rank group: no prompt cache of ours
             self.prompt_cache.set_model(None, 0)
         else:
@@ -299,6 +354,7 @@ class ModelWorker(threading.Thread):
     # --- serving one job ---------------------------------------------------
     def _serve(self, job: Job) -> None:
         started = time.monotonic()
+        self._timeline = [("taken", started)]
         self.counters["jobs"] += 1
         self.current_job = job
         self._record_inflight(job)
@@ -315,6 +371,7 @@ class ModelWorker(threading.Thread):
             else:
                 vision, tokens = None, tokenize(self._resident, job, self.max_prompt_tokens)
             self._heartbeat()  # tokenizing a long prompt is progress, not a hang
+            self._mark("tokenized")
             job.channel.put(Started(len(tokens)))
             self._generate(job, tokens, vision)
         except EngineError as exc:
@@ -330,9 +387,172 @@ class ModelWorker(threading.Thread):
             if self.status.phase is not Phase.FAILED:
                 self._publish(Phase.IDLE)
                 self._record_inflight(None)
+            self._mark("done")
+            if log.isEnabledFor(logging.DEBUG):  # where a request's time went, for the queue's dead time
+                log.debug("request %s: %s", job.id, " ".join(f"{k} {1000 * (t - started):.1f} ms"
+                                                             for k, t in self._timeline[1:]))
             self.admission.done(job, time.monotonic() - started)
 
-    def _record_inflight(self, job: Job | None) -> None:
+    # --- serving several at once (max_concurrency > 1) ----------------------
+    def _slots(self) -> int:
+        if self._resident is None:
+            return self.admission.slots
+        return self.registry.max_concurrency(self._resident.model_id)
+
+    def _rows(self) -> list[Row]:
+        return [a.row for a in self._batch.rows.values()] if self._batch is not None else []
+
+    def _batch_turn(self) -> None:
+        """One turn of the batched loop: what engine/scheduler.py decides."""
+        pending = self._pending
+        step = next_step(pending.view if pending else None, self.admission.has_waiting(), self._rows(),
+                         self._slots(), self._batch_memory or Memory(0, None, 0))
+        if step is Step.TAKE or step is Step.WAIT:
+            job = self.admission.take(timeout=0 if step is Step.TAKE else 0.25)
+            if job is not None:
+                self._pending = self._prepare(job)
+            elif step is Step.WAIT:
+                self._idle_tick()
+        elif step is Step.ADMIT:
+            self._pending = None
+            self._admit(pending)
+        elif step is Step.ALONE:
+            self._pending = None
+            self._serve(pending.job)
+        else:
+            self._batch_step()
+
+    def _can_batch(self, job: Job) -> bool:
+        """What mlx-lm's batch can take: the resident text model (when it can be
+        batched) with no seed and no image; the rest is served alone."""
+        r = self._resident
+        return (r is not None and r.model_id == job.model_id and self._mergeable and self._slots() > 1
+                and job.params.seed is None and not job.images)
+
+    def _prepare(self, job: Job) -> Prepared | None:
+        """Tokenize and size a request; None when it was refused (400) or its client is gone."""
+        started = time.monotonic()
+        try:
+            if job.cancelled.is_set():
+                raise _Gone()
+            if not self._batch:  # nothing running: its model may be made resident now
+                self.faults.refresh()
+                self._ensure_model(job.model_id, job)
+                self._publish(Phase.IDLE)
+            if not self._can_batch(job):
+                return Prepared(job, None, Pending(False))
+            tokens = tokenize(self._resident, job, self.max_prompt_tokens)
+            self._room_beside(job, tokens)  # the 400 for a request that cannot fit even alone
+            return Prepared(job, tokens, Pending(True, Row(len(tokens), job.params.max_tokens)))
+        except _Gone:
+            pass
+        except EngineError as exc:
+            job.channel.put(Failed(exc))
+        except BaseException as exc:  # noqa: BLE001 - a load that failed inside MLX
+            self._fatal(exc, [job])
+            return None
+        self.admission.done(job, time.monotonic() - started)
+        return None
+
+    def _admit(self, p: Prepared) -> None:
+        """Into the batch, with its cached prefix; the prompt cache keeps only
+        what the running requests leave of the budget."""
+        from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
+
+        job, tokens = p.job, p.tokens
+        assert tokens is not None and p.view.row is not None
+        try:
+            self.faults.refresh()
+            self.faults.check("start", request_text=job.text)
+            job.channel.put(Started(len(tokens)))
+            cache = self.prompt_cache
+            fetched = cache.fetch(tokens)
+            self._log_reuse(job, fetched)
+            room = cache_room(self._batch_memory, [*self._rows(), p.view.row], cache.stats.memory_bytes)
+            if room < cache.stats.memory_bytes:
+                cache.shrink_to(room)
+            kv, needs_snapshot = fetched.kv, False
+            if fetched.patches:
+                recompute(self._resident.model, kv, tokens, fetched.patches, fetched.start, self.prefill_step_size,
+                          self._heartbeat)
+            if cache.enabled:
+                kv = kv if kv is not None else make_prompt_cache(self._resident.model)
+                needs_snapshot = needs_boundary_snapshot([type(c).__name__ for c in kv], can_trim_prompt_cache(kv))
+            generation = Generation(self._resident, job, self.faults, self.prefill_step_size, self._heartbeat,
+                                    on_decode=lambda: None)
+            if self._batch is None:
+                self._batch = BatchRun(self._resident, self._slots(), self.prefill_step_size)
+            self._batch.admit(Admitted(job, generation, tokens, fetched, self._resident.tokenizer.detokenizer,
+                                       needs_snapshot), kv)
+        except EngineError as exc:
+            job.channel.put(Failed(exc))
+            self.admission.done(job, 0.0)
+            return
+        except BaseException as exc:  # noqa: BLE001 - an MLX fault: do not limp on
+            self._fatal(exc, [job, *(self._batch.jobs if self._batch else [])])
+            return
+        self.counters["jobs"] += 1
+        self._publish_batch()
+        self._record_inflight_batch()
+
+    def _batch_step(self) -> None:
+        batch = self._batch
+        assert batch is not None
+        try:
+            ended = batch.step()
+        except BaseException as exc:  # noqa: BLE001 - an MLX fault mid-batch: every request is told
+            self._fatal(exc, batch.jobs)
+            return
+        self._heartbeat()
+        for e in ended:
+            self._end(e)
+        self._publish_batch()
+        if ended:
+            self._record_inflight_batch()
+
+    def _end(self, e: Ended) -> None:
+        """A request left the batch: its answer's end, its KV to the prompt cache."""
+        a, cache = e.admitted, self.prompt_cache
+        generated = a.generation.tokens
+        self.counters["generated_tokens"] += len(generated)
+        self.counters["prompt_tokens"] += len(a.prompt)
+        a.generation.end(e.finish, len(a.prompt), len(generated), a.fetched.cached_tokens)
+        if cache.enabled:
+            if a.first_token_at is not None:
+                recomputed = sum(end - start for start, end in a.fetched.patches)
+                cache.note_prefill(len(a.prompt) - a.fetched.start + recomputed, a.first_token_at - a.admitted_at)
+            echo = answer_echo(self._resident.tokenizer, generated)
+            if a.needs_snapshot:
+                if a.snapshot is not None:
+                    cache.store(a.prompt[:-1], len(a.prompt) - 1, a.snapshot, a.job.conversation, a.fetched, echo)
+            elif e.kv is not None:
+                cache.store(e.covered[:kv_offset(e.kv) or 0], len(a.prompt), e.kv, a.job.conversation, a.fetched,
+                            echo)
+            room = cache_room(self._batch_memory, self._rows(), cache.stats.memory_bytes)
+            if room < cache.stats.memory_bytes:
+                cache.shrink_to(room)
+        self.admission.done(a.job, time.monotonic() - a.admitted_at)
+
+    def _fatal(self, exc: BaseException, jobs: list[Job]) -> None:
+        """An MLX fault: every request the worker holds gets an explicit
+        error, and the engine exits for the supervisor to restart it."""
+        self._publish(Phase.FAILED, jobs[0] if jobs else None)
+        self.status = replace(self.status, in_flight_ids=tuple(j.id for j in jobs))
+        error = EngineError(500, f"MLX error: {exc}; the engine is restarting", code="mlx_error", retry_after=5)
+        for job in jobs:
+            job.channel.put(Failed(error))
+        self._stop_event.set()
+        self.on_fatal(exc, jobs[0] if jobs else None)
+
+    def _record_inflight_batch(self) -> None:
+        jobs = self._batch.jobs if self._batch is not None else []
+        self._record_inflight(jobs[0] if jobs else None, jobs)
+
+    def _mark(self, moment: str) -> None:
+        self._timeline.append((moment, time.monotonic()))
+
+    def _record_inflight(self, job: Job | None, batch: list[Job] | None = None) -> None:
+        """`job`, the oldest of `batch` when several run."""
         if self.inflight_path is None:
             return
         try:
@@ -342,6 +562,7 @@ class ModelWorker(threading.Thread):
                 m = self.memory
                 InflightRequest(request_id=job.id, fingerprint=job.fingerprint, model=job.model_id, pid=os.getpid(),
                                 started=time.time(),
+                                requests=[{"request_id": j.id, "fingerprint": j.fingerprint} for j in batch or [job]],
                                 memory={"mlx_active_bytes": m.active_bytes, "mlx_peak_bytes": m.peak_bytes,
                                         "mlx_cache_bytes": m.cache_bytes}).write(self.inflight_path, durable=False)
         except OSError as exc:  # a full disk must not take requests down
@@ -375,6 +596,7 @@ class ModelWorker(threading.Thread):
 
         def on_decode() -> None:
             first_token_at.append(time.monotonic())
+            self._mark("first_token")
             self._publish(Phase.DECODE, job)
 
         generation = Generation(self._resident, job, self.faults, self.prefill_step_size, self._heartbeat,
@@ -390,6 +612,7 @@ class ModelWorker(threading.Thread):
         cache = self.prompt_cache
         room = self._room_beside(job, prompt)  # raises the 400 for a request that cannot fit
         fetched = cache.fetch(prompt)
+        self._mark("cache_fetched")
         self._log_reuse(job, fetched)
         if room < cache.stats.memory_bytes:
             cache.shrink_to(room)
@@ -409,12 +632,14 @@ class ModelWorker(threading.Thread):
         if first_token_at:
             recomputed = sum(end - start for start, end in fetched.patches)
             cache.note_prefill(len(prompt) - fetched.start + recomputed, first_token_at[0] - started)
+        self._mark("decoded")
         echo = answer_echo(self._resident.tokenizer, generated) if cache.enabled else ()
         if snapshot is not None:
             cache.store(prompt[:-1], len(prompt) - 1, snapshot, job.conversation, fetched, echo)
         elif kv is not None:
             covered = (prompt + generated)[:kv_offset(kv) or 0]
             cache.store(covered, len(prompt), kv, job.conversation, fetched, echo)
+        self._mark("stored")
         self._sample_memory()
 
     def _log_reuse(self, job: Job, fetched: Fetched) -> None:

@@ -6,8 +6,8 @@ should the machine itself die mid-write, is skipped on reading). Rotation
 renames the file to crashes.jsonl.1 (atomic) once it passes max_bytes.
 Records are mlxd.records.CrashRecord; `crash_record` builds one from the
 policy's RecordCrash action (pure), and the readers here are pure over the
-records: counts and the quarantine list (fingerprints in flight in two
-crashes).
+records: counts and the quarantine list (`quarantine_list`: the poison
+request among those in flight at the crashes).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ def crash_record(action: RecordCrash, last_health: dict[str, Any] | None, handle
         uptime_s=ex.uptime_s, memory=(inflight.memory if inflight else None) or health.get("memory"),
         request_id=inflight.request_id if inflight else None,
         fingerprint=inflight.fingerprint if inflight else None,
+        requests=[{"request_id": rid, "fingerprint": fp} for rid, fp in inflight.all_requests()] if inflight else [],
         stderr_tail="\n".join(ex.stderr_tail.strip().splitlines()[-STDERR_TAIL_LINES:])[-STDERR_TAIL_CHARS:],
         restart_in_s=action.restart_in_s, degraded=action.degraded)
 
@@ -98,10 +99,29 @@ def crash_counts(records: Iterable[CrashRecord], now: float) -> dict[str, int]:
 
 
 def quarantine_list(records: Iterable[CrashRecord], now: float, period_s: float) -> dict[str, float]:
-    """fingerprint -> quarantined-until, for requests in flight in two or
-    more crashes within the period (pure)."""
-    seen: dict[str, list[float]] = {}
-    for r in records:
-        if r.fingerprint and r.is_crash and now - r.time < period_s:
-            seen.setdefault(r.fingerprint, []).append(r.time)
-    return {fp: max(times) + period_s for fp, times in seen.items() if len(times) >= 2}
+    """fingerprint -> quarantined-until (its last crash + the period), for
+    the poison requests among the crashes within the period (pure).
+
+    A crash with one request in flight blames it: two such crashes of one
+    fingerprint quarantine it, however far apart (the rule from before the
+    engine ran several requests at once). A crash with several in flight
+    blames none of them alone: a fingerprint in flight there is quarantined
+    only when it was also in flight at the crash just before or just after
+    (consecutive crashes, counting every crash in the period, a crash with
+    nothing in flight too). So a bystander in flight at one crash, which the
+    next crash does not include, is never quarantined. Two requests that
+    crash together at two consecutive crashes are both quarantined: the
+    journal cannot tell them apart."""
+    crashes = sorted((r for r in records if r.is_crash and now - r.time < period_s), key=lambda r: r.time)
+    sets = [r.fingerprints() for r in crashes]
+    solo: dict[str, int] = {}  # fingerprint -> crashes with it alone in flight
+    poison: set[str] = set()
+    for i, fps in enumerate(sets):
+        if len(fps) == 1:
+            (fp,) = fps
+            solo[fp] = solo.get(fp, 0) + 1
+            if solo[fp] >= 2:
+                poison.add(fp)
+        if i > 0:
+            poison |= fps & sets[i - 1]  # in flight at two crashes in a row
+    return {fp: max(r.time for r, fps in zip(crashes, sets) if fp in fps) + period_s for fp in poison}

@@ -215,8 +215,8 @@ class Supervision:
 
     def _record_crash(self, action: RecordCrash) -> None:
         record = journal.crash_record(action, self.last_health, handled_at=time.time())
-        log.warning("engine exited: %s (pid %s, code %s, signal %s); %s", record.klass, record.pid,
-                    record.exit_code, record.signal,
+        log.warning("engine exited: %s (pid %s, code %s, signal %s, in flight %s); %s", record.klass, record.pid,
+                    record.exit_code, record.signal, [rid for rid, _ in record.in_flight()] or "none",
                     "degraded" if action.degraded else f"restart in {action.restart_in_s:.1f}s")
         self.last_health = None
         if sys.platform == "darwin" and record.signal and record.pid:

@@ -63,10 +63,19 @@ def vision_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_vision_model(tmp_path_factory.mktemp("models") / "vision")
 
 
+def toml_value(v: object) -> str:
+    """A value in TOML: tables inline (`prompt_cache = {enabled = false}`)."""
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, str):
+        return f'"{v}"'
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k} = {toml_value(x)}" for k, x in v.items()) + "}"
+    return repr(v)
+
+
 def engine_toml(models: DemoModels, engine: dict | None = None, extra_models: str = "") -> str:
-    engine_lines = "\n".join(f"{k} = {str(v).lower()}" if isinstance(v, bool) else
-                             f"{k} = {v!r}" if not isinstance(v, str) else f'{k} = "{v}"'
-                             for k, v in (engine or {}).items())
+    engine_lines = "\n".join(f"{k} = {toml_value(v)}" for k, v in (engine or {}).items())
     return f"""
 [engine]
 {engine_lines}

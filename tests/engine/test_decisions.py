@@ -15,18 +15,22 @@ from mlxd.engine.stop_matcher import StopMatcher
 from mlxd.engine.worker import Phase, WorkerStatus
 
 
-@pytest.mark.parametrize("waiting, running, capacity, accepting, expected", [
-    (0, False, 4, True, None),          # idle: admit
-    (0, True, 4, True, None),           # busy, room in the line
-    (3, True, 4, True, None),
-    (4, True, 4, True, 429),            # line full
-    (0, False, 0, True, None),          # capacity 0 still admits to an idle worker
-    (0, True, 0, True, 429),            # ... but not to a busy one
-    (1, False, 1, True, 429),           # someone is already waiting for the idle worker
-    (0, False, 4, False, 503),          # draining / restarting
+@pytest.mark.parametrize("waiting, running, capacity, accepting, slots, expected", [
+    (0, 0, 4, True, 1, None),          # idle: admit
+    (0, 1, 4, True, 1, None),          # busy, room in the line
+    (3, 1, 4, True, 1, None),
+    (4, 1, 4, True, 1, 429),           # line full
+    (0, 0, 0, True, 1, None),          # capacity 0 still admits to an idle worker
+    (0, 1, 0, True, 1, 429),           # ... but not to a busy one
+    (1, 0, 1, True, 1, 429),           # someone is already waiting for the idle worker
+    (0, 0, 4, False, 1, 503),          # draining / restarting
+    (0, 3, 0, True, 4, None),          # batching: a free slot admits even at capacity 0
+    (0, 4, 0, True, 4, 429),           # ... every slot held
+    (2, 4, 2, True, 4, 429),
+    (1, 4, 2, True, 4, None),
 ])
-def test_admission_table(waiting, running, capacity, accepting, expected):
-    err = decide_admission(AdmissionState(waiting, running, capacity, accepting), mean_service_s=2.0)
+def test_admission_table(waiting, running, capacity, accepting, slots, expected):
+    err = decide_admission(AdmissionState(waiting, running, capacity, accepting, slots), mean_service_s=2.0)
     assert (err.status if err else None) == expected
     if err is not None:
         assert err.retry_after is not None and err.retry_after >= 1
@@ -52,6 +56,18 @@ def test_admission_queue_is_fifo_and_withdraw_frees_the_place():
     assert q.take(0) == "d"
     q.done("d", 1.0)
     assert q.take(0.01) is None
+
+
+def test_admission_queue_holds_up_to_its_slots():
+    q: AdmissionQueue[str] = AdmissionQueue(capacity=1, slots=2)
+    assert q.offer("a") is None and q.take(0) == "a"
+    assert q.offer("b") is None and q.take(0) == "b"
+    assert q.snapshot()["running"] == 2
+    assert q.offer("c") is None and q.offer("d").status == 429
+    with pytest.raises(AssertionError):
+        q.take(0)  # every slot held
+    q.done("a", 1.0)
+    assert q.take(0) == "c" and q.snapshot()["running"] == 2
 
 
 def test_admission_queue_close_returns_waiters_and_refuses():

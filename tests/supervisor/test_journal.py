@@ -84,8 +84,69 @@ def test_quarantine_needs_two_crashes_of_the_same_request_within_the_period():
     assert quarantine_list(recs, now, period_s=3600) == {"aa": now - 50 + 3600}
 
 
+def crash(time, *fps, klass="sigabrt"):
+    """A crash with these fingerprints in flight (request ids r-<fp>), the first the oldest."""
+    reqs = [{"request_id": f"r-{fp}", "fingerprint": fp} for fp in fps]
+    return rec(time, klass, request_id=reqs[0]["request_id"] if reqs else None,
+               fingerprint=fps[0] if fps else None, requests=reqs)
+
+
+NOW, PERIOD = 10_000.0, 3600.0
+
+
+@pytest.mark.parametrize("in_flight, quarantined", [
+    # one request in flight at each crash: two crashes of one fingerprint, however far apart (as before)
+    ([("P",), ("P",)], {"P"}),
+    ([("P",), ("B",), ("P",)], {"P"}),
+    ([("P",), (), ("P",)], {"P"}),
+    ([("P",), ("B",)], set()),
+    ([("P",)], set()),
+    # several in flight: the one in flight at consecutive crashes is the poison
+    ([("P", "B"), ("P", "C")], {"P"}),
+    ([("B", "P"), ("P",)], {"P"}),
+    ([("P",), ("P", "B")], {"P"}),
+    ([("P", "B", "C"), ("D", "P"), ("P", "E")], {"P"}),
+    # a bystander in flight at one crash that the next crash does not include is never quarantined
+    ([("P", "B"), ("P",), ("B", "C")], {"P"}),
+    ([("P", "B"), ("C",), ("B", "D")], set()),
+    ([("P", "B"), (), ("P", "B")], set()),     # not consecutive: a crash with nothing in flight between
+    ([("P", "B"), ("P", "B")], {"P", "B"}),     # crashed together twice in a row: indistinguishable
+    ([("P", "P"), ("P",)], {"P"}),              # the same request twice in one batch
+    ([("P", "B")], set()),
+])
+def test_quarantine_finds_the_poison_among_requests_in_flight(in_flight, quarantined):
+    recs = [crash(NOW - 100 + 10 * i, *fps) for i, fps in enumerate(in_flight)]
+    got = quarantine_list(recs, NOW, PERIOD)
+    assert set(got) == quarantined
+    for fp in got:  # refused for a period from its last crash
+        assert got[fp] == max(r.time for r in recs if fp in r.fingerprints()) + PERIOD
+
+
+@pytest.mark.parametrize("in_flight, quarantined", [
+    ([("P", "B", 0), ("P", "C", -PERIOD - 1)], set()),              # the earlier crash is out of the period
+    ([("P", "B", 0), ("P", "C", 0, "clean_stop")], set()),          # a clean stop is not a crash
+    ([("P", "B", 0), ("P", "C", 0, "hang")], {"P"}),                # a hang kill is
+])
+def test_quarantine_counts_crashes_within_the_period_only(in_flight, quarantined):
+    recs = [crash(NOW - 50 + 10 * i + row[2], *row[:2], klass=row[3] if len(row) > 3 else "sigabrt")
+            for i, row in enumerate(in_flight)]
+    assert set(quarantine_list(recs, NOW, PERIOD)) == quarantined
+
+
+def test_quarantine_reads_journal_lines_from_before_batching(tmp_path):
+    j = tmp_path / "crashes.jsonl"
+    j.write_text("".join(json.dumps({"time": NOW - t, "class": "sigabrt", "request_id": "r", "fingerprint": "fp"})
+                         + "\n" for t in (30, 20)))
+    append_record(j, crash(NOW - 10, "fp", "other"), max_bytes=10**6)
+    assert quarantine_list(read_records(j), NOW, PERIOD) == {"fp": NOW - 10 + PERIOD}
+
+
 INFLIGHT = InflightRequest(request_id="req-1", fingerprint="fp", model="demo", pid=42, started=99.0,
                            memory={"mlx_active_bytes": 7})
+INFLIGHT_BATCH = InflightRequest(request_id="req-1", fingerprint="fp", model="demo", pid=42, started=99.0,
+                                 requests=[{"request_id": "req-1", "fingerprint": "fp"},
+                                           {"request_id": "req-2", "fingerprint": "fp2"},
+                                           {"request_id": "req-3", "fingerprint": "fp3"}])
 HEALTH = {"resident_model": "other", "memory": {"mlx_active_bytes": 1}}
 
 
@@ -93,11 +154,17 @@ HEALTH = {"resident_model": "other", "memory": {"mlx_active_bytes": 1}}
     # a SIGABRT mid-request: blamed on the request in flight
     (ExitRecord(returncode=-6, ended=110.0, pid=42, started=100.0, inflight=INFLIGHT), None, HEALTH,
      dict(klass="sigabrt", signal="SIGABRT", exit_code=None, model="demo", request_id="req-1", fingerprint="fp",
-          uptime_s=10.0, memory={"mlx_active_bytes": 7})),
+          uptime_s=10.0, memory={"mlx_active_bytes": 7},
+          requests=[{"request_id": "req-1", "fingerprint": "fp"}])),
+    # several requests in flight: every one named, the oldest in request_id/fingerprint as before
+    (ExitRecord(returncode=-6, ended=110.0, pid=42, started=100.0, inflight=INFLIGHT_BATCH), None, HEALTH,
+     dict(klass="sigabrt", request_id="req-1", fingerprint="fp",
+          requests=[{"request_id": "req-1", "fingerprint": "fp"}, {"request_id": "req-2", "fingerprint": "fp2"},
+                    {"request_id": "req-3", "fingerprint": "fp3"}])),
     # an exit on an MLX error, idle: the engine's last health fills in
     (ExitRecord(returncode=86, ended=5.0, pid=1, started=4.0), None, HEALTH,
      dict(klass="mlx_error", signal=None, exit_code=86, model="other", request_id=None,
-          memory={"mlx_active_bytes": 1})),
+          memory={"mlx_active_bytes": 1}, requests=[])),
     # killed for a hang by us: a hang, whatever the signal says
     (ExitRecord(returncode=-9, ended=5.0), "hang", None,
      dict(klass="hang", signal="SIGKILL", exit_code=None, model=None, uptime_s=None)),
@@ -118,3 +185,14 @@ def test_crash_record_from_the_policys_action(exit, killed_for, health, expected
 def test_a_crash_report_can_turn_an_abort_into_a_metal_oom(klass, oom, expected):
     r = with_crash_report(rec(1.0, klass), "x.ips: summary", oom)
     assert r.klass == expected and r.crash_report == "x.ips: summary"
+
+
+def test_the_journal_line_names_every_request_in_flight(tmp_path):
+    exit = ExitRecord(returncode=-6, ended=110.0, pid=42, started=100.0, inflight=INFLIGHT_BATCH)
+    j = tmp_path / "crashes.jsonl"
+    append_record(j, crash_record(RecordCrash(exit, 1.0, False, None), None, handled_at=200.0), max_bytes=10**6)
+    line = json.loads(j.read_bytes())
+    assert (line["request_id"], line["fingerprint"]) == ("req-1", "fp")
+    assert [(r["request_id"], r["fingerprint"]) for r in line["requests"]] == [
+        ("req-1", "fp"), ("req-2", "fp2"), ("req-3", "fp3")]
+    assert read_records(j)[0].fingerprints() == {"fp", "fp2", "fp3"}

@@ -1,0 +1,111 @@
+"""What the worker does next when it may generate several requests at once
+(`max_concurrency` > 1): pure decisions, table-tested.
+
+Each turn of the worker's loop asks `next_step` once:
+
+- TAKE    the queue's next request, to prepare it (tokenize, size its KV);
+- ADMIT   the prepared request into the running batch: there is a free slot
+          and the KV of every running request at its full length, plus its
+          own, fits the memory budget beside the model;
+- ALONE   serve the prepared request by itself (an image, a seed, another
+          model, a rank group: what mlx-lm's batch cannot take), once the
+          batch has drained — requests are served in order, nothing overtakes it;
+- DECODE  run one step of the batch (mlx-lm's BatchGenerator decodes every
+          running request by a token and prefills a chunk of the joining ones);
+- WAIT    nothing to do: wait for the queue.
+
+Memory is admitted by construction: `batch_kv_tokens` bounds what the batch's
+KV can grow to before any of it is allocated, and the prompt cache gets only
+what the running requests leave (`cache_room`) — it yields to them, never the
+other way round.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Sequence
+
+STEP_TOKENS = 256  # mlx-lm's KV caches grow in steps of this many positions
+
+
+class Step(enum.Enum):
+    TAKE = "take"
+    ADMIT = "admit"
+    ALONE = "alone"
+    DECODE = "decode"
+    WAIT = "wait"
+
+
+@dataclass(frozen=True)
+class Row:
+    """A request in the batch, as memory sees it."""
+
+    length: int  # positions its KV holds (or will, once its prompt is in): prompt + generated so far
+    remaining: int  # tokens it may still generate
+
+
+@dataclass(frozen=True)
+class Memory:
+    budget_bytes: int
+    weights_bytes: int | None  # None: the model's size is unknown, so slots alone limit the batch
+    kv_bytes_per_token: int  # every layer's K and V for one position; 0 when unknown
+
+
+@dataclass(frozen=True)
+class Pending:
+    """The request taken from the queue, prepared."""
+
+    batchable: bool
+    row: Row | None = None  # None when it is served alone
+
+
+def round_up(n: int, step: int) -> int:
+    return -(-n // step) * step
+
+
+def batch_kv_tokens(rows: Sequence[Row]) -> int:
+    """KV positions the batch can come to hold at its peak. mlx-lm's
+    BatchKVCache keeps every row as long as the longest (shorter ones are
+    padded on the left), so each of the n rows reaches the longest row's
+    length plus the most any row may still generate, in whole steps; and it
+    grows by copying into an array one step longer, the old one alive until
+    the copy is done, so past the first step both count."""
+    if not rows:
+        return 0
+    longest = round_up(max(r.length for r in rows) + max(r.remaining for r in rows), STEP_TOKENS)
+    growing = max(0, longest - STEP_TOKENS)  # the array being copied from at the last step
+    return len(rows) * (longest + growing)
+
+
+def batch_kv_bytes(memory: Memory, rows: Sequence[Row]) -> int:
+    return batch_kv_tokens(rows) * memory.kv_bytes_per_token
+
+
+def fits(memory: Memory, rows: Sequence[Row]) -> bool:
+    """Whether these rows' KV at full length fits beside the model."""
+    if memory.weights_bytes is None or memory.kv_bytes_per_token <= 0:
+        return True  # size unknown: nothing to go by (as for a single request)
+    return memory.weights_bytes + batch_kv_bytes(memory, rows) <= memory.budget_bytes
+
+
+def cache_room(memory: Memory, rows: Sequence[Row], cache_bytes: int) -> int:
+    """Bytes the prompt cache may keep beside the model and these rows."""
+    if memory.weights_bytes is None or memory.kv_bytes_per_token <= 0:
+        return cache_bytes
+    return max(0, min(cache_bytes, memory.budget_bytes - memory.weights_bytes - batch_kv_bytes(memory, rows)))
+
+
+def next_step(pending: Pending | None, waiting: bool, rows: Sequence[Row], slots: int, memory: Memory) -> Step:
+    """The worker's next step (pure; the first that holds wins)."""
+    if pending is not None:
+        if not pending.batchable or pending.row is None or slots <= 1:
+            return Step.DECODE if rows else Step.ALONE
+        if not rows:
+            return Step.ADMIT  # alone it fits: that was checked when it was prepared
+        if len(rows) < slots and fits(memory, [*rows, pending.row]):
+            return Step.ADMIT
+        return Step.DECODE  # it waits, first in line, until running requests end
+    if waiting and len(rows) < slots:
+        return Step.TAKE
+    return Step.DECODE if rows else Step.WAIT

@@ -1,0 +1,183 @@
+"""Several requests at once (`max_concurrency` > 1), against real engine
+processes: batched answers equal lone ones, per-request settings hold,
+memory admission, cancellation and what the batch cannot take."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import requests
+
+from testkit import metric, wait_until
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def complete(url: str, prompt: str, max_tokens: int = 24, **extra) -> requests.Response:
+    return requests.post(url + "/v1/completions", timeout=120,
+                         json={"model": "default", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                               **extra})
+
+
+def chat_body(content: str, max_tokens: int = 24, **extra) -> dict:
+    return {"model": "default", "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
+            "temperature": 0, **extra}
+
+
+def at_once(fns: list) -> list:
+    """Run the callables together (a barrier), return their results in order."""
+    results: list = [None] * len(fns)
+    barrier = threading.Barrier(len(fns))
+
+    def run(i: int) -> None:
+        barrier.wait()
+        try:
+            results[i] = fns[i]()
+        except Exception as exc:  # noqa: BLE001 - reported by the asserting test
+            results[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(fns))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(200)
+    return results
+
+
+PROMPTS = [f"Request {i}: " + " ".join(["word"] * (5 + 7 * i)) for i in range(4)]
+
+
+def test_batched_answers_equal_the_answers_alone(start_engine):
+    """Greedy answers of four requests decoded together are those each gets
+    alone (prompts of different lengths: the batch pads them)."""
+    single = start_engine({"max_tokens_cap": 256})
+    alone = [complete(single.url, p).json() for p in PROMPTS]
+    eng = start_engine({"max_concurrency": 4, "max_tokens_cap": 256, "prompt_cache": {"enabled": False}})
+    together = at_once([lambda p=p: complete(eng.url, p).json() for p in PROMPTS])
+    assert [t["choices"][0]["text"] for t in together] == [a["choices"][0]["text"] for a in alone]
+    assert [t["usage"] for t in together] == [a["usage"] for a in alone]
+    assert metric(eng.url, "mlxd_engine_max_observed_concurrency") >= 2  # they really ran together
+    assert eng.health()["max_concurrency"] == 4
+
+
+def test_per_request_settings_hold_in_a_batch(start_engine):
+    """Stop strings, max_tokens and sampling stay each request's own."""
+    eng = start_engine({"max_concurrency": 4, "max_tokens_cap": 256})
+    free = complete(eng.url, PROMPTS[1], max_tokens=40).json()["choices"][0]["text"]
+    assert len(free) > 8
+    stop = free[5:8]
+    results = at_once([
+        lambda: complete(eng.url, PROMPTS[1], max_tokens=40, stop=[stop]),
+        lambda: complete(eng.url, PROMPTS[1], max_tokens=3),
+        lambda: complete(eng.url, PROMPTS[1], max_tokens=40, temperature=1.5, top_p=0.9),
+        lambda: complete(eng.url, PROMPTS[1], max_tokens=40),
+    ])
+    assert all(r.status_code == 200 for r in results), [r.text for r in results]
+    stopped, short, sampled, same = (r.json() for r in results)
+    assert stopped["choices"][0]["text"] == free[:free.index(stop)]
+    assert stopped["choices"][0]["finish_reason"] == "stop"
+    assert short["usage"]["completion_tokens"] == 3 and short["choices"][0]["finish_reason"] == "length"
+    assert same["choices"][0]["text"] == free  # greedy beside sampled rows is still greedy
+    assert sampled["usage"]["completion_tokens"] >= 1
+
+
+def test_streamed_chat_in_a_batch_reports_usage_and_cached_tokens(start_engine):
+    eng = start_engine({"max_concurrency": 3, "max_tokens_cap": 256})
+    system = "You are a careful assistant. " * 20
+
+    def stream(q: str) -> tuple[str, dict]:
+        body = {"model": "default", "stream": True, "stream_options": {"include_usage": True}, "max_tokens": 16,
+                "temperature": 0,
+                "messages": [{"role": "system", "content": system}, {"role": "user", "content": q}]}
+        text, usage = "", {}
+        with requests.post(eng.url + "/v1/chat/completions", json=body, stream=True, timeout=120) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if not line.startswith(b"data: {"):
+                    continue
+                import json
+
+                chunk = json.loads(line[6:])
+                if chunk.get("usage"):
+                    usage = chunk["usage"]
+                for c in chunk["choices"]:
+                    text += c["delta"].get("content") or ""
+        return text, usage
+
+    first = stream("first question")  # fills the prompt cache with the system prompt
+    results = at_once([lambda q=q: stream(q) for q in ("second question", "third question", "fourth one")])
+    for text, usage in [first, *results]:
+        assert text and usage["completion_tokens"] >= 1
+    cached = [u["prompt_tokens_details"]["cached_tokens"] for _, u in results]
+    assert max(cached) > 100, cached  # a request joining the batch reuses the cached system prompt
+
+
+def test_a_seeded_request_is_served_alone_not_refused(start_engine):
+    eng = start_engine({"max_concurrency": 4, "max_tokens_cap": 256})
+    results = at_once([
+        lambda: complete(eng.url, PROMPTS[0], max_tokens=12, seed=7, temperature=1.0),
+        lambda: complete(eng.url, PROMPTS[1], max_tokens=12),
+        lambda: complete(eng.url, PROMPTS[0], max_tokens=12, seed=7, temperature=1.0),
+    ])
+    assert [r.status_code for r in results] == [200, 200, 200]
+    assert results[0].json()["choices"][0]["text"] == results[2].json()["choices"][0]["text"]  # the seed holds
+
+
+def test_a_client_gone_leaves_the_batch(start_engine):
+    """A streamed request whose client disconnects ends within a step; the
+    others in the batch go on to their end."""
+    eng = start_engine({"max_concurrency": 2, "max_tokens_cap": 100_000})
+    r = requests.post(eng.url + "/v1/completions", stream=True, timeout=60,
+                      json={"model": "default", "prompt": "hold", "max_tokens": 100_000, "stream": True,
+                            "temperature": 0})
+    lines = r.iter_lines()
+    wait_until(lambda: next(lines).startswith(b"data: "), 30, interval=0, what="first streamed token")
+    other = complete(eng.url, PROMPTS[2], max_tokens=20)  # decoded beside the endless one
+    assert other.status_code == 200 and other.json()["usage"]["completion_tokens"] == 20
+    assert eng.health()["batch_size"] == 1
+    r.close()
+    wait_until(lambda: eng.health()["batch_size"] == 0, 20, what="the gone client's request to leave the batch")
+
+
+def test_memory_admission_keeps_the_batch_under_the_budget(start_engine, demo_models):
+    """A budget with room for the model and the KV of two 512-token requests
+    (at their peak), not three: of two long requests and a short one (mlx-lm
+    pads a short row to the longest), never more than two run at a time, MLX's
+    peak memory stays under the budget, and every answer is whole."""
+    import json
+
+    from mlxd.memory_estimate import kv_cache_bytes
+
+    per_token = kv_cache_bytes(json.loads((demo_models.a / "config.json").read_text()), 1)
+    weights = sum(f.stat().st_size for f in demo_models.a.glob("*.safetensors"))
+    # A row of 512 positions peaks at 768 (512 + the 256 it grows from); room for 2, not 3.
+    budget = weights + per_token * 1900
+    eng = start_engine({"max_concurrency": 4, "max_tokens_cap": 4096, "memory_fraction": 1.0, "context_tokens": 256,
+                        "prompt_cache": {"enabled": False}},
+                       env={"MLXD_MEMORY_TOTAL_BYTES": str(budget)})
+    batch_sizes: list[int] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            batch_sizes.append(eng.health()["batch_size"])
+            stop.wait(0.02)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        prompt_tokens = complete(eng.url, PROMPTS[0], max_tokens=1).json()["usage"]["prompt_tokens"]
+        long_answer = 512 - prompt_tokens - 8
+        results = at_once([lambda: complete(eng.url, PROMPTS[0], max_tokens=long_answer),
+                           lambda: complete(eng.url, PROMPTS[0], max_tokens=long_answer),
+                           lambda: complete(eng.url, PROMPTS[0], max_tokens=16)])
+    finally:
+        stop.set()
+        watcher.join()
+    assert [r.status_code for r in results] == [200] * 3
+    assert [r.json()["usage"]["completion_tokens"] for r in results] == [long_answer, long_answer, 16]
+    assert max(batch_sizes) == 2
+    health = eng.health()
+    assert health["memory"]["mlx_peak_bytes"] <= health["memory"]["budget_bytes"]

@@ -241,6 +241,8 @@ def choose_reuse(candidates: Sequence[Candidate], prompt: np.ndarray, min_tokens
     best: Reuse | None = None
     for i, c in enumerate(candidates):
         shared = common_prefix(c.tokens, prompt)
+        if shared < max(min_tokens, 1) and (approximate is None or not c.patchable):
+            continue  # nothing to reuse (and the conversation test walks the whole prompt: skipped)
         same_conversation = continues_conversation(c, prompt, generation_prompt)
         patches: tuple[tuple[int, int], ...] = ()
         if c.trimmable:

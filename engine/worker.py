@@ -483,7 +483,7 @@ class ModelWorker(threading.Thread):
             if self._batch is None:
                 self._batch = BatchRun(self._resident, self._slots(), self.prefill_step_size)
             self._batch.admit(Admitted(job, generation, tokens, fetched, self._resident.tokenizer.detokenizer,
-                                       needs_snapshot), kv)
+                                       needs_snapshot), kv, self._heartbeat)
         except EngineError as exc:
             job.channel.put(Failed(exc))
             self.admission.done(job, 0.0)

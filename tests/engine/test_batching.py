@@ -181,3 +181,35 @@ def test_memory_admission_keeps_the_batch_under_the_budget(start_engine, demo_mo
     assert max(batch_sizes) == 2
     health = eng.health()
     assert health["memory"]["mlx_peak_bytes"] <= health["memory"]["budget_bytes"]
+
+
+def test_a_lone_request_joins_the_batch_where_it_stands(start_engine):
+    """A request decoding alone (as mlx-lm decodes one) moves into the batch
+    when a second arrives, mid-answer, and its answer is the one it gets
+    alone, token for token."""
+    eng = start_engine({"max_concurrency": 2, "max_tokens_cap": 512, "prompt_cache": {"enabled": False}})
+    alone = complete(eng.url, PROMPTS[3], max_tokens=150).json()["choices"][0]["text"]
+    other_alone = complete(eng.url, PROMPTS[1], max_tokens=20).json()["choices"][0]["text"]
+    r = requests.post(eng.url + "/v1/completions", stream=True, timeout=120,
+                      json={"model": "default", "prompt": PROMPTS[3], "max_tokens": 150, "stream": True,
+                            "temperature": 0})
+    lines = r.iter_lines()
+    import json
+
+    text = ""
+
+    def read_some() -> bool:
+        nonlocal text
+        line = next(lines)
+        if line.startswith(b"data: {"):
+            text += json.loads(line[6:])["choices"][0]["text"]
+        return len(text) > 0
+
+    wait_until(read_some, 30, interval=0, what="the lone request's first tokens")
+    other = complete(eng.url, PROMPTS[1], max_tokens=20)  # joins while the first decodes
+    for line in lines:
+        if line.startswith(b"data: {"):
+            text += json.loads(line[6:])["choices"][0]["text"]
+    assert other.json()["choices"][0]["text"] == other_alone
+    assert text == alone
+    assert metric(eng.url, "mlxd_engine_max_observed_concurrency") == 2

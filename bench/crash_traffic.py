@@ -54,6 +54,7 @@ class Settings:
     cooldown_s: float = 10.0
     backoff_base_s: float = 0.2
     backoff_cap_s: float = 2.0
+    max_concurrency: int = 1  # [engine] max_concurrency: above 1 the running requests are decoded as one batch
     model: Path | None = None  # an mlx-lm model folder; default: demo model a, built once into DEFAULT_CACHE
 
 
@@ -65,7 +66,8 @@ def crash_stack(s: Settings, home_root: Path | None = None, keep_home: bool = Fa
     model = s.model or demo_model("a")[1]
     home = Path(tempfile.mkdtemp(prefix="mlxd-soak-", dir=home_root))
     standin = start_standin(models=(OLLAMA_MODEL,))
-    stack = Stack.create(home, model, model_name="soak", engine=toml_lines(stuck_grace_s=s.stuck_grace_s),
+    batched = {"max_concurrency": s.max_concurrency} if s.max_concurrency != 1 else {}  # 1: the config as before
+    stack = Stack.create(home, model, model_name="soak", engine=toml_lines(stuck_grace_s=s.stuck_grace_s, **batched),
                          supervisor=toml_lines(backoff_base_s=s.backoff_base_s, backoff_cap_s=s.backoff_cap_s,
                                                healthy_reset_s=s.healthy_reset_s, loop_crashes=s.loop_crashes,
                                                loop_window_s=s.loop_window_s, cooldown_s=s.cooldown_s,

@@ -204,6 +204,19 @@ def format_prompt_cache(pc: dict) -> str:
     return line + ("" if pc.get("disk_enabled") else ", disk off")
 
 
+def format_running(health: dict) -> str:
+    """The requests generating now: with batching, how many of how many
+    slots, and their ids (an older engine reports one `in_flight`)."""
+    running = health.get("running")
+    if running is None:
+        return f"in flight {health.get('in_flight') or '-'}"
+    slots = health.get("max_concurrency") or 1
+    if slots <= 1:
+        return f"in flight {running[0] if running else '-'}"
+    shown = ", ".join(running[:4]) + (f", +{len(running) - 4}" if len(running) > 4 else "")
+    return f"batch {len(running)}/{slots}" + (f" ({shown})" if running else "")
+
+
 def format_recent_reuse(recent: list[dict]) -> list[str]:
     """Per recent conversation, newest first: how much of its latest prompt
     was reused, and where and why reuse stopped (which agent field broke it)."""
@@ -233,7 +246,7 @@ def format_status(st: dict) -> str:
     if model == default_model.MODEL_ID:
         model = f"{model} ({default_model.MODEL_NAME})"
     lines.append(f"  engine        {h.get('status', 'no answer')}  model {model}  "
-                 f"queue {h.get('queue_depth', '-')}  in flight {h.get('in_flight') or '-'}")
+                 f"queue {h.get('queue_depth', '-')}  {format_running(h)}")
     if mem:
         gib = 2**30
         lines.append(f"  memory        MLX active {mem.get('mlx_active_bytes', 0) / gib:.2f} GiB, "
@@ -266,7 +279,7 @@ def format_status(st: dict) -> str:
         hh = host["health"] or {}
         state = hh.get("status", "no answer") if host["http_status"] == 200 else "no answer"
         lines.append(f"  host          {host['url']}  {state}  model {hh.get('resident_model') or '-'}  "
-                     f"queue {hh.get('queue_depth', '-')}  in flight {hh.get('in_flight') or '-'}  "
+                     f"queue {hh.get('queue_depth', '-')}  {format_running(hh)}  "
                      f"(serves {', '.join(host['models'])})")
     au = st.get("autostart")
     if au:

@@ -9,7 +9,8 @@ and non-streaming chat requests, and a fault driver that kills the engine
 about once per `--fault-every` requests, always tearing the stack down.
 
 Faults: `abort@start`, `abort@token:N`, `abort@idle` (SIGABRT by fault
-injection), `sigkill` (kill -9 of run/engine.pid), `hang@token:N` (the
+injection), `sigkill` and `sigabrt` (kill -KILL / kill -ABRT of
+run/engine.pid from outside, at a random moment), `hang@token:N` (the
 supervisor's stuck detection kills it), `raise@token:N` (an MLX exception:
 exit 86), optionally `oom@token:N`; drawn in shuffled rounds (each kind
 once per round). The gap between faults counts requests from the previous
@@ -22,7 +23,23 @@ the clients are held back if the worker never idles by itself.
 Per request: backend (engine or the stand-in), outcome (bench/crash_traffic.py
 says which), latency.
 
+`--max-concurrency N` writes `[engine] max_concurrency = N` into the
+stack's config (default 1: one request at a time, the config as before);
+above 1 the engine decodes the running requests as one batch, so a crash
+hits several at once: use more clients than N (e.g. `--max-concurrency 4
+--clients 6`). The monitor polls the engine's /health for
+`max_observed_concurrency` (the most seen by each engine process), and the
+report counts the crashes whose journal line names more than one request in
+flight. Whether a journal line names every request in flight is checked
+from the client side: each soak request's fingerprint is computed the way
+the engine computes it (engine/jobs.py: its model id and messages), and a
+stream that got engine content and then an explicit error was generating
+when the engine died, so the first crash after its start must name it;
+requests that fell back or failed around a crash without being named (queued,
+or sent while the engine was already dead) are counted, not judged.
+
   .venv/bin/python bench/soak.py [--requests 1000] [--max-seconds 900] [--clients 4] [--seed 1]
+  .venv/bin/python bench/soak.py --max-concurrency 4 --clients 6 --requests 300
 
 Report: Markdown on stdout, everything in bench/results/soak.json (--out).
 Exit status 0 when nothing was lost or silently cut, 1 otherwise.
@@ -32,6 +49,8 @@ Exit status 0 when nothing was lost or silently cut, 1 otherwise.
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
 import platform
 import random
@@ -47,26 +66,30 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import openai
+import requests as http
 
 from mlxd.devkit.wait import wait_for
 from mlxd.records import CrashRecord
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # when imported by path (tests/soak)
 from benchkit import ROOT, RESULTS, percentile, write_json  # noqa: E402
-from crash_traffic import GOOD, Settings, crash_stack, make_client, one_request  # noqa: E402
+from crash_traffic import GOOD, Settings, crash_stack, make_client, one_request, request_shape  # noqa: E402
 from mlxd.devkit.stack import Stack  # noqa: E402
 
-# kind -> (the journal class it should produce, spec maker; None: not a fault-file fault)
+# kind -> (the journal class it should produce, spec maker; None: a signal from outside, SIGNALS)
 FAULTS = {
     "abort@start": ("sigabrt", lambda rng: "abort@start"),
     "abort@token": ("sigabrt", lambda rng: f"abort@token:{rng.randint(2, 14)}"),
     "abort@idle": ("sigabrt", lambda rng: "abort@idle"),
     "sigkill": ("sigkill", None),
+    "sigabrt": ("sigabrt", None),
     "hang@token": ("hang", lambda rng: f"hang@token:{rng.randint(2, 14)}"),
     "raise@token": ("mlx_error", lambda rng: f"raise@token:{rng.randint(2, 14)}"),
     "oom@token": ("metal_oom", lambda rng: f"oom@token:{rng.randint(2, 14)}"),
 }
-DEFAULT_KINDS = ("abort@start", "abort@token", "abort@idle", "sigkill", "hang@token", "raise@token")
+SIGNALS = {"sigkill": signal.SIGKILL, "sigabrt": signal.SIGABRT}  # sent to run/engine.pid from outside
+DEFAULT_KINDS = ("abort@start", "abort@token", "abort@idle", "sigkill", "sigabrt", "hang@token", "raise@token")
+MODEL_ID = "soak"  # the stack's model (crash_traffic.crash_stack), part of a request's fingerprint
 
 
 @dataclass
@@ -96,6 +119,8 @@ class Soak:
         self.records: list[dict] = []
         self.faults: list[dict] = []
         self.modes: list[tuple[float, str]] = []  # supervision mode changes
+        self.concurrency_by_pid: dict[int, int] = {}  # engine pid -> its /health max_observed_concurrency
+        self.batch_sizes: Counter = Counter()  # /health batch_size samples
         self.stop = threading.Event()
         self.gate = threading.Event()  # set: clients may start requests
         self.gate.set()
@@ -141,11 +166,28 @@ class Soak:
 
     def monitor_loop(self) -> None:
         last = None
+        tick = 0
         while not self.stop.wait(0.2):
             mode = self.stack.supervision().get("mode")
             if mode != last:
                 self.modes.append((time.time() - self.t_wall, mode))
                 last = mode
+            tick += 1
+            if tick % 2 == 0:  # /health every 0.4 s: how many requests the engine really runs at once
+                self.sample_health()
+
+    def sample_health(self) -> None:
+        try:
+            body = http.get(self.stack.url + "/health", timeout=1).json()
+        except (http.RequestException, ValueError):
+            return
+        if not isinstance(body, dict) or not isinstance(body.get("pid"), int):
+            return
+        seen = body.get("max_observed_concurrency")
+        if isinstance(seen, int):
+            self.concurrency_by_pid[body["pid"]] = max(seen, self.concurrency_by_pid.get(body["pid"], 0))
+        if isinstance(body.get("batch_size"), int):
+            self.batch_sizes[body["batch_size"]] += 1
 
     def driver_loop(self) -> None:
         rng = random.Random(self.s.seed)
@@ -178,12 +220,13 @@ class Soak:
              "t": time.time() - self.t_wall}
         t0 = time.monotonic()
         journaled = lambda: len(self.stack.records()) > n_before  # noqa: E731
-        if make_spec is None:  # SIGKILL of the engine at a random moment
+        if make_spec is None:  # SIGKILL / SIGABRT of the engine from outside, at a random moment
             time.sleep(rng.uniform(0.0, 0.5))
             pid = self.stack.engine_pid()
-            f["spec"] = f"SIGKILL {pid}"
+            sig = SIGNALS[kind]
+            f["spec"] = f"{sig.name} {pid}"
             try:
-                os.kill(int(pid), signal.SIGKILL)
+                os.kill(int(pid), sig)
             except (OSError, TypeError, ValueError) as exc:
                 f["error"] = repr(exc)
             fired = wait_for(journaled, self.s.fault_wait_s)
@@ -203,6 +246,7 @@ class Soak:
             f["cut_short"] = not fired and self.stop.is_set()  # the soak ended before it could fire
         f["journaled_s"] = round(time.monotonic() - t0, 3) if fired else None
         new = self.stack.records()[n_before:]
+        f["journal_index"] = n_before if new else None
         f["class"] = new[0].klass if new else None
         f["matched"] = f["class"] == expected
         back = wait_for(self.stack.healthy, 120, 0.05, self.stop)
@@ -238,8 +282,62 @@ def _mask(text: str) -> str:
     return re.sub(r"\d+(\.\d+)?", "N", re.sub(r"[0-9a-f]{8,}", "X", text))[:120]
 
 
+def request_fingerprint(s: Settings, i: int, model_id: str = MODEL_ID) -> str:
+    """The engine's fingerprint of soak request i, as engine/jobs.py's
+    Job.fingerprint makes it: the model id and the messages as the chat
+    template gets them (no tools, prompt, template arguments or images).
+    A journal fingerprint that matches no request shows a drift here."""
+    from mlxd.engine.protocol import ChatCompletionRequest
+
+    _, max_tokens, prompt = request_shape(s.seed, i, s)
+    req = ChatCompletionRequest(model="default", messages=[{"role": "user", "content": prompt}],
+                                max_tokens=max_tokens, temperature=0.7)
+    body = json.dumps([model_id, [m.for_template() for m in req.messages], req.tools_for_template(), None,
+                       req.template_kwargs(), []], sort_keys=True, default=str)
+    return hashlib.sha256(body.encode()).hexdigest()[:16]
+
+
+def _end(r: dict, t_wall: float) -> float:
+    return t_wall + r["t"] + r["latency_s"]
+
+
+def crashes_in_flight(records: list[dict], journal: list[CrashRecord], faults: list[dict],
+                      fingerprints: dict[str, int], t_wall: float) -> list[dict]:
+    """Per crash: the requests its journal line names (soak indices, by
+    fingerprint) and what the clients saw around it (pure). A stream that got
+    engine content and then an explicit error was generating when the engine
+    died: it belongs to the crash nearest its end, which must name it."""
+    index = [k for k, j in enumerate(journal) if j.is_crash]
+    crashes = [journal[k] for k in index]
+    kind_of = {f["journal_index"]: f["kind"] for f in faults if f.get("journal_index") is not None}
+    by_i = {r["i"]: r for r in records}
+    cut: dict[int, list[int]] = {}  # crash -> streams cut mid-answer
+    for r in records:
+        if r["outcome"] == "stream_error" and r["backend"] == "engine" and crashes:
+            start, end = t_wall + r["t"], _end(r, t_wall)
+            after = [c for c, j in enumerate(crashes) if j.time >= start - 0.05] or [len(crashes) - 1]
+            cut.setdefault(min(after, key=lambda c: abs(crashes[c].time - end)), []).append(r["i"])
+    rows = []
+    for c, j in enumerate(crashes):
+        fps = [fp for _, fp in j.in_flight()]
+        named = sorted(fingerprints[fp] for fp in fps if fp in fingerprints)
+        around = sorted(r["i"] for r in records if t_wall + r["t"] < j.time <= _end(r, t_wall) + 1.0
+                        and (r["outcome"] not in GOOD or r["backend"] == "ollama"))
+        streams_cut = sorted(cut.get(c, []))
+        rows.append({
+            "time": j.time, "class": j.klass, "kind": kind_of.get(index[c]), "in_flight": len(fps),
+            "named": named, "unmatched_fingerprints": len(fps) - len(named),
+            "streams_cut": streams_cut, "streams_cut_not_named": [i for i in streams_cut if i not in named],
+            "hit_not_named": [i for i in around if i not in named],
+            "named_outcomes": dict(Counter(f"{by_i[i]['outcome']}/{by_i[i]['backend']}" for i in named
+                                           if i in by_i)),
+        })
+    return rows
+
+
 def summarize(records: list[dict], faults: list[dict], journal: list[CrashRecord], modes: list, wall_s: float,
-              engine_healthy_at_end: bool) -> dict:
+              engine_healthy_at_end: bool, *, t_wall: float = 0.0, fingerprints: dict[str, int] | None = None,
+              concurrency_by_pid: dict[int, int] | None = None, max_concurrency: int = 1) -> dict:
     """The soak's figures from the raw records (pure)."""
     outcomes = Counter(r["outcome"] for r in records)
     good = [r for r in records if r["outcome"] in GOOD]
@@ -281,6 +379,33 @@ def summarize(records: list[dict], faults: list[dict], journal: list[CrashRecord
         "latency_s_by_backend": {b: {"p50": percentile(v, 0.5), "p99": percentile(v, 0.99)} for b, v in lat_by.items()},
         "wall_s": round(wall_s, 2),
         "engine_healthy_at_end": engine_healthy_at_end,
+        **concurrency_figures(records, faults, journal, fingerprints or {}, t_wall, concurrency_by_pid or {},
+                              max_concurrency),
+    }
+
+
+def concurrency_figures(records: list[dict], faults: list[dict], journal: list[CrashRecord],
+                        fingerprints: dict[str, int], t_wall: float, concurrency_by_pid: dict[int, int],
+                        max_concurrency: int) -> dict:
+    """How many requests each crash hit, and whether its journal line names them (pure)."""
+    rows = crashes_in_flight(records, journal, faults, fingerprints, t_wall)
+    cut = [i for row in rows for i in row["streams_cut"]]
+    return {
+        "max_concurrency": max_concurrency,
+        "max_observed_concurrency": max(concurrency_by_pid.values(), default=None),
+        "engine_processes_sampled": len(concurrency_by_pid),
+        "crashes_by_requests_in_flight": dict(sorted(Counter(row["in_flight"] for row in rows).items())),
+        "crashes_with_several_in_flight": sum(1 for row in rows if row["in_flight"] > 1),
+        "crashes_with_several_in_flight_by_kind": dict(Counter(row["kind"] or row["class"] for row in rows
+                                                               if row["in_flight"] > 1)),
+        "journal_fingerprints_unmatched": sum(row["unmatched_fingerprints"] for row in rows),
+        "streams_cut_mid_answer": len(cut),
+        "streams_cut_not_named_by_their_crash": [(i, row["kind"] or row["class"]) for row in rows
+                                                 for i in row["streams_cut_not_named"]],
+        "hit_around_a_crash_not_named_by_kind": dict(Counter(row["kind"] or row["class"] for row in rows
+                                                            for _ in row["hit_not_named"])),
+        "named_requests_by_outcome": dict(sum((Counter(row["named_outcomes"]) for row in rows), Counter())),
+        "crashes": rows,
     }
 
 
@@ -308,6 +433,19 @@ def markdown(m: dict) -> str:
         ("latency p50 / p99 / max s", " / ".join(f(m["latency_s"][k]) for k in ("p50", "p99", "max"))),
         ("latency p50 / p99 s, engine", " / ".join(f(m["latency_s_by_backend"]["engine"][k]) for k in ("p50", "p99"))),
         ("latency p50 / p99 s, fallback", " / ".join(f(m["latency_s_by_backend"]["ollama"][k]) for k in ("p50", "p99"))),
+        ("max_concurrency / most seen at once (/health, over engine processes)",
+         f"{m['max_concurrency']} / {f(m['max_observed_concurrency'])} ({m['engine_processes_sampled']} processes)"),
+        ("crashes by requests named in flight (journal)",
+         ", ".join(f"{k}: {v}" for k, v in m["crashes_by_requests_in_flight"].items()) or "–"),
+        ("crashes with several requests in flight", f"{m['crashes_with_several_in_flight']} ("
+         + ", ".join(f"{k} {v}" for k, v in sorted(m["crashes_with_several_in_flight_by_kind"].items())) + ")"),
+        ("streams cut mid-answer / not named by their crash's journal line (goal 0)",
+         f"{m['streams_cut_mid_answer']} / {len(m['streams_cut_not_named_by_their_crash'])}"),
+        ("journal fingerprints matching no soak request", m["journal_fingerprints_unmatched"]),
+        ("fell back or failed around a crash, not named (queued or sent to a dead engine)",
+         ", ".join(f"{k} {v}" for k, v in sorted(m["hit_around_a_crash_not_named_by_kind"].items())) or "0"),
+        ("named in flight, by outcome/backend",
+         ", ".join(f"{k} {v}" for k, v in sorted(m["named_requests_by_outcome"].items())) or "–"),
         ("wall time s", f(m["wall_s"])),
         ("engine healthy at the end", m["engine_healthy_at_end"]),
     ]
@@ -332,11 +470,15 @@ def run_soak(s: SoakSettings, home_root: Path | None = None, keep_home: bool = F
         stack.fault_file.unlink(missing_ok=True)
         healthy = bool(wait_for(stack.healthy, 60, 0.1))
         journal = stack.records()
-    summary = summarize(soak.records, soak.faults, journal, soak.modes, soak.wall_s, healthy)
+    fingerprints = {request_fingerprint(s, r["i"]): r["i"] for r in soak.records}
+    summary = summarize(soak.records, soak.faults, journal, soak.modes, soak.wall_s, healthy, t_wall=soak.t_wall,
+                        fingerprints=fingerprints, concurrency_by_pid=soak.concurrency_by_pid,
+                        max_concurrency=s.max_concurrency)
     slim_journal = [{k: j.to_json().get(k) for k in ("time", "class", "signal", "exit_code", "uptime_s", "restart_in_s",
-                                           "degraded", "request_id")} for j in journal]
+                                           "degraded", "request_id", "requests")} for j in journal]
     return {"summary": summary, "settings": {**asdict(s), "model": str(s.model) if s.model else "demo-a"},
-            "faults": soak.faults, "journal": slim_journal, "supervision_modes": soak.modes,
+            "faults": soak.faults, "journal": slim_journal, "supervision_modes": soak.modes, "t_wall": soak.t_wall,
+            "batch_size_samples": dict(sorted(soak.batch_sizes.items())),
             "records": sorted(soak.records, key=lambda r: r["i"]), "home": str(stack.home) if keep_home else None}
 
 
@@ -350,6 +492,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fault-every", type=float, default=d.fault_every, help="mean requests between faults")
     ap.add_argument("--kinds", default=",".join(d.kinds), help=f"fault kinds, from {','.join(FAULTS)}")
     ap.add_argument("--stream-ratio", type=float, default=d.stream_ratio)
+    ap.add_argument("--max-concurrency", type=int, default=d.max_concurrency,
+                    help="[engine] max_concurrency (default 1); above 1 use more --clients than this")
     ap.add_argument("--loop-crashes", type=int, default=d.loop_crashes,
                     help="supervisor loop_crashes (default: never degrade); with --cooldown-s")
     ap.add_argument("--cooldown-s", type=float, default=d.cooldown_s)
@@ -365,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
     s = SoakSettings(requests=args.requests, max_seconds=args.max_seconds, clients=args.clients, seed=args.seed,
                  fault_every=args.fault_every, kinds=kinds, stream_ratio=args.stream_ratio,
                  loop_crashes=args.loop_crashes, cooldown_s=args.cooldown_s, stuck_grace_s=args.stuck_grace_s,
-                 model=args.model)
+                 max_concurrency=args.max_concurrency, model=args.model)
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731

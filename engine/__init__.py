@@ -7,10 +7,14 @@ Entry point: `mlxd engine` -> mlxd.engine.main.run_engine. Where things are:
   lifecycle.py   start, drain on SIGTERM, exit on an MLX error
   health.py      GET /health; metrics.py: GET /metrics
   worker.py      the one thread that owns the model and every MLX call
+  worker_state.py  what it publishes: phase, requests held, memory
+  batched_turns.py  its turns with max_concurrency > 1; batch.py: the batch
+                 (mlx-lm's BatchGenerator; a request alone decodes solo)
   generation.py  one job's tokenize/decode on the resident model
   jobs.py, events.py  a job, and the events the worker sends its handler
 
-Decisions live in small pure modules: admission.py (queue), model_cache.py
+Decisions live in small pure modules: admission.py (queue), scheduler.py
+(the batched worker's next step, memory admission), model_cache.py
 (which model to load/unload), faults.py (fault injection), protocol.py
 (request validation); the heavy-model estimate is mlxd.models /
 mlxd.memory_estimate (core/), shared with the gateway without MLX.

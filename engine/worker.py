@@ -15,13 +15,12 @@ rather than let it limp on.
 from __future__ import annotations
 
 import copy
-import enum
 import gc
 import logging
 import os
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -30,7 +29,8 @@ from mlxd.models import is_vision_config
 from mlxd.records import InflightRequest
 
 from .admission import AdmissionQueue
-from .batch import Admitted, BatchRun, Ended, batchable_model
+from .batch import BatchRun, batchable_model
+from .batched_turns import BatchedTurns, Prepared
 from .errors import EngineError
 from .events import Failed, Started
 from .faults import FaultInjector
@@ -40,13 +40,11 @@ from .model_cache import Unload, plan_release, plan_switch
 from .model_registry import ModelRegistry
 from .prompt_cache import CacheStats, Fetched, PromptCache, kv_offset, needs_boundary_snapshot
 from .prompt_tokens import PieceEncoder, answer_echo, generation_prompt_length
-from .scheduler import Memory, Pending, Row, Step, cache_room, next_step
+from .scheduler import Memory
+from .worker_state import MemorySnapshot, Phase, WorkerStatus
 
 log = logging.getLogger("mlxd.engine.worker")
 
-
-class _Gone(Exception):
-    """The client left before its request was served."""
 HEARTBEAT_S = 0.05  # progress is published at most this often
 
 
@@ -70,48 +68,7 @@ def load_resident(model_id: str, target: str) -> ResidentModel:
     return ResidentModel(model_id, model, tokenizer, None, processor)
 
 
-# --- published state --------------------------------------------------------
-
-class Phase(enum.Enum):
-    STARTING = "starting"  # boot and preload
-    IDLE = "idle"
-    LOADING = "loading"
-    PREFILL = "prefill"
-    DECODE = "decode"
-    STOPPED = "stopped"
-    FAILED = "failed"  # an MLX error: the process is about to exit
-
-
-@dataclass(frozen=True)
-class WorkerStatus:
-    phase: Phase
-    resident_model: str | None
-    in_flight: str | None = None  # request id (the oldest, when several run)
-    in_flight_fingerprint: str | None = None
-    since: float = field(default_factory=time.monotonic)  # phase start
-    last_progress: float = field(default_factory=time.monotonic)
-    in_flight_ids: tuple[str, ...] = ()  # every request running
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """A request taken from the queue for the batch, tokenized (unless it is
-    to be served alone) but not admitted yet."""
-
-    job: Job
-    tokens: list[int] | None
-    view: Pending  # what the scheduler sees of it
-
-
-@dataclass(frozen=True)
-class MemorySnapshot:
-    active_bytes: int = 0
-    peak_bytes: int = 0
-    cache_bytes: int = 0
-    taken_at: float = 0.0
-
-
-class ModelWorker(threading.Thread):
+class ModelWorker(BatchedTurns, threading.Thread):
     def __init__(
         self,
         registry: ModelRegistry,
@@ -392,161 +349,6 @@ class ModelWorker(threading.Thread):
                 log.debug("request %s: %s", job.id, " ".join(f"{k} {1000 * (t - started):.1f} ms"
                                                              for k, t in self._timeline[1:]))
             self.admission.done(job, time.monotonic() - started)
-
-    # --- serving several at once (max_concurrency > 1) ----------------------
-    def _slots(self) -> int:
-        if self._resident is None:
-            return self.admission.slots
-        return self.registry.max_concurrency(self._resident.model_id)
-
-    def _rows(self) -> list[Row]:
-        return [a.row for a in self._batch.rows.values()] if self._batch is not None else []
-
-    def _batch_turn(self) -> None:
-        """One turn of the batched loop: what engine/scheduler.py decides."""
-        pending = self._pending
-        step = next_step(pending.view if pending else None, self.admission.has_waiting(), self._rows(),
-                         self._slots(), self._batch_memory or Memory(0, None, 0))
-        if step is Step.TAKE or step is Step.WAIT:
-            job = self.admission.take(timeout=0 if step is Step.TAKE else 0.25)
-            if job is not None:
-                self._pending = self._prepare(job)
-            elif step is Step.WAIT:
-                self._idle_tick()
-        elif step is Step.ADMIT:
-            self._pending = None
-            self._admit(pending)
-        elif step is Step.ALONE:
-            self._pending = None
-            self._serve(pending.job)
-        else:
-            self._batch_step()
-
-    def _can_batch(self, job: Job) -> bool:
-        """What mlx-lm's batch can take: the resident text model (when it can be
-        batched) with no seed and no image; the rest is served alone."""
-        r = self._resident
-        return (r is not None and r.model_id == job.model_id and self._mergeable and self._slots() > 1
-                and job.params.seed is None and not job.images)
-
-    def _prepare(self, job: Job) -> Prepared | None:
-        """Tokenize and size a request; None when it was refused (400) or its client is gone."""
-        started = time.monotonic()
-        try:
-            if job.cancelled.is_set():
-                raise _Gone()
-            if not self._batch:  # nothing running: its model may be made resident now
-                self.faults.refresh()
-                self._ensure_model(job.model_id, job)
-                self._publish(Phase.IDLE)
-            if not self._can_batch(job):
-                return Prepared(job, None, Pending(False))
-            tokens = tokenize(self._resident, job, self.max_prompt_tokens)
-            self._room_beside(job, tokens)  # the 400 for a request that cannot fit even alone
-            return Prepared(job, tokens, Pending(True, Row(len(tokens), job.params.max_tokens)))
-        except _Gone:
-            pass
-        except EngineError as exc:
-            job.channel.put(Failed(exc))
-        except BaseException as exc:  # noqa: BLE001 - a load that failed inside MLX
-            self._fatal(exc, [job])
-            return None
-        self.admission.done(job, time.monotonic() - started)
-        return None
-
-    def _admit(self, p: Prepared) -> None:
-        """Into the batch, with its cached prefix; the prompt cache keeps only
-        what the running requests leave of the budget."""
-        from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
-
-        job, tokens = p.job, p.tokens
-        assert tokens is not None and p.view.row is not None
-        try:
-            self.faults.refresh()
-            self.faults.check("start", request_text=job.text)
-            job.channel.put(Started(len(tokens)))
-            cache = self.prompt_cache
-            fetched = cache.fetch(tokens)
-            self._log_reuse(job, fetched)
-            room = cache_room(self._batch_memory, [*self._rows(), p.view.row], cache.stats.memory_bytes)
-            if room < cache.stats.memory_bytes:
-                cache.shrink_to(room)
-            kv, needs_snapshot = fetched.kv, False
-            if fetched.patches:
-                recompute(self._resident.model, kv, tokens, fetched.patches, fetched.start, self.prefill_step_size,
-                          self._heartbeat)
-            if cache.enabled:
-                kv = kv if kv is not None else make_prompt_cache(self._resident.model)
-                needs_snapshot = needs_boundary_snapshot([type(c).__name__ for c in kv], can_trim_prompt_cache(kv))
-            generation = Generation(self._resident, job, self.faults, self.prefill_step_size, self._heartbeat,
-                                    on_decode=lambda: None)
-            if self._batch is None:
-                self._batch = BatchRun(self._resident, self._slots(), self.prefill_step_size)
-            self._batch.admit(Admitted(job, generation, tokens, fetched, self._resident.tokenizer.detokenizer,
-                                       needs_snapshot), kv, self._heartbeat)
-        except EngineError as exc:
-            job.channel.put(Failed(exc))
-            self.admission.done(job, 0.0)
-            return
-        except BaseException as exc:  # noqa: BLE001 - an MLX fault: do not limp on
-            self._fatal(exc, [job, *(self._batch.jobs if self._batch else [])])
-            return
-        self.counters["jobs"] += 1
-        self._publish_batch()
-        self._record_inflight_batch()
-
-    def _batch_step(self) -> None:
-        batch = self._batch
-        assert batch is not None
-        try:
-            ended = batch.step()
-        except BaseException as exc:  # noqa: BLE001 - an MLX fault mid-batch: every request is told
-            self._fatal(exc, batch.jobs)
-            return
-        self._heartbeat()
-        for e in ended:
-            self._end(e)
-        self._publish_batch()
-        if ended:
-            self._record_inflight_batch()
-
-    def _end(self, e: Ended) -> None:
-        """A request left the batch: its answer's end, its KV to the prompt cache."""
-        a, cache = e.admitted, self.prompt_cache
-        generated = a.generation.tokens
-        self.counters["generated_tokens"] += len(generated)
-        self.counters["prompt_tokens"] += len(a.prompt)
-        a.generation.end(e.finish, len(a.prompt), len(generated), a.fetched.cached_tokens)
-        if cache.enabled:
-            if a.first_token_at is not None:
-                recomputed = sum(end - start for start, end in a.fetched.patches)
-                cache.note_prefill(len(a.prompt) - a.fetched.start + recomputed, a.first_token_at - a.admitted_at)
-            echo = answer_echo(self._resident.tokenizer, generated)
-            if a.needs_snapshot:
-                if a.snapshot is not None:
-                    cache.store(a.prompt[:-1], len(a.prompt) - 1, a.snapshot, a.job.conversation, a.fetched, echo)
-            elif e.kv is not None:
-                cache.store(e.covered[:kv_offset(e.kv) or 0], len(a.prompt), e.kv, a.job.conversation, a.fetched,
-                            echo)
-            room = cache_room(self._batch_memory, self._rows(), cache.stats.memory_bytes)
-            if room < cache.stats.memory_bytes:
-                cache.shrink_to(room)
-        self.admission.done(a.job, time.monotonic() - a.admitted_at)
-
-    def _fatal(self, exc: BaseException, jobs: list[Job]) -> None:
-        """An MLX fault: every request the worker holds gets an explicit
-        error, and the engine exits for the supervisor to restart it."""
-        self._publish(Phase.FAILED, jobs[0] if jobs else None)
-        self.status = replace(self.status, in_flight_ids=tuple(j.id for j in jobs))
-        error = EngineError(500, f"MLX error: {exc}; the engine is restarting", code="mlx_error", retry_after=5)
-        for job in jobs:
-            job.channel.put(Failed(error))
-        self._stop_event.set()
-        self.on_fatal(exc, jobs[0] if jobs else None)
-
-    def _record_inflight_batch(self) -> None:
-        jobs = self._batch.jobs if self._batch is not None else []
-        self._record_inflight(jobs[0] if jobs else None, jobs)
 
     def _mark(self, moment: str) -> None:
         self._timeline.append((moment, time.monotonic()))

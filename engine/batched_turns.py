@@ -1,0 +1,199 @@
+"""The worker's turns when it may generate several requests at once
+(`max_concurrency` > 1): what engine/scheduler.py decides, done.
+
+A part of ModelWorker (mixed in), kept apart so that worker.py reads as the
+thread, its model cache and one request served alone; the state it touches
+is the worker's (the batch, the request waiting to join, the prompt cache),
+owned by the worker thread alone.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from .batch import Admitted, BatchRun, Ended
+from .errors import EngineError
+from .events import Failed, Started
+from .generation import Generation, recompute, tokenize
+from .jobs import Job
+from .prompt_cache import kv_offset, needs_boundary_snapshot
+from .prompt_tokens import answer_echo
+from .scheduler import Memory, Pending, Row, Step, cache_room, next_step
+from .worker_state import Phase
+
+if TYPE_CHECKING:
+    from .worker import ModelWorker
+
+
+class _Gone(Exception):
+    """The client left before its request was served."""
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A request taken from the queue for the batch, tokenized (unless it is
+    to be served alone) but not admitted yet."""
+
+    job: Job
+    tokens: list[int] | None
+    view: Pending  # what the scheduler sees of it
+
+
+class BatchedTurns:
+    """ModelWorker's batched loop (see the module's docstring)."""
+
+    def _slots(self: "ModelWorker") -> int:
+        if self._resident is None:
+            return self.admission.slots
+        return self.registry.max_concurrency(self._resident.model_id)
+
+    def _rows(self: "ModelWorker") -> list[Row]:
+        return [a.row for a in self._batch.rows.values()] if self._batch is not None else []
+
+    def _batch_turn(self: "ModelWorker") -> None:
+        """One turn of the batched loop: what engine/scheduler.py decides."""
+        pending = self._pending
+        step = next_step(pending.view if pending else None, self.admission.has_waiting(), self._rows(),
+                         self._slots(), self._batch_memory or Memory(0, None, 0))
+        if step is Step.TAKE or step is Step.WAIT:
+            job = self.admission.take(timeout=0 if step is Step.TAKE else 0.25)
+            if job is not None:
+                self._pending = self._prepare(job)
+            elif step is Step.WAIT:
+                self._idle_tick()
+        elif step is Step.ADMIT:
+            self._pending = None
+            self._admit(pending)
+        elif step is Step.ALONE:
+            self._pending = None
+            self._serve(pending.job)
+        else:
+            self._batch_step()
+
+    def _can_batch(self: "ModelWorker", job: Job) -> bool:
+        """What mlx-lm's batch can take: the resident text model (when it can be
+        batched) with no seed and no image; the rest is served alone."""
+        r = self._resident
+        return (r is not None and r.model_id == job.model_id and self._mergeable and self._slots() > 1
+                and job.params.seed is None and not job.images)
+
+    def _prepare(self: "ModelWorker", job: Job) -> Prepared | None:
+        """Tokenize and size a request; None when it was refused (400) or its client is gone."""
+        started = time.monotonic()
+        try:
+            if job.cancelled.is_set():
+                raise _Gone()
+            if not self._batch:  # nothing running: its model may be made resident now
+                self.faults.refresh()
+                self._ensure_model(job.model_id, job)
+                self._publish(Phase.IDLE)
+            if not self._can_batch(job):
+                return Prepared(job, None, Pending(False))
+            tokens = tokenize(self._resident, job, self.max_prompt_tokens)
+            self._room_beside(job, tokens)  # the 400 for a request that cannot fit even alone
+            return Prepared(job, tokens, Pending(True, Row(len(tokens), job.params.max_tokens)))
+        except _Gone:
+            pass
+        except EngineError as exc:
+            job.channel.put(Failed(exc))
+        except BaseException as exc:  # noqa: BLE001 - a load that failed inside MLX
+            self._fatal(exc, [job])
+            return None
+        self.admission.done(job, time.monotonic() - started)
+        return None
+
+    def _admit(self: "ModelWorker", p: Prepared) -> None:
+        """Into the batch, with its cached prefix; the prompt cache keeps only
+        what the running requests leave of the budget."""
+        from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
+
+        job, tokens = p.job, p.tokens
+        assert tokens is not None and p.view.row is not None
+        try:
+            self.faults.refresh()
+            self.faults.check("start", request_text=job.text)
+            job.channel.put(Started(len(tokens)))
+            cache = self.prompt_cache
+            fetched = cache.fetch(tokens)
+            self._log_reuse(job, fetched)
+            room = cache_room(self._batch_memory, [*self._rows(), p.view.row], cache.stats.memory_bytes)
+            if room < cache.stats.memory_bytes:
+                cache.shrink_to(room)
+            kv, needs_snapshot = fetched.kv, False
+            if fetched.patches:
+                recompute(self._resident.model, kv, tokens, fetched.patches, fetched.start, self.prefill_step_size,
+                          self._heartbeat)
+            if cache.enabled:
+                kv = kv if kv is not None else make_prompt_cache(self._resident.model)
+                needs_snapshot = needs_boundary_snapshot([type(c).__name__ for c in kv], can_trim_prompt_cache(kv))
+            generation = Generation(self._resident, job, self.faults, self.prefill_step_size, self._heartbeat,
+                                    on_decode=lambda: None)
+            if self._batch is None:
+                self._batch = BatchRun(self._resident, self._slots(), self.prefill_step_size)
+            self._batch.admit(Admitted(job, generation, tokens, fetched, self._resident.tokenizer.detokenizer,
+                                       needs_snapshot), kv, self._heartbeat)
+        except EngineError as exc:
+            job.channel.put(Failed(exc))
+            self.admission.done(job, 0.0)
+            return
+        except BaseException as exc:  # noqa: BLE001 - an MLX fault: do not limp on
+            self._fatal(exc, [job, *(self._batch.jobs if self._batch else [])])
+            return
+        self.counters["jobs"] += 1
+        self._publish_batch()
+        self._record_inflight_batch()
+
+    def _batch_step(self: "ModelWorker") -> None:
+        batch = self._batch
+        assert batch is not None
+        try:
+            ended = batch.step()
+        except BaseException as exc:  # noqa: BLE001 - an MLX fault mid-batch: every request is told
+            self._fatal(exc, batch.jobs)
+            return
+        self._heartbeat()
+        for e in ended:
+            self._end(e)
+        self._publish_batch()
+        if ended:
+            self._record_inflight_batch()
+
+    def _end(self: "ModelWorker", e: Ended) -> None:
+        """A request left the batch: its answer's end, its KV to the prompt cache."""
+        a, cache = e.admitted, self.prompt_cache
+        generated = a.generation.tokens
+        self.counters["generated_tokens"] += len(generated)
+        self.counters["prompt_tokens"] += len(a.prompt)
+        a.generation.end(e.finish, len(a.prompt), len(generated), a.fetched.cached_tokens)
+        if cache.enabled:
+            if a.first_token_at is not None:
+                recomputed = sum(end - start for start, end in a.fetched.patches)
+                cache.note_prefill(len(a.prompt) - a.fetched.start + recomputed, a.first_token_at - a.admitted_at)
+            echo = answer_echo(self._resident.tokenizer, generated)
+            if a.needs_snapshot:
+                if a.snapshot is not None:
+                    cache.store(a.prompt[:-1], len(a.prompt) - 1, a.snapshot, a.job.conversation, a.fetched, echo)
+            elif e.kv is not None:
+                cache.store(e.covered[:kv_offset(e.kv) or 0], len(a.prompt), e.kv, a.job.conversation, a.fetched,
+                            echo)
+            room = cache_room(self._batch_memory, self._rows(), cache.stats.memory_bytes)
+            if room < cache.stats.memory_bytes:
+                cache.shrink_to(room)
+        self.admission.done(a.job, time.monotonic() - a.admitted_at)
+
+    def _fatal(self: "ModelWorker", exc: BaseException, jobs: list[Job]) -> None:
+        """An MLX fault: every request the worker holds gets an explicit
+        error, and the engine exits for the supervisor to restart it."""
+        self._publish(Phase.FAILED, jobs[0] if jobs else None)
+        self.status = replace(self.status, in_flight_ids=tuple(j.id for j in jobs))
+        error = EngineError(500, f"MLX error: {exc}; the engine is restarting", code="mlx_error", retry_after=5)
+        for job in jobs:
+            job.channel.put(Failed(error))
+        self._stop_event.set()
+        self.on_fatal(exc, jobs[0] if jobs else None)
+
+    def _record_inflight_batch(self: "ModelWorker") -> None:
+        jobs = self._batch.jobs if self._batch is not None else []
+        self._record_inflight(jobs[0] if jobs else None, jobs)

@@ -542,6 +542,8 @@ def start_arm(arm: str, model: Path, workdir: Path, args: argparse.Namespace) ->
         return spawn(LABEL[arm], argv, child_env(), workdir / "mlx_lm_server.log", port, "/v1/models"), \
             "default_model"
     extra = f"max_concurrency = {args.batch_size}\n" if arm == "batched" else ""
+    if args.max_prompt_tokens:
+        extra += f"max_prompt_tokens = {args.max_prompt_tokens}\n"
     toml = engine_toml(model, extra, args.prompt_cache, max(8, max(args.clients_list)), args.engine_log_level)
     return start_engine(workdir / f"home-{arm}", toml, workdir / f"engine-{arm}.log", name=LABEL[arm]), "default"
 
@@ -640,6 +642,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--startup-timeout", type=float, default=120.0, help="seconds for a server to become ready")
     p.add_argument("--request-timeout", type=float, default=1800.0, help="read timeout of one stream (s)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON results ({DEFAULT_OUT})")
+    p.add_argument("--memory-total-gib", type=float, default=None,
+                   help="the memory mlxd's budget is taken from (MLXD_MEMORY_TOTAL_BYTES): e.g. the GPU's, to show "
+                        "memory admission against a server whose batch is unbounded")
+    p.add_argument("--max-prompt-tokens", type=int, default=None, help="mlxd's [engine] max_prompt_tokens (long runs)")
     p.add_argument("--keep-logs", type=Path, default=None, help="copy the servers' logs into this folder")
     p.add_argument("--engine-log-level", choices=["info", "debug"], default="info",
                    help="mlxd's log level (debug: where each request's time went)")
@@ -663,6 +669,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     interrupt_on_sigterm()
     started = time.monotonic()
+    if args.memory_total_gib:  # read by the engines this process starts
+        os.environ["MLXD_MEMORY_TOTAL_BYTES"] = str(int(args.memory_total_gib * 2**30))
     if args.model:
         if not (args.model / "config.json").is_file():
             say(f"error: {args.model} is not an mlx-lm model folder (no config.json)")
@@ -688,6 +696,7 @@ def main(argv: list[str] | None = None) -> int:
                                   "the server process's RSS, polled every 50 ms",
                 "engine_toml_extra": engine_extra(max(8, max(args.clients_list))) + "(batched: max_concurrency = "
                                      f"{args.batch_size})",
+                "memory_total_gib": args.memory_total_gib, "max_prompt_tokens": args.max_prompt_tokens,
                 "order": "arms one after another (one server at a time), client counts ascending, rounds in turn"}
     per_arm: dict[str, Any] = {}
     errors: dict[str, str] = {}

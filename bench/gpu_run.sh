@@ -89,6 +89,16 @@ concurrency)
       --engine-log-level "${ENGINE_LOG_LEVEL:-info}" --keep-logs "$OUT/logs" \
       --out "$OUT/concurrency_8b.json" | tee "$OUT/concurrency_8b.md"
   ;;
+admission)
+  # Memory admission against an unbounded batch: 8 clients with long prompts
+  # (LONG_TOKENS, ~60k), mlxd batched with its budget from the card's 80 GB,
+  # and mlx_lm.server, whose batch takes every request at once.
+  install_engine
+  [ -n "${BUILD_ONLY:-}" ] && exit 0
+  $PY bench/concurrency.py --model "$MODEL" --arms "${ARMS:-batched,mlx_lm}" --clients 8 --rounds 1 --warmup 0 \
+      --max-tokens 32 --prompt-tokens "${LONG_TOKENS:-60000}" --max-prompt-tokens 131072 --memory-total-gib 80 \
+      --startup-timeout 300 --request-timeout "${REQUEST_TIMEOUT:-300}" --keep-logs "$OUT/logs" --out "$OUT/admission_8b.json" | tee "$OUT/admission_8b.md"
+  ;;
 profile)
   # Diagnosis, by hand: where a reused KV cache's time goes in mlx-lm alone
   # (bench/kv_reuse_profile.py), on the 8B model.

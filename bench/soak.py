@@ -33,10 +33,13 @@ report counts the crashes whose journal line names more than one request in
 flight. Whether a journal line names every request in flight is checked
 from the client side: each soak request's fingerprint is computed the way
 the engine computes it (engine/jobs.py: its model id and messages), and a
-stream that got engine content and then an explicit error was generating
-when the engine died, so the first crash after its start must name it;
-requests that fell back or failed around a crash without being named (queued,
-or sent while the engine was already dead) are counted, not judged.
+stream that got engine content and then an explicit error belongs to the
+crash nearest its end, which should name it (the exception: a stream whose
+tokens were all generated but not yet sent when the engine died is cut but no
+longer in flight, seen at max_concurrency 1 when the next request aborts at
+its start); requests that fell back or failed around a crash without being
+named (queued, or sent while the engine was already dead) are counted, not
+judged.
 
   .venv/bin/python bench/soak.py [--requests 1000] [--max-seconds 900] [--clients 4] [--seed 1]
   .venv/bin/python bench/soak.py --max-concurrency 4 --clients 6 --requests 300

@@ -163,6 +163,15 @@ def kv_cache_bytes(config: dict[str, Any], context_tokens: int, bytes_per_value:
     return 2 * layers * kv_heads * head_dim * positions * bytes_per_value
 
 
+def attention_heads(config: dict[str, Any] | None) -> int:
+    """The text model's attention heads (pure; 0 when the config says nothing)."""
+    c = _text_config(config or {})
+    try:
+        return int(c.get("num_attention_heads") or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
 def vision_encoder_bytes(config: dict[str, Any], image_tokens: int) -> int:
     """Activations of a vision tower encoding images that become
     `image_tokens` tokens (pure): one layer's live tensors (residual, q/k/v,

@@ -50,6 +50,13 @@ class Memory:
     budget_bytes: int
     weights_bytes: int | None  # None: the model's size is unknown, so slots alone limit the batch
     kv_bytes_per_token: int  # every layer's K and V for one position; 0 when unknown
+    # A row's attention while it prefills a step: mlx-lm's batch passes an
+    # explicit mask (rows are padded), so attention is not fused: scores, their
+    # softmax and the broadcast mask, in float32, for every head, over each
+    # position of the row's context. At long contexts larger than the KV itself:
+    # uncounted, 3 rows of 60k tokens ran an 80 GB card out of memory in
+    # prefill, and 2 counted at 8 bytes a head-position still did.
+    attention_bytes_per_position: int = 0
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,10 @@ class Pending:
 
     batchable: bool
     row: Row | None = None  # None when it is served alone
+
+
+def attention_bytes_per_position(heads: int, prefill_step: int) -> int:
+    return heads * prefill_step * 3 * 4
 
 
 def round_up(n: int, step: int) -> int:
@@ -79,7 +90,12 @@ def batch_kv_tokens(rows: Sequence[Row]) -> int:
 
 
 def batch_kv_bytes(memory: Memory, rows: Sequence[Row]) -> int:
-    return batch_kv_tokens(rows) * memory.kv_bytes_per_token
+    """The batch's KV at its peak, and its rows' attention during a prefill step."""
+    if not rows:
+        return 0
+    context = round_up(max(r.length for r in rows) + max(r.remaining for r in rows), STEP_TOKENS)
+    attention = len(rows) * context * memory.attention_bytes_per_position
+    return batch_kv_tokens(rows) * memory.kv_bytes_per_token + attention
 
 
 def fits(memory: Memory, rows: Sequence[Row]) -> bool:

@@ -24,7 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-from mlxd.memory_estimate import kv_cache_bytes, request_fits, vision_encoder_bytes
+from mlxd.memory_estimate import attention_heads, kv_cache_bytes, request_fits, vision_encoder_bytes
 from mlxd.models import is_vision_config
 from mlxd.records import InflightRequest
 
@@ -40,7 +40,7 @@ from .model_cache import Unload, plan_release, plan_switch
 from .model_registry import ModelRegistry
 from .prompt_cache import CacheStats, Fetched, PromptCache, kv_offset, needs_boundary_snapshot
 from .prompt_tokens import PieceEncoder, answer_echo, generation_prompt_length
-from .scheduler import Memory
+from .scheduler import Memory, attention_bytes_per_position
 from .worker_state import MemorySnapshot, Phase, WorkerStatus
 
 log = logging.getLogger("mlxd.engine.worker")
@@ -279,7 +279,9 @@ class ModelWorker(BatchedTurns, threading.Thread):
         self._mergeable = not resident.vision and self.link is None and batchable_model(resident.model)
         info = self.registry.info(model_id)
         self._batch_memory = Memory(self.registry.budget_bytes, info.footprint.weights_bytes,
-                                    kv_cache_bytes(info.config, 1) if info.config else 0)
+                                    kv_cache_bytes(info.config, 1) if info.config else 0,
+                                    attention_bytes_per_position(attention_heads(info.config),
+                                                                 self.prefill_step_size))
         if resident.vision or self.link is not None:  # mlx-vlm's generation, a rank group: no prompt cache of ours
             self.prompt_cache.set_model(None, 0)
         else:

@@ -150,10 +150,16 @@ def test_memory_admission_keeps_the_batch_under_the_budget(start_engine, demo_mo
 
     from mlxd.memory_estimate import kv_cache_bytes
 
-    per_token = kv_cache_bytes(json.loads((demo_models.a / "config.json").read_text()), 1)
+    from mlxd.engine.scheduler import Memory, Row, attention_bytes_per_position, batch_kv_bytes
+
+    config = json.loads((demo_models.a / "config.json").read_text())
     weights = sum(f.stat().st_size for f in demo_models.a.glob("*.safetensors"))
-    # A row of 512 positions peaks at 768 (512 + the 256 it grows from); room for 2, not 3.
-    budget = weights + per_token * 1900
+    # Rows of 512 positions at their peak (512 + the 256 they grow from, and a
+    # prefill step's attention over them): room for 2, not 3.
+    shape = Memory(0, weights, kv_cache_bytes(config, 1),
+                   attention_bytes_per_position(config["num_attention_heads"], 512))
+    two, three = (batch_kv_bytes(shape, [Row(500, 12)] * n) for n in (2, 3))
+    budget = weights + (two + three) // 2
     eng = start_engine({"max_concurrency": 4, "max_tokens_cap": 4096, "memory_fraction": 1.0, "context_tokens": 256,
                         "prompt_cache": {"enabled": False}},
                        env={"MLXD_MEMORY_TOTAL_BYTES": str(budget)})

@@ -34,6 +34,20 @@ def test_fits(rows, fit):
     assert fits(UNKNOWN, rows) is True  # a model of unknown size: slots alone limit the batch
 
 
+# The same model, with a prefill step's attention costing 1 KiB a position of each row's context too.
+ATTN = Memory(budget_bytes=110 * MB, weights_bytes=100 * MB, kv_bytes_per_token=1024, attention_bytes_per_position=1024)
+
+
+@pytest.mark.parametrize("rows, fit", [
+    ([Row(100, 100)] * 20, True),    # 20 x (256 KV + 256 attention) KiB = 10,240 KiB: exactly the room
+    ([Row(100, 100)] * 21, False),
+    ([Row(2000, 100)], True),        # KV 2,304 + 2,048 grown from; attention over 2,304: 6,656 KiB
+    ([Row(3000, 1000)], False),      # KV 4,096 + 3,840; attention over 4,096: 12,032 KiB
+])
+def test_fits_counts_the_attention_of_a_prefill_step(rows, fit):
+    assert fits(ATTN, rows) is fit
+
+
 @pytest.mark.parametrize("rows, cache_bytes, room", [
     ([], 50 * MB, 10 * MB),                          # the cache gives way to running requests
     ([Row(100, 100)] * 20, 50 * MB, 5 * MB),

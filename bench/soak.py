@@ -41,8 +41,14 @@ its start); requests that fell back or failed around a crash without being
 named (queued, or sent while the engine was already dead) are counted, not
 judged.
 
+On a slow CPU-only machine (2 cores) a batch's first step after a restart
+prefills the 4 queued prompts at once (~0.7 s idle, more under the soak's
+load) with no heartbeat, which the soak's stuck_grace_s of 1.5 s can take for
+a hang: with --max-concurrency above 1 there, pass --stuck-grace-s 5, or
+`restarts not caused by an injected fault` counts spurious `hang` kills.
+
   .venv/bin/python bench/soak.py [--requests 1000] [--max-seconds 900] [--clients 4] [--seed 1]
-  .venv/bin/python bench/soak.py --max-concurrency 4 --clients 6 --requests 300
+  .venv/bin/python bench/soak.py --max-concurrency 4 --clients 6 --requests 400 --fault-every 10 --stuck-grace-s 5
 
 Report: Markdown on stdout, everything in bench/results/soak.json (--out).
 Exit status 0 when nothing was lost or silently cut, 1 otherwise.

@@ -257,8 +257,11 @@ def main(argv=None) -> None:
     parser.add_argument("--chunk-delay", type=float, default=0.0, help="seconds slept before each streamed chunk")
     args = parser.parse_args(argv)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
+    # Ollama's Go server keeps idle connections open (no idle timeout); uvicorn's
+    # default closes them after 5 s, and a client that reuses one at that moment
+    # (LiteLLM keeps them 15 s) fails its request: a stand-in artefact, not Ollama's.
     uvicorn.run(create_app(models, args.chunk_delay), host="127.0.0.1", port=args.port,
-                log_level="warning", access_log=False)
+                log_level="warning", access_log=False, timeout_keep_alive=300)
 
 
 if __name__ == "__main__":

@@ -111,6 +111,10 @@ class BatchedTurns:
 
         job, tokens = p.job, p.tokens
         assert tokens is not None and p.view.row is not None
+        held = [*(self._batch.jobs if self._batch else []), job]
+        # On record before anything of it runs: a request that crashes the engine at
+        # its start or in its prefill is named in the crash journal (quarantine).
+        self._record_inflight(held[0], held)
         try:
             self.faults.refresh()
             self.faults.check("start", request_text=job.text)
@@ -137,6 +141,7 @@ class BatchedTurns:
         except EngineError as exc:
             job.channel.put(Failed(exc))
             self.admission.done(job, 0.0)
+            self._record_inflight_batch()
             return
         except BaseException as exc:  # noqa: BLE001 - an MLX fault: do not limp on
             self._fatal(exc, [job, *(self._batch.jobs if self._batch else [])])

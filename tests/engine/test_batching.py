@@ -219,3 +219,81 @@ def test_a_lone_request_joins_the_batch_where_it_stands(start_engine):
     assert other.json()["choices"][0]["text"] == other_alone
     assert text == alone
     assert metric(eng.url, "mlxd_engine_max_observed_concurrency") == 2
+
+
+def test_reasoning_splits_the_same_in_a_batch(start_engine, demo_models, think_model):
+    """A reasoning model's answers, split into reasoning_content and content,
+    are the same in a batch as alone, streamed or not."""
+    from openai import OpenAI
+
+    from conftest import engine_toml
+
+    extra = f'[models.demo-think]\npath = "{think_model}"\n'
+    single = start_engine(toml=engine_toml(demo_models, {"max_tokens_cap": 64}, extra_models=extra))
+    batched = start_engine(toml=engine_toml(demo_models, {"max_tokens_cap": 64, "max_concurrency": 3},
+                                            extra_models=extra))
+
+    def ask(url: str, question: str, stream: bool) -> tuple[str, str]:
+        client = OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        kw = dict(model="demo-think", messages=[{"role": "user", "content": question}], max_tokens=24,
+                  temperature=0, extra_body={"chat_template_kwargs": {"enable_thinking": True}})
+        if not stream:
+            msg = client.chat.completions.create(**kw).choices[0].message
+            return msg.content or "", (msg.model_extra or {}).get("reasoning_content") or ""
+        content, reasoning = "", ""
+        for chunk in client.chat.completions.create(stream=True, **kw):
+            if chunk.choices:
+                content += chunk.choices[0].delta.content or ""
+                reasoning += (chunk.choices[0].delta.model_extra or {}).get("reasoning_content") or ""
+        return content, reasoning
+
+    questions = [("Tell me about the lighthouse.", False), ("What is a harbour?", True), ("Name a boat.", True)]
+    alone = [ask(single.url, q, s) for q, s in questions]
+    together = at_once([lambda q=q, s=s: ask(batched.url, q, s) for q, s in questions])
+    assert together == alone
+    assert all(reasoning for _, reasoning in alone)  # the template opened <think>: reasoning first
+
+
+def test_a_deadline_ends_one_request_of_a_batch(start_engine):
+    """The deadline holds per request: an endless generation ends at it like
+    max_tokens does, while a short one beside it ends on its own."""
+    eng = start_engine({"max_concurrency": 2, "max_tokens_cap": 100_000, "request_deadline_s": 3})
+    started = time.monotonic()
+    long, short = at_once([lambda: complete(eng.url, "hold", max_tokens=100_000),
+                           lambda: complete(eng.url, PROMPTS[0], max_tokens=8)])
+    assert long.status_code == 200 and long.json()["choices"][0]["finish_reason"] == "length"
+    assert 8 < long.json()["usage"]["completion_tokens"] < 100_000
+    assert time.monotonic() - started < 30
+    assert short.json()["usage"]["completion_tokens"] == 8
+
+
+def test_tool_calls_are_parsed_per_request_in_a_batch(start_engine, demo_models, agent_model):
+    """The fine-tuned agent model's tool call comes out as OpenAI tool_calls
+    for each of three requests decoded together, streamed or not."""
+    import json
+
+    from openai import OpenAI
+
+    from conftest import engine_toml
+    from mlxd.devkit import agent_model as agent
+
+    extra = f'[models.agent]\npath = "{agent_model}"\n'
+    eng = start_engine(toml=engine_toml(demo_models, {"max_tokens_cap": 64, "max_concurrency": 3},
+                                        extra_models=extra))
+    client = OpenAI(base_url=eng.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+    def ask(stream: bool) -> tuple[str | None, list[tuple[str, dict]]]:
+        kw = dict(model="agent", messages=[{"role": "user", "content": agent.WEATHER_QUESTION}],
+                  tools=[agent.WEATHER_TOOL], max_tokens=64, temperature=0,
+                  extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        if not stream:
+            choice = client.chat.completions.create(**kw).choices[0]
+            return choice.finish_reason, [(c.function.name, json.loads(c.function.arguments))
+                                          for c in choice.message.tool_calls or []]
+        chunks = [c for c in client.chat.completions.create(stream=True, **kw) if c.choices]
+        calls = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
+        return chunks[-1].choices[0].finish_reason, [(c.function.name, json.loads(c.function.arguments))
+                                                     for c in calls]
+
+    results = at_once([lambda: ask(False), lambda: ask(True), lambda: ask(False)])
+    assert results == [("tool_calls", [("get_weather", agent.WEATHER_ARGS)])] * 3

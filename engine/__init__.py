@@ -8,6 +8,7 @@ Entry point: `mlxd engine` -> mlxd.engine.main.run_engine. Where things are:
   health.py      GET /health; metrics.py: GET /metrics
   worker.py      the one thread that owns the model and every MLX call
   worker_state.py  what it publishes: phase, requests held, memory
+  lone_turns.py  its turns serving one request alone (stream_generate)
   batched_turns.py  its turns with max_concurrency > 1; batch.py: the batch
                  (mlx-lm's BatchGenerator; a request alone decodes solo)
   generation.py  one job's tokenize/decode on the resident model

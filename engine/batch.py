@@ -80,8 +80,7 @@ class Ended:
 
     admitted: Admitted
     finish: str
-    kv: list[Any] | None  # the KV of `covered`
-    covered: list[int]
+    kv: list[Any] | None  # the KV of its prompt and what it generated (all but the last token)
 
 
 class BatchRun:
@@ -192,7 +191,7 @@ class BatchRun:
             finish = self._feed(a, r.token, r.finish_reason)
             if r.finish_reason is not None:  # mlx-lm ended it (and took it out of the batch)
                 del self.rows[r.uid]
-                ended.append(Ended(a, finish or r.finish_reason, r.prompt_cache, list(r.all_tokens)))
+                ended.append(Ended(a, finish or r.finish_reason, r.prompt_cache))
             elif finish is not None:
                 ended.append(self._remove(r.uid, finish))
         for uid, a in list(self.rows.items()):  # gone before their first token: cancelled in prefill
@@ -230,11 +229,11 @@ class BatchRun:
         self.rows.pop(SOLO)
         solo.steps.close()
         a = solo.admitted
-        return Ended(a, finish, solo.kv, a.prompt + a.generation.tokens)
+        return Ended(a, finish, solo.kv)
 
     def _remove(self, uid: int, finish: str) -> Ended:
         a = self.rows.pop(uid)
         caches = self.generator.remove([uid], return_prompt_caches=True)
-        kv, tokens = caches.get(uid, (None, []))
-        return Ended(a, finish, kv, list(tokens))
+        kv, _ = caches.get(uid, (None, []))
+        return Ended(a, finish, kv)
 

@@ -16,10 +16,8 @@ from typing import TYPE_CHECKING
 from .batch import Admitted, BatchRun, Ended
 from .errors import EngineError
 from .events import Failed, Started
-from .generation import Generation, recompute, tokenize
+from .generation import Generation, tokenize
 from .jobs import Job
-from .prompt_cache import kv_offset, needs_boundary_snapshot
-from .prompt_tokens import answer_echo
 from .scheduler import Memory, Pending, Row, Step, cache_room, next_step
 from .worker_state import Phase
 
@@ -107,8 +105,6 @@ class BatchedTurns:
     def _admit(self: "ModelWorker", p: Prepared) -> None:
         """Into the batch, with its cached prefix; the prompt cache keeps only
         what the running requests leave of the budget."""
-        from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
-
         job, tokens = p.job, p.tokens
         assert tokens is not None and p.view.row is not None
         held = [*(self._batch.jobs if self._batch else []), job]
@@ -120,18 +116,8 @@ class BatchedTurns:
             self.faults.check("start", request_text=job.text)
             job.channel.put(Started(len(tokens)))
             cache = self.prompt_cache
-            fetched = cache.fetch(tokens)
-            self._log_reuse(job, fetched)
             room = cache_room(self._batch_memory, [*self._rows(), p.view.row], cache.stats.memory_bytes)
-            if room < cache.stats.memory_bytes:
-                cache.shrink_to(room)
-            kv, needs_snapshot = fetched.kv, False
-            if fetched.patches:
-                recompute(self._resident.model, kv, tokens, fetched.patches, fetched.start, self.prefill_step_size,
-                          self._heartbeat)
-            if cache.enabled:
-                kv = kv if kv is not None else make_prompt_cache(self._resident.model)
-                needs_snapshot = needs_boundary_snapshot([type(c).__name__ for c in kv], can_trim_prompt_cache(kv))
+            fetched, kv, needs_snapshot = self._cached_start(job, tokens, room)
             generation = Generation(self._resident, job, self.faults, self.prefill_step_size, self._heartbeat,
                                     on_decode=lambda: None)
             if self._batch is None:
@@ -167,25 +153,17 @@ class BatchedTurns:
 
     def _end(self: "ModelWorker", e: Ended) -> None:
         """A request left the batch: its answer's end, its KV to the prompt cache."""
-        a, cache = e.admitted, self.prompt_cache
+        a = e.admitted
         generated = a.generation.tokens
         self.counters["generated_tokens"] += len(generated)
         self.counters["prompt_tokens"] += len(a.prompt)
         a.generation.end(e.finish, len(a.prompt), len(generated), a.fetched.cached_tokens)
-        if cache.enabled:
-            if a.first_token_at is not None:
-                recomputed = sum(end - start for start, end in a.fetched.patches)
-                cache.note_prefill(len(a.prompt) - a.fetched.start + recomputed, a.first_token_at - a.admitted_at)
-            echo = answer_echo(self._resident.tokenizer, generated)
-            if a.needs_snapshot:
-                if a.snapshot is not None:
-                    cache.store(a.prompt[:-1], len(a.prompt) - 1, a.snapshot, a.job.conversation, a.fetched, echo)
-            elif e.kv is not None:
-                cache.store(e.covered[:kv_offset(e.kv) or 0], len(a.prompt), e.kv, a.job.conversation, a.fetched,
-                            echo)
-            room = cache_room(self._batch_memory, self._rows(), cache.stats.memory_bytes)
-            if room < cache.stats.memory_bytes:
-                cache.shrink_to(room)
+        self._store_turn(a.job, a.prompt, a.fetched, generated, e.kv, a.snapshot, a.needs_snapshot,
+                         a.first_token_at - a.admitted_at if a.first_token_at is not None else None)
+        cache = self.prompt_cache
+        room = cache_room(self._batch_memory, self._rows(), cache.stats.memory_bytes)
+        if room < cache.stats.memory_bytes:
+            cache.shrink_to(room)
         self.admission.done(a.job, time.monotonic() - a.admitted_at)
 
     def _fatal(self: "ModelWorker", exc: BaseException, jobs: list[Job]) -> None:

@@ -1,10 +1,13 @@
 """The model worker: the one thread that owns the model and every MLX call.
 
-Its job loop takes jobs from the AdmissionQueue one at a time, makes the
-job's model resident (unloading the previous one first) and runs the job's
-Generation, which reports through the job's EventChannel. HTTP handlers
-never touch MLX; they read the worker's published `status` and `memory`
-snapshots (immutable objects, replaced whole).
+Its job loop takes jobs from the AdmissionQueue, makes the job's model
+resident (unloading the previous one first) and serves it: alone
+(lone_turns.py: every job with max_concurrency = 1) or in a batch
+(batched_turns.py, as engine/scheduler.py decides). Each job's Generation
+reports through the job's EventChannel. The worker owns the resident model
+and the prompt cache, and the cache's steps of a turn (`_cached_start`,
+`_store_turn`) serve both ways. HTTP handlers never touch MLX; they read the
+worker's published `status` and `memory` snapshots (worker_state.py).
 
 An exception out of MLX is fatal by design: the request gets a 500 and the
 worker hands the exception to `on_fatal` (the engine's Lifecycle), which
@@ -14,7 +17,6 @@ rather than let it limp on.
 
 from __future__ import annotations
 
-import copy
 import gc
 import logging
 import os
@@ -31,10 +33,10 @@ from mlxd.records import InflightRequest
 from .admission import AdmissionQueue
 from .batch import BatchRun, batchable_model
 from .batched_turns import BatchedTurns, Prepared
+from .lone_turns import LoneTurns
 from .errors import EngineError
-from .events import Failed, Started
 from .faults import FaultInjector
-from .generation import Generation, ResidentModel, VisionPrompt, prefill, recompute, tokenize, vision_prompt
+from .generation import ResidentModel, recompute
 from .jobs import Job
 from .model_cache import Unload, plan_release, plan_switch
 from .model_registry import ModelRegistry
@@ -68,7 +70,7 @@ def load_resident(model_id: str, target: str) -> ResidentModel:
     return ResidentModel(model_id, model, tokenizer, None, processor)
 
 
-class ModelWorker(BatchedTurns, threading.Thread):
+class ModelWorker(LoneTurns, BatchedTurns, threading.Thread):
     def __init__(
         self,
         registry: ModelRegistry,
@@ -311,50 +313,6 @@ class ModelWorker(BatchedTurns, threading.Thread):
         return ResidentModel(model_id, MirroredModel(model, self.link), tokenizer, PieceEncoder(tokenizer))
 
     # --- serving one job ---------------------------------------------------
-    def _serve(self, job: Job) -> None:
-        started = time.monotonic()
-        self._timeline = [("taken", started)]
-        self.counters["jobs"] += 1
-        self.current_job = job
-        self._record_inflight(job)
-        try:
-            if job.cancelled.is_set():
-                return
-            self.faults.refresh()
-            self.faults.check("start", request_text=job.text)
-            self._ensure_model(job.model_id, job)
-            self._publish(Phase.PREFILL, job)
-            if self._resident.vision:
-                vision = vision_prompt(self._resident, job, self.max_prompt_tokens)
-                tokens = vision.tokens
-            else:
-                vision, tokens = None, tokenize(self._resident, job, self.max_prompt_tokens)
-            self._heartbeat()  # tokenizing a long prompt is progress, not a hang
-            self._mark("tokenized")
-            job.channel.put(Started(len(tokens)))
-            self._generate(job, tokens, vision)
-        except EngineError as exc:
-            job.channel.put(Failed(exc))
-        except BaseException as exc:  # noqa: BLE001 - an MLX fault: do not limp on
-            self._publish(Phase.FAILED, job)
-            job.channel.put(Failed(EngineError(500, f"MLX error: {exc}; the engine is restarting",
-                                               code="mlx_error", retry_after=5)))
-            self._stop_event.set()
-            self.on_fatal(exc, job)
-        finally:
-            self.current_job = None
-            if self.status.phase is not Phase.FAILED:
-                self._publish(Phase.IDLE)
-                self._record_inflight(None)
-            self._mark("done")
-            if log.isEnabledFor(logging.DEBUG):  # where a request's time went, for the queue's dead time
-                log.debug("request %s: %s", job.id, " ".join(f"{k} {1000 * (t - started):.1f} ms"
-                                                             for k, t in self._timeline[1:]))
-            self.admission.done(job, time.monotonic() - started)
-
-    def _mark(self, moment: str) -> None:
-        self._timeline.append((moment, time.monotonic()))
-
     def _record_inflight(self, job: Job | None, batch: list[Job] | None = None) -> None:
         """`job`, the oldest of `batch` when several run."""
         if self.inflight_path is None:
@@ -392,59 +350,44 @@ class ModelWorker(BatchedTurns, threading.Thread):
                               code="context_length_exceeded", param="messages")
         return room
 
-    def _generate(self, job: Job, prompt: list[int], vision: VisionPrompt | None = None) -> None:
+    # --- the prompt cache, per turn (both ways of serving) -------------------
+    def _cached_start(self, job: Job, prompt: list[int], room: int) -> tuple[Fetched, list[Any] | None, bool]:
+        """The turn's KV from the prompt cache (engine/reuse.py plans it):
+        taken, its changed spans recomputed, the rest of the cache shrunk to
+        `room`; and whether the KV must be kept at the prompt's boundary (a
+        cache that cannot be cut back later)."""
         from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 
-        started = time.monotonic()
-        first_token_at: list[float] = []
-
-        def on_decode() -> None:
-            first_token_at.append(time.monotonic())
-            self._mark("first_token")
-            self._publish(Phase.DECODE, job)
-
-        generation = Generation(self._resident, job, self.faults, self.prefill_step_size, self._heartbeat,
-                                on_decode=on_decode)
-        if self.link is not None:
-            self._generate_mirrored(job, prompt, generation)
-            return
-        if vision is not None:
-            self._room_beside(job, prompt, vision.image_tokens)  # raises the 400 for a request that cannot fit
-            self._run_generation(generation, len(prompt), 0, lambda: generation.decode_vision(vision))
-            self._sample_memory()
-            return
         cache = self.prompt_cache
-        room = self._room_beside(job, prompt)  # raises the 400 for a request that cannot fit
         fetched = cache.fetch(prompt)
-        self._mark("cache_fetched")
         self._log_reuse(job, fetched)
         if room < cache.stats.memory_bytes:
             cache.shrink_to(room)
-        kv, cached = fetched.kv, fetched.cached_tokens
-        rest, snapshot = prompt[fetched.start:], None
+        kv, needs_snapshot = fetched.kv, False
         if fetched.patches:
             recompute(self._resident.model, kv, prompt, fetched.patches, fetched.start, self.prefill_step_size,
                       self._heartbeat)
         if cache.enabled:
             kv = kv if kv is not None else make_prompt_cache(self._resident.model)
-            if needs_boundary_snapshot([type(c).__name__ for c in kv], can_trim_prompt_cache(kv)):
-                # Kept at the prompt's boundary: this cache cannot be cut back later.
-                prefill(self._resident.model, kv, rest[:-1], self.prefill_step_size, self._heartbeat)
-                snapshot, rest = copy.deepcopy(kv), rest[-1:]
-        generated = self._run_generation(generation, len(prompt), cached,
-                                         lambda: generation.decode(rest, kv, prompt[:len(prompt) - len(rest)]))
-        if first_token_at:
+            needs_snapshot = needs_boundary_snapshot([type(c).__name__ for c in kv], can_trim_prompt_cache(kv))
+        return fetched, kv, needs_snapshot
+
+    def _store_turn(self, job: Job, prompt: list[int], fetched: Fetched, generated: list[int], kv: list[Any] | None,
+                    snapshot: list[Any] | None, needs_snapshot: bool, prefill_s: float | None) -> None:
+        """The turn's KV back to the prompt cache: at the prompt's boundary
+        (`snapshot`) where it cannot be cut back, else all it covers."""
+        cache = self.prompt_cache
+        if not cache.enabled:
+            return
+        if prefill_s is not None:
             recomputed = sum(end - start for start, end in fetched.patches)
-            cache.note_prefill(len(prompt) - fetched.start + recomputed, first_token_at[0] - started)
-        self._mark("decoded")
-        echo = answer_echo(self._resident.tokenizer, generated) if cache.enabled else ()
-        if snapshot is not None:
-            cache.store(prompt[:-1], len(prompt) - 1, snapshot, job.conversation, fetched, echo)
+            cache.note_prefill(len(prompt) - fetched.start + recomputed, prefill_s)
+        echo = answer_echo(self._resident.tokenizer, generated)
+        if needs_snapshot:
+            if snapshot is not None:
+                cache.store(prompt[:-1], len(prompt) - 1, snapshot, job.conversation, fetched, echo)
         elif kv is not None:
-            covered = (prompt + generated)[:kv_offset(kv) or 0]
-            cache.store(covered, len(prompt), kv, job.conversation, fetched, echo)
-        self._mark("stored")
-        self._sample_memory()
+            cache.store((prompt + generated)[:kv_offset(kv) or 0], len(prompt), kv, job.conversation, fetched, echo)
 
     def _log_reuse(self, job: Job, fetched: Fetched) -> None:
         """At debug level, what the prompt and the cached conversation hold
@@ -455,32 +398,3 @@ class ModelWorker(BatchedTurns, threading.Thread):
         cached, sent = fetched.excerpt
         log.debug("prompt cache: request %s (conversation %s) reused %d tokens; where it stopped the cache holds "
                   "%r and the prompt has %r", job.id, fetched.name, fetched.cached_tokens, decode(cached), decode(sent))
-
-    def _generate_mirrored(self, job: Job, prompt: list[int], generation: Generation) -> None:
-        """A rank group's generation: no prompt cache; the other ranks keep a
-        KV cache of their own shard from BEGIN to END."""
-        from .ranks import BEGIN, END
-
-        self._room_beside(job, prompt)  # raises the 400 for a request that cannot fit
-        self.link.share((BEGIN,))
-        try:
-            self._run_generation(generation, len(prompt), 0, lambda: generation.decode(prompt))
-        finally:
-            self.link.share((END,))
-        self._sample_memory()
-
-    def _run_generation(self, generation: Generation, prompt_tokens: int, cached: int,
-                        decode: Callable[[], tuple[str, list[int]]]) -> list[int]:
-        """Decode, count, and send the answer's end; the tokens generated."""
-        self.active_generations += 1
-        self.max_observed_concurrency = max(self.max_observed_concurrency, self.active_generations)
-        try:
-            finish, generated = decode()
-        finally:
-            self.active_generations -= 1
-        # Counted before the last event: a client that reads /metrics right
-        # after its answer sees its tokens.
-        self.counters["generated_tokens"] += len(generated)
-        self.counters["prompt_tokens"] += prompt_tokens
-        generation.end(finish, prompt_tokens, len(generated), cached)
-        return generated

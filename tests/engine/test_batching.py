@@ -297,3 +297,16 @@ def test_tool_calls_are_parsed_per_request_in_a_batch(start_engine, demo_models,
 
     results = at_once([lambda: ask(False), lambda: ask(True), lambda: ask(False)])
     assert results == [("tool_calls", [("get_weather", agent.WEATHER_ARGS)])] * 3
+
+
+def test_penalties_and_logit_bias_hold_per_request_in_a_batch(start_engine):
+    """Logits processors stay each request's own: penalised and biased
+    requests beside a plain one answer as they do alone."""
+    settings = [{"repetition_penalty": 1.5}, {"frequency_penalty": 1.0, "presence_penalty": 0.5},
+                {"logit_bias": {"5": 5.0}}, {}]
+    single = start_engine({"max_tokens_cap": 256, "prompt_cache": {"enabled": False}})
+    alone = [complete(single.url, PROMPTS[2], max_tokens=30, **s).json()["choices"][0]["text"] for s in settings]
+    assert len(set(alone)) > 1  # the settings change the answer
+    eng = start_engine({"max_concurrency": 4, "max_tokens_cap": 256, "prompt_cache": {"enabled": False}})
+    together = at_once([lambda s=s: complete(eng.url, PROMPTS[2], max_tokens=30, **s) for s in settings])
+    assert [t.json()["choices"][0]["text"] for t in together] == alone

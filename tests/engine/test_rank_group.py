@@ -136,7 +136,9 @@ def rank_pids(st) -> dict[int, int]:
 
 
 def test_a_rank_dying_restarts_the_group_and_is_journaled_as_a_crash(stack):
-    st = stack(engine=f'[engine.ranks]\nhosts = ["127.0.0.1", "127.0.0.1"]\nstarting_port = {free_port_run(2)}\n')
+    # A rank group's first forward pass sets up its collectives: on 2 busy cores over the tests' 1 s grace.
+    st = stack(engine=f'stuck_grace_s = 10.0\n[engine.ranks]\nhosts = ["127.0.0.1", "127.0.0.1"]\n'
+                      f'starting_port = {free_port_run(2)}\n')
     wait_until(lambda: len(rank_pids(st)) == 2, 60, what="two ranks")
     before = rank_pids(st)
     r = requests.post(st.url + "/v1/chat/completions", timeout=120, json={

@@ -54,7 +54,7 @@ class Admitted:
 
     @property
     def row(self) -> Row:
-        generated = len(getattr(self.generation, "tokens", ()))
+        generated = len(self.generation.tokens)
         return Row(len(self.prompt) + generated, self.job.params.max_tokens - generated)
 
 

@@ -10,7 +10,7 @@ owned by the worker thread alone.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .batch import Admitted, BatchRun, Ended
@@ -110,7 +110,7 @@ class BatchedTurns:
         held = [*(self._batch.jobs if self._batch else []), job]
         # On record before anything of it runs: a request that crashes the engine at
         # its start or in its prefill is named in the crash journal (quarantine).
-        self._record_inflight(held[0], held)
+        self._record_inflight(held)
         try:
             self.faults.refresh()
             self.faults.check("start", request_text=job.text)
@@ -166,17 +166,5 @@ class BatchedTurns:
             cache.shrink_to(room)
         self.admission.done(a.job, time.monotonic() - a.admitted_at)
 
-    def _fatal(self: "ModelWorker", exc: BaseException, jobs: list[Job]) -> None:
-        """An MLX fault: every request the worker holds gets an explicit
-        error, and the engine exits for the supervisor to restart it."""
-        self._publish(Phase.FAILED, jobs[0] if jobs else None)
-        self.status = replace(self.status, in_flight_ids=tuple(j.id for j in jobs))
-        error = EngineError(500, f"MLX error: {exc}; the engine is restarting", code="mlx_error", retry_after=5)
-        for job in jobs:
-            job.channel.put(Failed(error))
-        self._stop_event.set()
-        self.on_fatal(exc, jobs[0] if jobs else None)
-
     def _record_inflight_batch(self: "ModelWorker") -> None:
-        jobs = self._batch.jobs if self._batch is not None else []
-        self._record_inflight(jobs[0] if jobs else None, jobs)
+        self._record_inflight(self._batch.jobs if self._batch is not None else [])

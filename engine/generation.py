@@ -266,6 +266,7 @@ class Generation:
         # every other request, so there its events queue up instead (at most
         # max_tokens of them).
         self.waits_for_reader = True
+        self.tokens: list[int] = []  # generated so far (begin() starts the list)
 
     def decode(self, prompt: list[int], prompt_cache: list[Any] | None = None,
                context: list[int] | None = None) -> tuple[str, list[int]]:
@@ -312,7 +313,7 @@ class Generation:
     def begin(self, prompt_tail: list[int]) -> None:
         """Before the first token: whether the prompt leaves the model in its
         reasoning (the template opens it at the end of the prompt)."""
-        self.tokens: list[int] = []
+        self.tokens = []
         self._first = True
         self._token_faults = (any(f.point == "token" for f in self.faults.active)
                               and self.faults.applies_to(self.job.text))

@@ -34,7 +34,7 @@ class LoneTurns:
         self._timeline = [("taken", started)]
         self.counters["jobs"] += 1
         self.current_job = job
-        self._record_inflight(job)
+        self._record_inflight([job])
         try:
             if job.cancelled.is_set():
                 return
@@ -54,16 +54,12 @@ class LoneTurns:
         except EngineError as exc:
             job.channel.put(Failed(exc))
         except BaseException as exc:  # noqa: BLE001 - an MLX fault: do not limp on
-            self._publish(Phase.FAILED, job)
-            job.channel.put(Failed(EngineError(500, f"MLX error: {exc}; the engine is restarting",
-                                               code="mlx_error", retry_after=5)))
-            self._stop_event.set()
-            self.on_fatal(exc, job)
+            self._fatal(exc, [job])
         finally:
             self.current_job = None
             if self.status.phase is not Phase.FAILED:
                 self._publish(Phase.IDLE)
-                self._record_inflight(None)
+                self._record_inflight([])
             self._mark("done")
             if log.isEnabledFor(logging.DEBUG):  # where a request's time went, for the queue's dead time
                 log.debug("request %s: %s", job.id, " ".join(f"{k} {1000 * (t - started):.1f} ms"

@@ -75,6 +75,15 @@ def round_up(n: int, step: int) -> int:
     return -(-n // step) * step
 
 
+def batch_context(rows: Sequence[Row]) -> int:
+    """Positions every row of the batch reaches: the longest row's length
+    plus the most any row may still generate (mlx-lm pads every row to the
+    longest), in whole steps."""
+    if not rows:
+        return 0
+    return round_up(max(r.length for r in rows) + max(r.remaining for r in rows), STEP_TOKENS)
+
+
 def batch_kv_tokens(rows: Sequence[Row]) -> int:
     """KV positions the batch can come to hold at its peak. mlx-lm's
     BatchKVCache keeps every row as long as the longest (shorter ones are
@@ -82,19 +91,14 @@ def batch_kv_tokens(rows: Sequence[Row]) -> int:
     length plus the most any row may still generate, in whole steps; and it
     grows by copying into an array one step longer, the old one alive until
     the copy is done, so past the first step both count."""
-    if not rows:
-        return 0
-    longest = round_up(max(r.length for r in rows) + max(r.remaining for r in rows), STEP_TOKENS)
+    longest = batch_context(rows)
     growing = max(0, longest - STEP_TOKENS)  # the array being copied from at the last step
     return len(rows) * (longest + growing)
 
 
 def batch_kv_bytes(memory: Memory, rows: Sequence[Row]) -> int:
     """The batch's KV at its peak, and its rows' attention during a prefill step."""
-    if not rows:
-        return 0
-    context = round_up(max(r.length for r in rows) + max(r.remaining for r in rows), STEP_TOKENS)
-    attention = len(rows) * context * memory.attention_bytes_per_position
+    attention = len(rows) * batch_context(rows) * memory.attention_bytes_per_position
     return batch_kv_tokens(rows) * memory.kv_bytes_per_token + attention
 
 

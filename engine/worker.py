@@ -35,6 +35,7 @@ from .batch import BatchRun, batchable_model
 from .batched_turns import BatchedTurns, Prepared
 from .lone_turns import LoneTurns
 from .errors import EngineError
+from .events import Failed
 from .faults import FaultInjector
 from .generation import ResidentModel, recompute
 from .jobs import Job
@@ -313,18 +314,18 @@ class ModelWorker(LoneTurns, BatchedTurns, threading.Thread):
         return ResidentModel(model_id, MirroredModel(model, self.link), tokenizer, PieceEncoder(tokenizer))
 
     # --- serving one job ---------------------------------------------------
-    def _record_inflight(self, job: Job | None, batch: list[Job] | None = None) -> None:
-        """`job`, the oldest of `batch` when several run."""
+    def _record_inflight(self, jobs: list[Job]) -> None:
+        """The requests the worker holds, oldest first, on disk ([]: none)."""
         if self.inflight_path is None:
             return
         try:
-            if job is None:
+            if not jobs:
                 self.inflight_path.unlink(missing_ok=True)
             else:
-                m = self.memory
+                m, job = self.memory, jobs[0]
                 InflightRequest(request_id=job.id, fingerprint=job.fingerprint, model=job.model_id, pid=os.getpid(),
                                 started=time.time(),
-                                requests=[{"request_id": j.id, "fingerprint": j.fingerprint} for j in batch or [job]],
+                                requests=[{"request_id": j.id, "fingerprint": j.fingerprint} for j in jobs],
                                 memory={"mlx_active_bytes": m.active_bytes, "mlx_peak_bytes": m.peak_bytes,
                                         "mlx_cache_bytes": m.cache_bytes}).write(self.inflight_path, durable=False)
         except OSError as exc:  # a full disk must not take requests down
@@ -349,6 +350,17 @@ class ModelWorker(LoneTurns, BatchedTurns, threading.Thread):
                                    f"of {self.registry.budget_bytes / 2**30:.2f} GiB; shorten the prompt or max_tokens",
                               code="context_length_exceeded", param="messages")
         return room
+
+    def _fatal(self, exc: BaseException, jobs: list[Job]) -> None:
+        """An MLX fault: every request the worker holds gets an explicit
+        error, and the engine exits for the supervisor to restart it."""
+        self._publish(Phase.FAILED, jobs[0] if jobs else None)
+        self.status = replace(self.status, in_flight_ids=tuple(j.id for j in jobs))
+        error = EngineError(500, f"MLX error: {exc}; the engine is restarting", code="mlx_error", retry_after=5)
+        for job in jobs:
+            job.channel.put(Failed(error))
+        self._stop_event.set()
+        self.on_fatal(exc, jobs[0] if jobs else None)
 
     # --- the prompt cache, per turn (both ways of serving) -------------------
     def _cached_start(self, job: Job, prompt: list[int], room: int) -> tuple[Fetched, list[Any] | None, bool]:

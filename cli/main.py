@@ -7,6 +7,10 @@
   mlxd status [--json]      what runs, health, crashes; exit 0 healthy, 1 degraded, 2 down
   mlxd logs [component] [-f], mlxd doctor, mlxd config [show|path|validate|reference],
   mlxd key [show|rotate|path], mlxd launchd|systemd install|uninstall|status
+
+status, down, logs and restart use what `up` was started with (its config
+file and MLXD_* variables, remembered in $MLXD_HOME/run/started_with.json)
+unless --config or an MLXD_* variable is given now (see started_with.py).
 """
 
 from __future__ import annotations
@@ -18,10 +22,17 @@ from pathlib import Path
 
 from mlxd import __version__, exit_codes
 from mlxd.config import ConfigError, config_path, default_home, load_config
+from mlxd.paths import StatePaths
+
+from . import started_with
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mlxd", description="Dependable local MLX serving (OpenAI API).")
+    p = argparse.ArgumentParser(
+        prog="mlxd", description="Dependable local MLX serving (OpenAI API).",
+        epilog="status, down, logs and restart reach the stack `mlxd up` started in this home: its config file, "
+               "ports and hosts are remembered in $MLXD_HOME/run/started_with.json. --config or an MLXD_CONFIG, "
+               "MLXD_ENGINE_HOST/PORT, MLXD_GATEWAY_HOST/PORT or MLXD_OLLAMA_URL variable given now wins.")
     p.add_argument("--version", action="version", version=f"mlxd {__version__}")
     p.add_argument("--home", type=Path, help="state directory (default $MLXD_HOME or ~/.mlxd)")
     p.add_argument("--config", type=Path, help="config file (default $MLXD_HOME/mlxd.toml)")
@@ -44,7 +55,9 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("down", help="stop supervisord, the engine and the listener")
     rs = sub.add_parser("restart", help="restart the engine (clears a crash loop) or everything")
     rs.add_argument("what", choices=["engine", "all"], nargs="?", default="engine")
-    st = sub.add_parser("status", help="show what runs and how it is doing")
+    st = sub.add_parser("status", help="show what runs and how it is doing",
+                        description="What runs and how it is doing, on the ports `mlxd up` started with "
+                                    "(an MLXD_* variable set now wins). Exit 0 healthy, 1 degraded, 2 down.")
     st.add_argument("--json", action="store_true", help="machine-readable output")
 
     key = sub.add_parser("key", help="show or rotate the gateway key")
@@ -68,12 +81,26 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _reach_the_stack_up_started(args: argparse.Namespace, home: Path) -> None:
+    """Run with what `mlxd up` started with (remembered in $MLXD_HOME), where
+    a variable set now does not say otherwise; `restart all` starts again
+    with `start_overrides`."""
+    record = started_with.read(StatePaths(home))
+    now = started_with.given_overrides(os.environ)
+    args.start_overrides = started_with.overrides_for(now, record, "start")
+    started_with.use_overrides(started_with.overrides_for(now, record, "reach"))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     home = (args.home or default_home()).expanduser()
     if args.home:
         os.environ["MLXD_HOME"] = str(home)
-    path = args.config or config_path(home)
+    if args.config:  # as MLXD_CONFIG: supervisord's children read the same file, and `up` remembers it
+        os.environ["MLXD_CONFIG"] = str(args.config.expanduser().absolute())
+    if args.command in started_with.STACK_COMMANDS:
+        _reach_the_stack_up_started(args, home)
+    path = config_path(home)
     if args.command == "config" and args.action in ("path", "reference"):
         from mlxd.config import reference_markdown
 
@@ -116,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "doctor":
         from .doctor import run_doctor
 
-        return run_doctor(config, args.json)
+        return run_doctor(config, args.json, path)
     if args.command == "key":
         from mlxd.gateway.keys import ensure_key, rotate_key
 

@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import time
 
 from mlxd import default_model, exit_codes
-from mlxd.config import DEMO_MODEL_ID, Config
+from mlxd.config import DEMO_MODEL_ID, Config, ConfigError, config_path, load_config
 from mlxd.probe import get_json
 from mlxd.supervisor import control
 from mlxd.supervisor.status import collect_status
 
-from . import preflight
+from . import preflight, started_with
 
 STATUS_EXIT = {"healthy": 0, "degraded": 1, "down": 2}
 
@@ -94,6 +95,7 @@ def cmd_up(args: argparse.Namespace, config: Config) -> int:
             print("\n".join(map(str, problems)), file=sys.stderr)
             return code
     _first_run(config)
+    started_with.remember(config, config_path(config.home), paths)
     if not args.detach:
         return _run_foreground(config, args.timeout)
     pid = control.start_detached(config)
@@ -157,18 +159,20 @@ def _run_foreground(config: Config, timeout: float) -> int:
         print(f"\nmlxd: {problem}", file=sys.stderr)
     while True:
         try:
-            return proc.wait()
+            code = proc.wait()
+            break
         except InterruptedError:
             continue
+    started_with.forget(config.paths, writer_pid=os.getpid())  # as `mlxd down` does: nothing runs now
+    return code
 
 
 def cmd_down(config: Config) -> int:
     from mlxd.supervisor.supervisord_conf import stop_timeout_s
 
-    if control.shutdown(config.paths, timeout=stop_timeout_s(config)):
-        print("mlxd stopped")
-    else:
-        print("mlxd was not running")
+    stopped = control.shutdown(config.paths, timeout=stop_timeout_s(config))
+    started_with.forget(config.paths)  # so that `status` and the next `up` no longer read the stopped stack's
+    print("mlxd stopped" if stopped else "mlxd was not running")
     return exit_codes.OK
 
 
@@ -187,6 +191,13 @@ def cmd_restart(args: argparse.Namespace, config: Config) -> int:
     from mlxd.supervisor.supervisord_conf import stop_timeout_s
 
     control.shutdown(paths, timeout=stop_timeout_s(config))
+    # Start again as `up` was started (its MLXD_* variables, unless set now), from mlxd.toml as it is now.
+    started_with.use_overrides(getattr(args, "start_overrides", started_with.given_overrides(os.environ)))
+    try:
+        config = load_config(config_path(config.home), config.home)
+    except ConfigError as exc:
+        print(f"mlxd: {exc}", file=sys.stderr)
+        return exit_codes.CONFIG
     return cmd_up(argparse.Namespace(detach=True, timeout=300.0), config)
 
 
@@ -230,10 +241,22 @@ def format_recent_reuse(recent: list[dict]) -> list[str]:
     return rows
 
 
+def format_started_with(record: dict | None) -> str | None:
+    """The MLXD_* variables `mlxd up` was started with, which status and
+    the other commands use unless set now; None when there were none."""
+    env = (record or {}).get("env") or {}
+    if not env:
+        return None
+    return " ".join(f"{name}={value}" for name, value in sorted(env.items())) + "  (from `mlxd up`)"
+
+
 def format_status(st: dict) -> str:
     lines = [f"mlxd: {st['overall']}   (home {st['home']})"]
     sup = st["supervisord"]
     lines.append(f"  supervisord   {'running pid ' + str(sup['pid']) if sup['running'] else 'not running'}")
+    started = format_started_with(st.get("started_with"))
+    if started:
+        lines.append(f"  started with  {started}")
     for p in st["processes"] or []:
         up = f"up {p['uptime_s']:.0f}s" if p["uptime_s"] is not None else ""
         lines.append(f"  {p['name']:<13} {p['state']:<9} pid {p['pid'] or '-':<7} {up}")
@@ -301,7 +324,9 @@ def _autostart(config: Config) -> dict | None:
 
 
 def cmd_status(args: argparse.Namespace, config: Config) -> int:
-    st = {**collect_status(config), "autostart": _autostart(config)}
+    record = started_with.read(config.paths)
+    st = {**collect_status(config), "autostart": _autostart(config),
+          "started_with": record.to_json() if record else None}
     print(json.dumps(st, indent=2, default=str) if args.json else format_status(st))
     return STATUS_EXIT[st["overall"]]
 

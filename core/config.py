@@ -208,6 +208,10 @@ class EngineConfig(Strict):
     # well under stuck_grace_s even on a slow machine with a big model, or a long
     # prompt is mistaken for a hang (mlx-lm's own default is 2048).
     prefill_step_size: int = Field(default=512, ge=16)
+    # On the CPU backend with an optimised BLAS (Linux: engine/fast_blas.py),
+    # load models whose float32 weights take at most a quarter of the memory
+    # budget as float32: there a prompt runs ~15x faster than quantised.
+    cpu_float32: bool = True
     # The engine's own log: "debug" adds, per request, the text on both sides
     # of where prompt-cache reuse stopped (which agent field broke it).
     log_level: Literal["debug", "info", "warning"] = "info"

@@ -37,6 +37,7 @@ class ModelInfo:
     on_disk: bool  # False: a repo not downloaded yet, so the estimate may change
     prompt_cache_bytes: int = 0  # memory the prompt cache may hold beside this model
     config: dict | None = field(default=None, compare=False)  # the model's shape, for KV sizes
+    weights_dtype: str | None = None  # loaded as this dtype instead of as stored (the CPU's float32)
 
 
 def is_vision_config(config: dict | None) -> bool | None:
@@ -97,9 +98,11 @@ def _gguf_facts(path: Path) -> tuple[dict | None, tuple[int, str] | None, bool]:
         return None, None, path.is_file()
 
 
-def model_info(config: Config, model_id: str, budget_bytes: int) -> ModelInfo:
+def model_info(config: Config, model_id: str, budget_bytes: int, weights_dtype: str | None = None) -> ModelInfo:
     """Footprint and verdict of a configured model id; reads config.json,
-    safetensors headers or a GGUF header only."""
+    safetensors headers or a GGUF header only. `weights_dtype` "float32":
+    the engine loads it as float32 (its fast CPU path), which the weights,
+    and the KV the model then computes in float32, are counted at."""
     spec = config.models[model_id]
     ctx = spec.context_tokens or config.engine.context_tokens
     local = local_model_dir(config, spec)
@@ -117,13 +120,18 @@ def model_info(config: Config, model_id: str, budget_bytes: int) -> ModelInfo:
         except (OSError, json.JSONDecodeError):
             cfg = None
         weights = me.read_weight_bytes(local)
+    params = me.params_from_config(cfg) if cfg else None
+    loaded_as = None
+    if weights_dtype == "float32" and cfg and params:
+        cfg, weights, loaded_as = {**cfg, "torch_dtype": "float32"}, (params * 4, "float32 on the CPU"), "float32"
     name = spec.repo or spec.path or spec.gguf or spec.from_ollama or model_id
     footprint = me.estimate_footprint(cfg, weights, name, ctx)
     verdict = me.judge(name, footprint, budget_bytes, config.engine.heavy_patterns)
     pc = config.engine.prompt_cache
     configured = None if pc.memory_gib is None else int(pc.memory_gib * me.GIB)
     cache_bytes = me.prompt_cache_budget(budget_bytes, footprint.total_bytes, configured) if pc.enabled else 0
-    return ModelInfo(model_id, spec, verdict, footprint, on_disk=on_disk, prompt_cache_bytes=cache_bytes, config=cfg)
+    return ModelInfo(model_id, spec, verdict, footprint, on_disk=on_disk, prompt_cache_bytes=cache_bytes, config=cfg,
+                     weights_dtype=loaded_as)
 
 
 def heavy_models(config: Config, budget_bytes: int) -> dict[str, bool]:

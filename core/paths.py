@@ -4,7 +4,8 @@
   key                            the gateway key (0600)
   engine.key                     the engine's key, where engine.require_key (0600)
   run/   supervisord.sock, supervisord.pid, engine.pid, engine.exit.json,
-         engine.inflight.json    (live process state; stale after a crash)
+         engine.inflight.json    (live process state; stale after a crash),
+         started_with.json       (what `mlxd up` started with; `mlxd down` removes it)
   logs/  supervisord.log, engine.log, engine.err.log, listener.log
   state/ crashes.jsonl, quarantine.json, supervision.json,
          kv/ (the prompt cache's disk tier: one safetensors file per entry)
@@ -78,6 +79,10 @@ class StatePaths:
     @property
     def inflight(self) -> Path:
         return self.run / "engine.inflight.json"
+
+    @property
+    def started_with(self) -> Path:
+        return self.run / "started_with.json"
 
     @property
     def kv(self) -> Path:

@@ -10,6 +10,7 @@ these, so a field has one name and one type on both sides:
   CrashRecord       state/crashes.jsonl      listener          status, quarantine list, benchmarks
   Quarantine        state/quarantine.json    listener          engine, status
   SupervisionFile   state/supervision.json   listener          status, listener (on restart)
+  StartedWith       run/started_with.json    mlxd up           status, down, logs, restart
 
 `from_json` is forgiving by design: a missing file, a torn one, a record
 from an older mlxd (unknown fields dropped, missing optional ones defaulted)
@@ -236,3 +237,34 @@ class SupervisionFile(Record):
         extras = ("listener_pid", "updated", "supervisord_pid")
         return cls(state={k: v for k, v in data.items() if k not in extras}, listener_pid=data["listener_pid"],
                    updated=float(data.get("updated") or 0.0), supervisord_pid=data.get("supervisord_pid"))
+
+
+@dataclass(frozen=True)
+class StartedWith(Record):
+    """What `mlxd up` started the stack with (run/started_with.json): the
+    config file, the addresses it resolved from that file and its MLXD_*
+    variables, and those variables themselves (`env`), so that status, down,
+    logs and restart, run later from a shell without them, reach the same
+    stack (mlxd.cli.started_with decides which value wins). `up_pid` is the
+    `mlxd up` process that wrote it. A value of the wrong type (a hand-edited
+    or foreign file) makes the whole record read as None."""
+
+    config: str
+    engine_host: str
+    engine_port: int
+    gateway_host: str
+    gateway_port: int
+    ollama_url: str
+    env: dict[str, str] = field(default_factory=dict)
+    up_pid: int | None = None
+    started: float = 0.0
+
+    def __post_init__(self) -> None:
+        texts = (self.config, self.engine_host, self.gateway_host, self.ollama_url)
+        ports = (self.engine_port, self.gateway_port)
+        if not all(isinstance(t, str) for t in texts) or not all(
+                isinstance(p, int) and not isinstance(p, bool) for p in ports):
+            raise ValueError("StartedWith: a field of the wrong type")
+        if not isinstance(self.env, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()):
+            raise ValueError("StartedWith: env must map names to strings")

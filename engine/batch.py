@@ -26,6 +26,7 @@ from typing import Any
 
 from .generation import PROMPT_TAIL, Generation, ResidentModel, _sampling, _seeing
 from .jobs import Job
+from .prefill_pace import PrefillPace
 from .prompt_cache import Fetched
 from .scheduler import Row
 
@@ -84,14 +85,16 @@ class Ended:
 
 
 class BatchRun:
-    def __init__(self, resident: ResidentModel, slots: int, prefill_step_size: int) -> None:
+    def __init__(self, resident: ResidentModel, slots: int, pace: PrefillPace) -> None:
         from mlx_lm.generate import BatchGenerator
 
         self.resident = resident
+        self.pace = pace  # the prefill step's size, set before each step from the speed measured
         eos = sorted(resident.tokenizer.eos_token_ids)
         self.generator = BatchGenerator(resident.model, stop_tokens=[[t] for t in eos],
                                         completion_batch_size=slots, prefill_batch_size=slots,
-                                        prefill_step_size=prefill_step_size)
+                                        prefill_step_size=pace.step())
+        self._prefilled: dict[int, int] = {}  # uid -> prompt tokens prefilled so far
         self.rows: dict[int, Admitted] = {}
         self._solo: _Solo | None = None
         # One sampler object per setting: rows that share it are sampled in one call.
@@ -150,7 +153,7 @@ class BatchRun:
         steps = generate_step(mx.array(rest, dtype=mx.int32), self.resident.model,
                               max_tokens=admitted.job.params.max_tokens, sampler=sampler or make_sampler(0.0),
                               logits_processors=seeing, prompt_cache=kv,
-                              prefill_step_size=self.generator.prefill_step_size,
+                              prefill_step_size=self.pace.step(),
                               prompt_progress_callback=heartbeat)
         return _Solo(admitted, kv, steps, rest, sampler, processors)
 
@@ -178,7 +181,17 @@ class BatchRun:
         joining ones a chunk of prefill. The requests that ended."""
         if self._solo is not None:
             return self._solo_step(self._solo)
+        self.generator.prefill_step_size = self.pace.step()
+        began = time.perf_counter()
         prompt_responses, responses = self.generator.next()
+        prefilled = 0
+        for r in prompt_responses:
+            done = r.progress[0]
+            prefilled += done - self._prefilled.get(r.uid, 0)
+            self._prefilled[r.uid] = done
+            if r.end_of_prompt:
+                self._prefilled.pop(r.uid, None)
+        self.pace.observe(prefilled, time.perf_counter() - began)  # the decode rows' token counts in too: safe side
         for r in prompt_responses:
             a = self.rows.get(r.uid)
             if a is not None and a.needs_snapshot and r.end_of_segment and not r.end_of_prompt:

@@ -118,10 +118,10 @@ class BatchedTurns:
             cache = self.prompt_cache
             room = cache_room(self._batch_memory, [*self._rows(), p.view.row], cache.stats.memory_bytes)
             fetched, kv, needs_snapshot = self._cached_start(job, tokens, room)
-            generation = Generation(self._resident, job, self.faults, self.prefill_step_size, self._heartbeat,
+            generation = Generation(self._resident, job, self.faults, self.pace, self._heartbeat,
                                     on_decode=lambda: None)
             if self._batch is None:
-                self._batch = BatchRun(self._resident, self._slots(), self.prefill_step_size)
+                self._batch = BatchRun(self._resident, self._slots(), self.pace)
             self._batch.admit(Admitted(job, generation, tokens, fetched, self._resident.tokenizer.detokenizer,
                                        needs_snapshot), kv, self._heartbeat)
         except EngineError as exc:

@@ -14,12 +14,14 @@ ACTION: abort  (os.abort(): SIGABRT, as Metal's check_error does)
         raise  (raise RuntimeError with a Metal-like message, as mlx >= 0.32)
         exit   (os._exit(1), like an uncaught Python error)
         kill   (SIGKILL: what kill -9 or the OOM killer does)
+        slow   (only @prefill: every prefill step sleeps N ms per token, as a slow machine's would take)
 POINT:  boot   (engine start, before the preload)
         load   (before loading a model)
         start  (a request was admitted, before its first token)
         token  (after N generated tokens; N defaults to 1)
         idle   (the worker is idle)
         kv_write (a prompt-cache entry is written but not yet in place)
+        prefill (each prefill step; only for slow)
 Several specs may be joined with commas. MLXD_FAULT_MATCH="text" limits
 start/token faults to requests whose prompt contains the text (a "poison"
 request, for the quarantine tests).
@@ -34,8 +36,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-ACTIONS = ("abort", "oom", "hang", "raise", "exit", "kill")
-POINTS = ("boot", "load", "start", "token", "idle", "kv_write")
+ACTIONS = ("abort", "oom", "hang", "raise", "exit", "kill", "slow")
+POINTS = ("boot", "load", "start", "token", "idle", "kv_write", "prefill")
 # What libmlx prints before aborting when Metal runs out of memory.
 METAL_OOM_MESSAGE = ("libc++abi: terminating due to uncaught exception of type std::runtime_error: "
                      "[METAL] Command buffer execution failed: Insufficient Memory "
@@ -67,6 +69,8 @@ def parse_faults(spec: str) -> tuple[Fault, ...]:
         point, _, n = where.partition(":")
         if not sep or action not in ACTIONS or point not in POINTS:
             raise ValueError(f"bad fault spec {part!r}: want ACTION@POINT[:N] with ACTION in {ACTIONS}, POINT in {POINTS}")
+        if (action == "slow") != (point == "prefill"):
+            raise ValueError(f"bad fault spec {part!r}: slow goes with @prefill, and @prefill only with slow")
         try:
             count = int(n) if n else 1
         except ValueError:
@@ -124,6 +128,10 @@ class FaultInjector:
         except (OSError, ValueError):
             from_file = ()
         self.active = self._fixed + from_file
+
+    def prefill_delay_s(self, tokens: int) -> float:
+        """Seconds a prefill step of `tokens` is made to last longer (slow@prefill:N)."""
+        return sum(f.n for f in self.active if f.action == "slow") * tokens / 1000
 
     def check(self, point: str, tokens: int = 0, request_text: str | None = None) -> None:
         if request_text is not None and not self.applies_to(request_text):

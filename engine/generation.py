@@ -18,6 +18,7 @@ from .errors import EngineError, bad_request
 from .events import Delta, Failed, Finished, ToolCalls
 from .faults import FaultInjector
 from .jobs import Job, SamplingParams
+from .prefill_pace import PrefillPace
 from .prompt_cache import PROCESSOR_CONTEXT
 from .prompt_tokens import PieceEncoder, template_tokens
 from .stop_matcher import StopMatcher
@@ -196,22 +197,32 @@ def _seeing(processor: Callable, context: list[int]) -> Callable:
     return seeing
 
 
-def prefill(model: Any, prompt_cache: list[Any], tokens: list[int], step: int, progress: Callable[[], None]) -> None:
-    """Run `tokens` through the model into `prompt_cache`, `step` at a time,
-    as mlx-lm's generate_step does (for a snapshot at the prompt's boundary)."""
+def prefill(model: Any, prompt_cache: list[Any], tokens: list[int], pace: PrefillPace, progress: Callable[[], None],
+            faults: FaultInjector | None = None) -> None:
+    """Run `tokens` through the model into `prompt_cache`, as mlx-lm's
+    generate_step does, a step at a time as `pace` sizes them (each step a
+    heartbeat well within the stuck grace, however slow the machine)."""
     import mlx.core as mx
     from mlx_lm.generate import generation_stream
 
     ids = mx.array(tokens, dtype=mx.int32)
+    start = 0
     with mx.stream(generation_stream):
-        for start in range(0, len(tokens), step):
-            model(ids[start:start + step][None], cache=prompt_cache)
+        while start < len(tokens):
+            n = min(pace.step(), len(tokens) - start)
+            began = time.perf_counter()
+            model(ids[start:start + n][None], cache=prompt_cache)
             mx.eval([c.state for c in prompt_cache])
+            if faults is not None and (delay := faults.prefill_delay_s(n)):
+                time.sleep(delay)  # slow@prefill: a slow machine, for the tests
+            pace.observe(n, time.perf_counter() - began)
+            start += n
             progress()
+            mx.clear_cache()
 
 
 def recompute(model: Any, prompt_cache: list[Any], tokens: list[int], spans: tuple[tuple[int, int], ...], end: int,
-              step: int, progress: Callable[[], None]) -> None:
+              pace: PrefillPace, progress: Callable[[], None]) -> None:
     """Approximate reuse (engine/reuse.py): recompute the KV of `tokens`'
     changed spans over the cached KV before each, in place, and leave the
     cache at `end`. Every layer is a plain KVCache (reuse.py's `patchable`)
@@ -221,7 +232,7 @@ def recompute(model: Any, prompt_cache: list[Any], tokens: list[int], spans: tup
     for start, stop in spans:
         for c in prompt_cache:
             c.offset = start
-        prefill(model, prompt_cache, tokens[start:stop], step, progress)
+        prefill(model, prompt_cache, tokens[start:stop], pace, progress)
     for c in prompt_cache:
         c.offset = end
 
@@ -248,12 +259,12 @@ class Generation:
     """Decodes one job and sends its events. `heartbeat` reports progress
     (the worker's stuck detection); `on_decode` marks the first token."""
 
-    def __init__(self, resident: ResidentModel, job: Job, faults: FaultInjector, prefill_step_size: int,
+    def __init__(self, resident: ResidentModel, job: Job, faults: FaultInjector, pace: PrefillPace,
                  heartbeat: Callable[..., None], on_decode: Callable[[], None]) -> None:
         self.resident = resident
         self.job = job
         self.faults = faults
-        self.prefill_step_size = prefill_step_size
+        self.pace = pace
         self.heartbeat = heartbeat
         self.on_decode = on_decode
         self.stops = StopMatcher(list(job.params.stop))
@@ -279,13 +290,20 @@ class Generation:
         p = self.job.params
         if p.seed is not None:
             mx.random.seed(p.seed)
+        context = list(context or [])
+        if len(prompt) > 1:  # prefilled at our pace; mlx-lm decodes from the last token
+            from mlx_lm.models.cache import make_prompt_cache
+
+            prompt_cache = prompt_cache if prompt_cache is not None else make_prompt_cache(self.resident.model)
+            prefill(self.resident.model, prompt_cache, prompt[:-1], self.pace, self.heartbeat, self.faults)
+            context, prompt = context + list(prompt[:-1]), prompt[-1:]
         sampler, processors = _sampling(p, self.resident.vocab_size())
         if processors and context:
             processors = [_seeing(proc, context) for proc in processors]
         steps = stream_generate(self.resident.model, self.resident.tokenizer, prompt, max_tokens=p.max_tokens,
                                 sampler=sampler, logits_processors=processors, prompt_cache=prompt_cache,
-                                prefill_step_size=self.prefill_step_size, prompt_progress_callback=self.heartbeat)
-        return self._run(steps, list(context or [])[-PROMPT_TAIL:] + list(prompt))
+                                prompt_progress_callback=self.heartbeat)
+        return self._run(steps, context[-PROMPT_TAIL:] + list(prompt))
 
     def decode_vision(self, prompt: VisionPrompt) -> tuple[str, list[int]]:
         """decode() for a vision model, through mlx-vlm's generation on the
@@ -299,7 +317,7 @@ class Generation:
         sampler, processors = _sampling(p, self.resident.vocab_size())
         steps = stream_generate(self.resident.model, self.resident.processor, "", max_tokens=p.max_tokens,
                                 sampler=sampler, logits_processors=processors or None,
-                                prefill_step_size=self.prefill_step_size, **prompt.inputs)
+                                prefill_step_size=self.pace.step(), **prompt.inputs)
         return self._run(_closing_step_holds_no_token(steps), prompt.tokens)
 
     def _run(self, steps: Any, prompt_tail: list[int]) -> tuple[str, list[int]]:

@@ -78,7 +78,7 @@ class LoneTurns:
             self._mark("first_token")
             self._publish(Phase.DECODE, job)
 
-        generation = Generation(self._resident, job, self.faults, self.prefill_step_size, self._heartbeat,
+        generation = Generation(self._resident, job, self.faults, self.pace, self._heartbeat,
                                 on_decode=on_decode)
         if self.link is not None:
             self._generate_mirrored(job, prompt, generation)
@@ -94,7 +94,7 @@ class LoneTurns:
         rest, snapshot = prompt[fetched.start:], None
         if needs_snapshot:
             # Kept at the prompt's boundary: this cache cannot be cut back later.
-            prefill(self._resident.model, kv, rest[:-1], self.prefill_step_size, self._heartbeat)
+            prefill(self._resident.model, kv, rest[:-1], self.pace, self._heartbeat, self.faults)
             snapshot, rest = copy.deepcopy(kv), rest[-1:]
         generated = self._run_generation(generation, len(prompt), fetched.cached_tokens,
                                          lambda: generation.decode(rest, kv, prompt[:len(prompt) - len(rest)]))

@@ -22,6 +22,7 @@ from mlxd.config import Config
 from mlxd.keyfile import ENGINE_KEY_PREFIX, ensure_key_file
 from mlxd.models import demo_model_dir, system_memory_budget
 
+from .fast_blas import activate as activate_fast_blas
 from .faults import FaultInjector
 from .lifecycle import Lifecycle
 from .model_registry import ModelRegistry
@@ -83,6 +84,12 @@ def _exit_with_launcher(parent: int) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def runs_on_cpu() -> bool:
+    import mlx.core as mx
+
+    return mx.default_device() == mx.cpu
+
+
 def run_follower(config: Config, link) -> int:
     """Ranks above 0: no HTTP; load and run what rank 0 says (engine/ranks.py)."""
     from .ranks import follow, sharded
@@ -98,6 +105,8 @@ def run_engine(config: Config) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     logging.getLogger("mlxd").setLevel(config.engine.log_level.upper())  # ours only: libraries stay at info
+    blas = activate_fast_blas()  # before anything imports MLX
+    (log.info if blas.fast else log.warning)("%s", blas.why)
     try:
         faults = FaultInjector.from_environ()
     except ValueError as exc:
@@ -115,7 +124,8 @@ def run_engine(config: Config) -> int:
     if link is not None:  # every rank holds 1/N of the weights (and of the KV): N budgets, roughly
         log.info("rank 0 of a rank group of %d: the model is sharded over the group", link.size)
         budget *= link.size
-    engine = Engine(config, ModelRegistry(config, budget), faults, link)
+    engine = Engine(config, ModelRegistry(config, budget, cpu_float32=config.engine.cpu_float32 and blas.fast
+                                          and runs_on_cpu()), faults, link)
     key = ensure_key_file(config.paths.engine_key, ENGINE_KEY_PREFIX) if config.engine.require_key else None
     uv_config = uvicorn.Config(
         create_app(engine, key),

@@ -12,16 +12,20 @@ import hashlib
 from pathlib import Path
 
 from mlxd.config import Config
+from mlxd.memory_estimate import params_from_config
 from mlxd.models import ModelInfo, demo_model_dir, gguf_cache_dir, gguf_file, is_vision_config, model_info
 from mlxd.ollama_store import OllamaModelNotFound
 
 from .errors import EngineError
+from .fast_blas import weights_dtype_on_cpu
 
 
 class ModelRegistry:
-    def __init__(self, config: Config, budget_bytes: int) -> None:
+    def __init__(self, config: Config, budget_bytes: int, cpu_float32: bool = False) -> None:
         self.config = config
         self.budget_bytes = budget_bytes
+        # On the CPU with a fast BLAS, small models load as float32 (engine/fast_blas.py).
+        self.cpu_float32 = cpu_float32
         self._info: dict[str, ModelInfo] = {}
 
     def resolve(self, name: str) -> str:
@@ -38,6 +42,11 @@ class ModelRegistry:
         there yet (a repo still to download) is looked at again each time."""
         if refresh or model_id not in self._info:
             info = model_info(self.config, model_id, self.budget_bytes)
+            stored = None if not info.config or "quantization" in info.config else info.config.get("torch_dtype")
+            dtype = weights_dtype_on_cpu(self.cpu_float32, stored, info.footprint.weights_bytes,
+                                         params_from_config(info.config) if info.config else None, self.budget_bytes)
+            if dtype is not None:
+                info = model_info(self.config, model_id, self.budget_bytes, weights_dtype=dtype)
             if not info.on_disk:
                 return info
             self._info[model_id] = info  # same value from any thread: benign
@@ -90,9 +99,9 @@ class ModelRegistry:
         return spec.repo  # type: ignore[return-value]
 
     def build_key(self, model_id: str, target: str) -> str:
-        """`id@fingerprint` of the files `target` loads: prompt-cache entries
-        never cross models, nor builds of one model (weights replaced under
-        the same id)."""
+        """`id@fingerprint` of the files `target` loads and the dtype they
+        load in: prompt-cache entries never cross models, nor builds of one
+        model (weights replaced under the same id), nor its float32 load."""
         folder = Path(target)
         if not folder.is_dir():
             try:
@@ -102,6 +111,8 @@ class ModelRegistry:
             except Exception:  # noqa: BLE001 - not downloaded / not a repo: the name is all we know
                 return f"{model_id}@{hashlib.sha256(target.encode()).hexdigest()[:16]}"
         h = hashlib.sha256(str(folder.resolve()).encode())
+        if (dtype := self.info(model_id).weights_dtype) is not None:
+            h.update(f"as {dtype};".encode())
         for f in sorted(folder.iterdir()):
             if f.is_file():
                 st = f.stat()

@@ -68,7 +68,7 @@ class Engine:
             registry, self.admission, faults, on_fatal, limits.max_prompt_tokens, default, paths.inflight,
             limits.prefill_step_size,
             # A rank group keeps no prompt cache: rank 0's KV is only its shard of it.
-            (lambda: make_prompt_cache(config, faults)) if link is None else None, link))
+            (lambda: make_prompt_cache(config, faults)) if link is None else None, link, limits.stuck_grace_s))
         self.health = Health(self.lifecycle, self.admission, registry.budget_bytes, limits.stuck_grace_s)
         self.metrics = EngineMetrics()
         register_gauges(self.metrics, self.lifecycle.worker, self.admission, lambda: self.health.state()[0] == "ok")

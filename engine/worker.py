@@ -43,6 +43,7 @@ from .model_cache import Unload, plan_release, plan_switch
 from .model_registry import ModelRegistry
 from .prompt_cache import CacheStats, Fetched, PromptCache, kv_offset, needs_boundary_snapshot
 from .prompt_tokens import PieceEncoder, answer_echo, generation_prompt_length
+from .prefill_pace import PrefillPace
 from .scheduler import Memory, attention_bytes_per_position
 from .worker_state import MemorySnapshot, Phase, WorkerStatus
 
@@ -51,9 +52,10 @@ log = logging.getLogger("mlxd.engine.worker")
 HEARTBEAT_S = 0.05  # progress is published at most this often
 
 
-def load_resident(model_id: str, target: str) -> ResidentModel:
+def load_resident(model_id: str, target: str, weights_dtype: str | None = None) -> ResidentModel:
     """Loads a model folder or repo (downloading it first, as mlx-lm does):
-    a vision-language model through mlx-vlm, any other through mlx-lm."""
+    a vision-language model through mlx-vlm, any other through mlx-lm.
+    `weights_dtype` "float32": dequantised and cast (the CPU's fast path)."""
     import json
 
     from mlx_lm.utils import _download, load, load_tokenizer
@@ -62,6 +64,13 @@ def load_resident(model_id: str, target: str) -> ResidentModel:
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     if not is_vision_config(config):
         model, tokenizer = load(str(folder))
+        if weights_dtype == "float32":
+            import mlx.core as mx
+            from mlx_lm.utils import dequantize_model
+
+            model = dequantize_model(model)
+            model.set_dtype(mx.float32)
+            mx.eval(model.parameters())
         return ResidentModel(model_id, model, tokenizer, PieceEncoder(tokenizer))
     from mlx_vlm import load as load_vlm
 
@@ -84,9 +93,13 @@ class ModelWorker(LoneTurns, BatchedTurns, threading.Thread):
         prefill_step_size: int = 512,
         make_prompt_cache: Callable[[], PromptCache] | None = None,
         link: Any = None,
+        stuck_grace_s: float = 30.0,
     ) -> None:
         super().__init__(name="mlxd-model-worker", daemon=True)
-        self.prefill_step_size = prefill_step_size
+        self.prefill_step_size = prefill_step_size  # the most tokens a prefill step takes
+        # A step's share of the stuck grace: the pace sizes steps to a sixth of it.
+        self.prefill_step_budget_s = stuck_grace_s / 6
+        self.pace = PrefillPace(prefill_step_size, self.prefill_step_budget_s)  # measured anew per model
         self.link = link  # rank 0 of a rank group (engine/ranks.py): loads and forward passes are mirrored
         self.registry = registry
         self.admission = admission
@@ -270,7 +283,8 @@ class ModelWorker(LoneTurns, BatchedTurns, threading.Thread):
         started = time.monotonic()
         log.info("loading model %s from %s", model_id, target)
         try:
-            resident = load_resident(model_id, target) if self.link is None else self._load_shard(model_id, target)
+            resident = (load_resident(model_id, target, self.registry.info(model_id).weights_dtype)
+                        if self.link is None else self._load_shard(model_id, target))
         except (OSError, ValueError, KeyError, ImportError) as exc:
             # Missing files, unsupported architecture, no network for a
             # download: not an MLX fault; the engine stays up.
@@ -279,6 +293,7 @@ class ModelWorker(LoneTurns, BatchedTurns, threading.Thread):
             raise EngineError(503, f"could not load model {model_id!r}: {exc}", code="model_load_failed",
                               param="model", retry_after=30) from exc
         self._resident = resident
+        self.pace = PrefillPace(self.prefill_step_size, self.prefill_step_budget_s)
         self._mergeable = not resident.vision and self.link is None and batchable_model(resident.model)
         info = self.registry.info(model_id)
         self._batch_memory = Memory(self.registry.budget_bytes, info.footprint.weights_bytes,
@@ -294,8 +309,8 @@ class ModelWorker(LoneTurns, BatchedTurns, threading.Thread):
         self.counters["model_loads"] += 1
         self._sample_memory()
         self.timings["last_load_s"] = round(time.monotonic() - started, 4)
-        log.info("loaded %s in %.1fs (MLX active %.0f MiB)", model_id, time.monotonic() - started,
-                 self.memory.active_bytes / 2**20)
+        log.info("loaded %s in %.1fs (MLX active %.0f MiB%s)", model_id, time.monotonic() - started,
+                 self.memory.active_bytes / 2**20, ", as float32: the CPU's fast path" if info.weights_dtype else "")
 
     def _load_shard(self, model_id: str, target: str) -> ResidentModel:
         """A rank group's load: every rank loads its shard at once (mlx-lm's
@@ -377,8 +392,7 @@ class ModelWorker(LoneTurns, BatchedTurns, threading.Thread):
             cache.shrink_to(room)
         kv, needs_snapshot = fetched.kv, False
         if fetched.patches:
-            recompute(self._resident.model, kv, prompt, fetched.patches, fetched.start, self.prefill_step_size,
-                      self._heartbeat)
+            recompute(self._resident.model, kv, prompt, fetched.patches, fetched.start, self.pace, self._heartbeat)
         if cache.enabled:
             kv = kv if kv is not None else make_prompt_cache(self._resident.model)
             needs_snapshot = needs_boundary_snapshot([type(c).__name__ for c in kv], can_trim_prompt_cache(kv))

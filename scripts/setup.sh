@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Creates (or refreshes) the project's virtualenv in .venv and installs mlxd
-# into it. Safe to run again: dependencies are reinstalled only when
-# pyproject.toml changed; our own code is always relinked (a strict editable
-# install, see docs/DESIGN.md "Layout"), which takes a few seconds.
+# into it. The dependencies come from requirements-lock.txt, each pinned and
+# checked against its sha256 (pip --require-hashes; scripts/lock.sh refreshes
+# it). Safe to run again: dependencies are reinstalled only when pyproject.toml
+# or the lock changed (otherwise no network); our own code is always relinked
+# (a strict editable install, see docs/DESIGN.md "Layout"), which takes a few
+# seconds.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="$root/.venv"
+lock="$root/requirements-lock.txt"
 
 find_python() {
   for candidate in "${MLXD_PYTHON:-}" python3.13 python3.12 python3.11 python3; do
@@ -33,7 +37,7 @@ pip_with_progress() {
   local tty=0 every=20 msg
   [ -t 1 ] && tty=1 && every=1
   while kill -0 "$pid" 2>/dev/null; do
-    collected=$(grep -c '^Collecting ' "$log" 2>/dev/null)
+    collected=$(grep -c -E '^(Collecting|Processing) ' "$log" 2>/dev/null)
     if grep -q '^Installing collected packages' "$log" 2>/dev/null; then
       msg="installing $collected packages ($((SECONDS - start))s so far; this step takes about a minute)"
     else
@@ -50,6 +54,7 @@ pip_with_progress() {
     grep -v 'is ignored: it is neither a file nor a directory' "$log" | tail -n 25 >&2
     echo "mlxd: installing the dependencies failed (whole log: $log)." >&2
     echo "  Fix: check the network to the package index, then run this command again." >&2
+    echo "       Hashes that do not match mean a download is not the file the lock was made from: do not work around it." >&2
     return "$rc"
   fi
   if [ "$tty" = 1 ]; then printf '\r'; fi
@@ -67,24 +72,51 @@ if [ ! -x "$venv/bin/python" ]; then
   fi
 fi
 
+if [ ! -f "$lock" ]; then
+  echo "mlxd: requirements-lock.txt is missing (the pinned, hash-checked dependencies)." >&2
+  echo "  Fix: restore it (git checkout -- requirements-lock.txt), or make it again: ./scripts/lock.sh" >&2
+  exit 1
+fi
 stamp="$venv/.mlxd-deps"
-want="$(sha256sum "$root/pyproject.toml" | cut -d' ' -f1)"
+want="$(cat "$root/pyproject.toml" "$lock" | sha256sum | cut -d' ' -f1)"
 pip=("$venv/bin/python" -m pip --disable-pip-version-check)
+relink=("${pip[@]}" install --quiet --no-deps --no-build-isolation -e "$root" --config-settings editable_mode=strict)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  echo "==> [2/3] installing mlxd and its dependencies (MLX, mlx-lm, LiteLLM, supervisord; first run only)"
-  if ! out="$("${pip[@]}" install --quiet --upgrade pip "setuptools>=77" wheel 2>&1)"; then
+  echo "==> [2/3] installing mlxd and its dependencies (MLX, mlx-lm, LiteLLM, supervisord; pinned and hash-checked; first run only)"
+  # pip and the build tools first, from their entries in the lock.
+  awk '/^[^ #]/ { keep = /^(pip|setuptools|wheel)==/ } keep' "$lock" > "$venv/.mlxd-build-tools.txt"
+  if ! out="$("${pip[@]}" install --quiet --require-hashes --no-deps -r "$venv/.mlxd-build-tools.txt" 2>&1)"; then
     echo "$out" | grep -v 'is ignored: it is neither a file nor a directory' >&2
+    echo "mlxd: installing pip and the build tools from requirements-lock.txt failed." >&2
+    echo "  Fix: check the network to the package index, then run this command again." >&2
     exit 1
   fi
-  pip_with_progress "${pip[@]}" install -e "$root[dev]" --config-settings editable_mode=strict
-  echo "$want" > "$stamp"
-else
-  # Relink our own files (new modules need it in strict mode); no network.
-  if ! out="$("${pip[@]}" install --quiet --no-deps --no-build-isolation -e "$root" \
-              --config-settings editable_mode=strict 2>&1)"; then
+  pip_with_progress "${pip[@]}" install --require-hashes --no-deps -r "$lock"
+  if ! out="$("${relink[@]}" 2>&1)"; then
     echo "$out" >&2
     exit 1
   fi
+  # --no-deps trusts the lock to hold every dependency; pip check proves it did.
+  if ! out="$("${pip[@]}" check 2>&1)"; then
+    echo "$out" >&2
+    echo "mlxd: the installed dependencies do not fit together (above)." >&2
+    echo "  Fix: if .venv holds packages from an older set-up, rm -rf .venv and run this command again; else refresh the lock: ./scripts/lock.sh" >&2
+    exit 1
+  fi
+  echo "$want" > "$stamp"
+else
+  # Relink our own files (new modules need it in strict mode); no network.
+  if ! out="$("${relink[@]}" 2>&1)"; then
+    echo "$out" >&2
+    exit 1
+  fi
+fi
+
+# The fast CPU path on Linux (engine/fast_blas.py): OpenBLAS under MLX, through a
+# shim to the scipy-openblas32 wheel built once (a C compiler is needed; without
+# one MLX keeps its slow reference BLAS, and `mlxd doctor` says how to fix it).
+if [ "$(uname -s)" = Linux ] && [ ! -f "$venv/lib/mlxd/libmlxd_blas.so" ]; then
+  "$venv/bin/python" -m mlxd.engine.fast_blas build
 fi
 
 # The real default model, once (see core/default_model.py); offline, the demo model serves.

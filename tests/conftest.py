@@ -10,9 +10,32 @@ from typing import Callable, Iterator
 
 import pytest
 
-from mlxd.devkit.stack import Stack
-from mlxd.engine.demo_model import build_demo_model, write_heavy_model_description
-from testkit import EngineProcess, spawn_engine, wait_healthy
+from mlxd.engine.fast_blas import activate as activate_fast_blas
+
+activate_fast_blas()  # before anything imports MLX: in-process tests get the engine's fast CPU path too
+
+from mlxd.devkit.stack import Stack  # noqa: E402
+from mlxd.engine.demo_model import build_demo_model, write_heavy_model_description  # noqa: E402
+from testkit import EngineProcess, spawn_engine, wait_healthy  # noqa: E402
+
+
+# The fixtures that build a model or start a process: a test that uses one
+# (directly or through another fixture) is an integration test, and
+# `./scripts/test.sh --fast` leaves it out. A test that starts a process
+# without them says so with `pytestmark = pytest.mark.integration`.
+INTEGRATION_FIXTURES = frozenset({"demo_models", "think_model", "agent_model", "vision_model", "start_engine",
+                                  "shared_engine", "stack_factory", "stack", "module_stack", "real_model",
+                                  "process_runner"})
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "integration: builds a model or starts real processes (left out by --fast)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if INTEGRATION_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
 
 
 @dataclass

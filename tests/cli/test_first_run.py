@@ -16,11 +16,12 @@ import pytest
 from mlxd.cli.preflight import model_problems, port_problems
 from mlxd.config import parse_config
 from mlxd.devkit.gguf_fixture import write_header_only
+from mlxd.engine.demo_model import write_heavy_model_description
 from mlxd.supervisor.control import kill_all, supervisord_pid
 from mlxd.paths import StatePaths
 from testkit import free_port
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]  # starts processes
 MLXD = [sys.executable, "-m", "mlxd.cli"]
 
 
@@ -44,6 +45,7 @@ def run_up(home: Path, toml: str | None, *extra: str, timeout: float = 150) -> s
     ("[enigne]\nport = 8080\n", 78, ["did you mean 'engine'?"]),
     ("[engine]\nmemory_fraction = 3\n", 78, ["engine.memory_fraction", "(got 3)"]),
     ('[models.m]\npath = "/nonexistent/model"\n', 78, ["models.m.path: /nonexistent/model does not exist", "Fix:"]),
+    ('[models.m]\npath = "/"\n', 78, ["models.m.path: / has no config.json", "Fix:"]),
 ])
 def test_a_bad_config_is_one_message_with_its_fix(tmp_path, toml, code, says):
     r = run_up(tmp_path, toml)
@@ -69,14 +71,17 @@ def test_a_port_in_use_is_named_with_its_holder_and_the_setting(tmp_path):
 
 
 def test_an_engine_that_cannot_load_its_model_fails_fast_with_its_reason(tmp_path):
-    broken = tmp_path / "broken-model"
+    import mlx.core as mx
+
+    broken = tmp_path / "broken-model"  # config.json and weights, so the preflight passes; mlx-lm cannot load it
     broken.mkdir()
-    (broken / "config.json").write_text("{}")  # a model folder with no weights
+    (broken / "config.json").write_text('{"model_type": "no-such-architecture"}')
+    mx.save_safetensors(str(broken / "model.safetensors"), {"w": mx.zeros((1,))})
     started = time.monotonic()
     r = run_up(tmp_path, f'[models.m]\npath = "{broken}"\n', "--timeout", "120")
     took = time.monotonic() - started
     assert r.returncode == 1, r.stderr
-    assert "the engine cannot start" in r.stderr and "No safetensors found" in r.stderr, r.stderr
+    assert "the engine cannot start" in r.stderr and "no-such-architecture not supported" in r.stderr, r.stderr
     assert "mlxd restart" in r.stderr and "Traceback" not in r.stderr
     assert took < 100, f"waited {took:.0f}s: should fail as soon as the journal says so, not at the timeout"
 
@@ -84,14 +89,21 @@ def test_an_engine_that_cannot_load_its_model_fails_fast_with_its_reason(tmp_pat
 @pytest.mark.parametrize("layout, problem", [
     ("missing", "does not exist"),
     ("empty", "has no config.json"),
+    ("config only", "no *.safetensors weights"),
+    ("heavy config only", None),  # a 70B shape, over any budget here: never loaded, so no weights needed
     ("model", None),
 ])
-def test_model_folder_checks(tmp_path, layout, problem):
+def test_model_folder_checks(tmp_path, monkeypatch, layout, problem):
+    monkeypatch.setenv("MLXD_MEMORY_TOTAL_BYTES", str(16 * 2**30))
     folder = tmp_path / "m"
-    if layout != "missing":
+    if layout == "heavy config only":
+        write_heavy_model_description(folder, params_billion=70)
+    elif layout != "missing":
         folder.mkdir()
-    if layout == "model":
+    if layout in ("config only", "model"):
         (folder / "config.json").write_text("{}")
+    if layout == "model":
+        (folder / "model.safetensors").write_bytes(b"")
     config = parse_config({"models": {"m": {"path": str(folder)}, "r": {"repo": "org/name"}}}, tmp_path)
     found = model_problems(config)
     assert [problem in p.what for p in found] == ([True] if problem else [])

@@ -13,6 +13,8 @@ import requests
 
 from mlxd.devkit.ollama_standin import CONTEXT_LENGTH, VERSION, marker, start_standin
 
+pytestmark = pytest.mark.integration  # starts the stand-in's process
+
 MODELS = ("llama3.2:3b", "qwen2.5:7b")
 M = "llama3.2:3b"
 TOOLS = [{"type": "function", "function": {

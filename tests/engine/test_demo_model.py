@@ -18,6 +18,8 @@ from mlxd.engine.demo_model import (
 
 UNICODE = "héllo wörld 你好 🙂"
 
+pytestmark = pytest.mark.integration  # builds models, some in other processes
+
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> Path:

@@ -147,3 +147,21 @@ def test_a_long_prefill_in_small_steps_is_never_taken_for_a_hang(start_engine, s
         assert r.status_code == 200, r.text[:300]
         assert time.monotonic() - t0 > 1.0  # the prefill really outlasted the grace, twice over
         assert requests.get(eng.url + "/health", timeout=5).json()["status"] == "ok"
+
+
+def test_a_slow_prefill_is_not_mistaken_for_a_hung_worker(start_engine):
+    # 20 ms a prompt token, a 1 s grace: one fixed 512-token step would last ~6 s
+    # and the engine would declare itself stuck; steps sized to the speed stay
+    # well inside the grace, each one a heartbeat.
+    eng = start_engine({"stuck_grace_s": 1.0, "prefill_step_size": 512}, env={"MLXD_FAULT": "slow@prefill:20"})
+    t0 = time.monotonic()
+    r = requests.post(eng.url + "/v1/chat/completions", timeout=120, json={
+        "model": "default", "max_tokens": 4, "temperature": 0,
+        "messages": [{"role": "user", "content": "tell me about the slow machine " * 40}]})
+    elapsed = time.monotonic() - t0
+    assert r.status_code == 200, r.text
+    prompt_tokens = r.json()["usage"]["prompt_tokens"]
+    assert prompt_tokens > 200 and elapsed > prompt_tokens * 0.02 * 0.9  # the prefill really was slow
+    h = requests.get(eng.url + "/health", timeout=5)
+    assert h.status_code == 200 and h.json()["status"] == "ok"
+    assert "engine_stuck" not in eng.log() and "made no progress" not in eng.log()

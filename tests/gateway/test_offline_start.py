@@ -13,6 +13,7 @@ import time
 import pytest
 
 pytestmark = [
+    pytest.mark.integration,  # starts processes
     pytest.mark.timeout(180),
     pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,
                        reason="needs root and iproute2 to create a network namespace"),

@@ -14,7 +14,7 @@ import pytest
 from mlxd.devkit.stack import Stack, stack_env
 from testkit import free_port, wait_until
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]  # starts processes
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -42,7 +42,7 @@ from mlxd.paths import read_json, remove_stale_temps, write_atomic
 from mlxd.supervisor.policy import State
 from testkit import wait_until
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]  # starts processes
 
 KILLS = 3  # per writer; each from a varied moment into the writing
 MAX_KILL_DELAY_S = 0.12  # a few writes' time: kills land before, in and after a write
@@ -271,7 +271,7 @@ target = StatePaths(home).inflight
 worker = SimpleNamespace(inflight_path=target, memory=MemorySnapshot())
 def write(i):
     job = SimpleNamespace(id="req-" + big(i), fingerprint="0123456789abcdef", model_id="demo")
-    ModelWorker._record_inflight(worker, job)
+    ModelWorker._record_inflight(worker, [job])
 """, check=_inflight, fixed=False),  # it holds the time and pid
     Writer("supervisor.listener quarantine.json", """
 from types import SimpleNamespace

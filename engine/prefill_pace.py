@@ -1,0 +1,41 @@
+"""Prefill step sizes from the measured speed (pure).
+
+Every prefill step is one heartbeat of the worker's stuck detection, and a
+step is one MLX call that nothing can interrupt: a step longer than
+`[engine] stuck_grace_s` makes a slow machine's long prompt look like a hung
+GPU (it was: 512 tokens at 8 tok/s on 2 Linux cores took 64 s against a 30 s
+grace). So the step follows the speed: a small first step measures it, and
+each next step is what fits a fraction of the grace at the last speed seen
+(the speed falls as the context grows: attention), never more than
+`[engine] prefill_step_size`, and growing at most 4x a step.
+"""
+
+from __future__ import annotations
+
+MULTIPLE = 16  # step sizes in multiples of this (shapes MLX has seen before)
+
+
+class PrefillPace:
+    """Owned by the worker thread; one per loaded model."""
+
+    def __init__(self, ceiling: int, step_budget_s: float, first: int = 32, floor: int = MULTIPLE) -> None:
+        self.ceiling = ceiling
+        self.step_budget_s = step_budget_s
+        self.first = min(first, ceiling)
+        self.floor = min(floor, ceiling)
+        self.tokens_per_s: float | None = None  # the last step's speed
+        self._last_step = self.first
+
+    def step(self) -> int:
+        """Tokens to prefill in the next step."""
+        if self.tokens_per_s is None:
+            return self.first
+        fits = int(self.tokens_per_s * self.step_budget_s) // MULTIPLE * MULTIPLE
+        return max(self.floor, min(self.ceiling, fits, self._last_step * 4))
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        """A step of `tokens` took `seconds`."""
+        if tokens <= 0 or seconds <= 0:
+            return
+        self.tokens_per_s = tokens / seconds
+        self._last_step = max(tokens, self.floor)

@@ -132,7 +132,7 @@ def _too_large_to_load(config: Config, model_id: str) -> bool:
     importing MLX, so no model the engine could load is excused."""
     from mlxd.models import model_info, system_memory_budget
 
-    budget, _ = system_memory_budget(config.engine.memory_fraction, metal_total=lambda: None)
+    budget, _ = system_memory_budget(config.engine.memory_fraction, device_total=lambda: None)
     return not model_info(config, model_id, budget).verdict.allowed
 
 

@@ -3,9 +3,9 @@ budget, without loading MLX.
 
 The engine refuses heavy models and the gateway routes them straight to
 Ollama: both must reach the same verdict, so both ask this module. Nothing
-here imports MLX at module level; only `metal_working_set` does, when called,
+here imports MLX at module level; only `device_memory` does, when called,
 and processes that must stay MLX-free (the gateway) call
-`metal_working_set_in_child` instead.
+`device_memory_in_child` instead.
 """
 
 from __future__ import annotations
@@ -139,44 +139,67 @@ def heavy_models(config: Config, budget_bytes: int) -> dict[str, bool]:
     return {m: not model_info(config, m, budget_bytes).verdict.allowed for m in config.models}
 
 
-def metal_working_set() -> int | None:
-    """Metal's recommended working set in bytes; None where there is no Metal.
-    Imports MLX."""
-    try:
-        import mlx.core as mx
+METAL_SOURCE, CUDA_SOURCE = "Metal recommended working set", "CUDA device memory"
 
-        if mx.metal.is_available():
-            return int(mx.device_info()["max_recommended_working_set_size"])
-    except Exception:  # noqa: BLE001 - no usable Metal: physical memory decides
-        pass
+
+def device_memory_of(metal: bool, cuda: bool, info: dict) -> tuple[int, str] | None:
+    """(bytes, what they are) of the GPU MLX runs on, from `mx.device_info()`
+    (pure): Metal's recommended working set (its unified memory is the
+    host's), CUDA's device memory (a card's own, not the host's RAM);
+    None on the CPU."""
+    if metal and info.get("max_recommended_working_set_size"):
+        return int(info["max_recommended_working_set_size"]), METAL_SOURCE
+    total = info.get("total_memory") or info.get("memory_size")  # the key MLX's CUDA backend uses varies
+    if cuda and total:
+        return int(total), CUDA_SOURCE
     return None
 
 
-def metal_working_set_in_child(platform: str = sys.platform) -> int | None:
-    """metal_working_set, asked of a short child process so that this one
-    never loads MLX. Metal exists only on macOS: elsewhere no child is needed."""
-    if platform != "darwin":
+def device_memory() -> tuple[int, str] | None:
+    """device_memory_of this machine's MLX. Imports MLX."""
+    try:
+        import mlx.core as mx
+
+        metal = mx.metal.is_available()
+        cuda = bool(getattr(mx, "cuda", None)) and mx.cuda.is_available()
+        return device_memory_of(metal, cuda, dict(mx.device_info()) if metal or cuda else {})
+    except Exception:  # noqa: BLE001 - no usable GPU: physical memory decides
         return None
-    code = "import json; from mlxd.models import metal_working_set; print(json.dumps(metal_working_set()))"
+
+
+def device_memory_in_child(platform: str = sys.platform) -> tuple[int, str] | None:
+    """device_memory, asked of a short child process so that this one never
+    loads MLX. Only where a GPU backend may be installed (Metal on macOS, an
+    mlx CUDA wheel on Linux): elsewhere no child is needed."""
+    if platform != "darwin" and not _cuda_wheel_installed():
+        return None
+    code = "import json; from mlxd.models import device_memory; print(json.dumps(device_memory()))"
     try:
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                              check=True).stdout
-        total = json.loads(out.strip().splitlines()[-1])
-        return total if isinstance(total, int) else None
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
-        log.warning("could not ask a child process for Metal's working set (%s); using physical memory", exc)
+        got = json.loads(out.strip().splitlines()[-1])
+        return (int(got[0]), str(got[1])) if isinstance(got, list) and len(got) == 2 else None
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError, TypeError) as exc:
+        log.warning("could not ask a child process for the GPU's memory (%s); using physical memory", exc)
         return None
 
 
+def _cuda_wheel_installed() -> bool:
+    from importlib import metadata
+
+    return any((d.metadata["Name"] or "").lower().startswith("mlx-cuda") for d in metadata.distributions())
+
+
 def system_memory_budget(fraction: float,
-                         metal_total: Callable[[], int | None] = metal_working_set) -> tuple[int, str]:
+                         device_total: Callable[[], tuple[int, str] | None] = device_memory) -> tuple[int, str]:
     """(budget bytes, where the total came from): $MLXD_MEMORY_TOTAL_BYTES,
-    else Metal's recommended working set, else physical memory."""
+    else the GPU's memory (Metal's working set, CUDA's device memory), else
+    physical memory (the CPU backend)."""
     if os.environ.get(TOTAL_ENV):
         return me.memory_budget(int(os.environ[TOTAL_ENV]), fraction), TOTAL_ENV
-    total = metal_total()
-    if total is not None:
-        return me.memory_budget(total, fraction), "Metal recommended working set"
+    device = device_total()
+    if device is not None:
+        return me.memory_budget(device[0], fraction), device[1]
     import psutil
 
     return me.memory_budget(psutil.virtual_memory().total, fraction), "physical memory"

@@ -18,7 +18,7 @@ from typing import Any
 from mlxd import exit_codes
 from mlxd.config import Config
 from mlxd.keyfile import ENGINE_KEY_PREFIX, ensure_key_file
-from mlxd.models import heavy_models, metal_working_set_in_child, system_memory_budget
+from mlxd.models import heavy_models, device_memory_in_child, system_memory_budget
 from mlxd.paths import write_atomic
 
 from .keys import ensure_key
@@ -30,7 +30,7 @@ log = logging.getLogger("mlxd.gateway")
 def decide_heavy(config: Config) -> dict[str, bool]:
     """model id -> over the engine's memory budget: the engine's verdict,
     with Metal asked in a child process so that MLX stays out of this one."""
-    budget, _ = system_memory_budget(config.engine.memory_fraction, metal_working_set_in_child)
+    budget, _ = system_memory_budget(config.engine.memory_fraction, device_memory_in_child)
     return heavy_models(config, budget)
 
 

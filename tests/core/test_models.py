@@ -1,26 +1,26 @@
 """mlxd.models: the memory budget's source as a table, and the child
-process that asks Metal on the gateway's behalf."""
-
-import sys
+process that asks the GPU on the gateway's behalf."""
 
 import pytest
 
-from mlxd.models import TOTAL_ENV, metal_working_set, metal_working_set_in_child, system_memory_budget
+from mlxd.models import (CUDA_SOURCE, METAL_SOURCE, TOTAL_ENV, device_memory, device_memory_in_child,
+                         device_memory_of, system_memory_budget)
 
 GIB = 1024**3
 
 
-@pytest.mark.parametrize("env_total, metal, expected", [
-    (str(64 * GIB), 48 * GIB, (48 * GIB, TOTAL_ENV)),  # the override wins
-    (None, 48 * GIB, (36 * GIB, "Metal recommended working set")),
-    (None, None, (None, "physical memory")),  # no Metal: psutil's total
+@pytest.mark.parametrize("env_total, device, expected", [
+    (str(64 * GIB), (48 * GIB, METAL_SOURCE), (48 * GIB, TOTAL_ENV)),  # the override wins
+    (None, (48 * GIB, METAL_SOURCE), (36 * GIB, METAL_SOURCE)),
+    (None, (80 * GIB, CUDA_SOURCE), (60 * GIB, CUDA_SOURCE)),  # the card's memory, not the host's RAM
+    (None, None, (None, "physical memory")),  # the CPU backend: psutil's total
 ])
-def test_where_the_budget_comes_from(monkeypatch, env_total, metal, expected):
+def test_where_the_budget_comes_from(monkeypatch, env_total, device, expected):
     if env_total is None:
         monkeypatch.delenv(TOTAL_ENV, raising=False)
     else:
         monkeypatch.setenv(TOTAL_ENV, env_total)
-    budget, source = system_memory_budget(0.75, lambda: metal)
+    budget, source = system_memory_budget(0.75, lambda: device)
     assert source == expected[1]
     if expected[0] is not None:
         assert budget == expected[0]
@@ -30,9 +30,24 @@ def test_where_the_budget_comes_from(monkeypatch, env_total, metal, expected):
         assert budget == int(psutil.virtual_memory().total * 0.75)
 
 
+# mx.device_info()'s keys: Metal's (mlx.core.metal docs); CUDA's as an H100 answered (MLX 0.32.4, mlx-cuda-13).
+METAL_INFO = {"architecture": "applegpu_g15s", "memory_size": 64 * GIB, "max_recommended_working_set_size": 48 * GIB}
+CUDA_INFO = {"device_name": "NVIDIA H100 80GB HBM3", "total_memory": 85_520_809_984, "free_memory": 84_465_090_560,
+             "architecture": "sm_90"}
+
+
+@pytest.mark.parametrize("metal, cuda, info, expected", [
+    (True, False, METAL_INFO, (48 * GIB, METAL_SOURCE)),  # the working set, not all of the unified memory
+    (False, True, CUDA_INFO, (85_520_809_984, CUDA_SOURCE)),
+    (False, True, {"memory_size": 80 * GIB}, (80 * GIB, CUDA_SOURCE)),  # the other name for it
+    (False, True, {"device_name": "x"}, None),  # no size: physical memory decides
+    (False, False, {}, None),  # the CPU backend
+])
+def test_the_gpus_memory(metal, cuda, info, expected):
+    assert device_memory_of(metal, cuda, info) == expected
+
+
 def test_the_child_process_sees_what_this_process_sees(caplog):
     # "darwin" forces the child even here, so its code path runs everywhere.
-    assert metal_working_set_in_child("darwin") == metal_working_set()
+    assert device_memory_in_child("darwin") == device_memory()
     assert "could not ask" not in caplog.text
-    assert metal_working_set_in_child("linux") is None  # no Metal off macOS: no child at all
-    assert sys.platform == "darwin" or metal_working_set() is None

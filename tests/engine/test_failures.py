@@ -131,29 +131,13 @@ def test_sigterm_cancels_a_long_request_after_the_grace_period(start_engine):
     assert b'"engine_unavailable"' in results["lines"][-1]  # told, not silently cut
 
 
-@pytest.mark.parametrize("step, hang", [(16, False), (4096, True)])
-def test_a_long_prefill_in_small_steps_is_never_taken_for_a_hang(start_engine, step, hang):
-    """Each prefill step is a heartbeat (prefill_step_size): a prompt whose
-    prefill takes many times stuck_grace_s is served when the steps are short,
-    and -- the same prompt in one big step -- reported stuck (503 engine_stuck)."""
-    eng = start_engine({"stuck_grace_s": 0.5, "prefill_step_size": step})
-    words = " ".join(f"w{i}" for i in range(260))  # ~1000 tokens of demo-b: seconds of prefill on 2 cores
-    t0 = time.monotonic()
-    r = requests.post(eng.url + "/v1/chat/completions", timeout=120,
-                      json={"model": "second", "messages": [{"role": "user", "content": words}], "max_tokens": 2})
-    if hang:
-        assert r.status_code == 503 and r.json()["error"]["code"] == "engine_stuck", r.text[:300]
-    else:
-        assert r.status_code == 200, r.text[:300]
-        assert time.monotonic() - t0 > 1.0  # the prefill really outlasted the grace, twice over
-        assert requests.get(eng.url + "/health", timeout=5).json()["status"] == "ok"
-
-
-def test_a_slow_prefill_is_not_mistaken_for_a_hung_worker(start_engine):
-    # 20 ms a prompt token, a 1 s grace: one fixed 512-token step would last ~6 s
-    # and the engine would declare itself stuck; steps sized to the speed stay
-    # well inside the grace, each one a heartbeat.
-    eng = start_engine({"stuck_grace_s": 1.0, "prefill_step_size": 512}, env={"MLXD_FAULT": "slow@prefill:20"})
+@pytest.mark.parametrize("ceiling", [16, 4096])
+def test_a_slow_prefill_is_not_mistaken_for_a_hung_worker(start_engine, ceiling):
+    # 20 ms a prompt token and a 2 s grace: one fixed step of 512 tokens would
+    # last ~10 s and the engine would declare itself stuck (it did, before the
+    # pace). Steps sized to the speed stay well inside the grace, each one a
+    # heartbeat, whatever the configured ceiling (prefill_step_size).
+    eng = start_engine({"stuck_grace_s": 2.0, "prefill_step_size": ceiling}, env={"MLXD_FAULT": "slow@prefill:20"})
     t0 = time.monotonic()
     r = requests.post(eng.url + "/v1/chat/completions", timeout=120, json={
         "model": "default", "max_tokens": 4, "temperature": 0,
@@ -161,7 +145,7 @@ def test_a_slow_prefill_is_not_mistaken_for_a_hung_worker(start_engine):
     elapsed = time.monotonic() - t0
     assert r.status_code == 200, r.text
     prompt_tokens = r.json()["usage"]["prompt_tokens"]
-    assert prompt_tokens > 200 and elapsed > prompt_tokens * 0.02 * 0.9  # the prefill really was slow
+    assert prompt_tokens > 200 and elapsed > prompt_tokens * 0.02 * 0.9  # the prefill really was slow: 3x the grace
     h = requests.get(eng.url + "/health", timeout=5)
     assert h.status_code == 200 and h.json()["status"] == "ok"
     assert "engine_stuck" not in eng.log() and "made no progress" not in eng.log()

@@ -54,7 +54,7 @@ def edges() -> list[tuple[str, str, str]]:
     out = []
     for folder, package in COMPONENT.items():
         for path in sorted((REPO / folder).glob("*.py")):
-            for module in imports_of(path, package):
+            for module in sorted(imports_of(path, package)):  # one order in every process (pytest-xdist)
                 target = component_of(module)
                 if target is not None and target != folder:
                     out.append((folder, f"{folder}/{path.name}", module))

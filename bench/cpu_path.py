@@ -430,7 +430,8 @@ def run_profiles(folder: Path, steps: int, timeout: float) -> list[dict]:
         say(f"      step {doc['step_ms']:.1f} ms ({doc['tok_s']:.1f} tok/s, {doc['step_cores']:.2f} cores), lm_head "
             f"{doc['lm_head_ms']:.1f} ms ({doc['lm_head_share']:.0%}), {doc['layers']} layers "
             f"{doc['layers_ms']:.1f} ms; weights read at {doc['achieved_read_gb_s']:.2f} GB/s; the BLAS's x @ W.T "
-            f"{doc['blas_gemv_gb_s']:.2f} GB/s (x @ W {doc['blas_gemv_nn_gb_s']:.2f}); memory {doc['memory_read_gb_s']:.2f} GB/s")
+            f"{doc['blas_gemv_gb_s']:.2f} GB/s (x @ W {doc['blas_gemv_nn_gb_s']:.2f}); memory "
+            f"{doc['memory_read_gb_s']:.2f} GB/s")
         out.append(doc)
     return out
 
@@ -544,10 +545,10 @@ def markdown(doc: dict) -> str:
              f"{settings['rounds']} round(s), arms alternating, medians (min–max). prefill = prompt tokens / TTFT "
              f"(~{settings['prompt_tokens']}-token prompt, max_tokens 1, prompt cache off); decode = streamed "
              f"{settings['max_tokens']} tokens, greedy, (window−1)/(t_last−t_first); CPU = the engine's CPU s per "
-             "decoded token (cores busy).", "",
+             "decoded token (cores busy); background = cores other programs used meanwhile (median).", "",
              "| arm | BLAS (engine's log) | weights | prefill tok/s | × before | decode tok/s | × before | "
-             "decode CPU s/token | ~2k-token prompt |",
-             "|---|---|---|---:|---:|---:|---:|---:|---|"]
+             "decode CPU s/token | ~2k-token prompt | background cores |",
+             "|---|---|---|---:|---:|---:|---:|---:|---|---:|"]
     for name, a in res["arms"].items():
         st, c, eng = summ.get(name, {}), comp.get(name, {}), a["engine"]
         blas = eng.get("blas_log") or "?"
@@ -578,7 +579,8 @@ def markdown(doc: dict) -> str:
         else:
             long_s = f"**{lg.get('status')} {lg.get('error_code') or lg.get('error') or ''}**"
         lines.append(f"| {name} | {blas} | {weights} | {pre} | {ratio('prefill_tok_s')} | {dec} | "
-                     f"{ratio('decode_tok_s')} | {cpu} | {long_s} |")
+                     f"{ratio('decode_tok_s')} | {cpu} | {long_s} | "
+                     f"{_f(st.get('background_cores_median'), '{:.2f}')} |")
     lines += ["", "Goals: " + "; ".join(
         f"{g['goal']}: {'MET' if g['met'] else ('not measured' if g['met'] is None else 'NOT MET')}"
         + (f" ({g['value']:.1f})" if isinstance(g["value"], float) else "") for g in res["goals"])]

@@ -184,8 +184,10 @@ def stack_factory(tmp_path_factory: pytest.TempPathFactory, demo_models: DemoMod
               gateway: str | None = None, models: str = "") -> Stack:
         """gateway: None for no gateway, else extra [gateway] settings."""
         engine = engine if "stuck_grace_s" in engine else TEST_ENGINE + engine  # a slow model sets its own
+        defaults = "".join(line + "\n" for line in TEST_SUPERVISOR.splitlines()
+                           if line.split("=")[0].strip() + " " not in supervisor + " ")  # a test's own wins
         st = Stack.create(tmp_path_factory.mktemp("stack"), demo_models.a, engine=engine,
-                          supervisor=TEST_SUPERVISOR + supervisor, gateway=gateway, models=models, env=env)
+                          supervisor=defaults + supervisor, gateway=gateway, models=models, env=env)
         stacks.append(st)
         if fault:
             st.fault_file.write_text(fault)

@@ -232,10 +232,12 @@ def fast_path_here() -> dict:
 
 
 @pytest.mark.integration
-def test_benchmark_runs_every_arm_on_the_real_default_model(tmp_path):
-    """The smallest run (~1 min on 2 cores): one round of short prompts per
-    arm; the ~2,000-token prompt on 'after' only (on the reference BLAS it
-    takes minutes)."""
+@pytest.mark.timeout(480)
+def test_benchmark_runs_before_and_after_on_the_real_default_model(tmp_path):
+    """The smallest run (~50 s on 2 idle cores): one round of short prompts
+    per arm; the ~2,000-token prompt on 'after' only (on the reference BLAS
+    it takes minutes). Other programs busy on the same cores slow OpenBLAS's
+    threads several-fold: hence the generous timeout."""
     if not sys.platform.startswith("linux"):
         pytest.skip("the fast CPU path is Linux's (MLX's CPU backend)")
     gguf = real_default_model()
@@ -243,14 +245,15 @@ def test_benchmark_runs_every_arm_on_the_real_default_model(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("MLXD_CPU_BLAS", "OPENBLAS_NUM_THREADS")}
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "cpu_path.py"), "--quick", "--gguf", str(gguf), "--warmup", "0",
+         "--arms", "before,after",
          "--prompt-tokens", "32", "--max-tokens", "4", "--long-tokens", "2000", "--long-arms", "after",
          "--long-max-tokens", "4", "--no-profile", "--out", str(out)],
-        env=env, capture_output=True, text=True, timeout=280)
+        env=env, capture_output=True, text=True, timeout=450)
     assert out.is_file(), f"no results (exit {proc.returncode}):\n{proc.stderr[-3000:]}"
     doc = json.loads(out.read_text())
     arms = doc["results"]["arms"]
     summary = doc["results"]["summary"]
-    assert list(arms) == ["before", "blas-only", "after"]
+    assert list(arms) == ["before", "after"]  # blas-only is the same engine start again: left to the table tests
     for name, arm in arms.items():
         st = summary[name]
         assert not arm["errors"], (name, arm["errors"])
@@ -260,12 +263,10 @@ def test_benchmark_runs_every_arm_on_the_real_default_model(tmp_path):
         assert arm["engine"]["blas_log"], f"{name}: no BLAS line in the engine's log"
     here = fast_path_here()
     assert arms["before"]["engine"]["blas_fast"] is False and arms["before"]["engine"]["float32"] is False
-    assert arms["blas-only"]["engine"]["float32"] is False
     after = arms["after"]["engine"]
     if here["fast"]:
         assert after["blas_fast"] is True and here["name"] in after["blas_log"], after
         assert after["float32"] is True, after
-        assert arms["blas-only"]["engine"]["blas_fast"] is True
     else:
         assert after["blas_fast"] is False and after["float32"] is False, after  # no fast BLAS: as stored
     for name, arm in arms.items():

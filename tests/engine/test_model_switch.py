@@ -45,6 +45,6 @@ def test_twenty_alternating_switches_do_not_grow_rss(start_engine):
         assert chat(eng.url, model=models[i % 2], max_tokens=2).status_code == 200
     h = eng.health()
     assert h["counters"]["model_loads"] == 1 + 4 + 20
-    assert h["memory"]["mlx_active_bytes"] == pytest.approx(active_start, abs=1 * MIB)
+    assert h["memory"]["mlx_active_bytes"] <= active_start + 1 * MIB  # nothing of the 20 switches stays behind
     growth = h["memory"]["rss_bytes"] - rss_start
     assert growth < 40 * MIB, f"RSS grew by {growth / MIB:.1f} MiB over 20 switches"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from mlxd.engine.fast_blas import blas_plan, weights_dtype_on_cpu
+from mlxd.engine.fast_blas import blas_plan, blas_threads, weights_dtype_on_cpu
 from mlxd.engine.faults import FaultInjector, parse_faults
 from mlxd.engine.prefill_pace import PrefillPace
 
@@ -83,3 +83,9 @@ def test_slow_prefill_fault_delays_each_step_by_tokens(spec, delay_for_100):
 def test_slow_goes_with_prefill_only(spec):
     with pytest.raises(ValueError):
         parse_faults(spec)
+
+
+@pytest.mark.parametrize("cores, configured, want", [(2, None, "1"), (1, None, "1"), (16, None, "8"),
+                                                     (2, "2", "2"), (16, "", "8")])
+def test_openblas_gets_half_the_cores_unless_told(cores, configured, want):
+    assert blas_threads(cores, configured) == want

@@ -147,7 +147,8 @@ def test_a_rank_dying_restarts_the_group_and_is_journaled_as_a_crash(stack):
     os.kill(before[1], signal.SIGABRT)  # the follower, not the rank serving HTTP
     wait_until(lambda: st.records(), 60, what="the crash journaled")
     record = st.records()[-1]
-    assert record.klass == "sigabrt", record
+    # The follower's SIGABRT, or rank 0's lost ring when it notices first (a loaded machine): a crash either way.
+    assert record.klass in ("sigabrt", "mlx_error"), record
     wait_until(st.healthy, 120, what="the group back")
     after = wait_until(lambda: (p := rank_pids(st)) and len(p) == 2 and p, 60, what="two new ranks")
     assert not set(after.values()) & set(before.values())  # both ranks restarted, as one engine

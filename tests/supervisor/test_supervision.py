@@ -47,14 +47,16 @@ def test_metal_oom_message_in_stderr_is_classified_metal_oom(stack):
 
 
 def test_crash_loop_backs_off_then_degrades_stays_quiet_and_recovers(stack):
-    st = stack(supervisor="loop_crashes = 4\ncooldown_s = 6\nhealthy_reset_s = 60", fault="abort@boot")
+    # A 1 s base: the growing waits (0, 1, 2 s) stand out of a loaded machine's boot-time noise.
+    st = stack(supervisor="loop_crashes = 4\ncooldown_s = 6\nhealthy_reset_s = 60\nbackoff_base_s = 1.0",
+               fault="abort@boot")
     wait_until(lambda: st.supervision().get("mode") == "degraded", 90, what="degraded after the crash loop")
     recs = st.records()
     assert [r.klass for r in recs] == ["sigabrt"] * 4
-    assert [r.restart_in_s for r in recs] == [0.0, 0.2, 0.4, None]  # growing backoff, then none
+    assert [r.restart_in_s for r in recs] == [0.0, 1.0, 2.0, None]  # growing backoff, then none
     assert recs[-1].degraded is True
     gaps = [b.time - a.time for a, b in zip(recs, recs[1:])]
-    assert gaps[2] > gaps[0]  # the waits grew between crashes
+    assert gaps[2] > gaps[0] + 1.0  # the waits grew between crashes
     assert st.status()["overall"] == "degraded"
     # During the cool-down: no restarts, and supervisord + listener stay idle.
     procs = [psutil.Process(int(st.paths.supervisord_pid.read_text())), psutil.Process(st.process_pid("crashwatch"))]

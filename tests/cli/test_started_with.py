@@ -96,8 +96,9 @@ def test_written_atomically_read_back_and_forgotten_only_by_its_writer(tmp_path,
 
 
 def test_use_overrides_sets_exactly_those(monkeypatch):
-    for name in started_with.OVERRIDE_VARS:  # recorded, so monkeypatch restores every one of them after
-        monkeypatch.delenv(name, raising=False)
+    for name in started_with.OVERRIDE_VARS:  # set first, so monkeypatch records them and unsets them after
+        monkeypatch.setenv(name, "unset after the test")
+        monkeypatch.delenv(name)
     monkeypatch.setenv("MLXD_ENGINE_PORT", "1")
     monkeypatch.setenv("MLXD_OLLAMA_URL", "http://x:1")
     started_with.use_overrides({"MLXD_GATEWAY_PORT": "2", "MLXD_OLLAMA_URL": "http://y:2"})

@@ -393,6 +393,16 @@ def machine_info() -> dict[str, Any]:
 
 # --- statistics, demo models, results, signals ------------------------------------------
 
+def chosen(p: Any, flag: str, text: str, choices: tuple[str, ...] | list[str]) -> list[str]:
+    """A comma-separated flag's picks among `choices`, in their order;
+    argparse's error for an unknown or empty pick."""
+    picked = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [x for x in picked if x not in choices]
+    if bad or not picked:
+        p.error(f"{flag}: unknown {bad} (choose from {','.join(choices)})")
+    return [c for c in choices if c in picked]
+
+
 def median(xs: list[float]) -> float:
     xs = [x for x in xs if not math.isnan(x)]
     return statistics.median(xs) if xs else math.nan

@@ -59,7 +59,7 @@ import requests
 from mlxd.devkit.ports import free_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # when imported by path (bench/run.py, tests)
-from benchkit import (RESULTS, BenchError, HttpWay, Server, busy_cpu_s, child_env, interrupt_on_sigterm,  # noqa: E402
+from benchkit import (RESULTS, BenchError, HttpWay, Server, busy_cpu_s, child_env, chosen, interrupt_on_sigterm,  # noqa: E402
                       machine_info, median, now, say, spawn, stop_all_children, to_sample, write_json)
 
 DEFAULT_OUT = RESULTS / "cpu_path.json"
@@ -750,11 +750,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.profile = args.profile if args.profile is not None else not q
     if args.rounds < 1 or args.warmup < 0 or args.max_tokens < 2 or args.prompt_tokens < 16:
         p.error("need --rounds >= 1, --warmup >= 0, --max-tokens >= 2, --prompt-tokens >= 16")
-    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
-    bad = [a for a in arms if a not in ARMS]
-    if bad or not arms:
-        p.error(f"--arms: unknown {bad} (choose from {','.join(ARMS)})")
-    args.arms_list = [a for a in ARMS if a in arms]
+    args.arms_list = chosen(p, "--arms", args.arms, list(ARMS))
     long_arms = args.long_arms if args.long_arms is not None else ("after" if q else ",".join(args.arms_list))
     args.long_arms_list = [a.strip() for a in long_arms.split(",") if a.strip()]
     bad = [a for a in args.long_arms_list if a not in ARMS]

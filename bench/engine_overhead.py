@@ -51,7 +51,7 @@ from mlxd.devkit.ports import free_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # when imported by path (bench/run.py, tests)
 from benchkit import (DEFAULT_CACHE, DEFAULT_PROMPT, RESULTS, BenchError, HttpWay, Sample, Server, Trace,  # noqa: E402
-                      busy_cpu_s, child_env, demo_model, interrupt_on_sigterm, machine_info, median, now,
+                      busy_cpu_s, child_env, chosen, demo_model, interrupt_on_sigterm, machine_info, median, now,
                       one_model_toml, say, spawn, start_engine, stop_all_children, stop_child, to_sample, variants,
                       write_json)
 
@@ -340,11 +340,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.max_tokens = args.max_tokens if args.max_tokens is not None else (128 if args.quick else 256)
     if args.rounds < 1 or args.warmup < 0 or args.max_tokens < 2:
         p.error("need --rounds >= 1, --warmup >= 0, --max-tokens >= 2")
-    ways = [w.strip() for w in args.ways.split(",") if w.strip()]
-    bad = [w for w in ways if w not in WAYS]
-    if bad or not ways:
-        p.error(f"--ways: unknown {bad} (choose from {','.join(WAYS)})")
-    args.ways_list = [w for w in WAYS if w in ways]
+    args.ways_list = chosen(p, "--ways", args.ways, WAYS)
     if args.model and args.variant:
         p.error("give --model or --variant, not both")
     return args

@@ -13,7 +13,7 @@ How. In-process with mlx-lm, no servers, through the engine's own pieces so
 that what is measured is what the engine does: the plan is reuse.patch_plan
 with ApproxPolicy(recompute_after=r); the cached entry is cut and copied as
 the prompt cache does for a branch (a shallow copy, trim_prompt_cache,
-prompt_cache.packed); spans are recomputed with generation.recompute; the
+kv_cache.packed); spans are recomputed with generation.recompute; the
 rest is prefilled with generation.prefill (generate_step's chunking) and
 decoded greedily with mlx-lm's generate_step (temperature 0, as the engine's
 sampler makes it). Per prompt pair A (old value) / B (new value), both
@@ -529,7 +529,7 @@ class Runner:
         as it was for the next arm)."""
         from mlx_lm.models.cache import KVCache, trim_prompt_cache
 
-        from mlxd.engine.prompt_cache import packed
+        from mlxd.engine.kv_cache import packed
 
         kv = [copy.copy(c) if type(c) is KVCache else copy.deepcopy(c) for c in entry]
         if covered > keep:

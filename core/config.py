@@ -88,6 +88,10 @@ class ModelSpec(Strict):
     context_tokens: int | None = Field(default=None, gt=0)  # KV allowance override
     # Requests generated at once for this model; None: [engine] max_concurrency.
     max_concurrency: int | None = Field(default=None, ge=1, le=64)
+    # Its KV cache's precision; None: the [engine] settings of the same names.
+    kv_bits: Literal[4, 8, 16] | None = None
+    kv_group_size: Literal[32, 64, 128] | None = None
+    quantized_kv_start: int | None = Field(default=None, ge=0)
     # The engines that serve it: "local" (this machine's) and/or "host:port" of
     # other Macs running mlxd with the same model id. Several: LiteLLM balances.
     hosts: list[str] = Field(default_factory=lambda: [LOCAL_ENGINE], min_length=1)
@@ -212,6 +216,15 @@ class EngineConfig(Strict):
     # load models whose float32 weights take at most a quarter of the memory
     # budget as float32: there a prompt runs ~15x faster than quantised.
     cpu_float32: bool = True
+    # The KV cache's precision: 16 keeps the model's dtype; 8 or 4 store keys
+    # and values quantised (mlx-lm's QuantizedKVCache) in groups of
+    # kv_group_size values (a smaller size where a model's head is not a
+    # multiple), from the request's quantized_kv_start-th position on: about
+    # 1.9x / 3.5x the context in the same memory. Served alone only: mlx-lm's
+    # batch has no quantised cache, so it needs max_concurrency = 1.
+    kv_bits: Literal[4, 8, 16] = 16
+    kv_group_size: Literal[32, 64, 128] = 64
+    quantized_kv_start: int = Field(default=0, ge=0)
     # The engine's own log: "debug" adds, per request, the text on both sides
     # of where prompt-cache reuse stopped (which agent field broke it).
     log_level: Literal["debug", "info", "warning"] = "info"
@@ -285,7 +298,23 @@ class Config(Strict):
                 raise ValueError(f"aliases.{alias} points at {target!r}, which is not under [models]")
             if alias in self.models:
                 raise ValueError(f"aliases.{alias} is also a model id; pick one")
+        for name, spec in self.models.items():
+            bits = spec.kv_bits or self.engine.kv_bits
+            concurrency = spec.max_concurrency or self.engine.max_concurrency
+            if bits < 16 and concurrency > 1:
+                raise ValueError(f"model {name!r}: kv_bits = {bits} needs max_concurrency = 1 (it is {concurrency}): "
+                                 "mlx-lm's batched generation has no quantised KV cache; set kv_bits = 16 for it "
+                                 f"([models.{name}] kv_bits = 16) or serve it one request at a time")
+            if bits < 16 and self.engine.ranks.enabled:
+                raise ValueError(f"model {name!r}: kv_bits = {bits} is not supported in a rank group "
+                                 "([engine.ranks]): each rank keeps its own KV cache at the model's dtype")
         return self
+
+    def kv_settings(self, model_id: str) -> tuple[int, int, int]:
+        """(kv_bits, kv_group_size, quantized_kv_start) of a model: its own, else the engine's."""
+        spec, engine = self.models[model_id], self.engine
+        return (spec.kv_bits or engine.kv_bits, spec.kv_group_size or engine.kv_group_size,
+                engine.quantized_kv_start if spec.quantized_kv_start is None else spec.quantized_kv_start)
 
     @property
     def all_aliases(self) -> dict[str, str]:
@@ -481,7 +510,15 @@ SECTION_DOCS = {
         "the per-request metadata removed from prompts before the chat template (engine/request_metadata.py): "
         "`claude_code_billing_header` is the `x-anthropic-billing-header: cc_version=...; cch=...;` line Claude "
         "Code puts at the top of its system prompt for Anthropic's billing, which changes every request and would "
-        "otherwise defeat the prompt cache; `[]` keeps prompts exactly as sent."),
+        "otherwise defeat the prompt cache; `[]` keeps prompts exactly as sent. "
+        "`kv_bits` 8 or 4 (per model too) keeps the KV cache quantised (mlx-lm's QuantizedKVCache: per "
+        "`kv_group_size` values a scale and a bias): about 1.9x or 3.5x the context, or the prompt cache's "
+        "conversations, in the same memory, at a small cost in quality that docs/BENCHMARKS.md measures; the "
+        "memory estimate, admission and the prompt cache count the quantised size, and cached entries are never "
+        "reused across kv_bits. It needs max_concurrency = 1 (mlx-lm's batch has no quantised cache) and no rank "
+        "group; vision models and layers mlx-lm cannot quantise (rotating windows, recurrent state) keep the "
+        "model's dtype, and the engine's log says so. Every request's KV is allocated once, at the length its "
+        "admission counted (prompt + max_tokens), so memory does not grow while it generates."),
     "engine.prompt_cache": (
         "The prompt cache (engine/prompt_cache.py): an agent's next turn reuses the KV of the conversation so "
         "far, from memory or, after an engine restart, from disk (`$MLXD_HOME/state/kv/`). `memory_gib` unset: "

@@ -143,24 +143,111 @@ def weights_from_name(name: str) -> int | None:
 
 # --- KV cache --------------------------------------------------------------
 
-def kv_cache_bytes(config: dict[str, Any], context_tokens: int, bytes_per_value: int | None = None) -> int:
-    """K and V for every layer over `context_tokens` positions (pure), in the
-    model's activation dtype (float16 unless its config says float32)."""
+KV_STEP = 256  # mlx-lm's KV caches hold whole steps of this many positions
+KV_GROUP_SIZES = (128, 64, 32)  # what mx.quantize takes
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """How a model's KV cache holds its values: `bits` 16 keeps the model's
+    own dtype; 8 or 4 quantises keys and values (mlx-lm's QuantizedKVCache,
+    a scale and a bias in the model's dtype per `group_size` values) once a
+    request's cache holds `quantized_start` positions."""
+
+    bits: int = 16
+    group_size: int = 64
+    quantized_start: int = 0
+
+    @property
+    def quantized(self) -> bool:
+        return self.bits < 16
+
+    @property
+    def key(self) -> str:
+        """For cache keys: KV of one layout is never reused under another."""
+        return "kv16" if not self.quantized else f"kv{self.bits}g{self.group_size}s{self.quantized_start}"
+
+
+def kv_group(head_dim: int, configured: int) -> int | None:
+    """The quantisation group for a head of `head_dim` values (pure): the
+    configured size where it divides the head, else the largest smaller one
+    that does; None where none does (the KV then stays unquantised)."""
+    for size in KV_GROUP_SIZES:
+        if size <= configured and head_dim % size == 0:
+            return size
+    return None
+
+
+def _kv_shape(config: dict[str, Any]) -> tuple[int, int, int, int | None] | None:
+    """(layers, kv heads, head dim, sliding window) of the text model, or None."""
     c = _text_config(config)
-    if bytes_per_value is None:
-        dtype = str(c.get("torch_dtype") or config.get("torch_dtype") or "float16")
-        bytes_per_value = 4 if dtype == "float32" else 2
     try:
         hidden = int(c["hidden_size"])
         layers = int(c["num_hidden_layers"])
     except (KeyError, TypeError, ValueError):
-        return 0
+        return None
     heads = int(c.get("num_attention_heads") or max(1, hidden // 128))
     kv_heads = int(c.get("num_key_value_heads") or heads)
     head_dim = int(c.get("head_dim") or hidden // heads)
     window = c.get("sliding_window") if c.get("use_sliding_window") else None
-    positions = min(context_tokens, int(window)) if window else context_tokens
-    return 2 * layers * kv_heads * head_dim * positions * bytes_per_value
+    return layers, kv_heads, head_dim, int(window) if window else None
+
+
+def model_dtype_bytes(config: dict[str, Any]) -> int:
+    """Bytes of one activation value: float16/bfloat16 unless the config says float32."""
+    dtype = str(_text_config(config).get("torch_dtype") or config.get("torch_dtype") or "float16")
+    return 4 if dtype == "float32" else 2
+
+
+def kv_layout_for(config: dict[str, Any] | None, bits: int, group_size: int, quantized_start: int) -> KVLayout:
+    """The layout a model's KV gets from the settings (pure): quantised only
+    where its head size takes a quantisation group; else the model's dtype."""
+    shape = _kv_shape(config) if config and bits < 16 else None
+    group = kv_group(shape[2], group_size) if shape else None
+    return KVLayout(bits, group, quantized_start) if group else KVLayout()
+
+
+def kv_value_bytes(dtype_bytes: int, layout: KVLayout) -> float:
+    """Bytes one key or value element takes in the cache (pure)."""
+    if not layout.quantized:
+        return dtype_bytes
+    return layout.bits / 8 + 2 * dtype_bytes / layout.group_size
+
+
+def kv_cache_bytes(config: dict[str, Any], context_tokens: int, bytes_per_value: int | None = None,
+                   layout: KVLayout = KVLayout()) -> int:
+    """K and V for every layer over `context_tokens` positions (pure), in the
+    model's activation dtype (float16 unless its config says float32) or as
+    `layout` quantises them. Quantised from `quantized_start` on: until then
+    the cache holds the model's dtype, and at the switch both copies are alive."""
+    shape = _kv_shape(config)
+    if shape is None:
+        return 0
+    layers, kv_heads, head_dim, window = shape
+    dtype_bytes = bytes_per_value or model_dtype_bytes(config)
+    positions = min(context_tokens, window) if window else context_tokens
+    per_position = 2 * layers * kv_heads * head_dim
+    if not layout.quantized:
+        return per_position * positions * dtype_bytes
+    quantised = int(per_position * positions * kv_value_bytes(dtype_bytes, layout))
+    before_switch = per_position * min(positions, layout.quantized_start) * dtype_bytes
+    return quantised + before_switch if positions > layout.quantized_start else before_switch
+
+
+def kv_prefill_transient_bytes(config: dict[str, Any], context_tokens: int, layout: KVLayout) -> int:
+    """What a prefill step holds beside a quantised cache (pure): the layer
+    it attends over dequantised to the model's dtype (engine/kv_cache.py's
+    DequantizedView), two layers' worth, as MLX may free one while it
+    computes the next. 0 at 16 bits (attention reads the cache itself)."""
+    shape = _kv_shape(config)
+    if not layout.quantized or shape is None:
+        return 0
+    return 2 * kv_cache_bytes(config, context_tokens) // shape[0]
+
+
+def kv_allocated_tokens(tokens: int) -> int:
+    """Positions a request's KV is allocated for: its length in whole steps."""
+    return -(-tokens // KV_STEP) * KV_STEP
 
 
 def attention_heads(config: dict[str, Any] | None) -> int:
@@ -195,9 +282,10 @@ def estimate_footprint(
     weight_file_bytes: tuple[int, str] | None,
     name: str,
     context_tokens: int,
+    layout: KVLayout = KVLayout(),
 ) -> Footprint:
     """Best estimate from what is known (pure)."""
-    kv = kv_cache_bytes(config, context_tokens) if config else 0
+    kv = kv_cache_bytes(config, context_tokens, layout=layout) if config else 0
     if weight_file_bytes is not None:
         return Footprint(weight_file_bytes[0], kv, weight_file_bytes[1])
     if config:

@@ -38,6 +38,7 @@ class ModelInfo:
     prompt_cache_bytes: int = 0  # memory the prompt cache may hold beside this model
     config: dict | None = field(default=None, compare=False)  # the model's shape, for KV sizes
     weights_dtype: str | None = None  # loaded as this dtype instead of as stored (the CPU's float32)
+    kv: me.KVLayout = me.KVLayout()  # how its KV cache holds values (kv_bits)
 
 
 def is_vision_config(config: dict | None) -> bool | None:
@@ -125,13 +126,15 @@ def model_info(config: Config, model_id: str, budget_bytes: int, weights_dtype: 
     if weights_dtype == "float32" and cfg and params:
         cfg, weights, loaded_as = {**cfg, "torch_dtype": "float32"}, (params * 4, "float32 on the CPU"), "float32"
     name = spec.repo or spec.path or spec.gguf or spec.from_ollama or model_id
-    footprint = me.estimate_footprint(cfg, weights, name, ctx)
+    # Vision models (mlx-vlm's generation) keep their KV at the model's dtype.
+    kv = me.KVLayout() if is_vision_config(cfg) else me.kv_layout_for(cfg, *config.kv_settings(model_id))
+    footprint = me.estimate_footprint(cfg, weights, name, ctx, kv)
     verdict = me.judge(name, footprint, budget_bytes, config.engine.heavy_patterns)
     pc = config.engine.prompt_cache
     configured = None if pc.memory_gib is None else int(pc.memory_gib * me.GIB)
     cache_bytes = me.prompt_cache_budget(budget_bytes, footprint.total_bytes, configured) if pc.enabled else 0
     return ModelInfo(model_id, spec, verdict, footprint, on_disk=on_disk, prompt_cache_bytes=cache_bytes, config=cfg,
-                     weights_dtype=loaded_as)
+                     weights_dtype=loaded_as, kv=kv)
 
 
 def heavy_models(config: Config, budget_bytes: int) -> dict[str, bool]:

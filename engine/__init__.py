@@ -12,6 +12,7 @@ Entry point: `mlxd engine` -> mlxd.engine.main.run_engine. Where things are:
   batched_turns.py  its turns with max_concurrency > 1; batch.py: the batch
                  (mlx-lm's BatchGenerator; a request alone decodes solo)
   generation.py  one job's tokenize/decode on the resident model
+  kv_cache.py    a request's KV: allocated once at its admitted length, quantised (kv_bits)
   jobs.py, events.py  a job, and the events the worker sends its handler
 
 Decisions live in small pure modules: admission.py (queue), scheduler.py

@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from mlxd.memory_estimate import KVLayout
+
 from .errors import EngineError, bad_request
 from .events import Delta, Failed, Finished, ToolCalls
 from .faults import FaultInjector
@@ -44,6 +46,7 @@ class ResidentModel:
     tokenizer: Any
     encoder: PieceEncoder | None = None  # chat prompts, piece by piece (engine/prompt_tokens.py)
     processor: Any = None  # mlx-vlm's processor; None for a text model
+    kv: KVLayout = KVLayout()  # how its requests' KV holds values (kv_bits)
 
     @property
     def vision(self) -> bool:
@@ -198,10 +201,13 @@ def _seeing(processor: Callable, context: list[int]) -> Callable:
 
 
 def prefill(model: Any, prompt_cache: list[Any], tokens: list[int], pace: PrefillPace, progress: Callable[[], None],
-            faults: FaultInjector | None = None) -> None:
+            faults: FaultInjector | None = None, kv: KVLayout = KVLayout()) -> None:
     """Run `tokens` through the model into `prompt_cache`, as mlx-lm's
     generate_step does, a step at a time as `pace` sizes them (each step a
-    heartbeat well within the stuck grace, however slow the machine)."""
+    heartbeat well within the stuck grace, however slow the machine), its
+    layers quantised once they reach `kv.quantized_start` positions."""
+    from .kv_cache import prefill_views, quantize_from
+
     import mlx.core as mx
     from mlx_lm.generate import generation_stream
 
@@ -211,7 +217,8 @@ def prefill(model: Any, prompt_cache: list[Any], tokens: list[int], pace: Prefil
         while start < len(tokens):
             n = min(pace.step(), len(tokens) - start)
             began = time.perf_counter()
-            model(ids[start:start + n][None], cache=prompt_cache)
+            model(ids[start:start + n][None], cache=prefill_views(prompt_cache))
+            quantize_from(prompt_cache, kv)
             mx.eval([c.state for c in prompt_cache])
             if faults is not None and (delay := faults.prefill_delay_s(n)):
                 time.sleep(delay)  # slow@prefill: a slow machine, for the tests
@@ -295,14 +302,18 @@ class Generation:
             from mlx_lm.models.cache import make_prompt_cache
 
             prompt_cache = prompt_cache if prompt_cache is not None else make_prompt_cache(self.resident.model)
-            prefill(self.resident.model, prompt_cache, prompt[:-1], self.pace, self.heartbeat, self.faults)
+            prefill(self.resident.model, prompt_cache, prompt[:-1], self.pace, self.heartbeat, self.faults,
+                    self.resident.kv)
             context, prompt = context + list(prompt[:-1]), prompt[-1:]
         sampler, processors = _sampling(p, self.resident.vocab_size())
         if processors and context:
             processors = [_seeing(proc, context) for proc in processors]
+        kv = self.resident.kv
+        quantize = {"kv_bits": kv.bits, "kv_group_size": kv.group_size,
+                    "quantized_kv_start": kv.quantized_start} if kv.quantized else {}
         steps = stream_generate(self.resident.model, self.resident.tokenizer, prompt, max_tokens=p.max_tokens,
                                 sampler=sampler, logits_processors=processors, prompt_cache=prompt_cache,
-                                prompt_progress_callback=self.heartbeat)
+                                prompt_progress_callback=self.heartbeat, **quantize)
         return self._run(steps, context[-PROMPT_TAIL:] + list(prompt))
 
     def decode_vision(self, prompt: VisionPrompt) -> tuple[str, list[int]]:

@@ -9,6 +9,7 @@ worker), for good.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
@@ -89,6 +90,8 @@ class Health:
             "worker_alive": w.is_alive(),
             "phase": s.phase.value,
             "resident_model": s.resident_model,
+            # How the resident model's KV holds values (kv_bits; 16: the model's dtype).
+            "kv_cache": dataclasses.asdict(w.registry.info(s.resident_model).kv) if s.resident_model else None,
             "in_flight": s.in_flight,
             "in_flight_fingerprint": s.in_flight_fingerprint,
             "running": list(s.in_flight_ids),  # every request generating now (several when batching)

@@ -58,7 +58,7 @@ def is_patchable(kv: list[Any]) -> bool:
     layer a plain KVCache, whose offset can be set back and forth."""
     from mlx_lm.models.cache import KVCache
 
-    return bool(kv) and all(type(c) is KVCache for c in kv)
+    return bool(kv) and all(isinstance(c, KVCache) for c in kv)
 
 
 def versions() -> dict[str, str]:
@@ -116,15 +116,20 @@ def kv_nbytes(kv: list[Any]) -> int:
 
 
 def compact(kv: list[Any]) -> list[Any]:
-    """Shallow copies whose arrays hold only the tokens covered (a KVCache's
-    buffer grows in steps and keeps what a trim cut off)."""
-    from mlx_lm.models.cache import KVCache
+    """Shallow copies, as mlx-lm's own classes (the file names them), whose
+    arrays hold only the tokens covered (a KV layer's buffer is allocated in
+    steps, or for a whole request, and keeps what a trim cut off)."""
+    from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
     out = []
     for c in kv:
-        if type(c) is KVCache and c.keys is not None and c.offset < c.keys.shape[2]:
+        if isinstance(c, KVCache) and c.keys is not None:
             o = c.offset
             c = KVCache.from_state((c.keys[..., :o, :], c.values[..., :o, :], o))
+        elif isinstance(c, QuantizedKVCache) and c.keys is not None:
+            o = c.offset
+            c = QuantizedKVCache.from_state((tuple(a[..., :o, :] for a in c.keys),
+                                             tuple(a[..., :o, :] for a in c.values), o, c.group_size, c.bits))
         out.append(c)
     return out
 

@@ -9,7 +9,6 @@ is the worker's, owned by the worker thread.
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from typing import TYPE_CHECKING, Callable
@@ -89,18 +88,20 @@ class LoneTurns:
             self._sample_memory()
             return
         room = self._room_beside(job, prompt)  # raises the 400 for a request that cannot fit
-        fetched, kv, needs_snapshot = self._cached_start(job, prompt, room)
+        fetched, kv, needs_snapshot = self._cached_start(job, prompt, room, allocate=True)
         self._mark("cache_fetched")
         rest, snapshot = prompt[fetched.start:], None
         if needs_snapshot:
+            from .kv_cache import fitted
+
             # Kept at the prompt's boundary: this cache cannot be cut back later.
-            prefill(self._resident.model, kv, rest[:-1], self.pace, self._heartbeat, self.faults)
-            snapshot, rest = copy.deepcopy(kv), rest[-1:]
+            prefill(self._resident.model, kv, rest[:-1], self.pace, self._heartbeat, self.faults, self._resident.kv)
+            snapshot, rest = fitted(kv, copy_others=True), rest[-1:]
         generated = self._run_generation(generation, len(prompt), fetched.cached_tokens,
                                          lambda: generation.decode(rest, kv, prompt[:len(prompt) - len(rest)]))
         self._mark("decoded")
         self._store_turn(job, prompt, fetched, generated, kv, snapshot, needs_snapshot,
-                         first_token_at[0] - started if first_token_at else None)
+                         first_token_at[0] - started if first_token_at else None, alone=True)
         self._mark("stored")
         self._sample_memory()
 

@@ -100,8 +100,9 @@ class ModelRegistry:
 
     def build_key(self, model_id: str, target: str) -> str:
         """`id@fingerprint` of the files `target` loads and the dtype they
-        load in: prompt-cache entries never cross models, nor builds of one
-        model (weights replaced under the same id), nor its float32 load."""
+        load in and the layout of their KV: prompt-cache entries never cross
+        models, nor builds of one model (weights replaced under the same id),
+        nor its float32 load, nor another kv_bits."""
         folder = Path(target)
         if not folder.is_dir():
             try:
@@ -111,8 +112,11 @@ class ModelRegistry:
             except Exception:  # noqa: BLE001 - not downloaded / not a repo: the name is all we know
                 return f"{model_id}@{hashlib.sha256(target.encode()).hexdigest()[:16]}"
         h = hashlib.sha256(str(folder.resolve()).encode())
-        if (dtype := self.info(model_id).weights_dtype) is not None:
-            h.update(f"as {dtype};".encode())
+        info = self.info(model_id)
+        if info.weights_dtype is not None:
+            h.update(f"as {info.weights_dtype};".encode())
+        if info.kv.quantized:
+            h.update(f"{info.kv.key};".encode())
         for f in sorted(folder.iterdir()):
             if f.is_file():
                 st = f.stat()

@@ -194,45 +194,6 @@ def _trimmable(kv: list[Any]) -> bool:
     return bool(kv) and can_trim_prompt_cache(kv)
 
 
-def packed_length(offset: int, room: int, step: int) -> int:
-    """The buffer a reused KVCache layer is copied into: its tokens and the
-    turn's new ones, rounded up to mlx-lm's growth step. A cache mlx-lm grows
-    from a fresh start always has such a buffer; one continued from an odd
-    offset does not (KVCache.update_and_fetch cuts it back there before
-    growing), and decoding on those ran 25 % slower on MLX CUDA (8B model,
-    12-14k tokens: 9.7 vs 7.4 ms per token, bench/kv_reuse_profile.py)."""
-    return -(-(offset + room) // step) * step
-
-
-def needs_repack(buffer_len: int, offset: int, room: int, step: int, shared: bool) -> bool:
-    """Whether a layer's buffer must be copied before the turn: always when
-    it is shared with an entry that stays (mlx-lm writes new tokens into the
-    buffer in place), else unless it is already a whole number of steps with
-    room for the new tokens."""
-    return shared or buffer_len % step != 0 or buffer_len < offset + room
-
-
-def packed(kv: list[Any], room: int, shared: bool = False) -> list[Any]:
-    """The cache with each plain KVCache layer in a buffer of packed_length,
-    copied where needs_repack says so."""
-    import mlx.core as mx
-    from mlx_lm.models.cache import KVCache
-
-    out, fresh = [], []
-    for c in kv:
-        if type(c) is KVCache and c.keys is not None and needs_repack(c.keys.shape[2], c.offset, room, c.step, shared):
-            n, length = c.offset, packed_length(c.offset, room, c.step)
-            keys = mx.zeros((*c.keys.shape[:2], length, c.keys.shape[3]), c.keys.dtype)
-            values = mx.zeros((*c.values.shape[:2], length, c.values.shape[3]), c.values.dtype)
-            keys[..., :n, :] = c.keys[..., :n, :]
-            values[..., :n, :] = c.values[..., :n, :]
-            c = KVCache.from_state((keys, values, n))
-            fresh += [keys, values]
-        out.append(c)
-    mx.eval(fresh)
-    return out
-
-
 def kv_offset(kv: list[Any]) -> int | None:
     """Tokens an attention cache holds (None for caches that do not say)."""
     offsets = [c.offset for c in kv if hasattr(c, "offset")]
@@ -306,17 +267,19 @@ class PromptCache:
 
     # --- a request ---------------------------------------------------------
     @_never_fatal(NOT_CACHED)
-    def fetch(self, prompt: list[int]) -> Fetched:
-        """The KV to continue `prompt` from, taken out of the cache (or a copy)."""
+    def fetch(self, prompt: list[int], answer_room: int = 0) -> Fetched:
+        """The KV to continue `prompt` from, taken out of the cache (or a
+        copy), with room for the rest of the prompt and `answer_room` more
+        positions (the request's max_tokens: allocated once, engine/kv_cache.py)."""
         if not self.enabled or self.model_key is None:
             return NOT_CACHED
         tokens = np.asarray(prompt, dtype=np.int32)
         in_memory = self._plan(self._entries, tokens)
         fetched = None
         if self.files is not None and (in_memory is None or in_memory.tokens < len(tokens) - 1):
-            fetched = self._fetch_from_disk(tokens, in_memory.reused if in_memory else 0)
+            fetched = self._fetch_from_disk(tokens, in_memory.reused if in_memory else 0, answer_room)
         if fetched is None and in_memory is not None:
-            fetched = self._take(in_memory, tokens)
+            fetched = self._take(in_memory, tokens, answer_room)
         if fetched is None:
             fetched = Fetched(None, 0, 0, "none", name=self._new_name())
             stopped, why = explain(None, None, len(tokens), len(self._entries) + self._disk_entries())
@@ -390,15 +353,17 @@ class PromptCache:
     def _plan(self, candidates: Sequence[Candidate], tokens: np.ndarray) -> Reuse | None:
         return choose_reuse(candidates, tokens, MIN_REUSE_TOKENS, self.generation_prompt, self.approximate)
 
-    def _take(self, reuse: Reuse, tokens: np.ndarray) -> Fetched:
-        from mlx_lm.models.cache import KVCache, trim_prompt_cache
+    def _take(self, reuse: Reuse, tokens: np.ndarray, answer_room: int) -> Fetched:
+        from mlx_lm.models.cache import KVCache, QuantizedKVCache, trim_prompt_cache
+
+        from .kv_cache import packed
 
         entry = self._entries[reuse.index]
         if reuse.copy:
             # Cut a copy, not the entry. A plain KVCache's trim only moves its offset,
             # so a shallow copy can be cut and then packed into arrays of its own;
             # other layers write into their arrays in place and are deep-copied.
-            kv = [copy.copy(c) if type(c) is KVCache else copy.deepcopy(c) for c in entry.kv]
+            kv = [copy.copy(c) if isinstance(c, (KVCache, QuantizedKVCache)) else copy.deepcopy(c) for c in entry.kv]
             self._entries.remove(entry)
             self._entries.append(entry)  # used: most recent now
             name, replaces = self._new_name(), ()
@@ -410,7 +375,7 @@ class PromptCache:
         fetched = self._fetched(reuse, entry, tokens, kv, "memory", name, replaces)
         if reuse.trim:
             trim_prompt_cache(kv, reuse.trim)
-        return replace(fetched, kv=packed(kv, len(tokens) - reuse.tokens, shared=reuse.copy))
+        return replace(fetched, kv=packed(kv, len(tokens) - reuse.tokens + answer_room, shared=reuse.copy))
 
     def _fetched(self, reuse: Reuse, found: Candidate, tokens: np.ndarray, kv: list[Any], source: str, name: str,
                  replaces: tuple[DiskEntry, ...]) -> Fetched:
@@ -423,7 +388,7 @@ class PromptCache:
         self._report(ReuseReport(name, len(tokens), reuse.reused, stopped, why, reuse.recomputed, source))
         return Fetched(kv, reuse.tokens, reuse.reused, source, reuse.patches, name, replaces, excerpt)
 
-    def _fetch_from_disk(self, tokens: np.ndarray, memory_tokens: int) -> Fetched | None:
+    def _fetch_from_disk(self, tokens: np.ndarray, memory_tokens: int, answer_room: int) -> Fetched | None:
         """A disk entry that saves more than memory does, read if worth it."""
         assert self.files is not None
         candidates = self.files.entries(self.model_key)  # type: ignore[arg-type]
@@ -458,7 +423,9 @@ class PromptCache:
             from mlx_lm.models.cache import trim_prompt_cache
 
             trim_prompt_cache(kv, reuse.trim)
-        return replace(fetched, kv=packed(kv, len(tokens) - reuse.tokens))
+        from .kv_cache import packed
+
+        return replace(fetched, kv=packed(kv, len(tokens) - reuse.tokens + answer_room))
 
     def _new_name(self) -> str:
         return f"c{next(self._names)}"

@@ -26,7 +26,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-from mlxd.memory_estimate import attention_heads, kv_cache_bytes, request_fits, vision_encoder_bytes
+from mlxd.memory_estimate import (KVLayout, attention_heads, kv_allocated_tokens, kv_cache_bytes,
+                                  kv_prefill_transient_bytes, request_fits, vision_encoder_bytes)
 from mlxd.models import is_vision_config
 from mlxd.records import InflightRequest
 
@@ -292,10 +293,13 @@ class ModelWorker(LoneTurns, BatchedTurns, threading.Thread):
                 self._unload()
             raise EngineError(503, f"could not load model {model_id!r}: {exc}", code="model_load_failed",
                               param="model", retry_after=30) from exc
+        info = self.registry.info(model_id)
+        if not resident.vision and self.link is None:
+            resident = replace(resident, kv=info.kv)
+            self._note_kv_layout(resident)
         self._resident = resident
         self.pace = PrefillPace(self.prefill_step_size, self.prefill_step_budget_s)
         self._mergeable = not resident.vision and self.link is None and batchable_model(resident.model)
-        info = self.registry.info(model_id)
         self._batch_memory = Memory(self.registry.budget_bytes, info.footprint.weights_bytes,
                                     kv_cache_bytes(info.config, 1) if info.config else 0,
                                     attention_bytes_per_position(attention_heads(info.config),
@@ -355,7 +359,7 @@ class ModelWorker(LoneTurns, BatchedTurns, threading.Thread):
         if info.footprint.weights_bytes is None or not info.config:
             return self.prompt_cache.stats.memory_bytes  # size unknown: nothing to go by
         tokens = len(prompt) + job.params.max_tokens
-        need = kv_cache_bytes(info.config, tokens) + vision_encoder_bytes(info.config, image_tokens)
+        need = self._request_bytes(info.config, tokens) + vision_encoder_bytes(info.config, image_tokens)
         fits, room = request_fits(self.registry.budget_bytes, info.footprint.weights_bytes, need,
                                   self.prompt_cache.stats.memory_bytes)
         if not fits:
@@ -365,6 +369,26 @@ class ModelWorker(LoneTurns, BatchedTurns, threading.Thread):
                                    f"of {self.registry.budget_bytes / 2**30:.2f} GiB; shorten the prompt or max_tokens",
                               code="context_length_exceeded", param="messages")
         return room
+
+    def _request_bytes(self, config: dict, tokens: int) -> int:
+        """A lone request's KV, allocated once for `tokens` positions in whole
+        steps (engine/kv_cache.py), as the resident model's layout holds it,
+        and what its prefill holds beside a quantised cache."""
+        kv = self._resident.kv if self._resident is not None else KVLayout()
+        positions = kv_allocated_tokens(tokens)
+        return kv_cache_bytes(config, positions, layout=kv) + kv_prefill_transient_bytes(config, positions, kv)
+
+    def _note_kv_layout(self, resident: ResidentModel) -> None:
+        """The log says how a quantised model's KV is kept, and which layers stay as they are."""
+        if not resident.kv.quantized:
+            return
+        from .kv_cache import unquantised_kinds
+
+        kept = unquantised_kinds(resident.model)
+        log.info("KV cache of %s: %d-bit, groups of %d, from position %d%s", resident.model_id, resident.kv.bits,
+                 resident.kv.group_size, resident.kv.quantized_start,
+                 f"; layers of kind {', '.join(kept)} keep the model's dtype (mlx-lm cannot quantise them)"
+                 if kept else "")
 
     def _fatal(self, exc: BaseException, jobs: list[Job]) -> None:
         """An MLX fault: every request the worker holds gets an explicit
@@ -378,33 +402,57 @@ class ModelWorker(LoneTurns, BatchedTurns, threading.Thread):
         self.on_fatal(exc, jobs[0] if jobs else None)
 
     # --- the prompt cache, per turn (both ways of serving) -------------------
-    def _cached_start(self, job: Job, prompt: list[int], room: int) -> tuple[Fetched, list[Any] | None, bool]:
+    def _cached_start(self, job: Job, prompt: list[int], room: int,
+                      allocate: bool = False) -> tuple[Fetched, list[Any] | None, bool]:
         """The turn's KV from the prompt cache (engine/reuse.py plans it):
         taken, its changed spans recomputed, the rest of the cache shrunk to
         `room`; and whether the KV must be kept at the prompt's boundary (a
-        cache that cannot be cut back later)."""
+        cache that cannot be cut back later). `allocate`: the KV gets its
+        whole length (prompt + max_tokens) now, once (a lone request; a
+        batch keeps its own arrays)."""
         from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 
+        from .kv_cache import make_kv
+
         cache = self.prompt_cache
-        fetched = cache.fetch(prompt)
+        answer_room = job.params.max_tokens if allocate else 0
+        fetched = cache.fetch(prompt, answer_room)
         self._log_reuse(job, fetched)
         if room < cache.stats.memory_bytes:
             cache.shrink_to(room)
         kv, needs_snapshot = fetched.kv, False
         if fetched.patches:
             recompute(self._resident.model, kv, prompt, fetched.patches, fetched.start, self.pace, self._heartbeat)
+        if kv is None and allocate:
+            kv = make_kv(self._resident.model, len(prompt) + answer_room, self._resident.kv)
         if cache.enabled:
             kv = kv if kv is not None else make_prompt_cache(self._resident.model)
             needs_snapshot = needs_boundary_snapshot([type(c).__name__ for c in kv], can_trim_prompt_cache(kv))
         return fetched, kv, needs_snapshot
 
     def _store_turn(self, job: Job, prompt: list[int], fetched: Fetched, generated: list[int], kv: list[Any] | None,
-                    snapshot: list[Any] | None, needs_snapshot: bool, prefill_s: float | None) -> None:
+                    snapshot: list[Any] | None, needs_snapshot: bool, prefill_s: float | None,
+                    alone: bool = False) -> None:
         """The turn's KV back to the prompt cache: at the prompt's boundary
-        (`snapshot`) where it cannot be cut back, else all it covers."""
+        (`snapshot`) where it cannot be cut back, else all it covers, copied
+        into arrays of just that length (a lone request's were allocated for
+        all of max_tokens). The copy is made while the request's own arrays
+        are alive, so for a lone request the cache first gives up what the
+        copy needs: memory stays within the budget (a batch's rows are
+        counted by the batch's admission)."""
+        from .kv_cache import fitted, fitted_bytes
+        from .kv_files import kv_nbytes
+
         cache = self.prompt_cache
         if not cache.enabled:
             return
+        if kv is not None and not needs_snapshot:
+            weights = self.registry.info(job.model_id).footprint.weights_bytes
+            if alone and weights is not None:
+                allowed = self.registry.budget_bytes - weights - kv_nbytes(kv) - fitted_bytes(kv)
+                if cache.stats.memory_bytes > allowed:
+                    cache.shrink_to(max(0, allowed))
+            kv = fitted(kv)
         if prefill_s is not None:
             recomputed = sum(end - start for start, end in fetched.patches)
             cache.note_prefill(len(prompt) - fetched.start + recomputed, prefill_s)

@@ -51,6 +51,19 @@ def wait_until(condition: Callable[[], object], timeout: float, interval: float 
     return value
 
 
+def settled_health(url: str, timeout: float = 30) -> dict:
+    """An engine's /health once its worker is idle: after an answer's last
+    chunk the worker still stores the turn in the prompt cache, so figures
+    read at once may be the turn before's."""
+    import requests
+
+    def idle() -> dict | None:
+        body = requests.get(url + "/health", timeout=5).json()
+        return body if body["phase"] == "idle" else None
+
+    return wait_until(idle, timeout, what="the worker to finish its turn")
+
+
 @dataclass
 class EngineProcess:
     home: Path

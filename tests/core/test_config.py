@@ -39,11 +39,34 @@ def test_the_default_model_is_the_real_one_once_fetched_else_the_demo(tmp_path):
     ({"models": {"m": {"path": "/x", "repo": "a/b"}}}, "models.m"),
     ({"models": {"../evil": {"path": "/x"}}}, "must match"),
     ({"models": {"m": {"path": "/x"}}, "aliases": {"coding": "nope"}}, "aliases.coding"),
+    ({"engine": {"kv_bits": 6}}, "engine.kv_bits"),
+    ({"engine": {"kv_group_size": 48}}, "engine.kv_group_size"),
+    ({"models": {"m": {"path": "/x", "quantized_kv_start": -1}}}, "models.m.quantized_kv_start"),
+    # mlx-lm's batch has no quantised cache; a rank group keeps its own caches
+    ({"engine": {"kv_bits": 8, "max_concurrency": 2}, "models": {"m": {"path": "/x"}}}, "model 'm': kv_bits = 8"),
+    ({"engine": {"max_concurrency": 4}, "models": {"m": {"path": "/x", "kv_bits": 4}}}, "max_concurrency = 1"),
+    ({"engine": {"kv_bits": 8}, "models": {"m": {"path": "/x", "max_concurrency": 2}}}, "model 'm'"),
+    ({"engine": {"kv_bits": 8, "ranks": {"hosts": ["10.0.0.1", "10.0.0.2"]}}, "models": {"m": {"path": "/x"}}},
+     "rank group"),
 ])
 def test_invalid_configs_name_the_key(doc, key_in_error):
     with pytest.raises(ConfigError) as err:
         parse_config(doc, HOME, "test.toml")
     assert key_in_error in str(err.value)
+
+
+@pytest.mark.parametrize("engine, model, expected", [
+    ({}, {}, (16, 64, 0)),
+    ({"kv_bits": 8}, {}, (8, 64, 0)),
+    ({"kv_bits": 8}, {"kv_bits": 16}, (16, 64, 0)),  # a model keeps the model's dtype
+    ({}, {"kv_bits": 4, "kv_group_size": 32, "quantized_kv_start": 1024}, (4, 32, 1024)),
+    ({"kv_bits": 8, "quantized_kv_start": 512}, {"quantized_kv_start": 0}, (8, 64, 0)),
+    # batching is fine where the model keeps 16 bits
+    ({"kv_bits": 8}, {"kv_bits": 16, "max_concurrency": 4}, (16, 64, 0)),
+])
+def test_kv_settings_per_model_over_the_engine(engine, model, expected):
+    config = parse_config({"engine": engine, "models": {"m": {"path": "/x", **model}}}, HOME)
+    assert config.kv_settings("m") == expected
 
 
 def test_aliases_resolve_and_unknown_names_do_not():

@@ -33,6 +33,71 @@ def test_kv_cache_bytes_llama_8b_8k_context():
     assert me.kv_cache_bytes(LLAMA_8B, 8192) == GIB
 
 
+SMOLLM2 = {"hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+           "vocab_size": 49152, "torch_dtype": "bfloat16"}  # head_dim 64
+
+
+@pytest.mark.parametrize("head_dim, configured, expected", [
+    (128, 64, 64), (128, 128, 128), (64, 128, 64), (96, 128, 32), (96, 64, 32), (80, 64, None),
+    (256, 32, 32), (48, 64, None),
+])
+def test_kv_group_fits_the_head(head_dim, configured, expected):
+    assert me.kv_group(head_dim, configured) == expected
+
+
+@pytest.mark.parametrize("config, settings, expected", [
+    (LLAMA_8B, (16, 64, 0), me.KVLayout()),
+    (LLAMA_8B, (8, 64, 0), me.KVLayout(8, 64, 0)),
+    (LLAMA_8B, (4, 128, 512), me.KVLayout(4, 128, 512)),
+    (SMOLLM2, (8, 128, 0), me.KVLayout(8, 64, 0)),  # its heads are 64 wide
+    ({**LLAMA_8B, "head_dim": 80}, (8, 64, 0), me.KVLayout()),  # no group divides 80 but 16: stays 16 bits
+    (None, (8, 64, 0), me.KVLayout()),  # shape unknown
+])
+def test_kv_layout_for(config, settings, expected):
+    assert me.kv_layout_for(config, *settings) == expected
+
+
+@pytest.mark.parametrize("layout, per_value", [
+    (me.KVLayout(), 2.0),
+    (me.KVLayout(8, 64), 1 + 4 / 64),  # a byte, and a bfloat16 scale and bias per 64 values
+    (me.KVLayout(8, 128), 1 + 4 / 128),
+    (me.KVLayout(4, 64), 0.5 + 4 / 64),
+    (me.KVLayout(4, 32), 0.5 + 4 / 32),
+])
+def test_kv_value_bytes(layout, per_value):
+    assert me.kv_value_bytes(2, layout) == per_value
+    assert me.kv_cache_bytes(LLAMA_8B, 8192, layout=layout) == int(GIB / 2 * per_value)
+
+
+@pytest.mark.parametrize("layout, contexts", [
+    (me.KVLayout(8, 128), 1.93),  # the goal: >= 1.9x the context in the same memory
+    (me.KVLayout(8, 64), 1.88),
+    (me.KVLayout(4, 64), 3.55),
+])
+def test_quantised_kv_holds_more_context_in_the_same_memory(layout, contexts):
+    budget = me.kv_cache_bytes(LLAMA_8B, 32768)
+    fits = max(n for n in range(32768, 4 * 32768, 256) if me.kv_cache_bytes(LLAMA_8B, n, layout=layout) <= budget)
+    assert fits / 32768 == pytest.approx(contexts, abs=0.01)
+
+
+def test_kv_quantised_from_a_start_counts_both_copies_at_the_switch():
+    layout = me.KVLayout(8, 64, 1024)
+    full, quantised = me.kv_cache_bytes(LLAMA_8B, 1024), me.kv_cache_bytes(LLAMA_8B, 4096, layout=me.KVLayout(8, 64))
+    assert me.kv_cache_bytes(LLAMA_8B, 1000, layout=layout) == me.kv_cache_bytes(LLAMA_8B, 1000)
+    assert me.kv_cache_bytes(LLAMA_8B, 4096, layout=layout) == quantised + full
+
+
+@pytest.mark.parametrize("tokens, allocated", [(1, 256), (256, 256), (257, 512), (4200, 4352)])
+def test_kv_allocated_in_whole_steps(tokens, allocated):
+    assert me.kv_allocated_tokens(tokens) == allocated
+
+
+def test_a_quantised_prefill_counts_two_dequantised_layers():
+    layout = me.KVLayout(8, 64)
+    assert me.kv_prefill_transient_bytes(LLAMA_8B, 8192, me.KVLayout()) == 0
+    assert me.kv_prefill_transient_bytes(LLAMA_8B, 8192, layout) == 2 * GIB // 32
+
+
 def test_kv_cache_respects_sliding_window():
     cfg = {**LLAMA_8B, "use_sliding_window": True, "sliding_window": 4096}
     assert me.kv_cache_bytes(cfg, 32768) == me.kv_cache_bytes(LLAMA_8B, 4096)

@@ -11,7 +11,7 @@ import re
 import pytest
 import requests
 
-from testkit import common_prefix, prompt_ids, wait_until
+from testkit import common_prefix, prompt_ids, settled_health, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -38,7 +38,7 @@ def cached(usage: dict) -> int:
 
 
 def health(url: str) -> dict:
-    return requests.get(url + "/health", timeout=5).json()["prompt_cache"]
+    return settled_health(url)["prompt_cache"]
 
 
 def clock_system(minute: int) -> str:

@@ -15,7 +15,8 @@ from typing import Iterator
 import pytest
 import requests
 
-from testkit import common_prefix, prompt_ids, real_default_model, spawn_engine, wait_healthy, wait_until
+from testkit import (common_prefix, prompt_ids, real_default_model, settled_health, spawn_engine, wait_healthy,
+                     wait_until)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -63,7 +64,7 @@ def engine_in(home: Path, config: str, env: dict | None = None) -> Iterator:
 
 
 def cache_stats(url: str) -> dict:
-    return requests.get(url + "/health", timeout=5).json()["prompt_cache"]
+    return settled_health(url)["prompt_cache"]
 
 
 def cached(usage: dict) -> int:

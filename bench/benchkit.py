@@ -403,6 +403,13 @@ def chosen(p: Any, flag: str, text: str, choices: tuple[str, ...] | list[str]) -
     return [c for c in choices if c in picked]
 
 
+def md_table(header: list[str], rows: list[list[str]]) -> str:
+    """A markdown table: the header, then a row per list (numbers right-aligned)."""
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" if i == 0 else "---:" for i in range(len(header))) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out)
+
+
 def median(xs: list[float]) -> float:
     xs = [x for x in xs if not math.isnan(x)]
     return statistics.median(xs) if xs else math.nan

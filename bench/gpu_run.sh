@@ -14,6 +14,7 @@
 #   bash bench/gpu_run.sh cache     # after `engine` (BUILD_ONLY=1 is enough): the prompt-cache benchmark
 #   bash bench/gpu_run.sh profile   # likewise: bench/kv_reuse_profile.py (a diagnosis, mlx-lm alone)
 #   bash bench/gpu_run.sh concurrency  # likewise: 1/2/4/8 clients, mlxd single/batched vs mlx_lm.server
+#   bash bench/gpu_run.sh kv        # likewise: bench/kv_memory.py (kv_bits at 8k/32k, memory over a 4k generation)
 # Results go to $OUT (or bench/results/gpu).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -99,6 +100,15 @@ admission)
       --max-tokens 32 --prompt-tokens "${LONG_TOKENS:-60000}" --max-prompt-tokens 131072 --memory-total-gib 80 \
       --startup-timeout 300 --request-timeout "${REQUEST_TIMEOUT:-300}" --keep-logs "$OUT/logs" --out "$OUT/admission_8b.json" | tee "$OUT/admission_8b.md"
   ;;
+kv)
+  # KV memory (issue 25): kv_bits 16/8/4 at 8k and 32k context, and a 4k-token generation's
+  # memory into mlx-lm's growing cache and into one allocated at admission (bench/kv_memory.py).
+  install_engine
+  [ -n "${BUILD_ONLY:-}" ] && exit 0
+  $PY bench/kv_memory.py --model-dir "$MODEL" --contexts "${CONTEXTS:-8192,32768}" --bits "${BITS:-16,8,4}" \
+      --group-size "${GROUP_SIZE:-64}" --prefill-step "${PREFILL_STEP:-2048}" --generation "${GENERATION:-4096}" \
+      --plot "$OUT/kv_memory_8b.svg" --json-out "$OUT/kv_memory_8b.json" | tee "$OUT/kv_memory_8b.md"
+  ;;
 profile)
   # Diagnosis, by hand: where a reused KV cache's time goes in mlx-lm alone
   # (bench/kv_reuse_profile.py), on the 8B model.
@@ -107,7 +117,7 @@ profile)
       | tee "$OUT/kv_reuse_profile_8b.txt"
   ;;
 *)
-  echo "usage: $0 stage|engine|gateway|cache|concurrency|profile" >&2
+  echo "usage: $0 stage|engine|gateway|cache|concurrency|admission|kv|profile" >&2
   exit 64
   ;;
 esac

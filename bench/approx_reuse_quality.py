@@ -513,13 +513,19 @@ class Runner:
         self.model, self.tokenizer, self.n, self.step = model, tokenizer, n_tokens, step
         self.sampler = make_sampler(temp=0.0)  # what the engine's _sampling makes of temperature 0: argmax
 
+    def pace(self) -> Any:
+        """Steps of `step` tokens each: the engine's chunking, without its pacing."""
+        from mlxd.engine.prefill_pace import PrefillPace
+
+        return PrefillPace(self.step, float("inf"), first=self.step)
+
     def cold(self, tokens: list[int]) -> list[Any]:
         from mlx_lm.models.cache import make_prompt_cache
 
         from mlxd.engine.generation import prefill
 
         kv = make_prompt_cache(self.model)
-        prefill(self.model, kv, tokens, self.step, lambda: None)
+        prefill(self.model, kv, tokens, self.pace(), lambda: None)
         return kv
 
     def branch(self, entry: list[Any], covered: int, keep: int, prompt_len: int) -> list[Any]:
@@ -552,7 +558,7 @@ class Runner:
         from mlxd.engine.generation import prefill
 
         rest = prompt[start:]
-        prefill(self.model, kv, rest[:-1], self.step, lambda: None)  # = generate_step's own prefill of rest[:-1]
+        prefill(self.model, kv, rest[:-1], self.pace(), lambda: None)  # = generate_step's own prefill of rest[:-1]
         tokens: list[int] = []
         first = None
         steps = generate_step(mx.array(rest[-1:]), self.model, prompt_cache=kv, max_tokens=self.n,
@@ -629,7 +635,7 @@ def measure(runner: Runner, pair: Pair, recompute_after: Sequence[int],
         t = time.perf_counter()
         kv = runner.branch(entry, len(a), end, length)
         if spans:
-            recompute(runner.model, kv, b, spans, end, runner.step, lambda: None)
+            recompute(runner.model, kv, b, spans, end, runner.pace(), lambda: None)
         tokens, first, forced = runner.finish(kv, b, end, ref_tokens)
         recomputed = sum(e - s for s, e in spans)
         # reused_share: the KV taken from the cache and not recomputed, over B's prompt

@@ -47,6 +47,8 @@ class ResidentModel:
     encoder: PieceEncoder | None = None  # chat prompts, piece by piece (engine/prompt_tokens.py)
     processor: Any = None  # mlx-vlm's processor; None for a text model
     kv: KVLayout = KVLayout()  # how its requests' KV holds values (kv_bits)
+    # Decode over quantised KV dequantised (engine/kv_cache.py): MLX has no kernel for mlx-lm's way here.
+    dequantized_decode: bool = False
 
     @property
     def vision(self) -> bool:
@@ -311,6 +313,11 @@ class Generation:
         kv = self.resident.kv
         quantize = {"kv_bits": kv.bits, "kv_group_size": kv.group_size,
                     "quantized_kv_start": kv.quantized_start} if kv.quantized else {}
+        if self.resident.dequantized_decode and prompt_cache is not None:
+            from .kv_cache import prefill_views
+
+            # Every layer quantised from the first position (the worker made it so): no switch to make.
+            prompt_cache, quantize = prefill_views(prompt_cache), {}
         steps = stream_generate(self.resident.model, self.resident.tokenizer, prompt, max_tokens=p.max_tokens,
                                 sampler=sampler, logits_processors=processors, prompt_cache=prompt_cache,
                                 prompt_progress_callback=self.heartbeat, **quantize)

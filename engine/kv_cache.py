@@ -119,8 +119,35 @@ class DequantizedView:
 
 
 def prefill_views(kv: list[Any]) -> list[Any]:
-    """The cache as a prefill step passes it to the model (DequantizedView)."""
+    """The cache as a prefill step passes it to the model (DequantizedView);
+    a decode step too where MLX cannot decode over quantised KV."""
     return [DequantizedView(c) if isinstance(c, QuantizedKVCache) else c for c in kv]
+
+
+def quantized_decode_works(model: Any, layout: KVLayout) -> bool:
+    """Whether this MLX backend runs mlx-lm's attention over quantised KV for
+    a decode step of this model's shape. MLX 0.32's CUDA backend has no
+    quantized_matmul kernel for it (batched over heads: a RuntimeError
+    "No implementation for problem shape"), which must never reach a
+    request: there the engine decodes through DequantizedView too."""
+    from mlx.utils import tree_flatten
+    from mlx_lm.models.base import quantized_scaled_dot_product_attention
+
+    args = model.args
+    heads = int(args.num_attention_heads)
+    kv_heads = int(getattr(args, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(args, "head_dim", None) or args.hidden_size // heads)
+    dtype = next((v.dtype for _, v in tree_flatten(model.parameters()) if mx.issubdtype(v.dtype, mx.floating)),
+                 mx.float16)
+    try:
+        queries = mx.zeros((1, heads, 1, head_dim), dtype)
+        keys = mx.quantize(mx.zeros((1, kv_heads, 256, head_dim), dtype), group_size=layout.group_size,
+                           bits=layout.bits)
+        mx.eval(quantized_scaled_dot_product_attention(queries, keys, keys, scale=1.0, mask=None,
+                                                       group_size=layout.group_size, bits=layout.bits))
+        return True
+    except (RuntimeError, ValueError):
+        return False
 
 
 def make_kv(model: Any, capacity: int, layout: KVLayout) -> list[Any]:

@@ -295,8 +295,7 @@ class ModelWorker(LoneTurns, BatchedTurns, threading.Thread):
                               param="model", retry_after=30) from exc
         info = self.registry.info(model_id)
         if not resident.vision and self.link is None:
-            resident = replace(resident, kv=info.kv)
-            self._note_kv_layout(resident)
+            resident = self._with_kv_layout(resident, info.kv)
         self._resident = resident
         self.pace = PrefillPace(self.prefill_step_size, self.prefill_step_budget_s)
         self._mergeable = not resident.vision and self.link is None and batchable_model(resident.model)
@@ -378,17 +377,26 @@ class ModelWorker(LoneTurns, BatchedTurns, threading.Thread):
         positions = kv_allocated_tokens(tokens)
         return kv_cache_bytes(config, positions, layout=kv) + kv_prefill_transient_bytes(config, positions, kv)
 
-    def _note_kv_layout(self, resident: ResidentModel) -> None:
-        """The log says how a quantised model's KV is kept, and which layers stay as they are."""
-        if not resident.kv.quantized:
-            return
-        from .kv_cache import unquantised_kinds
+    def _with_kv_layout(self, resident: ResidentModel, kv: KVLayout) -> ResidentModel:
+        """The resident model with its KV layout, said in the log: which
+        layers stay as they are, and whether this MLX decodes over quantised
+        KV or over it dequantised (then quantised from the first position:
+        the estimate counted at least that)."""
+        if not kv.quantized:
+            return resident
+        from .kv_cache import quantized_decode_works, unquantised_kinds
 
+        dequantized = not quantized_decode_works(resident.model, kv)
+        if dequantized:
+            kv = replace(kv, quantized_start=0)
         kept = unquantised_kinds(resident.model)
-        log.info("KV cache of %s: %d-bit, groups of %d, from position %d%s", resident.model_id, resident.kv.bits,
-                 resident.kv.group_size, resident.kv.quantized_start,
+        log.info("KV cache of %s: %d-bit, groups of %d, from position %d%s%s", resident.model_id, kv.bits,
+                 kv.group_size, kv.quantized_start,
                  f"; layers of kind {', '.join(kept)} keep the model's dtype (mlx-lm cannot quantise them)"
-                 if kept else "")
+                 if kept else "",
+                 "; this MLX has no kernel for attention over quantised KV, so decoding dequantises it"
+                 " a layer at a time" if dequantized else "")
+        return replace(resident, kv=kv, dequantized_decode=dequantized)
 
     def _fatal(self, exc: BaseException, jobs: list[Job]) -> None:
         """An MLX fault: every request the worker holds gets an explicit

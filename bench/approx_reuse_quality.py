@@ -501,6 +501,10 @@ def load_model(gguf: Path, weights: str) -> tuple[Any, Any, dict[str, Any]]:
                             if weights == "float32" else "Q4_1 GGUF weights as MLX affine 4-bit (group 32), "
                             "float16 scales/biases, MLX's quantized kernels"),
             "blas": blas_in_use()}
+    from mlxd.engine import fast_blas
+
+    if (chosen := fast_blas.active()) is not None and chosen.fast:
+        info["blas"] = f"OpenBLAS under MLX (engine/fast_blas.py: {chosen.why})"
     return model, tokenizer, info
 
 
@@ -517,7 +521,7 @@ class Runner:
         """Steps of `step` tokens each: the engine's chunking, without its pacing."""
         from mlxd.engine.prefill_pace import PrefillPace
 
-        return PrefillPace(self.step, float("inf"), first=self.step)
+        return PrefillPace(self.step, 1e9, first=self.step)
 
     def cold(self, tokens: list[int]) -> list[Any]:
         from mlx_lm.models.cache import make_prompt_cache
@@ -676,6 +680,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    from mlxd.engine.fast_blas import activate
+
+    activate()  # before MLX is imported: OpenBLAS under MLX's CPU backend, as the engine does
     interrupt_on_sigterm()
     started = time.monotonic()
     if not args.gguf.is_file():

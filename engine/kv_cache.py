@@ -137,14 +137,20 @@ def quantized_decode_works(model: Any, layout: KVLayout) -> bool:
     heads = int(args.num_attention_heads)
     kv_heads = int(getattr(args, "num_key_value_heads", None) or heads)
     head_dim = int(getattr(args, "head_dim", None) or args.hidden_size // heads)
-    dtype = next((v.dtype for _, v in tree_flatten(model.parameters()) if mx.issubdtype(v.dtype, mx.floating)),
-                 mx.float16)
+    # The activations' dtype is not always the first parameter's (norms may be
+    # float32): try every floating dtype the model holds, and the 16-bit ones.
+    dtypes = {v.dtype for _, v in tree_flatten(model.parameters()) if mx.issubdtype(v.dtype, mx.floating)}
     try:
-        queries = mx.zeros((1, heads, 1, head_dim), dtype)
-        keys = mx.quantize(mx.zeros((1, kv_heads, 256, head_dim), dtype), group_size=layout.group_size,
-                           bits=layout.bits)
-        mx.eval(quantized_scaled_dot_product_attention(queries, keys, keys, scale=1.0, mask=None,
-                                                       group_size=layout.group_size, bits=layout.bits))
+        # As a cache hands them over: the first positions of a longer buffer
+        # (a strided view; CUDA's kernel took a whole array, not these).
+        for dtype in dtypes | {mx.bfloat16, mx.float16}:
+            queries = mx.zeros((1, heads, 1, head_dim), dtype)
+            buffer = mx.quantize(mx.zeros((1, kv_heads, 768, head_dim), dtype), group_size=layout.group_size,
+                                 bits=layout.bits)
+            for positions in (256, 521):
+                keys = tuple(a[..., :positions, :] for a in buffer)
+                mx.eval(quantized_scaled_dot_product_attention(queries, keys, keys, scale=1.0, mask=None,
+                                                               group_size=layout.group_size, bits=layout.bits))
         return True
     except (RuntimeError, ValueError):
         return False

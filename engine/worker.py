@@ -53,6 +53,24 @@ log = logging.getLogger("mlxd.engine.worker")
 HEARTBEAT_S = 0.05  # progress is published at most this often
 
 
+LOAD_CHUNK_BYTES = 256 * 2**20  # weights read (and converted) per mx.eval at load
+
+
+def evaluate_in_chunks(params: Any, chunk_bytes: int = LOAD_CHUNK_BYTES) -> None:
+    """mx.eval over a model's parameters, about `chunk_bytes` of them at a time."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    chunk, size = [], 0
+    for _, array in tree_flatten(params):
+        chunk.append(array)
+        size += array.nbytes
+        if size >= chunk_bytes:
+            mx.eval(chunk)
+            chunk, size = [], 0
+    mx.eval(chunk)
+
+
 def load_resident(model_id: str, target: str, weights_dtype: str | None = None) -> ResidentModel:
     """Loads a model folder or repo (downloading it first, as mlx-lm does):
     a vision-language model through mlx-vlm, any other through mlx-lm.
@@ -64,14 +82,19 @@ def load_resident(model_id: str, target: str, weights_dtype: str | None = None) 
     folder = _download(target)
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     if not is_vision_config(config):
-        model, tokenizer = load(str(folder))
+        # Lazily, then read a chunk at a time: every weight is resident before
+        # the engine says ready (a first request that read them would take the
+        # whole read into its first prefill step), and a float32 load never
+        # holds the stored and the converted copy of every weight at once
+        # (peak -23 % on the default model; bench/weights_load.py).
+        model, tokenizer = load(str(folder), lazy=True)
         if weights_dtype == "float32":
             import mlx.core as mx
             from mlx_lm.utils import dequantize_model
 
             model = dequantize_model(model)
             model.set_dtype(mx.float32)
-            mx.eval(model.parameters())
+        evaluate_in_chunks(model.parameters())
         return ResidentModel(model_id, model, tokenizer, PieceEncoder(tokenizer))
     from mlx_vlm import load as load_vlm
 

@@ -125,3 +125,28 @@ def test_kv_at_16_bits_is_fitted_and_packed_as_mlx_lm_holds_it(demo):
     branch = packed(kept, 64, shared=True)
     branch[0].keys[..., 0, :] = 0
     assert mx.any(kept[0].keys[..., 0, :] != 0).item()
+
+
+def test_decoding_through_the_dequantised_view_matches_quantised_attention(demo):
+    """Where MLX has no kernel for attention over quantised KV (its CUDA
+    backend), the engine decodes through DequantizedView: the same KV, the
+    same answer as mlx-lm's quantised attention where that runs (here)."""
+    from mlxd.engine.generation import prefill
+    from mlxd.engine.kv_cache import make_kv, prefill_views, quantized_decode_works
+    from mlxd.engine.prefill_pace import PrefillPace
+    from mlxd.memory_estimate import KVLayout
+
+    model, tokenizer = demo
+    layout = KVLayout(8, 32, 0)
+    assert quantized_decode_works(model, layout)  # MLX's CPU backend has the kernels
+    prompt = _prompt(tokenizer)
+    answers, held = [], []
+    for through_view in (False, True):
+        kv = make_kv(model, len(prompt) + 24, layout)
+        prefill(model, kv, prompt[:-1], PrefillPace(512, 5.0), lambda: None, None, layout)
+        tokens, _ = _generate(model, tokenizer, prompt[-1:], prefill_views(kv) if through_view else kv,
+                              KVLayout() if through_view else layout, 24)
+        answers.append(tokens)
+        held.append(kv[0].offset)
+    assert answers[0] == answers[1]
+    assert held[0] == held[1] > len(prompt)  # the view wrote into the layers themselves

@@ -250,6 +250,16 @@ def format_started_with(record: dict | None) -> str | None:
     return " ".join(f"{name}={value}" for name, value in sorted(env.items())) + "  (from `mlxd up`)"
 
 
+def format_model(health: dict) -> str:
+    """The resident model as status shows it: its id, the default model's
+    name, and a quantised KV cache's bits (pure)."""
+    model = health.get("resident_model") or "-"
+    if model == default_model.MODEL_ID:
+        model = f"{model} ({default_model.MODEL_NAME})"
+    bits = (health.get("kv_cache") or {}).get("bits", 16)
+    return f"{model} (KV {bits}-bit)" if bits < 16 else model
+
+
 def format_status(st: dict) -> str:
     lines = [f"mlxd: {st['overall']}   (home {st['home']})"]
     sup = st["supervisord"]
@@ -265,10 +275,7 @@ def format_status(st: dict) -> str:
     gw = st.get("gateway")
     if gw is not None:
         lines.append(f"  gateway       {'ok' if gw['http_status'] == 200 else 'no answer'}  {gw['url'].rsplit('/', 2)[0]}")
-    model = h.get("resident_model") or "-"
-    if model == default_model.MODEL_ID:
-        model = f"{model} ({default_model.MODEL_NAME})"
-    lines.append(f"  engine        {h.get('status', 'no answer')}  model {model}  "
+    lines.append(f"  engine        {h.get('status', 'no answer')}  model {format_model(h)}  "
                  f"queue {h.get('queue_depth', '-')}  {format_running(h)}")
     if mem:
         gib = 2**30

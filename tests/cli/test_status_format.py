@@ -1,10 +1,11 @@
-"""`mlxd status`'s engine line: what is running, as a table of cases."""
+"""`mlxd status`'s engine line: the model and what is running, as tables of cases."""
 
 from __future__ import annotations
 
 import pytest
 
-from mlxd.cli.operate import format_running
+from mlxd import default_model
+from mlxd.cli.operate import format_model, format_running
 
 
 @pytest.mark.parametrize("health, shown", [
@@ -18,3 +19,15 @@ from mlxd.cli.operate import format_running
 ])
 def test_format_running(health, shown):
     assert format_running(health) == shown
+
+
+@pytest.mark.parametrize("health, shown", [
+    ({}, "-"),
+    ({"resident_model": "qwen"}, "qwen"),
+    ({"resident_model": "qwen", "kv_cache": {"bits": 16, "group_size": 64, "quantized_start": 0}}, "qwen"),
+    ({"resident_model": "qwen", "kv_cache": {"bits": 8, "group_size": 64, "quantized_start": 0}}, "qwen (KV 8-bit)"),
+    ({"resident_model": default_model.MODEL_ID, "kv_cache": None},
+     f"{default_model.MODEL_ID} ({default_model.MODEL_NAME})"),
+])
+def test_format_model(health, shown):
+    assert format_model(health) == shown

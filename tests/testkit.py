@@ -10,9 +10,10 @@ import re
 import signal
 import subprocess
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import requests
 
@@ -115,6 +116,18 @@ def wait_healthy(ep: EngineProcess, timeout: float = 90) -> None:
             return False
 
     wait_until(ok, timeout, what="engine /health 200")
+
+
+@contextmanager
+def engine_in(home: Path, config: str, env: dict | None = None) -> Iterator[EngineProcess]:
+    """An engine on `home` (kept across engines: the disk tier lives there), stopped by pid."""
+    home.mkdir(exist_ok=True)
+    ep = spawn_engine(home, config, env)
+    try:
+        wait_healthy(ep)
+        yield ep
+    finally:
+        ep.stop()
 
 
 def chat(url: str, model: str = "default", content: str = "hello", max_tokens: int = 4, timeout: float = 60,

@@ -198,20 +198,3 @@ def test_the_control_arm_is_named_as_one():
 ])
 def test_arm_names(values, control, expected):
     assert aq.arm_names(values, control) == expected
-
-
-# --- which BLAS -----------------------------------------------------------------------------
-
-NUMPY = "7f00-7f01 r-xp 0 08:01 1 /venv/numpy.libs/libscipy_openblas64_-32a4b2a6.so\n"
-OPEN = "7f02-7f03 r-xp 0 08:01 2 /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3\n"
-
-
-@pytest.mark.parametrize("maps, preload, expected", [
-    (NUMPY + OPEN, "/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3",
-     "OpenBLAS preloaded (/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3)"),
-    (NUMPY, "", "bundled"),                       # NumPy's OpenBLAS is not what MLX calls
-    (NUMPY, "/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3", "bundled"),  # named but not mapped
-    (OPEN, "/usr/lib/libjemalloc.so /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3", "OpenBLAS preloaded"),
-])
-def test_blas_in_use(maps, preload, expected):
-    assert expected in aq.blas_in_use(maps, preload)

@@ -7,14 +7,11 @@ kv_bits."""
 from __future__ import annotations
 
 import json
-from contextlib import contextmanager
-from pathlib import Path
-from typing import Iterator
 
 import pytest
 import requests
 
-from testkit import prompt_ids, settled_health, spawn_engine, wait_healthy, wait_until
+from testkit import engine_in, prompt_ids, settled_health, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -25,17 +22,6 @@ def toml(models, engine: str = "", model_a: str = "") -> str:
     return (f'[engine]\nmax_tokens_cap = 64\n{engine}\n'
             f'[models.demo-a]\npath = "{models.a}"\n{model_a}\n[models.demo-b]\npath = "{models.b}"\n'
             f'[aliases]\ndefault = "demo-a"\n')
-
-
-@contextmanager
-def engine_in(home: Path, config: str, env: dict | None = None) -> Iterator:
-    home.mkdir(exist_ok=True)
-    ep = spawn_engine(home, config, env)
-    try:
-        wait_healthy(ep)
-        yield ep
-    finally:
-        ep.stop()
 
 
 def chat(url: str, messages: list[dict], max_tokens: int = 6, model: str = "demo-a") -> requests.Response:

@@ -8,15 +8,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import requests
 
-from testkit import (common_prefix, prompt_ids, real_default_model, settled_health, spawn_engine, wait_healthy,
-                     wait_until)
+from testkit import common_prefix, engine_in, prompt_ids, real_default_model, settled_health, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -49,18 +46,6 @@ def ask(url: str, messages: list[dict], model: str = "demo-a", max_tokens: int =
                 for c in chunk["choices"]:
                     text.append(c["delta"].get("content") or "")
     return "".join(text), usage
-
-
-@contextmanager
-def engine_in(home: Path, config: str, env: dict | None = None) -> Iterator:
-    """An engine on `home` (kept across engines: the disk tier lives there), stopped by pid."""
-    home.mkdir(exist_ok=True)
-    ep = spawn_engine(home, config, env)
-    try:
-        wait_healthy(ep)
-        yield ep
-    finally:
-        ep.stop()
 
 
 def cache_stats(url: str) -> dict:

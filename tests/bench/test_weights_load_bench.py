@@ -43,18 +43,6 @@ def test_every_arm_runs_equally_often_in_each_position():
         assert sorted(plan[r * n + pos][2] for r in range(n)) == sorted(wl.ARMS)
 
 
-@pytest.mark.parametrize("sizes, limit, expected", [
-    ([10, 10, 10, 10], 20, [[0, 1], [2, 3]]),
-    ([10, 10, 10], 20, [[0, 1], [2]]),  # the rest is a chunk of its own
-    ([50, 5, 5], 20, [[0], [1, 2]]),  # larger than the limit: alone
-    ([5, 5, 50, 5], 20, [[0, 1, 2], [3]]),
-    ([], 20, []),
-    ([1, 2, 3], 1, [[0], [1], [2]]),
-])
-def test_chunks_group_parameters_up_to_the_limit(sizes, limit, expected):
-    assert wl.chunks(sizes, limit) == expected
-
-
 # --- what a process reads about itself ------------------------------------------------------------
 
 STATUS = """Name:\tpython

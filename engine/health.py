@@ -91,7 +91,7 @@ class Health:
             "phase": s.phase.value,
             "resident_model": s.resident_model,
             # How the resident model's KV holds values (kv_bits; 16: the model's dtype).
-            "kv_cache": dataclasses.asdict(w.registry.info(s.resident_model).kv) if s.resident_model else None,
+            "kv_cache": dataclasses.asdict(w.resident_kv) if w.resident_kv is not None else None,
             "in_flight": s.in_flight,
             "in_flight_fingerprint": s.in_flight_fingerprint,
             "running": list(s.in_flight_ids),  # every request generating now (several when batching)

@@ -114,9 +114,6 @@ class DequantizedView:
     def make_mask(self, *args: Any, **kwargs: Any) -> Any:
         return self.layer.make_mask(*args, **kwargs)
 
-    def is_trimmable(self) -> bool:
-        return self.layer.is_trimmable()
-
 
 def prefill_views(kv: list[Any]) -> list[Any]:
     """The cache as a prefill step passes it to the model (DequantizedView);

@@ -162,6 +162,7 @@ class ModelWorker(LoneTurns, BatchedTurns, threading.Thread):
         self._batch_memory: Memory | None = None  # the resident model's figures for admission
         self._mergeable = False  # mlx-lm can batch the resident model
         self.status = WorkerStatus(Phase.STARTING, None)
+        self.resident_kv: KVLayout | None = None  # the resident model's KV layout as served (for /health)
         self.memory = MemorySnapshot()
         self.active_before_first_load: int | None = None
         self.active_after_last_unload: int | None = None
@@ -297,6 +298,7 @@ class ModelWorker(LoneTurns, BatchedTurns, threading.Thread):
 
         started = time.monotonic()
         self._resident = None
+        self.resident_kv = None
         if self._batch is not None:
             self._batch.close()
             self._batch = None
@@ -335,6 +337,7 @@ class ModelWorker(LoneTurns, BatchedTurns, threading.Thread):
         if not resident.vision and self.link is None:
             resident = self._with_kv_layout(resident, info.kv)
         self._resident = resident
+        self.resident_kv = resident.kv
         self.pace = PrefillPace(self.prefill_step_size, self.prefill_step_budget_s)
         self._mergeable = not resident.vision and self.link is None and batchable_model(resident.model)
         self._batch_memory = Memory(self.registry.budget_bytes, info.footprint.weights_bytes,

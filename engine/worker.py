@@ -107,8 +107,11 @@ def load_resident(model_id: str, target: str, weights_dtype: str | None = None) 
             import mlx.core as mx
             from mlx_lm.utils import dequantize_model
 
+            from .cpu_linear import transpose_linears
+
             model = dequantize_model(model)
             model.set_dtype(mx.float32)
+            transpose_linears(model)  # OpenBLAS's matrix-vector product is 2x faster that way round
         evaluate_in_chunks(model.parameters())
         return ResidentModel(model_id, model, tokenizer, PieceEncoder(tokenizer))
     from mlx_vlm import load as load_vlm

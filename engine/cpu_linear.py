@@ -1,0 +1,64 @@
+"""The CPU's float32 path, second half: Linear layers keep their weight
+transposed.
+
+A decoded token reads every weight once through a matrix-vector product.
+MLX's `Linear` computes `x @ W.T`; OpenBLAS's product in that layout ran at
+6.3 GB/s on 2 cores where `x @ W` ran at 13.0 (bench/cpu_path.py, docs/
+BENCHMARKS.md), so the layout sets the decode speed: the default model in
+process, 8.5 -> 10.5 tok/s. A prompt's matrix-matrix products are as fast
+either way. Only the float32 CPU path uses it (engine/worker.py
+load_resident): on Metal and CUDA, and for quantised weights, MLX's own
+kernels read `W` as stored.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def transposed_linear_class() -> type:
+    """The Module class (built on first use: importing MLX is the engine's, not the importer's)."""
+    global _TransposedLinear
+    if _TransposedLinear is None:
+        import mlx.core as mx
+        import mlx.nn as nn
+
+        class TransposedLinear(nn.Module):
+            """`nn.Linear` with its weight held as `W.T`, contiguous."""
+
+            def __init__(self, weight_t: Any, bias: Any = None) -> None:
+                super().__init__()
+                self.weight_t = weight_t
+                if bias is not None:
+                    self.bias = bias
+
+            @property
+            def weight(self) -> Any:  # for code that reads a layer's shape or dtype
+                return self.weight_t.T
+
+            def __call__(self, x: Any) -> Any:
+                if "bias" in self:
+                    return mx.addmm(self["bias"], x, self["weight_t"])
+                return x @ self["weight_t"]
+
+        _TransposedLinear = TransposedLinear
+    return _TransposedLinear
+
+
+_TransposedLinear: type | None = None
+
+
+def transpose_linears(model: Any) -> int:
+    """Every plain `nn.Linear` of the model replaced by a TransposedLinear
+    (lazily: the copies are made when the weights are evaluated). The
+    number replaced."""
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx.utils import tree_unflatten
+
+    cls = transposed_linear_class()
+    replaced = [(name, cls(mx.contiguous(m["weight"].T), m.get("bias")))
+                for name, m in model.named_modules() if type(m) is nn.Linear]
+    if replaced:
+        model.update_modules(tree_unflatten(replaced))
+    return len(replaced)

@@ -18,10 +18,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import tempfile
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 
 @dataclass(frozen=True)
@@ -114,8 +116,8 @@ def write_atomic(path: Path, data: str | bytes, mode: int = 0o644, durable: bool
     """Write a whole file or nothing: a kill -9 at any moment leaves either
     the old content or the new (temp file, rename). `durable` adds an fsync,
     for files that must also survive a power cut. The temp file is a hidden
-    sibling, `.<name>.<pid>.<random>.tmp`, already in `mode`; one that a
-    killed writer left behind is removed by the next write of the same file."""
+    sibling, `.<name>.<pid>.<random>.tmp` (temp_name), already in `mode`; one
+    that a killed writer left behind is removed by the next write of the same file."""
     raw = data.encode() if isinstance(data, str) else data
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(path)
@@ -135,43 +137,147 @@ def write_atomic(path: Path, data: str | bytes, mode: int = 0o644, durable: bool
             os.unlink(tmp)
 
 
+def build_folder_once(dest: Path, build_into: Callable[[Path], None], complete: Callable[[Path], bool],
+                      replaceable: Callable[[Path], bool] = lambda _folder: True, attempts: int = 5) -> bool:
+    """Make the folder `dest` by `build_into(folder)` unless `complete(dest)`
+    already; True when this call's build was put in place.
+
+    A build fills a hidden sibling temp folder (temp_name) that is renamed
+    into place whole, so a kill at any moment never leaves a half folder at
+    `dest`, and the temps that dead builders left (their pid gone, or reused
+    since) are removed first. Concurrent builders each build their own: the
+    first rename wins and the others, finding `dest` complete, discard theirs.
+    A folder at `dest` that is not complete is replaced where `replaceable`
+    says so (a stale or half build); otherwise FileExistsError. Whatever
+    `build_into` raises propagates, its temp folder removed."""
+    dest = Path(dest)
+    if complete(dest):
+        return False
+    _refuse_foreign(dest, replaceable)  # before the work, not after it
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(dest)
+    tmp = _make_temp_dir(dest)
+    try:
+        build_into(tmp)
+        error: OSError | None = None
+        for _attempt in range(attempts):
+            try:  # fails while dest is a folder with files in it (another builder's, or a stale one)
+                os.rename(tmp, dest)
+                return True
+            except OSError as exc:
+                error = exc
+            if complete(dest):
+                return False  # another builder finished first: keep theirs
+            _discard(dest, replaceable)
+        raise RuntimeError(f"could not move the build into {dest}") from error
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _make_temp_dir(dest: Path) -> Path:
+    """A new, empty temp folder beside `dest` with this process's pid in its name."""
+    while True:
+        tmp = dest.parent / temp_name(dest.name, os.getpid(), uuid.uuid4().hex[:8])
+        try:
+            tmp.mkdir()  # the umask's mode, as any folder the builder makes
+            return tmp
+        except FileExistsError:
+            continue
+
+
+def _discard(dest: Path, replaceable: Callable[[Path], bool]) -> None:
+    """Remove the folder at `dest` (FileExistsError where it may not be
+    replaced): first renamed to a temp of ours, so that a kill while it is
+    being deleted leaves a dead builder's temp, not half a folder at `dest`."""
+    if not dest.exists() and not dest.is_symlink():
+        return
+    _refuse_foreign(dest, replaceable)
+    trash = _make_temp_dir(dest)
+    try:
+        os.rename(dest, trash)  # onto our empty temp folder
+    except FileNotFoundError:  # another builder moved it first
+        pass
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def _refuse_foreign(dest: Path, replaceable: Callable[[Path], bool]) -> None:
+    """FileExistsError when something at `dest` may not be replaced by a build."""
+    if dest.is_symlink() or (dest.exists() and (not dest.is_dir() or not replaceable(dest))):
+        raise FileExistsError(f"{dest} exists and is not a build of this kind; not replacing it")
+
+
+def temp_name(target: str, pid: int, tag: str) -> str:
+    """The hidden temp sibling of `target` that process `pid` writes or builds
+    (write_atomic, build_folder_once): `.<target>.<pid>.<tag>.tmp` (pure)."""
+    return f".{target}.{pid}.{tag}.tmp"
+
+
+_TEMP = re.compile(r"\.(?P<target>.+)\.(?P<pid>\d+)\.[A-Za-z0-9_]+\.tmp")
+
+
+def temp_pid(name: str, target: str | None = None) -> int | None:
+    """The pid in `name` when it is a temp_name of `target` (of anything with
+    target None); None for any other name (pure)."""
+    m = _TEMP.fullmatch(name)
+    if m is None or (target is not None and m.group("target") != target):
+        return None
+    return int(m.group("pid"))
+
+
+def builder_gone(started: float | None, temp_mtime: float) -> bool:
+    """True when no live process can still be at work on a temp last changed
+    at `temp_mtime` (pure). `started`: when the process that now has the
+    temp's pid started (None: there is none, or it is a zombie). A process
+    started after the temp last changed reused the pid of its dead builder
+    (create times are exact to about a second)."""
+    return started is None or temp_mtime < started - 1.0
+
+
 def remove_stale_temps(path: Path) -> list[Path]:
-    """Remove the temp files of `path` that killed writers left (write_atomic's
-    pattern only, and only where that writer is gone); the ones removed."""
-    pattern = re.compile(re.escape(f".{path.name}.") + r"(\d+)\.[A-Za-z0-9_]+\.tmp")
+    """Remove the temps of `path` (files of write_atomic, folders of
+    build_folder_once) whose writer is gone (builder_gone); the ones removed."""
+    return remove_dead_temps(path.parent, path.name)
+
+
+def remove_dead_temps(folder: Path, target: str | None = None) -> list[Path]:
+    """Remove the temps in `folder` of `target` (of anything with target
+    None) whose writer is gone (builder_gone); the ones removed."""
     removed = []
     try:
-        entries = list(os.scandir(path.parent))
+        entries = list(os.scandir(folder))
     except OSError:
         return removed
     for entry in entries:
-        m = pattern.fullmatch(entry.name)
-        if m is None:
+        pid = temp_pid(entry.name, target)
+        if pid is None:
             continue
         try:
-            if _writer_gone(int(m.group(1)), entry.stat(follow_symlinks=False).st_mtime):
-                os.unlink(entry.path)
+            if builder_gone(_process_started(pid), entry.stat(follow_symlinks=False).st_mtime):
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path)
+                else:
+                    os.unlink(entry.path)
                 removed.append(Path(entry.path))
         except OSError:  # a concurrent cleaner, or a writer that just finished
             pass
     return removed
 
 
-def _writer_gone(pid: int, mtime: float) -> bool:
-    """True when no live process can still be writing a temp file of this pid
-    last written at `mtime`: the pid is dead (or a zombie), or was reused by a
-    process started after that (create_time is exact to about a second)."""
+def _process_started(pid: int) -> float | None:
+    """When the process with this pid started; None when there is none or it
+    is a zombie (which writes nothing any more); -inf where that cannot be
+    known (someone else's process: taken as alive)."""
     import psutil  # only when a leftover exists
 
     try:
         proc = psutil.Process(pid)
         if proc.status() == psutil.STATUS_ZOMBIE:
-            return True
-        return mtime < proc.create_time() - 1.0
+            return None
+        return proc.create_time()
     except psutil.NoSuchProcess:
-        return True
+        return None
     except (psutil.Error, ValueError, OverflowError):  # someone else's live process; no pid at all
-        return False
+        return float("-inf")
 
 
 def write_json_atomic(path: Path, obj: Any, durable: bool = True) -> None:

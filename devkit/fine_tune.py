@@ -6,11 +6,10 @@ folder, atomically (a stamp file marks a complete build)."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import uuid
 from pathlib import Path
 from typing import Any, Callable
+
+from mlxd.paths import build_folder_once
 
 
 def fine_tune(model: Any, loss_fn: Callable[[Any], Any], memorised: Callable[[], bool], what: str,
@@ -35,23 +34,24 @@ def fine_tune(model: Any, loss_fn: Callable[[Any], Any], memorised: Callable[[],
 
 
 def build_once(dest: Path, stamp_name: str, stamp: dict, build_into: Callable[[Path], None]) -> Path:
-    """`build_into(folder)` unless `dest` holds a build with this stamp; the
-    build happens in a temporary sibling, renamed into place when complete."""
+    """`build_into(folder)` unless `dest` holds a build with this stamp
+    (written last, into the folder); built atomically by
+    mlxd.paths.build_folder_once (a temporary sibling renamed into place,
+    dead builders' leftovers removed)."""
     dest = Path(dest)
     stamp = json.loads(json.dumps(stamp))  # as it reads back (tuples become lists)
-    try:
-        if json.loads((dest / stamp_name).read_text()) == stamp:
-            return dest
-    except (OSError, ValueError):
-        pass
-    tmp = dest.parent / f".{dest.name}.building-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
-        build_into(tmp)
-        (tmp / stamp_name).write_text(json.dumps(stamp))
-        shutil.rmtree(dest, ignore_errors=True)
-        os.rename(tmp, dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    def complete(folder: Path) -> bool:
+        try:
+            return json.loads((folder / stamp_name).read_text()) == stamp
+        except (OSError, ValueError):
+            return False
+
+    def build_stamped(folder: Path) -> None:
+        build_into(folder)
+        (folder / stamp_name).write_text(json.dumps(stamp))
+
+    build_folder_once(dest, build_stamped, complete)
     return dest
 
 

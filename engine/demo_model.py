@@ -3,7 +3,8 @@
 Why: tests and the "no model configured" default need a model, and nothing may be
 downloaded (no Hugging Face, no Mac). So mlxd *builds* one: a real mlx-lm
 architecture (``llama``) with seeded random weights, a byte-level BPE tokenizer
-trained locally on a small corpus embedded below, and a ChatML chat template.
+trained locally on a small corpus, and a ChatML chat template (both in
+engine/demo_text.py).
 The folder is a plain model folder (config.json, model.safetensors,
 tokenizer.json, tokenizer_config.json, ...), loaded by ``mlx_lm.utils.load``.
 It generates nonsense, quickly, which is enough to exercise every protocol,
@@ -11,20 +12,22 @@ queue, cache, crash and fallback path for real, on any machine.
 
 Builds are deterministic (same variant -> byte-identical files), idempotent (a
 stamp file marks a complete build) and atomic (built in a temporary sibling
-folder, then renamed into place). ``write_heavy_model_description`` writes only
-the config.json of a huge model, for heavy-model exclusion tests.
+folder, then renamed into place: mlxd.paths.build_folder_once).
+``write_heavy_model_description`` writes only the config.json of a huge model,
+for heavy-model exclusion tests.
 """
 from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
-import uuid
 import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
+
+from mlxd.paths import build_folder_once
+
+from .demo_text import CHAT_TEMPLATE, CORPUS, THINKING_CHAT_TEMPLATE, VISION_CHAT_TEMPLATE
 
 BUILDER_VERSION = 1
 STAMP = ".mlxd-demo.json"
@@ -95,144 +98,6 @@ VISION_TOWER = {"depth": 2, "embed_dim": 32, "num_heads": 2, "mlp_ratio": 2, "pa
                 "spatial_patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "in_channels": 3}
 VISION_PIXELS = {"min_pixels": 56 * 56, "max_pixels": 448 * 448}
 
-CHAT_TEMPLATE = """{{- bos_token -}}
-{%- set ns = namespace(skip_first=false) -%}
-{%- if tools -%}
-<|im_start|>system
-{% if messages and messages[0].role == 'system' %}{{ messages[0].content }}
-
-{% set ns.skip_first = true %}{% endif -%}
-# Tools
-
-You may call one or more functions. Their JSON schemas are inside <tools></tools>:
-<tools>
-{% for tool in tools %}{{ tool | tojson }}
-{% endfor %}</tools>
-
-For each call, return a JSON object with the function name and arguments inside <tool_call></tool_call> tags:
-<tool_call>
-{"name": <function-name>, "arguments": <args-json-object>}
-</tool_call><|im_end|>
-{% endif -%}
-{%- for message in messages -%}
-{%- if not (loop.first and ns.skip_first) -%}
-{%- set content = message.content if message.content is not none else '' -%}
-{%- if content is not string -%}
-{%- set content = content | selectattr('type', 'equalto', 'text') | map(attribute='text') | join('') -%}
-{%- endif -%}
-{%- if message.role in ['system', 'user'] -%}
-<|im_start|>{{ message.role }}
-{{ content }}<|im_end|>
-{% elif message.role == 'assistant' -%}
-<|im_start|>assistant
-{{ content }}
-{%- for call in message.tool_calls or [] -%}
-{%- set tool_call = call.function if call.function is defined else call -%}
-{%- if content or not loop.first %}{{ '\\n' }}{% endif -%}
-<tool_call>
-{"name": "{{ tool_call.name }}", "arguments": {% if tool_call.arguments is string %}{{ tool_call.arguments }}{% else %}{{ tool_call.arguments | tojson }}{% endif %}}
-</tool_call>
-{%- endfor -%}
-<|im_end|>
-{% elif message.role == 'tool' -%}
-<|im_start|>tool
-{% if message.name is defined and message.name %}[{{ message.name }}] {% endif %}{{ content }}<|im_end|>
-{% else -%}
-{{ raise_exception("demo chat template: unknown message role '" ~ message.role ~ "' (expected system, user, assistant or tool)") }}
-{%- endif -%}
-{%- endif -%}
-{%- endfor -%}
-{%- if add_generation_prompt -%}
-<|im_start|>assistant
-{% endif -%}
-"""
-
-# The thinking variant's template: the same, with Qwen3's switch at the end.
-THINKING_CHAT_TEMPLATE = CHAT_TEMPLATE.replace("""{%- if add_generation_prompt -%}
-<|im_start|>assistant
-{% endif -%}
-""", """{%- if add_generation_prompt -%}
-<|im_start|>assistant
-{% if enable_thinking is defined and enable_thinking is false %}<think>
-
-</think>
-
-{% elif enable_thinking is defined and enable_thinking %}<think>
-{% endif -%}
-{% endif -%}
-""")
-assert THINKING_CHAT_TEMPLATE != CHAT_TEMPLATE
-
-# The vision variant's template: image parts become Qwen2-VL's placeholder, which its
-# processor widens to the image's tokens.
-VISION_CHAT_TEMPLATE = CHAT_TEMPLATE.replace(
-    "{%- set content = content | selectattr('type', 'equalto', 'text') | map(attribute='text') | join('') -%}",
-    "{%- set parts = namespace(text='') -%}{%- for part in content -%}"
-    "{%- if part.type == 'text' -%}{%- set parts.text = parts.text ~ part.text -%}"
-    "{%- elif part.type in ['image', 'image_url'] -%}"
-    "{%- set parts.text = parts.text ~ '<|vision_start|><|image_pad|><|vision_end|>' -%}"
-    "{%- endif -%}{%- endfor -%}{%- set content = parts.text -%}")
-assert VISION_CHAT_TEMPLATE != CHAT_TEMPLATE
-
-_CORPUS = r'''
-The quick brown fox jumps over the lazy dog. A server that keeps running when one part
-fails is more useful than a fast one that falls over. When the engine crashes, the
-supervisor restarts it, and the gateway sends requests to the fallback until it is back.
-Memory is the scarce resource on a laptop: a model that does not fit must be refused
-before it is loaded, not after the machine starts to swap. Requests wait in a queue;
-each one has a deadline, and a client that goes away should free its slot at once.
-Tokens stream back one by one. The first token takes longest, because the prompt must
-be processed; after that, every step is a small matrix product per layer.
-Once upon a time, in a small village by the sea, there lived an old fisherman and his
-daughter. Every morning they rowed out past the lighthouse, and every evening they came
-home with silver fish, stories, and salt in their hair. "Tomorrow," she said, "we will
-sail further than anyone has before." He laughed, but he did not say no.
-Monday, Tuesday, Wednesday, Thursday, Friday, Saturday and Sunday. January, February,
-March, April, May, June, July, August, September, October, November, December.
-One, two, three, four, five, six, seven, eight, nine, ten, eleven, twelve, hundred.
-0 1 2 3 4 5 6 7 8 9 10 42 100 256 1024 2048 4096 65536 3.14159 2.71828 1e-5 0x7f
-Questions? Answers! Why not; because: it works -- mostly (see the notes [1], {2}).
-
-def fibonacci(n: int) -> list[int]:
-    """Return the first n Fibonacci numbers."""
-    result = [0, 1]
-    while len(result) < n:
-        result.append(result[-1] + result[-2])
-    return result[:n]
-
-class Queue:
-    def __init__(self, capacity=8):
-        self.items = []
-        self.capacity = capacity
-
-    def push(self, item):
-        if len(self.items) >= self.capacity:
-            raise RuntimeError("queue is full")
-        self.items.append(item)
-
-for i in range(10):
-    print(f"step {i}: value={i * i}")
-
-import json, os, sys
-with open("config.json", "r", encoding="utf-8") as f:
-    config = json.load(f)
-return {"status": "ok", "model": config.get("model_type"), "tokens": 128}
-
-{"role": "user", "content": "What is the weather in Paris?"}
-{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}
-{"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}
-
-fn main() { let x: Vec<u32> = (0..10).collect(); println!("{:?}", x); }
-SELECT id, name, created_at FROM users WHERE active = true ORDER BY name LIMIT 10;
-$ curl -s http://127.0.0.1:8080/v1/chat/completions -H "Content-Type: application/json"
-$ export PATH="$HOME/.local/bin:$PATH" && echo done
-<html><body><p class="note">Hello, world!</p></body></html>
-
-héllo wörld 你好 🙂 café naïve über façade señor Ærø smörgåsbord ñandú
-Привет мир. こんにちは世界. 안녕하세요. Γειά σου Κόσμε. שלום עולם. مرحبا بالعالم
-emoji: 🙂 😀 🚀 ✨ ❤️ 👍 — “quotes” ‘single’ … • € £ ¥ ° ± × ÷ → ← ✓
-'''
-
 
 def _train_tokenizer(vocab_size: int, special_tokens: list[str] | None = None):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -245,7 +110,7 @@ def _train_tokenizer(vocab_size: int, special_tokens: list[str] | None = None):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     # The corpus is fed line by line in a fixed order; ties in pair counts are
     # broken deterministically by the trainer, so the result is byte-identical.
-    tok.train_from_iterator(_CORPUS.strip().splitlines(), trainer=trainer)
+    tok.train_from_iterator(CORPUS.strip().splitlines(), trainer=trainer)
     if tok.get_vocab_size() != vocab_size:  # the model's vocab must match exactly
         raise RuntimeError(f"demo tokenizer reached {tok.get_vocab_size()} tokens, "
                            f"wanted {vocab_size}: enlarge the corpus")
@@ -379,29 +244,9 @@ def _build_into(folder: Path, variant: str, spec: DemoSpec, say: Callable[[str],
     _write_json(folder / STAMP, _stamp(variant, spec))  # last: marks the build complete
 
 
-def _remove_stale_partials(dest: Path) -> None:
-    """Removes temporary build folders of builders that died (their pid is gone)."""
-    for tmp in dest.parent.glob(f".{dest.name}.building-*"):
-        try:
-            os.kill(int(tmp.name.rsplit("-", 2)[1]), 0)
-        except ProcessLookupError:
-            shutil.rmtree(tmp, ignore_errors=True)
-        except (ValueError, IndexError, OSError):
-            pass  # not our name pattern, or alive (PermissionError: another user's)
-
-
-def _move_aside(dest: Path) -> None:
-    """Removes an unstamped or outdated build at dest, refusing foreign folders."""
-    if not dest.exists():
-        return
-    if dest.is_symlink() or not dest.is_dir() or not {p.name for p in dest.iterdir()} <= _OUR_FILES:
-        raise FileExistsError(f"{dest} exists and is not a demo model build; not replacing it")
-    trash = dest.parent / f".{dest.name}.trash-{uuid.uuid4().hex}"
-    try:
-        os.rename(dest, trash)
-    except FileNotFoundError:  # another builder moved it first
-        return
-    shutil.rmtree(trash, ignore_errors=True)
+def _replaceable(folder: Path) -> bool:
+    """A folder a build may replace: one holding only files a build writes."""
+    return {p.name for p in folder.iterdir()} <= _OUR_FILES
 
 
 def build_demo_model(dest: Path, variant: str = "a", *,
@@ -409,37 +254,19 @@ def build_demo_model(dest: Path, variant: str = "a", *,
     """Builds (once) the demo model `variant` into folder `dest`; returns dest.
 
     Returns at once when dest holds a complete build of this variant (stamp file).
-    Otherwise builds into a temporary sibling folder and renames it into place, so a
-    crash never leaves a half model that looks complete, and concurrent builders do
-    not corrupt each other (a loser discards its own copy). A stale or unstamped
-    build at dest is replaced; a folder holding anything else raises FileExistsError.
+    Otherwise builds into a temporary sibling folder and renames it into place
+    (mlxd.paths.build_folder_once), so a crash never leaves a half model that looks
+    complete, and concurrent builders do not corrupt each other (a loser discards
+    its own copy). A stale or unstamped build at dest is replaced; a folder holding
+    anything else raises FileExistsError.
     """
     dest = Path(dest)
     spec = VARIANTS[variant]  # KeyError names the unknown variant
     stamp = _stamp(variant, spec)
-    if _is_complete(dest, stamp):
-        return dest
     say = progress or (lambda _msg: None)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_partials(dest)
-    tmp = dest.parent / f".{dest.name}.building-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
-        _build_into(tmp, variant, spec, say)
-        for _attempt in range(5):
-            try:  # fails while dest is a non-empty folder, e.g. another builder's
-                os.rename(tmp, dest)
-                say(f"demo model {variant}: ready at {dest}")
-                break
-            except OSError as e:
-                error = e
-            if _is_complete(dest, stamp):
-                break  # another builder finished first: theirs is identical, keep it
-            _move_aside(dest)  # stale or half build: replace it
-        else:
-            raise RuntimeError(f"could not move the demo model build into {dest}") from error
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    if build_folder_once(dest, lambda folder: _build_into(folder, variant, spec, say),
+                         complete=lambda folder: _is_complete(folder, stamp), replaceable=_replaceable):
+        say(f"demo model {variant}: ready at {dest}")
     return dest
 
 

@@ -11,8 +11,9 @@ vocabulary and merges, with the chat template from the metadata).
 
 The cache folder is named by the file's stem and mlxd.gguf.cache_key (size,
 mtime, hash of its start). It is built in a hidden temp folder and renamed
-into place whole, so a conversion killed at any moment leaves no folder that
-looks complete; the next conversion removes the leftovers of dead ones.
+into place whole (mlxd.paths.build_folder_once), so a conversion killed at
+any moment leaves no folder that looks complete; the next conversion removes
+the leftovers of dead ones.
 Runs on the engine's worker thread (it makes MLX arrays).
 """
 
@@ -20,15 +21,14 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
-import shutil
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
 from mlxd import gguf
+from mlxd.paths import build_folder_once, remove_dead_temps
 
 from .errors import EngineError
 
@@ -110,18 +110,8 @@ def tokenizer_files(header: gguf.GGUFHeader) -> dict[str, str]:
     return {"tokenizer.json": tok.to_str(), "tokenizer_config.json": json.dumps(tokenizer_config, indent=1)}
 
 
-def _remove_dead_temps(cache_root: Path) -> None:
-    """Temp folders of conversions whose process is gone (killed mid-way)."""
-    for d in cache_root.glob(".*.tmp"):
-        m = re.search(r"\.(\d+)\.tmp$", d.name)
-        if m is None:
-            continue
-        try:
-            os.kill(int(m.group(1)), 0)
-        except ProcessLookupError:
-            shutil.rmtree(d, ignore_errors=True)
-        except PermissionError:  # alive, someone else's
-            pass
+# What a conversion writes: a folder holding only these may be replaced.
+_OUR_FILES = {"model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json"}
 
 
 def convert_gguf(gguf_path: Path, cache_root: Path, say: Callable[[str], None] = log.info) -> Path:
@@ -135,22 +125,28 @@ def convert_gguf(gguf_path: Path, cache_root: Path, say: Callable[[str], None] =
     if problem is not None:
         raise EngineError(400, f"{gguf_path.name}: {problem}", code="model_unsupported", param="model")
     target = cached_model_dir(gguf_path, cache_root)
-    if (target / "config.json").is_file():
-        return target
+    if not _converted(target):
+        remove_dead_temps(cache_root)  # any file's: a conversion killed mid-way, of this file or another
+    started = time.monotonic()
+    if build_folder_once(target, lambda folder: _convert_into(folder, gguf_path, header, say), complete=_converted,
+                         replaceable=lambda folder: {p.name for p in folder.iterdir()} <= _OUR_FILES):
+        say(f"converted {gguf_path.name} in {time.monotonic() - started:.1f}s into {target}")
+    return target
+
+
+def _converted(folder: Path) -> bool:
+    return (folder / "config.json").is_file()
+
+
+def _convert_into(folder: Path, gguf_path: Path, header: gguf.GGUFHeader, say: Callable[[str], None]) -> None:
+    """The conversion itself, into the empty `folder`."""
     import mlx.core as mx
 
-    cache_root.mkdir(parents=True, exist_ok=True)
-    _remove_dead_temps(cache_root)
-    tmp = cache_root / f".{target.name}.{os.getpid()}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    started = time.monotonic()
     size_mib = gguf_path.stat().st_size / 2**20
     say(f"converting {gguf_path.name} ({size_mib:.0f} MiB, {header.architecture}) to MLX: reading tensors")
     try:
         loaded = mx.load(str(gguf_path), format="gguf")  # Ollama's blobs have no extension
     except (RuntimeError, ValueError, OSError) as exc:  # a damaged data section, a tensor MLX cannot read
-        shutil.rmtree(tmp, ignore_errors=True)
         raise EngineError(400, f"{gguf_path.name}: MLX cannot read its tensors: {exc}", code="model_unsupported",
                           param="model") from None
     arrays = {}
@@ -166,11 +162,8 @@ def convert_gguf(gguf_path: Path, cache_root: Path, say: Callable[[str], None] =
     if quantization is not None:
         config["quantization"] = quantization
     say(f"converting {gguf_path.name}: writing {len(arrays)} tensors")
-    mx.save_safetensors(str(tmp / "model.safetensors"), arrays, metadata={"format": "mlx"})
-    (tmp / "config.json").write_text(json.dumps(config, indent=1))
+    mx.save_safetensors(str(folder / "model.safetensors"), arrays, metadata={"format": "mlx"})
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
     say(f"converting {gguf_path.name}: building the tokenizer")
     for name, text in tokenizer_files(header).items():
-        (tmp / name).write_text(text)
-    os.replace(tmp, target)  # whole or not at all
-    say(f"converted {gguf_path.name} in {time.monotonic() - started:.1f}s into {target}")
-    return target
+        (folder / name).write_text(text)

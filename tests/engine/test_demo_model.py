@@ -107,7 +107,7 @@ def test_unstamped_folder_is_rebuilt_and_dead_partials_removed(tmp_path, built):
     (dest / "model.safetensors").write_bytes(b"truncated")
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)
-    partial = tmp_path / f".a.building-{int(dead.stdout)}-deadbeef"
+    partial = tmp_path / f".a.{int(dead.stdout)}.deadbeef.tmp"
     partial.mkdir()
     messages: list[str] = []
     build_demo_model(dest, "a", progress=messages.append)

@@ -18,21 +18,26 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import textwrap
 from pathlib import Path
 
 from mlxd import __version__, exit_codes
-from mlxd.config import ConfigError, config_path, default_home, load_config
+from mlxd.config import CONFIG_ENV, ConfigError, config_path, default_home, env_help, load_config
 from mlxd.paths import StatePaths
 
 from . import started_with
 
 
 def _parser() -> argparse.ArgumentParser:
+    remembered = ", ".join(CONFIG_ENV[:-1]) + " or " + CONFIG_ENV[-1]
     p = argparse.ArgumentParser(
         prog="mlxd", description="Dependable local MLX serving (OpenAI API).",
-        epilog="status, down, logs and restart reach the stack `mlxd up` started in this home: its config file, "
-               "ports and hosts are remembered in $MLXD_HOME/run/started_with.json. --config or an MLXD_CONFIG, "
-               "MLXD_ENGINE_HOST/PORT, MLXD_GATEWAY_HOST/PORT or MLXD_OLLAMA_URL variable given now wins.")
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=textwrap.fill("status, down, logs and restart reach the stack `mlxd up` started in this home: its "
+                             "config file, ports and hosts are remembered in $MLXD_HOME/run/started_with.json. "
+                             f"--config or an {remembered} variable given now wins.", 79)
+        + "\n\nEnvironment overrides (they win over mlxd.toml; every setting: `mlxd config reference`):\n"
+        + env_help())
     p.add_argument("--version", action="version", version=f"mlxd {__version__}")
     p.add_argument("--home", type=Path, help="state directory (default $MLXD_HOME or ~/.mlxd)")
     p.add_argument("--config", type=Path, help="config file (default $MLXD_HOME/mlxd.toml)")
@@ -76,7 +81,12 @@ def _parser() -> argparse.ArgumentParser:
     dr = sub.add_parser("doctor", help="check this machine and the config; say what to fix")
     dr.add_argument("--json", action="store_true")
 
-    cfg = sub.add_parser("config", help="show the effective config, or its path")
+    cfg = sub.add_parser("config", help="show the effective config, or its path",
+                         formatter_class=argparse.RawDescriptionHelpFormatter,
+                         description="show: the effective config (file, defaults and environment overrides) as "
+                                     "JSON;\npath: the config file; validate: check it and its models;\n"
+                                     "reference: every setting, its default and what it does (docs/CONFIG.md).",
+                         epilog="Environment overrides (they win over the file):\n" + env_help())
     cfg.add_argument("action", choices=["show", "path", "validate", "reference"], nargs="?", default="show")
     return p
 

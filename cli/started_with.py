@@ -21,13 +21,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
-from mlxd.config import Config
+from mlxd.config import CONFIG_ENV, Config
 from mlxd.paths import StatePaths
 from mlxd.records import StartedWith
 
 # The variables mlxd.config reads for the config file and the stack's addresses.
-OVERRIDE_VARS = ("MLXD_CONFIG", "MLXD_ENGINE_HOST", "MLXD_ENGINE_PORT", "MLXD_GATEWAY_HOST",
-                 "MLXD_GATEWAY_PORT", "MLXD_OLLAMA_URL")
+OVERRIDE_VARS = CONFIG_ENV
 # The commands that talk to (or read the files of) a stack `up` started.
 STACK_COMMANDS = frozenset({"status", "down", "logs", "restart"})
 

@@ -8,17 +8,16 @@ import os
 import sys
 from collections.abc import Mapping
 
-from mlxd.config import Config
+from mlxd.config import CONFIG_ENV, Config
 
 # A service starts with a bare environment: name every directory it may need
 # (Homebrew on Apple Silicon, then Intel, then the system's).
 BASE_PATH = ("/opt/homebrew/bin", "/usr/local/bin", "/usr/bin", "/bin", "/usr/sbin", "/sbin")
 
-# The documented config overrides (core/config.py) that `install` carries into
-# the unit, so the service runs the config `mlxd up` would run now. Nothing
-# else: never a key, never a fault-injection switch.
-PASSTHROUGH_ENV = ("MLXD_CONFIG", "MLXD_ENGINE_HOST", "MLXD_ENGINE_PORT", "MLXD_GATEWAY_HOST",
-                   "MLXD_GATEWAY_PORT", "MLXD_OLLAMA_URL")
+# The documented config overrides (core/config_loading.py) that `install`
+# carries into the unit, so the service runs the config `mlxd up` would run
+# now. Nothing else: never a key, never a fault-injection switch.
+PASSTHROUGH_ENV = CONFIG_ENV
 
 
 def mlxd_argv(python: str | None = None) -> list[str]:

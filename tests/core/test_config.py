@@ -92,6 +92,68 @@ def test_docs_config_reference_is_current():
     assert doc.read_text().strip() == reference_markdown().strip(), "run: mlxd config reference > docs/CONFIG.md"
 
 
+def _settings():
+    from mlxd.config_reference import sections, settings
+
+    return [(title, name, field) for title, model in sections() for name, field in settings(model)]
+
+
+@pytest.mark.parametrize("section, name, field", _settings(), ids=lambda v: v if isinstance(v, str) else "")
+def test_every_setting_is_described_in_the_schema(section, name, field):
+    assert field.description and field.description.endswith((".", ")")), f"[{section}] {name}: Field(description=)"
+
+
+def test_every_section_is_described_and_reaches_the_reference():
+    from mlxd.config import reference_markdown
+    from mlxd.config_reference import _prose, sections
+
+    reference = reference_markdown()
+    for title, model in sections():
+        assert model.__doc__ and f"## [{title}]\n\n{_prose(model.__doc__)}\n" in reference
+    for _, name, field in _settings():
+        assert f"| `{name}` |" in reference and field.description.replace("|", "\\|") in reference
+
+
+def _setting_overrides():
+    from mlxd.config import ENV_OVERRIDES
+
+    return [v for v in ENV_OVERRIDES if v.setting]
+
+
+@pytest.mark.parametrize("override", _setting_overrides(), ids=lambda v: v.name)
+def test_each_setting_override_replaces_its_setting(override):
+    section, key = override.setting.split(".")
+    value = "8123" if key.endswith("port") else ("http://10.0.0.9:1" if key.endswith("url") else "::1")
+    cfg = parse_config(apply_env_overrides({section: {key: "ignored"}}, {override.name: value}), HOME)
+    assert str(getattr(getattr(cfg, section), key)) == value
+
+
+def test_the_overrides_are_listed_once_and_read_everywhere():
+    from mlxd.cli import started_with
+    from mlxd.cli.main import _parser
+    from mlxd.config import CONFIG_ENV, ENV_OVERRIDES, env_help, reference_markdown
+    from mlxd.launchd import common
+
+    names = [v.name for v in ENV_OVERRIDES]
+    assert CONFIG_ENV == tuple(n for n in names if n != "MLXD_HOME")
+    assert started_with.OVERRIDE_VARS == common.PASSTHROUGH_ENV == CONFIG_ENV
+    help_text, reference = _parser().format_help(), reference_markdown()
+    assert env_help() in help_text
+    assert all(f"| `{n}` |" in reference for n in names)
+
+
+def test_the_first_run_file_spells_out_defaults_only(tmp_path):
+    import tomllib
+
+    from mlxd.config import DEFAULT_CONFIG_TEXT, write_default_config
+
+    assert parse_config(tomllib.loads(DEFAULT_CONFIG_TEXT), HOME) == parse_config({}, HOME)
+    assert "port = 8080" in DEFAULT_CONFIG_TEXT and "port = 4000" in DEFAULT_CONFIG_TEXT
+    target = tmp_path / "mlxd.toml"
+    assert write_default_config(target) and target.read_text() == DEFAULT_CONFIG_TEXT
+    assert not write_default_config(target)  # never over an existing file
+
+
 def test_invalid_config_file_names_the_key(tmp_path):
     import subprocess
     import sys

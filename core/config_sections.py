@@ -1,0 +1,329 @@
+"""The config file's sections (pydantic): each section's docstring and each
+setting's `description` are the documentation, rendered into docs/CONFIG.md
+and `mlxd config reference` by mlxd.config_reference. The whole document
+(models, aliases and the checks across sections) is mlxd.config_schema."""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+SOURCES = ("path", "repo", "gguf", "from_ollama", "demo")  # where a model comes from: exactly one per model
+LOCAL_ENGINE = "local"  # in a model's `hosts`: this machine's engine ([engine] host and port)
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def engine_host_url(entry: str, local_url: str) -> str:
+    """A `hosts` entry -> the engine's base URL (pure): "local" is this
+    machine's engine; "host:port" is plain HTTP; a full http(s):// URL is
+    used as it is (an engine behind a TLS reverse proxy)."""
+    if entry == LOCAL_ENGINE:
+        return local_url
+    if entry.startswith(("http://", "https://")):
+        return entry.rstrip("/")
+    return "http://" + entry
+
+
+def host_entry_problem(entry: str) -> str | None:
+    """Why a `hosts` entry is unusable, or None (pure)."""
+    from urllib.parse import urlsplit
+
+    if entry == LOCAL_ENGINE:
+        return None
+    url = urlsplit(engine_host_url(entry, ""))
+    try:
+        port = url.port
+    except ValueError:
+        port = None
+    if not url.hostname or port is None or url.path not in ("", "/") or url.query or url.username:
+        return f"{entry!r} is not \"local\", \"host:port\" or \"http(s)://host:port\""
+    return None
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a bind address is reachable from this machine only (pure):
+    wildcards ("0.0.0.0", "::", "") and real interfaces are not."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: whatever it resolves to, assume the network
+
+
+KVBits = Literal[4, 8, 16]
+KVGroupSize = Literal[32, 64, 128]
+
+
+class ModelSpec(Strict):
+    """One MLX model, under `[models.ID]` (the ID is the name clients ask for). Exactly one of `path`, `repo`,
+    `gguf`, `from_ollama`, `demo` says where it is.
+
+    With several `hosts`, LiteLLM's router spreads requests across them at random, sends a busy or failed host's
+    request to another host and leaves a failed host out for `gateway.host_cooldown_s`; Ollama answers only when
+    every host is out. docs/SCALE-OUT.md explains the set-up."""
+
+    path: str | None = Field(default=None, description="A local model folder (config.json and *.safetensors).")
+    repo: str | None = Field(default=None, description="A Hugging Face repo id, e.g. `mlx-community/...-4bit`.")
+    gguf: str | None = Field(default=None, description=(
+        "A local .gguf file, converted once into `$MLXD_HOME/models/gguf/` with its tensors kept as they are "
+        "(F32, F16, BF16, Q4_0, Q4_1, Q8_0). Other tensor types, architectures other than llama/qwen2/qwen3 and "
+        "non-BPE tokenizers are refused with `400 model_unsupported`."))
+    from_ollama: str | None = Field(default=None, description=(
+        "An Ollama model name (`qwen3:4b`): its GGUF from Ollama's store (`$OLLAMA_MODELS`, default "
+        "`~/.ollama/models`), converted as `gguf` is; the same name is its Ollama fallback."))
+    demo: Literal["a", "b", "vision"] | None = Field(default=None, description=(
+        "A built-in demo model with random weights (`\"vision\"`: a tiny vision-language model)."))
+    ollama: str | None = Field(default=None, description=(
+        "The Ollama model the gateway falls back to for this one. Unset: `from_ollama`, else "
+        "`gateway.default_ollama_model`."))
+    context_tokens: int | None = Field(default=None, gt=0, description=(
+        "The KV allowance in this model's memory estimate. Unset: `engine.context_tokens`."))
+    max_concurrency: int | None = Field(default=None, ge=1, le=64, description=(
+        "Requests generated at once for this model. Unset: `engine.max_concurrency`."))
+    kv_bits: KVBits | None = Field(default=None, description="Its KV cache's precision. Unset: `engine.kv_bits`.")
+    kv_group_size: KVGroupSize | None = Field(default=None, description=(
+        "Its quantised KV's group size. Unset: `engine.kv_group_size`."))
+    quantized_kv_start: int | None = Field(default=None, ge=0, description=(
+        "Where its KV quantisation starts. Unset: `engine.quantized_kv_start`."))
+    hosts: list[str] = Field(default_factory=lambda: [LOCAL_ENGINE], min_length=1, description=(
+        "The engines that serve it: `\"local\"` (this machine's) and/or `\"host:port\"` (or `\"https://host:port\"` "
+        "behind a TLS reverse proxy) of other Macs running mlxd with the same model id and "
+        "`engine.require_key = true`, holding this machine's `engine.key`."))
+
+    @property
+    def fallback_ollama(self) -> str | None:
+        """The Ollama model that answers when the engine cannot."""
+        return self.ollama or self.from_ollama
+
+    @model_validator(mode="after")
+    def _exactly_one_source(self) -> "ModelSpec":
+        given = [k for k in SOURCES if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of {', '.join(SOURCES)} (got {given or 'none'})")
+        for entry in self.hosts:
+            problem = host_entry_problem(entry)
+            if problem:
+                raise ValueError(f"hosts: {problem}")
+        if len(set(self.hosts)) != len(self.hosts):
+            raise ValueError("hosts: an engine is listed twice")
+        return self
+
+
+class PromptCacheConfig(Strict):
+    """The prompt cache (engine/prompt_cache.py): an agent's next turn reuses the KV of the conversation so far,
+    from memory or, after an engine restart, from disk (`$MLXD_HOME/state/kv/`). A turn that continues a
+    conversation (its prompt holds the earlier turn's, or the same aligned with a few values changed and the
+    earlier answer after it) replaces that conversation's entry in memory and on disk, with or without
+    `normalize`."""
+
+    enabled: bool = Field(default=True, description="Reuse the KV of earlier prompts.")
+    memory_gib: float | None = Field(default=None, ge=0, description=(
+        "Memory for cached KV. Unset: half of what the resident model's estimate (weights + KV for "
+        "`context_tokens`) leaves of the memory budget, never more than that."))
+    disk: bool = Field(default=True, description=(
+        "Evicted entries (and the last one, when idle) go to disk and survive engine restarts; `false` keeps the "
+        "cache in memory only."))
+    disk_gib: float = Field(default=8.0, ge=0, description="The most disk the cached entries take.")
+    max_read_s: float = Field(default=5.0, gt=0, description=(
+        "Never read an entry from disk that is expected to take longer than this."))
+    normalize: list[Literal["iso_timestamps", "clock_times", "uuids", "request_ids"]] = Field(
+        default_factory=list, description=(
+            "Agent-safe keys (off unless named here): text these rules match is ignored when telling which "
+            "conversation a request continues, so a later turn replaces the earlier one's entry. The model always "
+            "sees the real text, and reuse stops at the first real difference."))
+    approximate: bool = Field(default=False, description=(
+        "Approximate reuse (opt-in): in a later turn of the same conversation, keep the cached KV past a changed "
+        "span of the same length (a clock, an id) and recompute only the changed tokens and a few after each. The "
+        "model then sees KV computed from the old text after the change, so answers can differ from a cold run's "
+        "(docs/BENCHMARKS.md measures how often); exact reuse stops at the first change."))
+
+
+class ImagesConfig(Strict):
+    """Images in requests to vision models (engine/images.py). `image_url` parts may be data URLs
+    (`data:image/png;base64,...`) or, only under the folders in `local_dirs`, `file:///` URLs; the engine never
+    fetches http(s) URLs (such a request goes on to Ollama). Limits are per image, except `max_per_request`."""
+
+    local_dirs: list[str] = Field(default_factory=list, description=(
+        "Folders that `file:///` image URLs may name (links resolved first); empty: none."))
+    max_per_request: int = Field(default=8, ge=1, description="The most images in one request.")
+    max_bytes: int = Field(default=20 * 2**20, gt=0, description="The largest encoded image, in bytes.")
+    max_pixels: int = Field(default=50_000_000, gt=0, description=(
+        "The largest decoded image, in pixels (width x height)."))
+
+
+class RanksConfig(Strict):
+    """A rank group (engine/ranks.py): the engine's model sharded over several processes with mlx-lm's tensor
+    parallelism, started together by `mlx.launch` (the supervisor runs it as the engine; one rank dying restarts
+    the group). Rank 0 is this Mac and serves HTTP. Remote ranks are started over ssh with the same Python path
+    and the same mlxd config. docs/SCALE-OUT.md explains it."""
+
+    hosts: list[str] = Field(default_factory=list, description=(
+        "One IP per rank, rank 0 (this Mac) first; the same IP twice runs two ranks on one Mac. The ring backend "
+        "needs IPs. Empty: one process, no sharding."))
+    backend: Literal["ring", "jaccl"] = Field(default="ring", description=(
+        "`ring`: TCP (Ethernet, Thunderbolt IP); `jaccl`: RDMA over Thunderbolt 5 (needs a `hostfile`)."))
+    hostfile: str | None = Field(default=None, description=(
+        "`mlx.distributed_config`'s output, instead of `hosts`."))
+    starting_port: int = Field(default=32323, ge=1024, le=65000, description=(
+        "The ring backend's first port, +1 per rank."))
+
+    @model_validator(mode="after")
+    def _a_group(self) -> "RanksConfig":
+        if len(self.hosts) == 1:
+            raise ValueError("hosts: a rank group has two ranks or more (leave it empty for one process)")
+        if self.hostfile and self.hosts:
+            raise ValueError("give hosts or hostfile, not both")
+        if self.backend == "jaccl" and not self.hostfile:
+            raise ValueError("backend = \"jaccl\" needs a hostfile (mlx.distributed_config --backend jaccl)")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.hosts or self.hostfile)
+
+
+class EngineConfig(Strict):
+    """The MLX engine (engine/): one request at a time (by default), one model, no heavy models.
+
+    `max_concurrency` above 1 (per model: `[models.ID] max_concurrency`) decodes that many requests as one batch
+    (mlx-lm's BatchGenerator): more tokens per second in all and a short wait for each of several agents, at the
+    price of memory. It is safe by construction: a request joins the batch only when the model, the KV of every
+    running request at its full length (prompt + max_tokens; mlx-lm pads every row to the longest) and its own fit
+    the memory budget, else it waits in the queue; the prompt cache gives up memory first. Raise it where several
+    agents share the engine and the model leaves room (a small model on a large Mac); keep 1 where one agent at a
+    time is the rule or memory is tight. Requests with a `seed` or images, and models mlx-lm cannot batch, are
+    served alone in their turn.
+
+    `kv_bits` 8 or 4 (per model too) keeps the KV cache quantised (mlx-lm's QuantizedKVCache: per `kv_group_size`
+    values a scale and a bias): about 1.9x or 3.5x the context, or the prompt cache's conversations, in the same
+    memory, at a small cost in quality that docs/BENCHMARKS.md measures; the memory estimate, admission and the
+    prompt cache count the quantised size, and cached entries are never reused across kv_bits. It needs
+    max_concurrency = 1 (mlx-lm's batch has no quantised cache) and no rank group; vision models and layers mlx-lm
+    cannot quantise (rotating windows, recurrent state) keep the model's dtype, and the engine's log says so. Every
+    request's KV is allocated once, at the length its admission counted (prompt + max_tokens), so memory does not
+    grow while it generates."""
+
+    host: str = Field(default="127.0.0.1", description=(
+        "The engine's bind address; any but a loopback address needs `require_key = true`."))
+    require_key: bool = Field(default=False, description=(
+        "Requests must carry the key in `$MLXD_HOME/engine.key` (created on first start; the gateway sends it). "
+        "Required wherever `host` is not a loopback address."))
+    port: int = Field(default=8080, ge=1, le=65535, description="The engine's port.")
+    default_model: str = Field(default="default", description="The alias or model id preloaded at start.")
+    max_concurrency: int = Field(default=1, ge=1, le=64, description=(
+        "Requests generated at once. 1 is single concurrency: one request holds the model, the rest wait in line. "
+        "Above 1 the running requests are decoded as one batch (above: when it is safe)."))
+    max_queue: int = Field(default=8, ge=0, description=(
+        "Requests that may wait beyond the running ones; the next is answered 429 (busy)."))
+    queue_timeout_s: float = Field(default=120.0, gt=0, description=(
+        "The longest a request waits in line for the worker."))
+    request_deadline_s: float = Field(default=600.0, gt=0, description="The wall-clock limit of one generation.")
+    max_prompt_tokens: int = Field(default=32768, gt=0, description=(
+        "The longest prompt, in tokens; a longer one is refused (`context_length_exceeded`)."))
+    max_tokens_cap: int = Field(default=8192, gt=0, description="The ceiling on a request's `max_tokens`.")
+    default_max_tokens: int = Field(default=1024, gt=0, description="`max_tokens` where a request gives none.")
+    memory_fraction: float = Field(default=0.75, gt=0, le=1.0, description=(
+        "The memory budget: this share of the GPU's memory (Metal's working set, CUDA's device memory), else of "
+        "physical memory. A model whose estimate does not fit is heavy: Ollama serves it."))
+    context_tokens: int = Field(default=8192, gt=0, description=(
+        "The KV allowance in a model's memory estimate: the model must fit with KV for this many tokens."))
+    heavy_patterns: list[str] = Field(
+        default_factory=lambda: ["70b", "72b", "90b", "104b", "110b", "123b", "235b", "405b", "480b", "671b"],
+        description="Name fragments that make a model heavy when its size cannot be read (no weights or config).")
+    shutdown_grace_s: float = Field(default=10.0, ge=0, description=(
+        "On stop, running requests get this long to finish before they are cancelled."))
+    stuck_grace_s: float = Field(default=30.0, gt=0, description=(
+        "A running request that makes no progress (no prefill step, no token) this long makes the engine stuck: "
+        "unhealthy, so the supervisor restarts it."))
+    prefill_step_size: int = Field(default=512, ge=16, description=(
+        "The most prompt tokens per prefill step (mlx-lm's own default is 2048). Every step is a heartbeat of the "
+        "stuck detection, so steps are sized from the measured speed to take well under `stuck_grace_s` on a slow "
+        "machine with a big model, never more than this."))
+    cpu_float32: bool = Field(default=True, description=(
+        "On the CPU backend with an optimised BLAS (Linux: engine/fast_blas.py), load models whose float32 weights "
+        "take at most a quarter of the memory budget as float32: there a prompt runs ~15x faster than quantised."))
+    kv_bits: KVBits = Field(default=16, description=(
+        "The KV cache's precision: 16 keeps the model's dtype; 8 or 4 store keys and values quantised (above). "
+        "Served alone only: it needs `max_concurrency = 1`."))
+    kv_group_size: KVGroupSize = Field(default=64, description=(
+        "Values per scale and bias in a quantised KV cache (a smaller size where a model's head is not a "
+        "multiple)."))
+    quantized_kv_start: int = Field(default=0, ge=0, description=(
+        "The position in a request from which its KV is stored quantised (with `kv_bits` below 16)."))
+    log_level: Literal["debug", "info", "warning"] = Field(default="info", description=(
+        "The engine's own log: `\"debug\"` adds, per request, the text on both sides of where prompt-cache reuse "
+        "stopped (which agent field broke it)."))
+    strip_metadata: list[Literal["claude_code_billing_header"]] = Field(
+        default_factory=lambda: ["claude_code_billing_header"], description=(
+            "Per-request metadata that agents write into the prompt for a hosted API's own servers, removed before "
+            "the chat template (engine/request_metadata.py). `claude_code_billing_header` is the "
+            "`x-anthropic-billing-header: cc_version=...; cch=...;` line Claude Code puts at the top of its system "
+            "prompt for Anthropic's billing, which changes every request and would otherwise defeat the prompt "
+            "cache; `[]` keeps prompts exactly as sent."))
+    prompt_cache: PromptCacheConfig = PromptCacheConfig()
+    images: ImagesConfig = ImagesConfig()
+    ranks: RanksConfig = RanksConfig()
+
+    @model_validator(mode="after")
+    def _key_beyond_loopback(self) -> "EngineConfig":
+        if not self.require_key and not is_loopback(self.host):
+            raise ValueError(f"host = {self.host!r} lets other machines reach the engine: set require_key = true "
+                             "(the gateway then sends the key in $MLXD_HOME/engine.key; copy that file to every "
+                             "gateway that uses this engine)")
+        return self
+
+
+class SupervisorConfig(Strict):
+    """Crash-aware supervision (supervisor/policy.py): backoff, crash loops, hangs. A crash after a healthy run
+    restarts at once; crashes in a row back off; a crash loop stops restarts for a cool-down, while the gateway
+    serves through Ollama; an engine that stops answering /health is killed and handled as a crash."""
+
+    backoff_base_s: float = Field(default=1.0, ge=0, description=(
+        "The wait before the second crash in a row is restarted; it doubles with each crash after."))
+    backoff_cap_s: float = Field(default=60.0, ge=0, description="The longest wait between restarts.")
+    healthy_reset_s: float = Field(default=120.0, gt=0, description=(
+        "A run this long counts as healthy: a crash after it restarts at once and ends the crashes in a row."))
+    loop_crashes: int = Field(default=5, ge=1, description=(
+        "This many crashes within `loop_window_s` is a crash loop: the engine is left down (\"degraded\")."))
+    loop_window_s: float = Field(default=600.0, gt=0, description="The window that counts `loop_crashes`.")
+    cooldown_s: float = Field(default=300.0, ge=0, description=(
+        "How long a crash loop leaves the engine down before one probation start (a crash before it runs healthy "
+        "goes straight back). `mlxd restart` clears it at once."))
+    health_interval_s: float = Field(default=1.0, gt=0, description="Seconds between the engine's /health polls.")
+    health_failures: int = Field(default=3, ge=1, description=(
+        "Failed /health polls in a row that make a hang: the engine is killed and handled as a crash."))
+    start_grace_s: float = Field(default=120.0, ge=0, description=(
+        "A starting engine's /health goes unjudged this long (it may be loading its model)."))
+    quarantine_s: float = Field(default=3600.0, ge=0, description=(
+        "How long a request that crashed the engine (a poison request, by its fingerprint) is refused."))
+    journal_max_bytes: int = Field(default=1_000_000, ge=10_000, description=(
+        "The crash journal (`$MLXD_HOME/state/crashes.jsonl`) is rotated at this size."))
+
+
+class GatewayConfig(Strict):
+    """The LiteLLM gateway (gateway/): aliases, keys, the Ollama fallback."""
+
+    host: str = Field(default="127.0.0.1", description=(
+        "The gateway's bind address: `\"0.0.0.0\"` (or a bridge address) for Docker agents; the key is always "
+        "required."))
+    port: int = Field(default=4000, ge=1, le=65535, description="The gateway's port.")
+    ollama_url: str = Field(default="http://127.0.0.1:11434", description="Where Ollama answers.")
+    default_ollama_model: str | None = Field(default="llama3.2:3b", description=(
+        "The Ollama fallback of models without one of their own (`ollama`, `from_ollama`); unset: none."))
+    only_light: bool = Field(default=False, description="Every alias serves the light model on MLX.")
+    light_model: str | None = Field(default=None, description=(
+        "A model id. Unset: the first model that fits the memory budget."))
+    busy_spill: bool = Field(default=False, description=(
+        "A busy engine sends requests on to Ollama at once instead of queueing them."))
+    engine_fast_path: bool = Field(default=True, description=(
+        "Relay the light model's answers from the engine as they are (gateway/fastpath.py)."))
+    host_cooldown_s: float = Field(default=5.0, gt=0, description=(
+        "A host that failed (refused, reset, 5xx, wrong key) is left out this long, then tried again; a busy one "
+        "(429) for its Retry-After."))
+    enabled: bool = Field(default=True, description="Run the gateway; `false`: the engine alone.")

@@ -296,7 +296,7 @@ def request_fingerprint(s: Settings, i: int, model_id: str = MODEL_ID) -> str:
     Job.fingerprint makes it: the model id and the messages as the chat
     template gets them (no tools, prompt, template arguments or images).
     A journal fingerprint that matches no request shows a drift here."""
-    from mlxd.engine.protocol import ChatCompletionRequest
+    from mlxd.engine.request_schema import ChatCompletionRequest
 
     _, max_tokens, prompt = request_shape(s.seed, i, s)
     req = ChatCompletionRequest(model="default", messages=[{"role": "user", "content": prompt}],

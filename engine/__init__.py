@@ -17,7 +17,9 @@ Entry point: `mlxd engine` -> mlxd.engine.main.run_engine. Where things are:
 
 Decisions live in small pure modules: admission.py (queue), scheduler.py
 (the batched worker's next step, memory admission), model_cache.py
-(which model to load/unload), faults.py (fault injection), protocol.py
-(request validation); the heavy-model estimate is mlxd.models /
-mlxd.memory_estimate (core/), shared with the gateway without MLX.
+(which model to load/unload), faults.py (fault injection), request_schema.py
+(request validation, shared with the gateway; response_builder.py builds the
+answers); the heavy-model estimate is mlxd.models / mlxd.memory_estimate
+(core/), shared with the gateway without MLX, as is the error contract
+(mlxd.api_errors).
 """

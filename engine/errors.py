@@ -1,23 +1,13 @@
 """Errors in OpenAI's format: one exception type, one place that renders it.
 
 Every failure a request can meet is an EngineError with a status, an OpenAI
-error `type` and a stable `code` (the gateway and tests match on the code).
+error `type` (from the status, by mlxd.api_errors' table, shared with the
+gateway) and a stable `code` (the gateway and tests match on the code).
 """
 
 from __future__ import annotations
 
-_TYPE_BY_STATUS = {
-    400: "invalid_request_error",
-    404: "invalid_request_error",
-    405: "invalid_request_error",
-    413: "invalid_request_error",
-    422: "invalid_request_error",
-    401: "authentication_error",  # as the gateway says it (LiteLLM reads invalid_request_error as a 400)
-    429: "rate_limit_error",
-    500: "server_error",
-    503: "service_unavailable_error",
-    504: "timeout_error",
-}
+from mlxd.api_errors import INVALID_REQUEST, error_body, error_type
 
 
 class EngineError(Exception):
@@ -39,10 +29,10 @@ class EngineError(Exception):
 
     @property
     def type(self) -> str:
-        return _TYPE_BY_STATUS.get(self.status, "server_error" if self.status >= 500 else "invalid_request_error")
+        return error_type(self.status)
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        return error_body(self.status, self.message, self.code, self.param)
 
     def headers(self) -> dict[str, str]:
         return {"Retry-After": str(self.retry_after)} if self.retry_after is not None else {}
@@ -51,5 +41,5 @@ class EngineError(Exception):
         return f"EngineError({self.status}, {self.code!r}, {self.message!r})"
 
 
-def bad_request(message: str, *, param: str | None = None, code: str = "invalid_request") -> EngineError:
+def bad_request(message: str, *, param: str | None = None, code: str = INVALID_REQUEST) -> EngineError:
     return EngineError(400, message, code=code, param=param)

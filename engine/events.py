@@ -41,7 +41,7 @@ class Finished:
 
     @property
     def usage(self) -> "Usage":
-        from .protocol import Usage
+        from .response_builder import Usage
 
         return Usage(self.prompt_tokens, self.completion_tokens, self.cached_tokens)
 

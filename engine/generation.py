@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from mlxd.api_errors import INVALID_MESSAGES, UNSUPPORTED_PARAMETER
 from mlxd.memory_estimate import KVLayout
 
 from .errors import EngineError, bad_request
@@ -113,7 +114,7 @@ def tokenize(resident: ResidentModel, job: Job, max_prompt_tokens: int) -> list[
                 tokens = template_tokens(tok, job.messages, job.tools, **job.template_kwargs)
         except Exception as exc:  # noqa: BLE001 - templates raise anything; it is the input's fault
             raise bad_request(f"the model's chat template rejected the messages: {exc}", param="messages",
-                              code="invalid_messages") from exc
+                              code=INVALID_MESSAGES) from exc
     else:
         from mlx_lm.server import convert_chat
 
@@ -139,14 +140,14 @@ def vision_prompt(resident: ResidentModel, job: Job, max_prompt_tokens: int) -> 
     from .images import decode_image
 
     if job.kind != "chat":
-        raise bad_request("this is a vision model: use /v1/chat/completions", code="unsupported_parameter")
+        raise bad_request("this is a vision model: use /v1/chat/completions", code=UNSUPPORTED_PARAMETER)
     config = resident.model.config
     try:
         text = apply_chat_template(resident.processor, config, job.messages, num_images=len(job.images),
                                    tools=job.tools, **job.template_kwargs)
     except Exception as exc:  # noqa: BLE001 - templates raise anything; it is the input's fault
         raise bad_request(f"the model's chat template rejected the messages: {exc}", param="messages",
-                          code="invalid_messages") from exc
+                          code=INVALID_MESSAGES) from exc
     try:
         images = [decode_image(data) for data in job.images]
     except Exception as exc:  # noqa: BLE001 - a truncated or odd file: the input's fault

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+from mlxd.api_errors import UNSUPPORTED_PARAMETER
+
 from .errors import EngineError, bad_request
 
 
@@ -102,7 +104,7 @@ def read_image_bytes(url: str, policy: ImagePolicy, where: str) -> bytes:
         raise bad_request(f"{param}: {source.why}", param=param)
     if isinstance(source, RemoteUrl):
         raise EngineError(400, f"{param}: the engine does not fetch images from the network; send the image as a "
-                               "data URL (data:image/png;base64,...)", code="unsupported_parameter", param=param)
+                               "data URL (data:image/png;base64,...)", code=UNSUPPORTED_PARAMETER, param=param)
     if isinstance(source, DataUrl):
         if len(source.payload) > policy.max_bytes * 4 // 3 + 4:
             raise bad_request(f"{param}: the image is over {policy.max_bytes // 2**20} MiB", param=param)

@@ -24,8 +24,8 @@ from .errors import EngineError, bad_request
 from .events import EventChannel
 from .images import ImagePolicy, check_image, digest, read_image_bytes
 from .model_registry import ModelRegistry
-from .protocol import ChatCompletionRequest, SamplingFields
 from .request_metadata import without_metadata
+from .request_schema import ChatCompletionRequest, SamplingFields
 
 MAX_CHARS_PER_TOKEN = 64  # generous: tokens of real vocabularies span far fewer characters
 

@@ -25,8 +25,9 @@ from .jobs import Job, job_from_request
 from .lifecycle import Lifecycle
 from .metrics import EngineMetrics
 from .model_registry import ModelRegistry
-from .protocol import SSE_DONE, ResponseBuilder, SamplingFields, sse_error
 from .quarantine import QuarantineList
+from .request_schema import SamplingFields
+from .response_builder import SSE_DONE, ResponseBuilder, sse_error
 
 POLL_S = 0.25  # how often a waiting handler checks for disconnects and timeouts
 FINGERPRINT = "mlxd-" + uuid.uuid4().hex[:8]  # changes with every engine process

@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
-from .protocol import ChatMessage, TextPart
+from .request_schema import ChatMessage, TextPart
 
 
 @dataclass(frozen=True)

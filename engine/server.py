@@ -34,10 +34,10 @@ from .lifecycle import Lifecycle
 from .metrics import CONTENT_TYPE, EngineMetrics, register_gauges
 from .model_registry import ModelRegistry
 from .prompt_cache import PromptCache
-from .reuse import ApproxPolicy
-from .protocol import ChatCompletionRequest, CompletionRequest, describe_validation_errors
 from .quarantine import QuarantineList
 from .relay import ClientGone, RequestRelay
+from .request_schema import ChatCompletionRequest, CompletionRequest, describe_validation_errors
+from .reuse import ApproxPolicy
 from .worker import ModelWorker
 
 log = logging.getLogger("mlxd.engine")
@@ -154,8 +154,8 @@ def create_app(engine: Engine, key: str | None = None) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        # "not supported" is the engine's limit, not the client's mistake: the
-        # gateway falls back to Ollama for it (and not for malformed input).
+        # An engine limit (request_schema.Unsupported) is not the client's
+        # mistake: its code sends the gateway on to Ollama (malformed input's does not).
         message, param, code = describe_validation_errors(exc.errors())
         return error_response(EngineError(400, message, code=code, param=param))
 

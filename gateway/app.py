@@ -16,6 +16,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from mlxd.api_errors import error_type
+
 from .errors import JSON, ApiError, send_error, send_json
 from .health import PATHS as HEALTH_PATHS
 from .health import Health
@@ -50,7 +52,7 @@ def admit(scope_type: str, path: str, key: str | None, given: str | None) -> Api
     No key file (key None) refuses everything rather than serve openly."""
     if key is None or not matches(given, key):
         return ApiError(401, "missing API key: send 'Authorization: Bearer <key>' (see `mlxd key show`)"
-                        if given is None else "invalid API key", "invalid_api_key", "authentication_error")
+                        if given is None else "invalid API key", "invalid_api_key")
     if scope_type != "http" or not (path in SERVED_PATHS or path.startswith("/v1/models/")):
         return ApiError(404, f"no such route: {path[:100]}", "not_found")
     return None
@@ -78,8 +80,7 @@ def rewrite_backend_error(status: int, body: bytes) -> tuple[int, bytes]:
             return status, body
         err = doc.get("error") if isinstance(doc, dict) else None
         if isinstance(err, dict) and not isinstance(err.get("type"), str):
-            err["type"] = "authentication_error" if status == 401 else (
-                "rate_limit_error" if status == 429 else "invalid_request_error")
+            err["type"] = error_type(status)
             return status, json.dumps(doc).encode()
         return status, body
     if status == 500 and "Fallback to" in text and "also failed" in text:
@@ -88,7 +89,7 @@ def rewrite_backend_error(status: int, body: bytes) -> tuple[int, bytes]:
         if unreachable:
             msg = ("no backend could answer: the MLX engine is unavailable (down, restarting or busy) and the "
                    "Ollama fallback did not answer either; retry shortly")
-            return 503, ApiError(503, msg, "backends_unavailable", "service_unavailable_error").body()
+            return 503, ApiError(503, msg, "backends_unavailable").body()
     return status, body
 
 

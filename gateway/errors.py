@@ -1,5 +1,6 @@
 """The one way the gateway answers an error: OpenAI's shape
-(`{"error": {"message", "type", "param", "code"}}`), sent over raw ASGI."""
+(`{"error": {"message", "type", "param", "code"}}`, mlxd.api_errors, shared
+with the engine), sent over raw ASGI."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+
+from mlxd.api_errors import error_body
 
 Headers = list[tuple[bytes, bytes]]
 JSON = (b"content-type", b"application/json")
@@ -17,12 +20,11 @@ class ApiError:
     status: int
     message: str
     code: str
-    type: str = "invalid_request_error"
+    type: str | None = None  # None: the status's (mlxd.api_errors.error_type)
     param: str | None = None
 
     def body(self) -> bytes:
-        return json.dumps({"error": {"message": self.message, "type": self.type, "param": self.param,
-                                     "code": self.code}}).encode()
+        return json.dumps(error_body(self.status, self.message, self.code, self.param, self.type)).encode()
 
 
 async def send_json(send: Any, status: int, body: bytes, headers: Iterable[tuple[bytes, bytes]] = (JSON,)) -> None:

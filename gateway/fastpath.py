@@ -165,8 +165,7 @@ class EngineFastPath:
                             "more_body": True})
             tail = renamer.flush() if renamer else b""
         except (aiohttp.ClientError, OSError) as exc:
-            error = ApiError(503, MID_STREAM_FAILURE.format(type(exc).__name__), "engine_failed_mid_stream",
-                             "service_unavailable_error")
+            error = ApiError(503, MID_STREAM_FAILURE.format(type(exc).__name__), "engine_failed_mid_stream")
             tail = b"data: " + error.body() + b"\n\n"
         finally:
             watcher.cancel()

@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass
 from enum import Enum
 
+from mlxd.api_errors import CLIENT_MISTAKES, INVALID_REQUEST, UNSUPPORTED_PARAMETER
 from mlxd.config import Config
 
 from .errors import ApiError
@@ -17,10 +18,6 @@ from .litellm_config import OLLAMA_SUFFIX, plan_routes
 # Client path -> the engine's path, for the requests the fast path takes.
 ENGINE_PATHS = {"/v1/chat/completions": "/v1/chat/completions", "/chat/completions": "/v1/chat/completions",
                 "/v1/completions": "/v1/completions", "/completions": "/v1/completions"}
-# Engine 400 codes that mean the input is wrong (as opposed to "this engine
-# cannot": model_too_large, request_quarantined, unsupported_parameter,
-# context_length_exceeded -- for those the request goes on to Ollama).
-CLIENT_MISTAKES = frozenset({"invalid_request", "invalid_messages"})
 
 
 @dataclass(frozen=True)
@@ -62,16 +59,16 @@ def invalid_for_any_backend(path: str, req: dict) -> tuple[str, str] | None:
     hit (n > 1, a structured response_format...): Ollama may serve those."""
     from pydantic import ValidationError
 
-    from mlxd.engine.protocol import ChatCompletionRequest, CompletionRequest, describe_validation_errors
+    from mlxd.engine.request_schema import ChatCompletionRequest, CompletionRequest, describe_validation_errors
 
     model = ChatCompletionRequest if path == "/v1/chat/completions" else CompletionRequest
     try:
         model.model_validate(req)
     except ValidationError as exc:
         message, _, code = describe_validation_errors(exc.errors())
-        return None if code == "unsupported_parameter" else (message, code)
+        return None if code == UNSUPPORTED_PARAMETER else (message, code)
     except (RecursionError, ValueError, TypeError):
-        return "the request body could not be read", "invalid_request"
+        return "the request body could not be read", INVALID_REQUEST
     return None
 
 
@@ -102,7 +99,7 @@ def route_request(path: str, body: bytes, routes: FastRoutes) -> ApiError | ToLi
         req = None
     if not isinstance(req, dict):
         return ApiError(400, "the request body must be a JSON object" if req is not None or body.strip()
-                        else "the request body is empty", "invalid_request")
+                        else "the request body is empty", INVALID_REQUEST)
     invalid = invalid_for_any_backend(path, req)
     if invalid is not None:
         return ApiError(400, *invalid)
@@ -114,7 +111,7 @@ def route_request(path: str, body: bytes, routes: FastRoutes) -> ApiError | ToLi
                              "this gateway serves", "model_not_found", param="model")
     if name not in routes.engine:
         refusal = unfit_for_ollama(path, req)
-        return ToLiteLLM() if refusal is None else ApiError(400, refusal, "unsupported_parameter")
+        return ToLiteLLM() if refusal is None else ApiError(400, refusal, UNSUPPORTED_PARAMETER)
     engine_name = routes.engine[name]
     if engine_name is None:
         return ToEngine(body, name, None)
@@ -130,6 +127,10 @@ class AfterRefusal(Enum):
 
 
 def after_refusal(status: int, body: bytes) -> AfterRefusal:
+    """Decided on the error's code, never its wording: the engine's 400 stands
+    for a client's mistake (mlxd.api_errors.CLIENT_MISTAKES); "this engine
+    cannot" (unsupported_parameter, model_too_large, request_quarantined,
+    context_length_exceeded) and every other refusal go on to Ollama."""
     if status == 400 and _error_code(body) in CLIENT_MISTAKES:
         return AfterRefusal.ENGINE_ANSWER
     return AfterRefusal.FALL_BACK_UNLESS_500 if 400 <= status < 500 else AfterRefusal.FALL_BACK

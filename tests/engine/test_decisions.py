@@ -1,9 +1,12 @@
 """The engine's pure decisions, tested as tables: admission, the one-model
 cache plan, stop sequences, fault specs, the prompt-size precheck, why
-decoding ends, and the worker's and the engine's health."""
+decoding ends, the worker's and the engine's health, and which invalid
+requests are engine limits (unsupported_parameter) rather than mistakes."""
 
 import pytest
+from pydantic import ValidationError
 
+from mlxd.api_errors import INVALID_REQUEST, UNSUPPORTED_PARAMETER
 from mlxd.engine.admission import AdmissionQueue, AdmissionState, decide_admission, retry_after_s
 from mlxd.engine.errors import EngineError
 from mlxd.engine.faults import Fault, parse_faults
@@ -11,6 +14,8 @@ from mlxd.engine.generation import answer_finish, finish_reason
 from mlxd.engine.health import LOAD_TIMEOUT_S, health_state, stuck_reason
 from mlxd.engine.jobs import MAX_CHARS_PER_TOKEN, check_prompt_size
 from mlxd.engine.model_cache import Load, Unload, plan_release, plan_switch
+from mlxd.engine.request_schema import (ChatCompletionRequest, CompletionRequest, Unsupported,
+                                        describe_validation_errors)
 from mlxd.engine.stop_matcher import StopMatcher
 from mlxd.engine.worker import Phase, WorkerStatus
 
@@ -204,3 +209,50 @@ def test_stuck_reason(phase, since_ago, progress_ago, stuck):
 def test_health_state(alive, phase, exiting, unhealthy, draining, ready, expected):
     status, reason = health_state(alive, phase, exiting, unhealthy, draining, ready)
     assert status == expected and (reason is None) == (status == "ok")
+
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+TEXT = {"model": "m", "prompt": "hi"}
+
+
+def validation_code(schema, body) -> tuple[str, str]:
+    with pytest.raises(ValidationError) as caught:
+        schema.model_validate(body)
+    message, _, code = describe_validation_errors(caught.value.errors())
+    return message, code
+
+
+@pytest.mark.parametrize("schema, body, code", [
+    (ChatCompletionRequest, {**CHAT, "n": 2}, UNSUPPORTED_PARAMETER),
+    (ChatCompletionRequest, {**CHAT, "logprobs": True}, UNSUPPORTED_PARAMETER),
+    (ChatCompletionRequest, {**CHAT, "response_format": {"type": "json_schema"}}, UNSUPPORTED_PARAMETER),
+    (CompletionRequest, {**TEXT, "echo": True}, UNSUPPORTED_PARAMETER),
+    (CompletionRequest, {**TEXT, "suffix": "}"}, UNSUPPORTED_PARAMETER),
+    (ChatCompletionRequest, {**CHAT, "n": 2, "logprobs": 1}, UNSUPPORTED_PARAMETER),  # limits only
+    (ChatCompletionRequest, {**CHAT, "n": 2, "temperature": 9}, INVALID_REQUEST),  # one mistake decides
+    (ChatCompletionRequest, {**CHAT, "temperature": 9}, INVALID_REQUEST),
+    (ChatCompletionRequest, {**CHAT, "stop": list("abcde")}, INVALID_REQUEST),
+    (ChatCompletionRequest, {**CHAT, "messages": []}, INVALID_REQUEST),
+    (CompletionRequest, {**TEXT, "prompt": ["a", "b"]}, INVALID_REQUEST),  # Ollama takes one prompt too
+])
+def test_which_invalid_requests_are_engine_limits(schema, body, code):
+    assert validation_code(schema, body)[1] == code
+
+
+def test_an_engine_limits_message_is_as_before():
+    assert validation_code(ChatCompletionRequest, {**CHAT, "n": 2}) == (
+        "n: Value error, only n=1 is supported (the engine generates one sequence at a time)", UNSUPPORTED_PARAMETER)
+
+
+@pytest.mark.parametrize("raised, code", [
+    (Unsupported("anything at all"), UNSUPPORTED_PARAMETER),
+    (ValueError("logprobs are not supported by this engine"), INVALID_REQUEST),  # the wording alone decides nothing
+    (ValueError("only n=1 is supported"), INVALID_REQUEST),
+    (None, INVALID_REQUEST),  # pydantic's own checks carry no raised error
+])
+def test_the_code_follows_the_errors_type_not_its_wording(raised, code):
+    error = {"type": "value_error", "loc": ("body", "n"), "msg": f"Value error, {raised}"}
+    if raised is not None:
+        error["ctx"] = {"error": raised}
+    assert describe_validation_errors([error]) == (f"n: Value error, {raised}", "n", code)
+    assert describe_validation_errors([]) == ("invalid request", None, INVALID_REQUEST)

@@ -70,6 +70,8 @@ def test_an_only_light_alias_reaches_the_engine_under_the_light_models_name():
     (400, "invalid_request", AfterRefusal.ENGINE_ANSWER),
     (400, "invalid_messages", AfterRefusal.ENGINE_ANSWER),
     (400, "model_too_large", AfterRefusal.FALL_BACK_UNLESS_500),
+    (400, "unsupported_parameter", AfterRefusal.FALL_BACK_UNLESS_500),
+    (400, "request_quarantined", AfterRefusal.FALL_BACK_UNLESS_500),
     (400, "context_length_exceeded", AfterRefusal.FALL_BACK_UNLESS_500),
     (429, "queue_full", AfterRefusal.FALL_BACK_UNLESS_500),
     (503, "draining", AfterRefusal.FALL_BACK),
@@ -79,6 +81,32 @@ def test_an_only_light_alias_reaches_the_engine_under_the_light_models_name():
 def test_what_follows_an_engine_refusal(status, code, expected):
     body = b"not json" if code is None else ApiError(status, "m", code).body()
     assert after_refusal(status, body) is expected
+
+
+@pytest.mark.parametrize("extra, at_the_gateway, after_the_engine", [
+    ({"n": 2}, "ToEngine", AfterRefusal.FALL_BACK_UNLESS_500),
+    ({"logprobs": True}, "ToEngine", AfterRefusal.FALL_BACK_UNLESS_500),
+    ({"response_format": {"type": "json_object"}}, "ToEngine", AfterRefusal.FALL_BACK_UNLESS_500),
+    ({"n": 2, "temperature": 9}, "invalid_request", AfterRefusal.ENGINE_ANSWER),  # a mistake as well as a limit
+    ({"temperature": 9}, "invalid_request", AfterRefusal.ENGINE_ANSWER),
+    ({"messages": [{"role": "wizard", "content": "hi"}]}, "invalid_request", AfterRefusal.ENGINE_ANSWER),
+])
+def test_which_invalid_requests_fall_back(extra, at_the_gateway, after_the_engine):
+    """One decision on both sides, by the error's code: the gateway refuses a
+    malformed body itself and lets an engine limit through; the engine's 400
+    for that limit then sends it on to Ollama."""
+    from pydantic import ValidationError
+
+    from mlxd.engine.errors import EngineError
+    from mlxd.engine.request_schema import ChatCompletionRequest, describe_validation_errors
+
+    body = {"model": "small", "messages": HI, **extra}
+    assert error_code(route_request(CHAT, json.dumps(body).encode(), ROUTES)) == at_the_gateway
+    with pytest.raises(ValidationError) as caught:
+        ChatCompletionRequest.model_validate(body)
+    message, param, code = describe_validation_errors(caught.value.errors())
+    engine_answer = json.dumps(EngineError(400, message, code=code, param=param).body()).encode()
+    assert after_refusal(400, engine_answer) is after_the_engine
 
 
 SSE = [b'data: {"id":"c1","object":"chat.completion.chunk","model":"small","choices":[]}\n\n',

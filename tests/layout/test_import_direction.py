@@ -19,7 +19,7 @@ ALLOWED = {
     "core": set(),
     "engine": set(),
     "supervisor": set(),
-    "gateway": {"engine.protocol"},  # the OpenAI request schema only: pydantic, no MLX
+    "gateway": {"engine.request_schema"},  # the OpenAI request schema only: pydantic, no MLX
     "launchd": {"supervisor"},       # the stop timeout supervisord's config defines
     "cli": {"engine", "gateway", "supervisor", "launchd"},
     "devkit": {"engine", "gateway", "supervisor", "launchd", "cli"},
@@ -78,4 +78,4 @@ def test_the_product_never_imports_the_devkit():
 
 def test_the_gateway_reaches_the_engine_only_for_its_request_schema():
     uses = {module for folder, _, module in edges() if folder == "gateway" and component_of(module) == "engine"}
-    assert uses <= {"mlxd.engine.protocol"}
+    assert uses <= {"mlxd.engine.request_schema"}

@@ -1,22 +1,23 @@
-"""The OpenAI wire format: request models (validated by pydantic) and the
-response/chunk builders.
+"""The OpenAI request contract: the request models (validated by pydantic),
+shared with the gateway, which checks bodies with them before routing (no
+MLX here). The answers are built by engine/response_builder.py.
 
 Unknown request fields are ignored, as OpenAI-compatible servers do, so that
 clients sending `user`, `metadata`, `parallel_tool_calls`... keep working.
 Everything we accept is honoured; what we cannot honour (n > 1, logprobs, a
-structured response_format) is a clear 400 so the gateway can fall back.
+structured response_format) raises `Unsupported`, which becomes a 400 with
+the code unsupported_parameter, so the gateway can fall back to Ollama.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import time
-import uuid
-from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+
+from mlxd.api_errors import INVALID_REQUEST, UNSUPPORTED_PARAMETER
 
 # A generous bound on max_tokens: values up to it are clamped to the engine's
 # cap; beyond it the request is nonsense and gets a 400.
@@ -24,6 +25,12 @@ MAX_TOKENS_SANITY = 1_000_000
 MAX_STOP_SEQUENCES = 4
 
 ModelName = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+
+
+class Unsupported(ValueError):
+    """A valid request this engine cannot honour (n > 1, logprobs...), as
+    opposed to a malformed one: its type, not its wording, makes the 400's
+    code unsupported_parameter, on which the gateway falls back to Ollama."""
 
 
 def clean_text(text: str) -> str:
@@ -195,14 +202,14 @@ class SamplingFields(Lenient):
     @classmethod
     def _single_choice(cls, v: int) -> int:
         if v != 1:
-            raise ValueError("only n=1 is supported (the engine generates one sequence at a time)")
+            raise Unsupported("only n=1 is supported (the engine generates one sequence at a time)")
         return v
 
     @field_validator("logprobs")
     @classmethod
     def _no_logprobs(cls, v: bool | int | None) -> bool | int | None:
         if v:
-            raise ValueError("logprobs are not supported by this engine")
+            raise Unsupported("logprobs are not supported by this engine")
         return v
 
     @field_validator("logit_bias")
@@ -297,7 +304,7 @@ class ChatCompletionRequest(SamplingFields):
     @classmethod
     def _plain_text_only(cls, v: ResponseFormat | None) -> ResponseFormat | None:
         if v is not None and v.type != "text":
-            raise ValueError(f"response_format {v.type!r} is not supported by the MLX engine (only 'text')")
+            raise Unsupported(f"response_format {v.type!r} is not supported by the MLX engine (only 'text')")
         return v
 
     def requested_max_tokens(self) -> int | None:
@@ -322,7 +329,7 @@ class CompletionRequest(SamplingFields):
     @classmethod
     def _single_prompt(cls, v: str | list[str] | list[int]) -> str | list[int]:
         if isinstance(v, list) and v and isinstance(v[0], str):
-            if len(v) != 1:
+            if len(v) != 1:  # not Unsupported: Ollama takes one prompt too, so no fallback
                 raise ValueError("only one prompt per request is supported")
             return clean_text(v[0])
         if isinstance(v, list) and not v:
@@ -333,23 +340,24 @@ class CompletionRequest(SamplingFields):
     @classmethod
     def _no_echo(cls, v: bool) -> bool:
         if v:
-            raise ValueError("echo is not supported")
+            raise Unsupported("echo is not supported")
         return v
 
     @field_validator("suffix")
     @classmethod
     def _no_suffix(cls, v: str | None) -> str | None:
         if v:
-            raise ValueError("suffix (fill-in-the-middle) is not supported")
+            raise Unsupported("suffix (fill-in-the-middle) is not supported")
         return v
 
 
 _UNION_MEMBER = re.compile(r"^(str|int|float|bool|none|.*\[.*\]|function-.*)$")
 
 
-def is_unsupported(message: str) -> bool:
-    """A validation message that names this engine's limit, not a mistake."""
-    return "not supported" in message or "only n=1" in message
+def is_unsupported(error: dict) -> bool:
+    """A pydantic error raised as `Unsupported` (an engine limit, not a
+    mistake); pydantic keeps the raised exception in the error's ctx."""
+    return isinstance((error.get("ctx") or {}).get("error"), Unsupported)
 
 
 def describe_validation_errors(errors: list[dict]) -> tuple[str, str | None, str]:
@@ -357,100 +365,15 @@ def describe_validation_errors(errors: list[dict]) -> tuple[str, str | None, str
     code is unsupported_parameter when every problem is an engine limit
     (Ollama may do better), else invalid_request."""
     if not errors:
-        return "invalid request", None, "invalid_request"
+        return "invalid request", None, INVALID_REQUEST
     first = errors[0]
     # pydantic names union members in the location ("content.str"): a client
     # wants the field's path only.
     loc = [str(p) for p in first.get("loc", ()) if p != "body" and not _UNION_MEMBER.match(str(p))]
     param = ".".join(loc) or None
-    code = ("unsupported_parameter" if all(is_unsupported(str(e.get("msg", ""))) for e in errors)
-            else "invalid_request")
+    code = UNSUPPORTED_PARAMETER if all(is_unsupported(e) for e in errors) else INVALID_REQUEST
     if first.get("type") == "json_invalid":
-        return "the request body is not valid JSON", None, "invalid_request"
+        return "the request body is not valid JSON", None, INVALID_REQUEST
     msg = str(first.get("msg", "invalid value"))
     more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
     return (f"{param}: {msg}{more}" if param else f"{msg}{more}"), param, code
-
-
-@dataclass
-class Usage:
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int = 0
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "total_tokens": self.prompt_tokens + self.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
-        }
-
-
-class ResponseBuilder:
-    """Builds response bodies and SSE chunks for one request (one id, one
-    `created`, one model name), in chat or text-completion shape."""
-
-    def __init__(self, kind: Literal["chat", "completion"], model: str, fingerprint: str) -> None:
-        self.kind = kind
-        self.model = model
-        self.fingerprint = fingerprint
-        self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
-        self.created = int(time.time())
-        self._chunk_object = "chat.completion.chunk" if kind == "chat" else "text_completion"
-        # The constant head of every chunk, serialised once (per-token cost matters).
-        head = {"id": self.id, "object": self._chunk_object, "created": self.created, "model": self.model,
-                "system_fingerprint": self.fingerprint}
-        self._chunk_head = json.dumps(head)[:-1]
-
-    def full(self, text: str, finish_reason: str, usage: Usage, tool_calls: list[dict] | None = None,
-             reasoning: str = "") -> dict[str, Any]:
-        if self.kind == "chat":
-            message: dict[str, Any] = {"role": "assistant", "content": text if text or not tool_calls else None}
-            if reasoning:
-                message["reasoning_content"] = reasoning
-            if tool_calls:
-                message["tool_calls"] = tool_calls
-            choice = {"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}
-            obj = "chat.completion"
-        else:
-            choice = {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}
-            obj = "text_completion"
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
-                "system_fingerprint": self.fingerprint, "choices": [choice], "usage": usage.as_dict()}
-
-    def _sse(self, choices: str, usage: str = "") -> bytes:
-        return f'data: {self._chunk_head}, "choices": {choices}{usage}}}\n\n'.encode()
-
-    def role_chunk(self) -> bytes:
-        if self.kind != "chat":
-            return b""
-        return self._sse('[{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null}]')
-
-    def delta_chunk(self, text: str, reasoning: bool = False) -> bytes:
-        t = json.dumps(text)
-        if self.kind == "chat":
-            key = "reasoning_content" if reasoning else "content"
-            return self._sse(f'[{{"index": 0, "delta": {{"{key}": {t}}}, "finish_reason": null}}]')
-        return self._sse(f'[{{"index": 0, "text": {t}, "finish_reason": null}}]')
-
-    def tool_calls_chunk(self, calls: list[dict], first_index: int) -> bytes:
-        indexed = [{"index": first_index + i, **c} for i, c in enumerate(calls)]
-        return self._sse(f'[{{"index": 0, "delta": {{"tool_calls": {json.dumps(indexed)}}}, "finish_reason": null}}]')
-
-    def finish_chunk(self, finish_reason: str) -> bytes:
-        r = json.dumps(finish_reason)
-        if self.kind == "chat":
-            return self._sse(f'[{{"index": 0, "delta": {{}}, "finish_reason": {r}}}]')
-        return self._sse(f'[{{"index": 0, "text": "", "finish_reason": {r}}}]')
-
-    def usage_chunk(self, usage: Usage) -> bytes:
-        return self._sse("[]", f', "usage": {json.dumps(usage.as_dict())}')
-
-
-def sse_error(body: dict[str, Any]) -> bytes:
-    """An error event inside a stream (the stream then ends without [DONE])."""
-    return f"data: {json.dumps(body)}\n\n".encode()
-
-
-SSE_DONE = b"data: [DONE]\n\n"

@@ -1,0 +1,44 @@
+"""The error contract the engine and the gateway share (pure, no MLX).
+
+Both answer errors in OpenAI's shape, `{"error": {"message", "type",
+"param", "code"}}`. The `type` follows from the HTTP status, by the one
+table below; the `code` is ours and stable: the gateway decides on codes,
+never on a message's wording, so a reworded message changes no routing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+ERROR_TYPE_BY_STATUS = {
+    400: "invalid_request_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    401: "authentication_error",  # LiteLLM reads invalid_request_error as a 400
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "service_unavailable_error",
+    504: "timeout_error",
+}
+
+# Codes whose meaning crosses the process boundary (the engine sets them,
+# gateway/routing.py decides on them).
+INVALID_REQUEST = "invalid_request"  # malformed input: no backend would do better
+INVALID_MESSAGES = "invalid_messages"  # messages the model's chat template refuses: the same
+# A valid request beyond this engine (n > 1, logprobs, a structured
+# response_format...): Ollama may serve it. OpenAI's own code for such a field.
+UNSUPPORTED_PARAMETER = "unsupported_parameter"
+CLIENT_MISTAKES = frozenset({INVALID_REQUEST, INVALID_MESSAGES})
+
+
+def error_type(status: int) -> str:
+    """OpenAI's error `type` for an HTTP status (pure)."""
+    return ERROR_TYPE_BY_STATUS.get(status, "server_error" if status >= 500 else "invalid_request_error")
+
+
+def error_body(status: int, message: str, code: str, param: str | None = None,
+               type: str | None = None) -> dict[str, Any]:
+    """The error object; `type` defaults to the status's."""
+    return {"error": {"message": message, "type": type or error_type(status), "param": param, "code": code}}

@@ -1,12 +1,15 @@
-"""The CPU's float32 path, second half: Linear layers keep their weight
-transposed.
+"""The CPU's float32 path, second half: Linear and Embedding layers keep
+their weight transposed.
 
 A decoded token reads every weight once through a matrix-vector product.
 MLX's `Linear` computes `x @ W.T`; OpenBLAS's product in that layout ran at
 6.3 GB/s on 2 cores where `x @ W` ran at 13.0 (bench/cpu_path.py, docs/
 BENCHMARKS.md), so the layout sets the decode speed: the default model in
-process, 8.5 -> 10.5 tok/s. A prompt's matrix-matrix products are as fast
-either way. Only the float32 CPU path uses it (engine/worker.py
+process, 8.5 -> 10.5 tok/s. A tied output head (`embed_tokens.as_linear`,
+the default model's, 21 % of its weights) is the same product: the embedding
+is held transposed too, its lookup reading a column per token instead of a
+row (no second copy). A prompt's matrix-matrix products are as fast either
+way. Only the float32 CPU path uses it (engine/worker.py
 load_resident): on Metal and CUDA, and for quantised weights, MLX's own
 kernels read `W` as stored.
 """
@@ -16,10 +19,10 @@ from __future__ import annotations
 from typing import Any
 
 
-def transposed_linear_class() -> type:
-    """The Module class (built on first use: importing MLX is the engine's, not the importer's)."""
-    global _TransposedLinear
-    if _TransposedLinear is None:
+def transposed_classes() -> tuple[type, type]:
+    """The Module classes (built on first use: importing MLX is the engine's, not the importer's)."""
+    global _classes
+    if _classes is None:
         import mlx.core as mx
         import mlx.nn as nn
 
@@ -41,24 +44,45 @@ def transposed_linear_class() -> type:
                     return mx.addmm(self["bias"], x, self["weight_t"])
                 return x @ self["weight_t"]
 
-        _TransposedLinear = TransposedLinear
-    return _TransposedLinear
+        class TransposedEmbedding(nn.Module):
+            """`nn.Embedding` with its table held as `W.T`, contiguous."""
+
+            def __init__(self, weight_t: Any) -> None:
+                super().__init__()
+                self.weight_t = weight_t
+
+            @property
+            def weight(self) -> Any:
+                return self.weight_t.T
+
+            def __call__(self, x: Any) -> Any:
+                return mx.moveaxis(mx.take(self["weight_t"], x, axis=1), 0, -1)
+
+            def as_linear(self, x: Any) -> Any:  # a tied output head
+                return x @ self["weight_t"]
+
+        _classes = (TransposedLinear, TransposedEmbedding)
+    return _classes
 
 
-_TransposedLinear: type | None = None
+_classes: tuple[type, type] | None = None
 
 
 def transpose_linears(model: Any) -> int:
-    """Every plain `nn.Linear` of the model replaced by a TransposedLinear
-    (lazily: the copies are made when the weights are evaluated). The
-    number replaced."""
+    """Every plain `nn.Linear` and `nn.Embedding` of the model replaced by
+    its transposed kind (lazily: the copies are made when the weights are
+    evaluated, and the stored ones let go). The number replaced."""
     import mlx.core as mx
     import mlx.nn as nn
     from mlx.utils import tree_unflatten
 
-    cls = transposed_linear_class()
-    replaced = [(name, cls(mx.contiguous(m["weight"].T), m.get("bias")))
-                for name, m in model.named_modules() if type(m) is nn.Linear]
+    linear, embedding = transposed_classes()
+
+    def transposed(m: Any) -> Any:
+        weight_t = mx.contiguous(m["weight"].T)
+        return linear(weight_t, m.get("bias")) if type(m) is nn.Linear else embedding(weight_t)
+
+    replaced = [(name, transposed(m)) for name, m in model.named_modules() if type(m) in (nn.Linear, nn.Embedding)]
     if replaced:
         model.update_modules(tree_unflatten(replaced))
     return len(replaced)

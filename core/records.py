@@ -17,12 +17,17 @@ from an older mlxd (unknown fields dropped, missing optional ones defaulted)
 all read back as a record or as None -- never as an exception in the
 supervision loop. `ExitRecord` is not a file: it is what the listener
 gathers about one exit and hands to the restart policy in the exit event.
+The reports that go over HTTP or to stdout (the engine's /health, `mlxd
+status`) are Records too, in mlxd.reports.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -34,12 +39,21 @@ R = TypeVar("R", bound="Record")
 
 class Record:
     """to_json/from_json for a frozen dataclass of JSON-able fields.
-    `nested` maps a field name to the Record class its dict reads back as."""
+
+    `nested` maps a field name to the Record class its dict (or each dict of
+    its list) reads back as. `json_names` maps a field name to its key in
+    the JSON where the two differ (a Python keyword). `lenient`: a value of
+    the wrong type reads as missing, so its default (a report from a host on
+    another mlxd version must still read); file records leave types to
+    their own checks."""
 
     nested: ClassVar[dict[str, type["Record"]]] = {}
+    json_names: ClassVar[dict[str, str]] = {}
+    lenient: ClassVar[bool] = False
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)  # type: ignore[call-overload]
+        return {self.json_names.get(f.name, f.name): _json_value(getattr(self, f.name))
+                for f in dataclasses.fields(self)}  # type: ignore[arg-type]
 
     @classmethod
     def from_json(cls: type[R], data: Any) -> R | None:
@@ -48,10 +62,16 @@ class Record:
         if not isinstance(data, dict):
             return None
         known = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-        values = {k: v for k, v in data.items() if k in known}
+        keys = {cls.json_names.get(name, name): name for name in known}
+        values = {keys[k]: v for k, v in data.items() if k in keys}
         for name, klass in cls.nested.items():
-            if name in values:
+            if isinstance(values.get(name), list):
+                values[name] = [r for r in map(klass.from_json, values[name]) if r is not None]
+            elif name in values:
                 values[name] = klass.from_json(values[name])
+        if cls.lenient:
+            hints = _field_types(cls)
+            values = {k: v for k, v in values.items() if fits(v, hints[k])}
         for name, f in known.items():
             required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
             if required and values.get(name) is None:
@@ -67,6 +87,43 @@ class Record:
 
     def write(self, path: Path, durable: bool = True) -> None:
         write_json_atomic(path, self.to_json(), durable=durable)
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, Record):
+        return value.to_json()
+    if isinstance(value, (list, tuple)):
+        return [_json_value(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _json_value(v) for k, v in value.items()}
+    return value
+
+
+@functools.cache
+def _field_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def fits(value: Any, hint: Any) -> bool:
+    """Whether a value read from JSON has a field's type (pure): a union
+    by any member, a list or dict with its items too, an int where a float
+    goes, never a bool for a number."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(fits(value, a) for a in args)
+    if hint is type(None):
+        return value is None
+    if origin is list:
+        return isinstance(value, list) and all(fits(v, args[0]) for v in value)
+    if origin is dict:
+        return isinstance(value, dict) and all(fits(k, args[0]) and fits(v, args[1]) for k, v in value.items())
+    if hint in (int, float) and isinstance(value, bool):
+        return False
+    if hint is float:
+        return isinstance(value, (int, float))
+    return isinstance(value, hint)
 
 
 @dataclass(frozen=True)
@@ -169,6 +226,8 @@ class CrashRecord(Record):
     crash_report: str | None = None
     requests: list[dict[str, str]] = field(default_factory=list)  # every request in flight, oldest first
 
+    json_names: ClassVar[dict[str, str]] = {"klass": "class"}
+
     @property
     def is_crash(self) -> bool:
         return self.klass != "clean_stop"
@@ -183,17 +242,6 @@ class CrashRecord(Record):
 
     def fingerprints(self) -> frozenset[str]:
         return frozenset(fp for _, fp in self.in_flight() if fp)
-
-    def to_json(self) -> dict[str, Any]:
-        d = super().to_json()
-        d["class"] = d.pop("klass")
-        return d
-
-    @classmethod
-    def from_json(cls, data: Any) -> "CrashRecord | None":
-        if isinstance(data, dict) and "class" in data:
-            data = {**data, "klass": data["class"]}
-        return super().from_json(data)
 
     def to_line(self) -> bytes:
         return (json.dumps(self.to_json(), sort_keys=True, default=str) + "\n").encode()

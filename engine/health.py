@@ -2,9 +2,10 @@
 gateway and operators.
 
 `stuck_reason` and `health_state` are the pure decisions; `Health` gathers
-their inputs from the worker, the admission queue and the Lifecycle, and
-owns one piece of state: the engine declared itself unhealthy (a stuck
-worker), for good.
+their inputs from the worker, the admission queue and the Lifecycle into
+the body (mlxd.reports.EngineHealth: this is its one writer), and owns one
+piece of state: the engine declared itself unhealthy (a stuck worker), for
+good.
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ import time
 import psutil
 
 import mlxd
+from mlxd.reports import EngineHealth, EngineMemory, KVCacheLayout, PromptCacheReport, ReuseLine
 
 from .admission import AdmissionQueue
 from .errors import EngineError
 from .jobs import Job
 from .lifecycle import Lifecycle
+from .prompt_cache import CacheStats
 from .worker import Phase, WorkerStatus
 
 LOAD_TIMEOUT_S = 1800.0  # a load (with download) longer than this counts as stuck
@@ -79,43 +82,54 @@ class Health:
         return health_state(w.is_alive(), w.status.phase, life.exiting_reason,
                             self.unhealthy_reason or self.stuck_reason(), life.draining, w.ready.is_set())
 
-    def report(self) -> tuple[int, dict]:
-        """/health's status code and body."""
+    def record(self) -> EngineHealth:
+        """/health's body, as gathered now."""
         status, reason = self.state()
         w = self.worker
         s, mem, queue = w.status, w.memory, self.admission.snapshot()
-        body = {
-            "status": status,
-            "reason": reason,
-            "worker_alive": w.is_alive(),
-            "phase": s.phase.value,
-            "resident_model": s.resident_model,
-            # How the resident model's KV holds values (kv_bits; 16: the model's dtype).
-            "kv_cache": dataclasses.asdict(w.resident_kv) if w.resident_kv is not None else None,
-            "in_flight": s.in_flight,
-            "in_flight_fingerprint": s.in_flight_fingerprint,
-            "running": list(s.in_flight_ids),  # every request generating now (several when batching)
-            "batch_size": len(s.in_flight_ids),
-            "max_concurrency": queue["slots"],
-            "queue_depth": queue["waiting"],
-            "queue_capacity": queue["capacity"],
-            "max_observed_concurrency": w.max_observed_concurrency,
-            "memory": {
-                "mlx_active_bytes": mem.active_bytes,
-                "mlx_peak_bytes": mem.peak_bytes,
-                "mlx_cache_bytes": mem.cache_bytes,
-                "rss_bytes": psutil.Process().memory_info().rss,
-                "budget_bytes": self.budget_bytes,
-                "mlx_active_before_first_load": w.active_before_first_load,
-                "mlx_active_after_last_unload": w.active_after_last_unload,
-            },
-            "counters": dict(w.counters),
-            "prompt_cache": w.cache_stats().as_dict(),
-            "timings": dict(w.timings),
-            "uptime_s": round(time.monotonic() - self.started_at, 3),
-            # Wall-clock instants, for recovery timing: process spawn -> ready.
-            "process_started_at": mlxd.STARTED_AT,
-            "ready_at": w.ready_at,
-            "pid": os.getpid(),
-        }
-        return (200 if status == "ok" else 503), body
+        return EngineHealth(
+            status=status,
+            reason=reason,
+            worker_alive=w.is_alive(),
+            phase=s.phase.value,
+            resident_model=s.resident_model,
+            # How the resident model's KV holds values, as served (not as configured).
+            kv_cache=KVCacheLayout(**dataclasses.asdict(w.resident_kv)) if w.resident_kv is not None else None,
+            in_flight=s.in_flight,
+            in_flight_fingerprint=s.in_flight_fingerprint,
+            running=list(s.in_flight_ids),  # every request generating now (several when batching)
+            batch_size=len(s.in_flight_ids),
+            max_concurrency=queue["slots"],
+            queue_depth=queue["waiting"],
+            queue_capacity=queue["capacity"],
+            max_observed_concurrency=w.max_observed_concurrency,
+            memory=EngineMemory(
+                mlx_active_bytes=mem.active_bytes,
+                mlx_peak_bytes=mem.peak_bytes,
+                mlx_cache_bytes=mem.cache_bytes,
+                rss_bytes=psutil.Process().memory_info().rss,
+                budget_bytes=self.budget_bytes,
+                mlx_active_before_first_load=w.active_before_first_load,
+                mlx_active_after_last_unload=w.active_after_last_unload,
+            ),
+            counters=dict(w.counters),
+            prompt_cache=prompt_cache_report(w.cache_stats()),
+            timings=dict(w.timings),
+            uptime_s=round(time.monotonic() - self.started_at, 3),
+            process_started_at=mlxd.STARTED_AT,
+            ready_at=w.ready_at,
+            pid=os.getpid(),
+        )
+
+    def report(self) -> tuple[int, dict]:
+        """/health's status code and body (JSON)."""
+        health = self.record()
+        return (200 if health.ok else 503), health.to_json()
+
+
+def prompt_cache_report(stats: CacheStats) -> PromptCacheReport:
+    """The cache's published figures as /health reports them. Built from
+    every field of CacheStats: one it gains that the report lacks is a
+    TypeError here, in the engine's tests, not a key silently lost."""
+    figures = stats.as_dict()
+    return PromptCacheReport(**{**figures, "recent": [ReuseLine(**r) for r in figures["recent"]]})

@@ -64,15 +64,22 @@ class Mode(enum.Enum):
 
 
 S, R, B, D, X = Mode.STARTING, Mode.RUNNING, Mode.BACKOFF, Mode.DEGRADED, Mode.STOPPED
-# from -> the modes decide may move to. RUNNING from BACKOFF, DEGRADED or
-# STOPPED is an operator's start (mlxd restart, supervisorctl start);
-# STARTING -> STARTING is a crash during start-up restarted at once.
+# The operator (mlxd up/down/restart, supervisorctl) may start, restart or
+# stop the engine in any mode (EngineStarted, OperatorRestart, EngineStopped,
+# or Reconciled finding it RUNNING or STOPPED).
+_OPERATOR = frozenset({R, S, X})
+# from -> the modes decide may move to: exactly the moves its code makes
+# (tests/supervisor/test_policy.py walks them). A stopped engine's exit is
+# no crash, so STOPPED alone never leads to DEGRADED.
 TRANSITIONS: dict[Mode, frozenset[Mode]] = {
-    S: frozenset({S, R, B, D, X}),
-    R: frozenset({R, S, B, D, X}),
-    B: frozenset({B, S, R, D, X}),
-    D: frozenset({D, S, R, X}),
-    X: frozenset({X, R, S, B}),
+    S: _OPERATOR | {B, D},  # a crash in start-up: restart at once (S), back off, or a loop
+    R: _OPERATOR | {B, D},  # a crash, as above
+    # The wait ends (Tick: S). A start supervisord made meanwhile (its
+    # autostart, a retry found on reconciling) crashes: a loop, or a back-off
+    # where the crashes before have left loop_window_s.
+    B: _OPERATOR | {B, D},
+    D: _OPERATOR | {D, B},
+    X: _OPERATOR | {B},  # reconciling finds it EXITED: it died while the listener was away
 }
 
 
@@ -200,9 +207,14 @@ def backoff_delay(consecutive: int, policy: Policy) -> float:
 
 def decide(state: State, event: Event, policy: Policy) -> tuple[State, list[Action]]:
     new, actions = _decide(state, event, policy)
-    if new.mode not in TRANSITIONS[state.mode]:
-        raise InvalidTransition(f"{state.mode.value} -> {new.mode.value} on {type(event).__name__}")
+    check_transition(state.mode, new.mode, event)
     return new, actions
+
+
+def check_transition(old: Mode, new: Mode, event: Event) -> None:
+    """Raises InvalidTransition unless TRANSITIONS allows old -> new."""
+    if new not in TRANSITIONS[old]:
+        raise InvalidTransition(f"{old.value} -> {new.value} on {type(event).__name__}")
 
 
 def _decide(state: State, event: Event, policy: Policy) -> tuple[State, list[Action]]:

@@ -6,7 +6,8 @@ from mlxd.config import SupervisorConfig
 from mlxd.records import ExitRecord
 from mlxd.supervisor.policy import (TRANSITIONS, EngineExited, EngineStarted, EngineStopped, Health,
                                     InvalidTransition, KillEngine, Mode, OperatorRestart, Policy, Reconciled,
-                                    RecordCrash, StartEngine, State, Tick, backoff_delay, decide)
+                                    RecordCrash, StartEngine, State, Tick, backoff_delay, check_transition,
+                                    decide)
 
 P = Policy.from_config(SupervisorConfig(backoff_base_s=1, backoff_cap_s=8, healthy_reset_s=60, loop_crashes=5,
                                         loop_window_s=600, cooldown_s=300, health_failures=3, start_grace_s=30))
@@ -154,27 +155,46 @@ def test_reconcile_matches_supervisords_view(saved, statename, expected_mode, re
         assert acts == [StartEngine()] and state.mode is Mode.STARTING
 
 
-def test_every_transition_decide_makes_is_in_the_table():
-    """Walk every mode through every kind of event: each resulting move is allowed."""
-    events = [EngineStarted(500), exited(500), EngineStopped(500), OperatorRestart(500),
-              Health(500, ok=False, unhealthy=True),
-              Tick(10_000), Reconciled(500, "RUNNING"), Reconciled(500, "EXITED"), Reconciled(500, "STOPPED")]
+def transitions_decide_makes() -> set[tuple[Mode, Mode]]:
+    """Every mode, in states varied where the code branches, through every kind of event."""
+    events = [EngineStarted(10_000), exited(10_000), EngineStopped(10_000), OperatorRestart(10_000),
+              Health(10_000, ok=False, unhealthy=True), Health(10_000, ok=False), Health(10_000, ok=True),
+              Tick(50), Tick(10_000)]
+    events += [Reconciled(10_000, name) for name in ("RUNNING", "EXITED", "FATAL", "BACKOFF", "STOPPED", "STARTING")]
     seen = set()
     for mode in Mode:
         for probation in (False, True):
-            state = State(mode=mode, started_at=0, restart_at=100, probation=probation, crash_times=(1, 2, 3, 4))
-            for ev in events:
-                new, _ = decide(state, ev, P)
-                seen.add((mode, new.mode))
-    assert all(to in TRANSITIONS[frm] for frm, to in seen)
-    assert (Mode.RUNNING, Mode.DEGRADED) in seen and (Mode.STOPPED, Mode.RUNNING) in seen
+            for crash_times in ((), (1, 2, 3, 4), (9000, 9001, 9002, 9003)):  # none, aged out, recent
+                for consecutive in (0, 1, 4):
+                    for started_at in (None, 0, 9990):  # a healthy run behind it, or not
+                        state = State(mode=mode, started_at=started_at, restart_at=100, probation=probation,
+                                      crash_times=crash_times, consecutive=consecutive)
+                        seen |= {(mode, decide(state, ev, P)[0].mode) for ev in events}
+    return seen
 
 
-def test_a_transition_outside_the_table_is_refused(monkeypatch):
-    import mlxd.supervisor.policy as policy
-    monkeypatch.setitem(policy.TRANSITIONS, Mode.RUNNING, frozenset({Mode.RUNNING}))
-    with pytest.raises(InvalidTransition, match="running -> stopped"):
-        decide(State(mode=Mode.RUNNING, started_at=0), EngineStopped(1), P)
+def test_the_table_is_exactly_the_transitions_decide_makes():
+    assert transitions_decide_makes() == {(frm, to) for frm, tos in TRANSITIONS.items() for to in tos}
+    assert Mode.DEGRADED not in TRANSITIONS[Mode.STOPPED]  # the one move no event makes
+
+
+def test_a_transition_outside_the_table_is_refused():
+    """A stopped engine's exit is no crash: nothing moves STOPPED to DEGRADED."""
+    with pytest.raises(InvalidTransition, match="stopped -> degraded on EngineExited"):
+        check_transition(Mode.STOPPED, Mode.DEGRADED, exited(1))
+    check_transition(Mode.RUNNING, Mode.DEGRADED, exited(1))  # a crash loop from a running engine is fine
+
+
+@pytest.mark.parametrize("crash_times, expected_mode, restart_at", [
+    ((9500, 9501, 9502, 9503, 9504), Mode.DEGRADED, 10_300),  # still a loop: the cool-down starts again
+    ((1, 2, 3, 4, 5), Mode.BACKOFF, 10_008),                   # the loop has left the window: a back-off
+])
+def test_a_crash_while_degraded(crash_times, expected_mode, restart_at):
+    """supervisord started the engine meanwhile (its autostart after a reboot)
+    and the start failed: a crash like any other."""
+    state = State(mode=Mode.DEGRADED, restart_at=9804, crash_times=crash_times, consecutive=5)
+    state, acts = decide(state, exited(10_000), P)
+    assert state.mode is expected_mode and state.restart_at == restart_at and len(acts) == 1
 
 
 def test_policy_numbers_come_from_the_config_alone():

@@ -1,10 +1,9 @@
 """The engine fast path: light-model requests skip LiteLLM's per-chunk work.
 
-Measured (bench/gateway_overhead.py, tiny demo model): through LiteLLM every
-streamed chunk is parsed by the openai SDK, rebuilt by LiteLLM's stream
-wrapper and serialised again -- about 450 us of gateway CPU a chunk, +14 ms
-TTFT and 0.82x throughput; no LiteLLM setting changes that. So this ASGI
-wrapper sits where KeyGuard hands the (authenticated) request to LiteLLM's
+Through LiteLLM every streamed chunk is parsed by the openai SDK, rebuilt by
+LiteLLM's stream wrapper and serialised again, and no LiteLLM setting
+changes that (the cost measured: docs/BENCHMARKS.md). So this ASGI wrapper
+sits where KeyGuard hands the (authenticated) request to LiteLLM's
 app. A POST /v1/chat/completions or /v1/completions whose
 `model` routes to the engine (gateway/routing.py decides) goes
 straight to the engine over a pooled aiohttp connection; the engine's bytes

@@ -6,32 +6,12 @@ Every model id and alias becomes a LiteLLM model group:
 - heavy models (over the engine's memory budget): Ollama directly, the engine
   is never asked;
 - with `only_light`, every alias is the light model on MLX.
-LiteLLM's defaults are wrong for a local fallback (checked on 1.106.2):
-retries turn a refused connection into ~5 s before the fallback answers, and
-cooldowns keep traffic away from an engine that is already back. So a model
-on one engine gets no retries and no cooldown (`cooldown_time: 0`), and long
-timeouts (the engine has its own deadline).
-A model on several engines (`hosts`) is one model group of several
-deployments, spread by LiteLLM's router at random (simple-shuffle: measured
-on 1.106.2, least-busy's in-flight count of a host leaks when a request
-fails over from it, so a host that died and came back was never picked
-again; usage-based-routing-v2 once sent a request to Ollama while a healthy
-host was left). A busy engine queues (its single concurrency) or, queue
-full, answers 429. There
-a failure must move the request to another host, not to Ollama: the group
-gets one retry per other host (`model_group_retry_policy`; LiteLLM retries at
-once while a healthy deployment is left), and a host that fails once is put
-in LiteLLM's cooldown (`allowed_fails_policy` of 0: without it a refused
-connection never cools a host down, and least-busy would keep picking it); a
-busy host (429) for its Retry-After, a failed one for `host_cooldown_s`.
-Retries alone cannot promise that every host is tried: LiteLLM cools a host
-down only at a request's first failure (the failure hook is deduplicated on
-the request's shared logging object, BerriAI/litellm#32574), so a retry can
-pick a host that already failed this request (measured on 1.108.7: a dead
-host picked twice, then Ollama, while a healthy host was left). So the
-router also fails over inside the group (`enable_weighted_failover`), which
-excludes each host that failed this request before picking again, up to
-every host (`max_fallbacks`); only then does Ollama answer.
+LiteLLM's defaults are wrong for a local fallback: a model on one engine gets
+no retries and no cooldown, so a refused connection falls back at once and
+an engine that is back gets traffic at once. A model on several engines
+(`hosts`) is one group spread at random, where a failed or busy host's
+request goes to every other host before Ollama. What was measured to choose
+these settings: docs/DESIGN.md ("LiteLLM's settings").
 No key is in this file: the gateway checks clients' itself (gateway/app.py),
 and the engines' is read from $MLXD_ENGINE_KEY.
 """
@@ -166,12 +146,12 @@ def render_litellm_config(config: Config, heavy: dict[str, bool]) -> dict[str, A
     return {
         "model_list": model_list,
         "router_settings": {
-            "routing_strategy": "simple-shuffle",  # see above
+            "routing_strategy": "simple-shuffle",  # least-busy lost track of hosts (docs/DESIGN.md)
             "num_retries": 0,
             "retry_after": 0,
             "model_group_retry_policy": retry_policies,
             "fallbacks": fallbacks,
-            # a failed host is left out of this request's next pick (see above)
+            # a failed host is left out of this request's next pick (retries alone may pick it again)
             "enable_weighted_failover": True,
             "max_fallbacks": max_fallbacks(routes),
             "cooldown_time": config.gateway.host_cooldown_s,  # a failed host of several; a busy one: Retry-After

@@ -29,6 +29,7 @@ written to disk and freed on that thread, between or inside its own jobs.
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import logging
 import time
@@ -207,6 +208,7 @@ def _never_fatal(default: Any = None):
     again in the generation itself, which is fatal there."""
 
     def wrap(method):
+        @functools.wraps(method)
         def guarded(self: "PromptCache", *args: Any, **kwargs: Any) -> Any:
             try:
                 return method(self, *args, **kwargs)
@@ -216,8 +218,6 @@ def _never_fatal(default: Any = None):
                 self.stats = replace(self.stats, errors=self.stats.errors + 1)
                 self._publish()
                 return default
-        guarded.__name__ = method.__name__
-        guarded.__doc__ = method.__doc__
         return guarded
     return wrap
 

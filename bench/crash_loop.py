@@ -59,6 +59,7 @@ from mlxd.config import SupervisorConfig
 from mlxd.devkit.stack import MLXD, Stack
 from mlxd.devkit.wait import wait_for
 from mlxd.records import EnginePid
+from mlxd.reports import EngineHealth
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # when imported by path (tests/soak)
 from benchkit import RESULTS, machine_info, percentile, say, write_json  # noqa: E402
@@ -110,10 +111,10 @@ def mode(stack: Stack) -> str | None:
     return stack.supervision().get("mode")
 
 
-def health(stack: Stack) -> dict | None:
+def health(stack: Stack) -> EngineHealth | None:
     try:
         r = requests.get(stack.url + "/health", timeout=2)
-        return r.json() if r.status_code == 200 else None
+        return EngineHealth.from_json(r.json()) if r.status_code == 200 else None
     except (requests.RequestException, ValueError):
         return None
 
@@ -200,9 +201,7 @@ class Drill:
         h, t_h = poll(lambda: health(self.stack), self.args.recovery_timeout_s)
         d: dict[str, Any] = {"healthy_s": None if t_h is None else round(t_h - started_at, 3)}
         if h:
-            d.update(pid=h.get("pid"), load_s=round(h["ready_at"] - h["process_started_at"], 3)
-                     if h.get("ready_at") and h.get("process_started_at") else None,
-                     process_started_at=h.get("process_started_at"))
+            d.update(pid=h.pid, load_s=h.load_s, process_started_at=h.process_started_at)
         tries = []
         deadline = time.monotonic() + self.args.recovery_timeout_s
         while h and time.monotonic() < deadline:

@@ -40,6 +40,7 @@ import requests
 
 from mlxd.devkit.stack import Stack
 from mlxd.devkit.wait import wait_for
+from mlxd.reports import EngineHealth
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # when imported by path (bench/run.py, tests)
 from benchkit import RESULTS, BenchError, machine_info, say, write_json  # noqa: E402
@@ -49,11 +50,11 @@ HEALTHY_RUN_S = 1.5
 PHASES = ["detection_s", "backoff_s", "spawn_s", "load_s", "total_s"]
 
 
-def health(url: str) -> dict | None:
+def health(url: str) -> EngineHealth | None:
     try:
         r = requests.get(url + "/health", timeout=1)
-        return r.json() if r.status_code == 200 else None
-    except requests.RequestException:
+        return EngineHealth.from_json(r.json()) if r.status_code == 200 else None
+    except (requests.RequestException, ValueError):
         return None
 
 
@@ -116,8 +117,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     raise BenchError("engine not healthy before the crash")
                 n_records = len(stack.records())
                 t_kill = time.time()
-                os.kill(old["pid"], signal.SIGABRT)
-                new = wait_for(lambda: (h := health(stack.url)) and h["pid"] != old["pid"] and h, 120, 0.005)
+                os.kill(old.pid, signal.SIGABRT)
+                new = wait_for(lambda: (h := health(stack.url)) and h.pid != old.pid and h, 120, 0.005)
                 if not new:
                     raise BenchError("the engine did not come back within 120 s")
                 t_back = time.time()
@@ -125,8 +126,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 if not rec:
                     raise BenchError("the crash was not journaled")
                 row = {"detection_s": rec.handled_at - t_kill, "backoff_s": rec.restart_in_s,
-                       "spawn_s": new["process_started_at"] - (rec.handled_at + rec.restart_in_s),
-                       "load_s": new["ready_at"] - new["process_started_at"], "total_s": t_back - t_kill,
+                       "spawn_s": new.process_started_at - (rec.handled_at + rec.restart_in_s),
+                       "load_s": new.ready_at - new.process_started_at, "total_s": t_back - t_kill,
                        "class": rec.klass}
                 rows.append(row)
                 say(f"crash {i + 1}/{args.crashes}: " + "  ".join(

@@ -79,6 +79,7 @@ import requests as http
 
 from mlxd.devkit.wait import wait_for
 from mlxd.records import CrashRecord
+from mlxd.reports import EngineHealth
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # when imported by path (tests/soak)
 from benchkit import ROOT, RESULTS, percentile, write_json  # noqa: E402
@@ -187,16 +188,15 @@ class Soak:
 
     def sample_health(self) -> None:
         try:
-            body = http.get(self.stack.url + "/health", timeout=1).json()
+            health = EngineHealth.from_json(http.get(self.stack.url + "/health", timeout=1).json())
         except (http.RequestException, ValueError):
             return
-        if not isinstance(body, dict) or not isinstance(body.get("pid"), int):
+        if health is None or health.pid is None:
             return
-        seen = body.get("max_observed_concurrency")
-        if isinstance(seen, int):
-            self.concurrency_by_pid[body["pid"]] = max(seen, self.concurrency_by_pid.get(body["pid"], 0))
-        if isinstance(body.get("batch_size"), int):
-            self.batch_sizes[body["batch_size"]] += 1
+        seen = health.max_observed_concurrency
+        if seen is not None:
+            self.concurrency_by_pid[health.pid] = max(seen, self.concurrency_by_pid.get(health.pid, 0))
+        self.batch_sizes[health.batch_size] += 1
 
     def driver_loop(self) -> None:
         rng = random.Random(self.s.seed)

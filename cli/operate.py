@@ -9,10 +9,13 @@ import os
 import re
 import sys
 import time
+from dataclasses import replace
 
 from mlxd import default_model, exit_codes
 from mlxd.config import DEMO_MODEL_ID, Config, ConfigError, config_path, load_config
 from mlxd.probe import get_json
+from mlxd.records import StartedWith
+from mlxd.reports import EngineHealth, PromptCacheReport, ReuseLine, StatusReport
 from mlxd.supervisor import control
 from mlxd.supervisor.status import collect_status
 
@@ -73,7 +76,8 @@ def _wait_engine(config: Config, deadline: float, alive) -> str | None:
             print("\rengine: ready" + " " * 30, file=sys.stderr)
             return None
         if status is not None:
-            phase = (body.get("reason") if isinstance(body, dict) else None) or "starting"
+            health = EngineHealth.from_json(body)
+            phase = (health.reason if health else None) or "starting"
             if phase != shown:
                 print(f"\rengine: {phase}" + " " * 20, end="", file=sys.stderr, flush=True)
                 shown = phase
@@ -201,123 +205,121 @@ def cmd_restart(args: argparse.Namespace, config: Config) -> int:
     return cmd_up(argparse.Namespace(detach=True, timeout=300.0), config)
 
 
-def format_prompt_cache(pc: dict) -> str:
+def format_prompt_cache(pc: PromptCacheReport) -> str:
     """One line: how much of the prompts the cache served, and what it holds."""
-    if not pc.get("enabled"):
+    if not pc.enabled:
         return "off"
     mib = 2**20
-    line = (f"{pc['hit_rate']:.0%} of prompt tokens reused ({pc['hits']}/{pc['requests']} requests hit), "
-            f"memory {pc['memory_bytes'] / mib:.0f} of {pc['memory_budget_bytes'] / mib:.0f} MiB "
-            f"({pc['memory_entries']} entries)")
-    if pc.get("disk_enabled"):
-        line += (f", disk {pc['disk_bytes'] / mib:.0f} of {pc['disk_budget_bytes'] / mib:.0f} MiB "
-                 f"({pc['disk_entries']} entries)")
-    return line + ("" if pc.get("disk_enabled") else ", disk off")
+    line = (f"{pc.hit_rate:.0%} of prompt tokens reused ({pc.hits}/{pc.requests} requests hit), "
+            f"memory {pc.memory_bytes / mib:.0f} of {pc.memory_budget_bytes / mib:.0f} MiB "
+            f"({pc.memory_entries} entries)")
+    if pc.disk_enabled:
+        line += (f", disk {pc.disk_bytes / mib:.0f} of {pc.disk_budget_bytes / mib:.0f} MiB "
+                 f"({pc.disk_entries} entries)")
+    return line + ("" if pc.disk_enabled else ", disk off")
 
 
-def format_running(health: dict) -> str:
+def format_running(health: EngineHealth | None) -> str:
     """The requests generating now: with batching, how many of how many
     slots, and their ids (an older engine reports one `in_flight`)."""
-    running = health.get("running")
-    if running is None:
-        return f"in flight {health.get('in_flight') or '-'}"
-    slots = health.get("max_concurrency") or 1
+    if health is None or health.running is None:
+        return f"in flight {(health.in_flight if health else None) or '-'}"
+    running, slots = health.running, health.max_concurrency or 1
     if slots <= 1:
         return f"in flight {running[0] if running else '-'}"
     shown = ", ".join(running[:4]) + (f", +{len(running) - 4}" if len(running) > 4 else "")
     return f"batch {len(running)}/{slots}" + (f" ({shown})" if running else "")
 
 
-def format_recent_reuse(recent: list[dict]) -> list[str]:
+def format_recent_reuse(recent: list[ReuseLine]) -> list[str]:
     """Per recent conversation, newest first: how much of its latest prompt
     was reused, and where and why reuse stopped (which agent field broke it)."""
     if not recent:
         return []
     rows = ["    conversation  prompt  reused  stopped at  why"]
     for r in reversed(recent):
-        stopped = "-" if r.get("stopped_at") is None else str(r["stopped_at"])
-        rows.append(f"    {r['conversation']:<12}  {r['prompt_tokens']:>6}  {r['cached_tokens']:>6}  {stopped:>10}  "
-                    f"{r['why']}")
+        stopped = "-" if r.stopped_at is None else str(r.stopped_at)
+        rows.append(f"    {r.conversation:<12}  {r.prompt_tokens:>6}  {r.cached_tokens:>6}  {stopped:>10}  {r.why}")
     return rows
 
 
-def format_started_with(record: dict | None) -> str | None:
+def format_started_with(record: StartedWith | None) -> str | None:
     """The MLXD_* variables `mlxd up` was started with, which status and
     the other commands use unless set now; None when there were none."""
-    env = (record or {}).get("env") or {}
-    if not env:
+    if record is None or not record.env:
         return None
-    return " ".join(f"{name}={value}" for name, value in sorted(env.items())) + "  (from `mlxd up`)"
+    return " ".join(f"{name}={value}" for name, value in sorted(record.env.items())) + "  (from `mlxd up`)"
 
 
-def format_model(health: dict) -> str:
+def format_model(health: EngineHealth | None) -> str:
     """The resident model as status shows it: its id, the default model's
     name, and a quantised KV cache's bits (pure)."""
-    model = health.get("resident_model") or "-"
+    model = (health.resident_model if health else None) or "-"
     if model == default_model.MODEL_ID:
         model = f"{model} ({default_model.MODEL_NAME})"
-    bits = (health.get("kv_cache") or {}).get("bits", 16)
+    bits = health.kv_bits if health else 16
     return f"{model} (KV {bits}-bit)" if bits < 16 else model
 
 
-def format_status(st: dict) -> str:
-    lines = [f"mlxd: {st['overall']}   (home {st['home']})"]
-    sup = st["supervisord"]
-    lines.append(f"  supervisord   {'running pid ' + str(sup['pid']) if sup['running'] else 'not running'}")
-    started = format_started_with(st.get("started_with"))
+def _or_dash(value: object) -> object:
+    return "-" if value is None else value
+
+
+def format_status(st: StatusReport) -> str:
+    lines = [f"mlxd: {st.overall}   (home {st.home})"]
+    sup = st.supervisord
+    lines.append(f"  supervisord   {'running pid ' + str(sup.pid) if sup.running else 'not running'}")
+    started = format_started_with(st.started_with)
     if started:
         lines.append(f"  started with  {started}")
-    for p in st["processes"] or []:
-        up = f"up {p['uptime_s']:.0f}s" if p["uptime_s"] is not None else ""
-        lines.append(f"  {p['name']:<13} {p['state']:<9} pid {p['pid'] or '-':<7} {up}")
-    h = st["engine"]["health"] or {}
-    mem = h.get("memory") or {}
-    gw = st.get("gateway")
+    for p in st.processes or []:
+        up = f"up {p.uptime_s:.0f}s" if p.uptime_s is not None else ""
+        lines.append(f"  {p.name:<13} {p.state:<9} pid {p.pid or '-':<7} {up}")
+    h = st.engine.health
+    gw = st.gateway
     if gw is not None:
-        lines.append(f"  gateway       {'ok' if gw['http_status'] == 200 else 'no answer'}  {gw['url'].rsplit('/', 2)[0]}")
-    lines.append(f"  engine        {h.get('status', 'no answer')}  model {format_model(h)}  "
-                 f"queue {h.get('queue_depth', '-')}  {format_running(h)}")
+        lines.append(f"  gateway       {'ok' if gw.ok else 'no answer'}  {gw.url.rsplit('/', 2)[0]}")
+    lines.append(f"  engine        {h.status if h else 'no answer'}  model {format_model(h)}  "
+                 f"queue {_or_dash(h and h.queue_depth)}  {format_running(h)}")
+    mem = h.memory if h else None
     if mem:
         gib = 2**30
-        lines.append(f"  memory        MLX active {mem.get('mlx_active_bytes', 0) / gib:.2f} GiB, "
-                     f"peak {mem.get('mlx_peak_bytes', 0) / gib:.2f} GiB, RSS {mem.get('rss_bytes', 0) / gib:.2f} GiB "
-                     f"of budget {mem.get('budget_bytes', 0) / gib:.1f} GiB")
-    pc = h.get("prompt_cache")
+        lines.append(f"  memory        MLX active {mem.mlx_active_bytes / gib:.2f} GiB, "
+                     f"peak {mem.mlx_peak_bytes / gib:.2f} GiB, RSS {mem.rss_bytes / gib:.2f} GiB "
+                     f"of budget {mem.budget_bytes / gib:.1f} GiB")
+    pc = h.prompt_cache if h else None
     if pc is not None:
         lines.append(f"  prompt cache  {format_prompt_cache(pc)}")
-        lines += format_recent_reuse(pc.get("recent") or [])
-    sv = st["supervision"] or {}
+        lines += format_recent_reuse(pc.recent)
+    sv = st.supervision
     if sv:
-        extra = ""
-        if sv.get("restart_at"):
-            extra = f"  next start in {max(0.0, sv['restart_at'] - st['time']):.0f}s"
-        lines.append(f"  supervision   {sv.get('mode')}{extra}")
-    c = st["crashes"]
-    last = c["last"]
-    last_s = f"  last: {last['class']} at {time.strftime('%H:%M:%S', time.localtime(last['time']))}" if last else ""
-    lines.append(f"  crashes       {c['last_hour']} last hour, {c['last_day']} last day{last_s}")
-    ol = st.get("ollama")
+        restart_at = sv.state.get("restart_at")
+        extra = f"  next start in {max(0.0, restart_at - st.time):.0f}s" if restart_at else ""
+        lines.append(f"  supervision   {sv.mode}{extra}")
+    c = st.crashes
+    last_s = f"  last: {c.last.klass} at {time.strftime('%H:%M:%S', time.localtime(c.last.time))}" if c.last else ""
+    lines.append(f"  crashes       {c.last_hour} last hour, {c.last_day} last day{last_s}")
+    ol = st.ollama
     if ol is not None:
-        lines.append(f"  ollama        {'answers (' + str(ol['version']) + ')' if ol['reachable'] else 'no answer'}"
-                     f"  {ol['url']}{'' if ol['reachable'] else '  (no fallback while the engine is down)'}")
-    rg = st.get("rank_group")
+        lines.append(f"  ollama        {'answers (' + str(ol.version) + ')' if ol.reachable else 'no answer'}"
+                     f"  {ol.url}{'' if ol.reachable else '  (no fallback while the engine is down)'}")
+    rg = st.rank_group
     if rg:
-        where = ", ".join(rg["hosts"]) if rg["hosts"] else f"hostfile {rg['hostfile']}"
-        pids = ", ".join(map(str, rg["local_pids"])) or "none running"
-        lines.append(f"  rank group    {len(rg['hosts']) or '?'} ranks ({rg['backend']}): {where}; on this Mac: pids {pids}")
-    for host in st.get("hosts") or []:
-        hh = host["health"] or {}
-        state = hh.get("status", "no answer") if host["http_status"] == 200 else "no answer"
-        lines.append(f"  host          {host['url']}  {state}  model {hh.get('resident_model') or '-'}  "
-                     f"queue {hh.get('queue_depth', '-')}  {format_running(hh)}  "
-                     f"(serves {', '.join(host['models'])})")
-    au = st.get("autostart")
+        where = ", ".join(rg.hosts) if rg.hosts else f"hostfile {rg.hostfile}"
+        pids = ", ".join(map(str, rg.local_pids)) or "none running"
+        lines.append(f"  rank group    {len(rg.hosts) or '?'} ranks ({rg.backend}): {where}; on this Mac: pids {pids}")
+    for host in st.hosts:
+        hh = host.health
+        lines.append(f"  host          {host.url}  {hh.status if hh and host.ok else 'no answer'}  "
+                     f"model {(hh.resident_model if hh else None) or '-'}  "
+                     f"queue {_or_dash(hh and hh.queue_depth)}  {format_running(hh)}  (serves {', '.join(host.models)})")
+    au = st.autostart
     if au:
         lines.append(f"  {au.get('kind', 'autostart'):<13} {au.get('detail', '')}")
-    for f in st.get("foreign_listeners") or []:
-        lines.append(f"  WARNING       port {f['port']} ({f['for']}) is held by pid {f['pid']}: {f['cmdline']}")
-    if st["quarantined_requests"]:
-        lines.append(f"  quarantined   {st['quarantined_requests']} request(s)")
+    for f in st.foreign_listeners:
+        lines.append(f"  WARNING       port {f.port} ({f.used_for}) is held by pid {f.pid}: {f.cmdline}")
+    if st.quarantined_requests:
+        lines.append(f"  quarantined   {st.quarantined_requests} request(s)")
     return "\n".join(lines)
 
 
@@ -331,11 +333,9 @@ def _autostart(config: Config) -> dict | None:
 
 
 def cmd_status(args: argparse.Namespace, config: Config) -> int:
-    record = started_with.read(config.paths)
-    st = {**collect_status(config), "autostart": _autostart(config),
-          "started_with": record.to_json() if record else None}
-    print(json.dumps(st, indent=2, default=str) if args.json else format_status(st))
-    return STATUS_EXIT[st["overall"]]
+    st = replace(collect_status(config), autostart=_autostart(config), started_with=started_with.read(config.paths))
+    print(json.dumps(st.to_json(), indent=2, default=str) if args.json else format_status(st))
+    return STATUS_EXIT[st.overall]
 
 
 def run_command(args: argparse.Namespace, config: Config) -> int:

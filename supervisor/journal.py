@@ -16,9 +16,10 @@ import json
 import os
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Iterable
 
 from mlxd.records import CrashRecord
+from mlxd.reports import EngineHealth
 
 from .exit_classes import ExitClass, classify_exit, exit_signal, signal_name
 from .policy import RecordCrash
@@ -27,19 +28,20 @@ STDERR_TAIL_LINES = 12
 STDERR_TAIL_CHARS = 2000
 
 
-def crash_record(action: RecordCrash, last_health: dict[str, Any] | None, handled_at: float) -> CrashRecord:
+def crash_record(action: RecordCrash, last_health: EngineHealth | None, handled_at: float) -> CrashRecord:
     """The journal line for one exit: what the policy decided about it, what
     the exit looked like, and what the engine last said of itself (pure)."""
     ex = action.exit
     klass = classify_exit(ex.returncode, ex.stderr_tail, killed_for_hang=action.killed_for == "hang")
     sig = exit_signal(ex.returncode)
-    health = last_health or {}
     inflight = ex.inflight
+    last_model = last_health.resident_model if last_health else None
+    last_memory = last_health.memory.to_json() if last_health and last_health.memory else None
     return CrashRecord(
         time=ex.ended, klass=klass.value, handled_at=handled_at, pid=ex.pid,
         exit_code=ex.returncode if ex.returncode >= 0 and sig is None else None, signal=signal_name(sig),
-        model=(inflight.model if inflight else None) or health.get("resident_model"),
-        uptime_s=ex.uptime_s, memory=(inflight.memory if inflight else None) or health.get("memory"),
+        model=(inflight.model if inflight else None) or last_model,
+        uptime_s=ex.uptime_s, memory=(inflight.memory if inflight else None) or last_memory,
         request_id=inflight.request_id if inflight else None,
         fingerprint=inflight.fingerprint if inflight else None,
         requests=[{"request_id": rid, "fingerprint": fp} for rid, fp in inflight.all_requests()] if inflight else [],

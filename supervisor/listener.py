@@ -30,6 +30,7 @@ from typing import Any
 from mlxd.config import Config, load_config
 from mlxd.probe import get_json
 from mlxd.records import CrashRecord, EngineExit, EnginePid, ExitRecord, InflightRequest, Quarantine, SupervisionFile
+from mlxd.reports import EngineHealth
 
 from . import journal
 from .control import OPERATOR_RESTART
@@ -42,18 +43,18 @@ REPORT_WAIT_S = 5.0  # macOS writes its crash report a moment after the crash
 LOOP_S = 0.05  # the supervision loop's step: bounds how late a crash is noticed
 
 
-def health_event(url: str, now: float) -> tuple[Health, dict | None]:
-    """Poll /health once: the policy's view and, when it answered, the body
-    (never raises: see mlxd.probe)."""
+def health_event(url: str, now: float) -> tuple[Health, EngineHealth | None]:
+    """Poll /health once: the policy's view and, when the answer was an
+    engine's report, the report (never raises: see mlxd.probe)."""
     status, body = get_json(url, timeout=2.0)
     if status is None:
         return Health(now, ok=False), None
-    body = body if isinstance(body, dict) else {}
-    if status == 200 and body:
-        return Health(now, ok=True), body
-    reported = body.get("status")
+    report = EngineHealth.from_json(body)
+    if status == 200 and isinstance(body, dict) and body:
+        return Health(now, ok=True), report
+    reported = report.status if report is not None else None
     return Health(now, ok=False, unhealthy=reported == "unhealthy",
-                  loading=reported in ("loading", "draining", "exiting")), body
+                  loading=reported in ("loading", "draining", "exiting")), report
 
 
 def exit_record(runner_exit: EngineExit | None, runner_pid: int, expected: bool, inflight: InflightRequest | None,
@@ -78,7 +79,7 @@ class Supervision:
         self.events: queue.Queue[tuple[str, dict[str, str], float]] = queue.Queue()
         self.health_url = f"{config.engine_url}/health"
         self.state = State()
-        self.last_health: dict | None = None  # the engine's last answer: a crash record's fallback facts
+        self.last_health: EngineHealth | None = None  # the engine's last report: a crash record's fallback facts
         self.stderr_offset = 0  # where this run's stderr starts in the log
         self.pending_records: list[tuple[float, CrashRecord]] = []  # waiting for a macOS crash report
         self.exit_file_mtime = self._exit_file_mtime()
@@ -106,9 +107,9 @@ class Supervision:
                 self.apply(event)
         if now >= self.next_poll and self.state.mode is Mode.RUNNING:
             self.next_poll = now + self.config.supervisor.health_interval_s
-            event, body = health_event(self.health_url, now)
-            if body and body.get("status"):
-                self.last_health = body
+            event, report = health_event(self.health_url, now)
+            if report is not None:
+                self.last_health = report
             self.apply(event)
         self.apply(Tick(now))
         self._flush_pending(now)

@@ -1,4 +1,5 @@
-"""Status data for `mlxd status`: one function, one JSON-able dict.
+"""Status data for `mlxd status`: one function, one StatusReport
+(mlxd.reports; this module is its writer).
 
 Reads what is there without changing anything: supervisord's process table
 (XML-RPC), the engine's /health, the listener's state file and the crash
@@ -11,30 +12,30 @@ from __future__ import annotations
 
 import time
 import xmlrpc.client
-from typing import Any
 
 from mlxd.config import Config
 from mlxd.paths import StatePaths
 from mlxd.probe import get_json
 from mlxd.records import Quarantine, SupervisionFile
+from mlxd.reports import (CrashCounts, EngineHealth, EngineProbe, ForeignListener, GatewayProbe, HostProbe,
+                          LastCrash, OllamaProbe, ProcessInfo, RankGroup, StatusReport, SupervisordState)
 
 from . import journal
 from .control import rpc, supervisord_pid
 
 
-def _engine_health(config: Config) -> dict[str, Any]:
-    return _get_json(f"{config.engine_url}/health")
+def probe_engine(url: str) -> EngineProbe:
+    """GET an engine's /health once (never raises: see mlxd.probe)."""
+    status, body = get_json(url, timeout=2.0)
+    return EngineProbe(url=url, http_status=status, health=EngineHealth.from_json(body))
 
 
-def _gateway_health(config: Config) -> dict[str, Any] | None:
+def _gateway_health(config: Config) -> GatewayProbe | None:
     if not config.gateway.enabled:
         return None
-    return _get_json(f"{config.gateway_url}/mlxd/health")
-
-
-def _get_json(url: str) -> dict[str, Any]:
+    url = f"{config.gateway_url}/mlxd/health"
     status, body = get_json(url, timeout=2.0)
-    return {"url": url, "http_status": status, "health": body}
+    return GatewayProbe(url=url, http_status=status, health=body if isinstance(body, dict) else None)
 
 
 def other_hosts(config: Config) -> dict[str, list[str]]:
@@ -48,18 +49,18 @@ def other_hosts(config: Config) -> dict[str, list[str]]:
     return hosts
 
 
-def _hosts(config: Config) -> list[dict[str, Any]]:
+def _hosts(config: Config) -> list[HostProbe]:
     """Each other host's /health (open: no key needed), probed in parallel."""
     from concurrent.futures import ThreadPoolExecutor
 
     hosts = other_hosts(config)
     with ThreadPoolExecutor(max_workers=min(16, len(hosts) or 1)) as pool:
-        answers = list(pool.map(lambda url: _get_json(url + "/health"), hosts))
-    return [{"url": url, "models": models, "http_status": got["http_status"], "health": got["health"]}
+        answers = list(pool.map(lambda url: probe_engine(url + "/health"), hosts))
+    return [HostProbe(url=url, models=models, http_status=got.http_status, health=got.health)
             for (url, models), got in zip(hosts.items(), answers)]
 
 
-def _rank_group(config: Config, paths: StatePaths) -> dict[str, Any] | None:
+def _rank_group(config: Config, paths: StatePaths) -> RankGroup | None:
     """The engine's rank group (engine.ranks): its ranks, and the pids of
     those running on this Mac (the runner's engine processes)."""
     ranks = config.engine.ranks
@@ -81,28 +82,28 @@ def _rank_group(config: Config, paths: StatePaths) -> dict[str, Any] | None:
     except psutil.Error:
         children = []
     pids = [p.pid for p in children if is_rank(p)]
-    return {"backend": ranks.backend, "hosts": ranks.hosts, "hostfile": ranks.hostfile, "local_pids": pids}
+    return RankGroup(backend=ranks.backend, hosts=list(ranks.hosts), hostfile=ranks.hostfile, local_pids=pids)
 
 
-def _processes(paths: StatePaths) -> list[dict[str, Any]] | None:
+def _processes(paths: StatePaths) -> list[ProcessInfo] | None:
     try:
         infos = rpc(paths).supervisor.getAllProcessInfo()
     except (OSError, xmlrpc.client.Error):
         return None
     now = time.time()
-    return [{"name": i["name"], "state": i["statename"], "pid": i["pid"] or None,
-             "uptime_s": round(now - i["start"], 1) if i["statename"] == "RUNNING" and i["start"] else None,
-             "description": i["description"]} for i in infos]
+    return [ProcessInfo(name=i["name"], state=i["statename"], pid=i["pid"] or None,
+                        uptime_s=round(now - i["start"], 1) if i["statename"] == "RUNNING" and i["start"] else None,
+                        description=i["description"]) for i in infos]
 
 
-def _ollama(config: Config) -> dict[str, Any]:
+def _ollama(config: Config) -> OllamaProbe:
     url = config.gateway.ollama_url.rstrip("/")
-    got = _get_json(url + "/api/version")
-    return {"url": url, "reachable": got["http_status"] == 200,
-            "version": (got["health"] or {}).get("version") if got["health"] else None}
+    status, body = get_json(url + "/api/version", timeout=2.0)
+    version = body.get("version") if isinstance(body, dict) else None
+    return OllamaProbe(url=url, reachable=status == 200, version=version if isinstance(version, str) else None)
 
 
-def _port_owners(config: Config, ours: set[int]) -> list[dict[str, Any]]:
+def _port_owners(config: Config, ours: set[int]) -> list[ForeignListener]:
     """Processes listening on our ports that are not ours: reported, never
     killed (a stale engine from another home, or a foreign program)."""
     import psutil
@@ -119,7 +120,7 @@ def _port_owners(config: Config, ours: set[int]) -> list[dict[str, Any]]:
                 cmd = " ".join(psutil.Process(c.pid).cmdline())[:120]
             except psutil.Error:
                 cmd = "?"
-            found.append({"port": c.laddr.port, "for": wanted[c.laddr.port], "pid": c.pid, "cmdline": cmd})
+            found.append(ForeignListener(port=c.laddr.port, used_for=wanted[c.laddr.port], pid=c.pid, cmdline=cmd))
     return found
 
 
@@ -145,33 +146,33 @@ def overall(sup_pid: int | None, engine_ok: bool, mode: str | None, gateway_ok: 
     return "degraded" if mode in ("degraded", "backoff", "starting", "running") else "down"
 
 
-def collect_status(config: Config) -> dict[str, Any]:
+def collect_status(config: Config) -> StatusReport:
     paths = config.paths
     now = time.time()
     sup_pid = supervisord_pid(paths)
     records = journal.read_records(paths.journal)
     supervision = SupervisionFile.read(paths.supervision) if sup_pid else None
-    engine = _engine_health(config)
+    engine = probe_engine(f"{config.engine_url}/health")
     gateway = _gateway_health(config) if sup_pid else None
     last = records[-1] if records else None
     quarantine = Quarantine.read(paths.quarantine) or Quarantine()
-    return {
-        "time": now,
-        "home": str(config.home),
-        "supervisord": {"running": sup_pid is not None, "pid": sup_pid},
-        "processes": _processes(paths) if sup_pid else None,
-        "engine": engine,
-        "gateway": gateway,
-        "supervision": supervision.to_json() if supervision else None,
-        "crashes": {**journal.crash_counts(records, now),
-                    "last": {"time": last.time, "class": last.klass, "signal": last.signal,
-                             "exit_code": last.exit_code, "model": last.model, "request_id": last.request_id}
-                    if last else None},
-        "quarantined_requests": len(quarantine.active(now)),
-        "ollama": _ollama(config) if config.gateway.enabled else None,
-        "hosts": _hosts(config),
-        "rank_group": _rank_group(config, paths) if sup_pid else None,
-        "foreign_listeners": _port_owners(config, _our_pids(sup_pid)),
-        "overall": overall(sup_pid, engine["http_status"] == 200, supervision.mode if supervision else None,
-                           None if gateway is None else gateway["http_status"] == 200),
-    }
+    return StatusReport(
+        time=now,
+        home=str(config.home),
+        supervisord=SupervisordState(running=sup_pid is not None, pid=sup_pid),
+        processes=_processes(paths) if sup_pid else None,
+        engine=engine,
+        gateway=gateway,
+        supervision=supervision,
+        crashes=CrashCounts(**journal.crash_counts(records, now),
+                            last=LastCrash(time=last.time, klass=last.klass, signal=last.signal,
+                                           exit_code=last.exit_code, model=last.model, request_id=last.request_id)
+                            if last else None),
+        quarantined_requests=len(quarantine.active(now)),
+        ollama=_ollama(config) if config.gateway.enabled else None,
+        hosts=_hosts(config),
+        rank_group=_rank_group(config, paths) if sup_pid else None,
+        foreign_listeners=_port_owners(config, _our_pids(sup_pid)),
+        overall=overall(sup_pid, engine.ok, supervision.mode if supervision else None,
+                        None if gateway is None else gateway.ok),
+    )

@@ -115,7 +115,7 @@ def test_use_overrides_sets_exactly_those(monkeypatch):
                        "  (from `mlxd up`)"),
 ])
 def test_status_names_the_variables_up_was_given(record, shown):
-    assert format_started_with(record) == shown
+    assert format_started_with(StartedWith.from_json(record)) == shown
 
 
 def test_the_path_is_under_run():

@@ -6,6 +6,7 @@ import pytest
 
 from mlxd import default_model
 from mlxd.cli.operate import format_model, format_running
+from mlxd.reports import EngineHealth
 
 
 @pytest.mark.parametrize("health, shown", [
@@ -17,8 +18,8 @@ from mlxd.cli.operate import format_model, format_running
     ({"running": ["a", "b"], "max_concurrency": 4}, "batch 2/4 (a, b)"),
     ({"running": list("abcdef"), "max_concurrency": 8}, "batch 6/8 (a, b, c, d, +2)"),
 ])
-def test_format_running(health, shown):
-    assert format_running(health) == shown
+def test_format_running(health, shown):  # `health`: the /health body's keys
+    assert format_running(EngineHealth.from_json({"status": "ok", **health})) == shown
 
 
 @pytest.mark.parametrize("health, shown", [
@@ -30,4 +31,4 @@ def test_format_running(health, shown):
      f"{default_model.MODEL_ID} ({default_model.MODEL_NAME})"),
 ])
 def test_format_model(health, shown):
-    assert format_model(health) == shown
+    assert format_model(EngineHealth.from_json({"status": "ok", **health})) == shown

@@ -10,6 +10,7 @@ import threading
 
 import pytest
 
+from mlxd.reports import EngineHealth
 from mlxd.supervisor.listener import health_event
 from testkit import free_port
 
@@ -48,7 +49,7 @@ def test_a_misbehaving_engine_is_a_failed_probe_never_an_exception(case):
     event, body = health_event(f"http://127.0.0.1:{port}/health", 123.0)
     assert event.ok is (case == "ok")
     if case == "ok":
-        assert body == {"status": "ok", "pid": 1}
+        assert body == EngineHealth(status="ok", pid=1)
     assert event.t == 123.0
 
 

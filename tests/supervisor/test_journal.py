@@ -8,6 +8,7 @@ import signal
 import pytest
 
 from mlxd.records import CrashRecord, ExitRecord, InflightRequest
+from mlxd.reports import EngineHealth
 from mlxd.supervisor.journal import (append_record, crash_counts, crash_record, quarantine_list, read_records,
                                      with_crash_report)
 from mlxd.supervisor.policy import RecordCrash
@@ -147,7 +148,7 @@ INFLIGHT_BATCH = InflightRequest(request_id="req-1", fingerprint="fp", model="de
                                  requests=[{"request_id": "req-1", "fingerprint": "fp"},
                                            {"request_id": "req-2", "fingerprint": "fp2"},
                                            {"request_id": "req-3", "fingerprint": "fp3"}])
-HEALTH = {"resident_model": "other", "memory": {"mlx_active_bytes": 1}}
+HEALTH = EngineHealth.from_json({"status": "ok", "resident_model": "other", "memory": {"mlx_active_bytes": 1}})
 
 
 @pytest.mark.parametrize("exit, killed_for, health, expected", [
@@ -164,7 +165,7 @@ HEALTH = {"resident_model": "other", "memory": {"mlx_active_bytes": 1}}
     # an exit on an MLX error, idle: the engine's last health fills in
     (ExitRecord(returncode=86, ended=5.0, pid=1, started=4.0), None, HEALTH,
      dict(klass="mlx_error", signal=None, exit_code=86, model="other", request_id=None,
-          memory={"mlx_active_bytes": 1}, requests=[])),
+          memory=HEALTH.memory.to_json(), requests=[])),
     # killed for a hang by us: a hang, whatever the signal says
     (ExitRecord(returncode=-9, ended=5.0), "hang", None,
      dict(klass="hang", signal="SIGKILL", exit_code=None, model=None, uptime_s=None)),

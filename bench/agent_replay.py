@@ -99,14 +99,15 @@ from benchkit import (RESULTS, Server, child_env, demo_model, interrupt_on_sigte
                       machine_info, say, spawn, stop_all_children, stop_child, write_json)
 
 from mlxd.devkit.ports import free_port  # noqa: E402
+from mlxd.toml_text import dumps  # noqa: E402
 
 KINDS = ("clean", "claude_code", "clock", "system_reminder", "subagents", "edited_tool_results", "reasoning")
 ARMS = ("cache", "approx", "nocache", "mlx_lm")
 ROUTES = ("openai", "anthropic")
-# What each mlxd arm adds to [engine.prompt_cache]; "approx" is the opt-in approximate reuse.
-ARM_CACHE_TOML = {"cache": "", "approx": "approximate = true\n", "nocache": "enabled = false\n"}
+# What each mlxd arm sets in [engine.prompt_cache]; "approx" is the opt-in approximate reuse.
+ARM_CACHE = {"cache": {}, "approx": {"approximate": True}, "nocache": {"enabled": False}}
 # Large prompts on a slow CPU: no token caps in the way, no long prefill mistaken for a hang.
-ENGINE_TOML = "max_tokens_cap = 100000\nmax_prompt_tokens = 131072\nstuck_grace_s = 600\ncontext_tokens = 32768\n"
+ENGINE = {"max_tokens_cap": 100000, "max_prompt_tokens": 131072, "stuck_grace_s": 600, "context_tokens": 32768}
 
 BILLING_HEADER = "x-anthropic-billing-header: cc_version=2.1.120.cf9; cc_entrypoint=cli; cch={cch};"
 CLEARED = "[Old tool result content cleared]"
@@ -736,9 +737,9 @@ def run_arm(arm: str, rnd: int, args: argparse.Namespace, models: dict[str, Path
             target = Target(arm, {"openai": OpenAIRoute(server.url + "/v1", "none", args.max_tokens)},
                             model_name, None, strips_metadata=False)
         else:
-            engine = ENGINE_TOML + ("strip_metadata = []\n" if args.keep_metadata else "")
-            engine += f"[engine.prompt_cache]\n{ARM_CACHE_TOML[arm]}"
-            extra = (f"[models.think]\npath = {json.dumps(str(models['reasoning'].resolve()))}\n"
+            engine = {**ENGINE, **({"strip_metadata": []} if args.keep_metadata else {}),
+                      "prompt_cache": ARM_CACHE[arm]}
+            extra = (dumps({"models": {"think": {"path": models["reasoning"].resolve()}}})
                      if "reasoning" in models else "")
             stack = Stack.create(workdir / f"home-{arm}-{rnd}", models["main"].resolve(), model_name="bench",
                                  engine=engine, gateway="", models=extra, faults=False)

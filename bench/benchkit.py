@@ -31,7 +31,10 @@ from typing import Any, Iterable, Sequence
 import psutil
 import requests
 
-from mlxd.devkit.ports import free_port
+from mlxd.devkit.engine_process import ServerProcess, stop_by_pid
+from mlxd.devkit.engine_process import spawn as spawn_server
+from mlxd.devkit.engine_process import start_engine as devkit_start_engine
+from mlxd.devkit.ports import free_port  # noqa: F401 - the benchmarks import it from here
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -244,55 +247,29 @@ def _child_setup() -> None:
     _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-@dataclass
-class Server:
-    name: str
-    proc: subprocess.Popen
-    url: str
-    health_path: str
-    log_path: Path
+_PDEATHSIG = _child_setup if _PRCTL is not None else None
 
-    def log_tail(self, n: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return "(no log)"
 
-    def wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise BenchError(f"{self.name} exited with {self.proc.returncode} while starting:\n{self.log_tail()}")
-            try:
-                if requests.get(self.url + self.health_path, timeout=2).status_code == 200:
-                    return
-            except requests.RequestException:
-                pass
-            if time.monotonic() > deadline:
-                raise BenchError(f"{self.name} not ready after {timeout:.0f}s:\n{self.log_tail()}")
-            time.sleep(0.1)
+class Server(ServerProcess):
+    """A server a benchmark started (mlxd.devkit.engine_process): `wait_ready`
+    raises BenchError."""
+
+    failure = BenchError
+
+
+def _started(server: Server) -> Server:
+    _children.append(server.proc)
+    return server
 
 
 def spawn(name: str, argv: list[str], env: dict[str, str], log_path: Path, port: int, health_path: str) -> Server:
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True,  # a Ctrl-C reaches us only; we stop them ourselves
-                                preexec_fn=_child_setup if _PRCTL is not None else None)
-    _children.append(proc)
-    return Server(name, proc, f"http://127.0.0.1:{port}", health_path, log_path)
+    """`argv` as a server on `port`, stopped with the benchmark (stop_all_children)."""
+    return _started(spawn_server(name, argv, env, log_path, port, health_path, preexec_fn=_PDEATHSIG, kind=Server))
 
 
 def stop_child(proc: subprocess.Popen, grace: float = 15.0) -> None:
     """SIGTERM by pid (the engine drains: it is idle, so that is quick), then SIGKILL."""
-    if proc.poll() is None:
-        try:
-            os.kill(proc.pid, signal.SIGTERM)
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-        except ProcessLookupError:
-            pass
+    stop_by_pid(proc, grace)
     if proc in _children:
         _children.remove(proc)
 
@@ -306,25 +283,29 @@ def stop_all_children() -> None:
 
 
 def child_env(**extra: str) -> dict[str, str]:
+    """The environment of a server that is not mlxd's (mlx_lm.server): offline, unbuffered."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **extra}
     env.pop("MLXD_CONFIG", None)
     return env
 
 
-def one_model_toml(model: Path) -> str:
-    """An engine config serving `model` as "default" with no token cap."""
+def one_model_config(model: Path) -> dict[str, Any]:
+    """An engine config serving `model` as "default" with no token cap (for
+    start_engine, or mlxd.toml_text.dumps)."""
     # stuck_grace_s: a slow CPU's long prefill must not count as a hang here
-    return ("[engine]\nmax_tokens_cap = 100000\nstuck_grace_s = 600\n\n"
-            f"[models.bench]\npath = {json.dumps(str(model.resolve()))}\n\n[aliases]\ndefault = \"bench\"\n")
+    return {"engine": {"max_tokens_cap": 100000, "stuck_grace_s": 600},
+            "models": {"bench": {"path": model.resolve()}}, "aliases": {"default": "bench"}}
 
 
-def start_engine(home: Path, toml: str, log_path: Path, name: str = "mlxd engine") -> Server:
-    """`mlxd engine` alone (no supervisor) on a free port, `toml` its config."""
-    home.mkdir(parents=True)
-    (home / "mlxd.toml").write_text(toml)
-    port = free_port()
-    argv = [sys.executable, "-m", "mlxd.cli", "engine", "--port", str(port)]
-    return spawn(name, argv, child_env(MLXD_HOME=str(home)), log_path, port, "/health")
+def start_engine(home: Path, config: str | dict[str, Any] | None, log_path: Path, name: str = "mlxd engine", *,
+                 port: int | None = None, env: dict[str, str | None] | None = None,
+                 launcher: list[str] | None = None) -> Server:
+    """`mlxd engine` alone (no supervisor) on `port` (a free one by default),
+    `config` its mlxd.toml (text or values; None: the one in `home`, for a
+    restart), `env` on top of its environment (None: unset), `launcher`
+    before it (a rank group's); stopped with the benchmark (stop_all_children)."""
+    return _started(devkit_start_engine(home, config, port=port, env=env, log_path=log_path, name=name,
+                                        launcher=launcher or (), preexec_fn=_PDEATHSIG, kind=Server))
 
 
 # --- machine info ------------------------------------------------------------------------

@@ -60,9 +60,11 @@ from typing import Any, Callable, Iterable
 import psutil
 import requests
 
+from mlxd.toml_text import dumps, table_lines
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # when imported by path (tests)
 from benchkit import (DEFAULT_CACHE, RESULTS, BenchError, HttpWay, Server, Trace, child_env,  # noqa: E402
-                      demo_model, free_port, interrupt_on_sigterm, machine_info, now, one_model_toml, say, spawn,
+                      demo_model, free_port, interrupt_on_sigterm, machine_info, now, one_model_config, say, spawn,
                       start_engine, stop_all_children, stop_child, variants, write_json)
 
 ARMS = ("single", "batched", "mlx_lm")
@@ -516,18 +518,19 @@ def run_round(ways: list[HttpWay], payloads: list[bytes], timeout: float) -> lis
     return [r for r in out if r is not None]
 
 
-def engine_extra(max_queue: int, log_level: str = "info") -> str:
+def engine_extra(max_queue: int, log_level: str = "info") -> dict[str, Any]:
     """[engine] settings beside the defaults: room and time for every queued client."""
-    return (f"max_queue = {max_queue}\nqueue_timeout_s = 1800\nrequest_deadline_s = 3600\n"
-            f"log_level = \"{log_level}\"\n")
+    return {"max_queue": max_queue, "queue_timeout_s": 1800, "request_deadline_s": 3600, "log_level": log_level}
 
 
-def engine_toml(model: Path, extra: str, prompt_cache: bool, max_queue: int, log_level: str = "info") -> str:
-    """benchkit's one-model config with `extra` [engine] lines."""
-    toml = one_model_toml(model).replace("[engine]\n", f"[engine]\n{engine_extra(max_queue, log_level)}{extra}", 1)
+def engine_toml(model: Path, extra: dict[str, Any], prompt_cache: bool, max_queue: int,
+                log_level: str = "info") -> str:
+    """benchkit's one-model config with `extra` [engine] settings."""
+    config = one_model_config(model)
+    config["engine"].update(engine_extra(max_queue, log_level), **extra)
     if not prompt_cache:
-        toml += "\n[engine.prompt_cache]\nenabled = false\n"
-    return toml
+        config["engine"]["prompt_cache"] = {"enabled": False}
+    return dumps(config)
 
 
 def start_arm(arm: str, model: Path, workdir: Path, args: argparse.Namespace) -> tuple[Server, str]:
@@ -541,9 +544,9 @@ def start_arm(arm: str, model: Path, workdir: Path, args: argparse.Namespace) ->
             argv += ["--prompt-cache-size", "0"]
         return spawn(LABEL[arm], argv, child_env(), workdir / "mlx_lm_server.log", port, "/v1/models"), \
             "default_model"
-    extra = f"max_concurrency = {args.batch_size}\n" if arm == "batched" else ""
+    extra: dict[str, Any] = {"max_concurrency": args.batch_size} if arm == "batched" else {}
     if args.max_prompt_tokens:
-        extra += f"max_prompt_tokens = {args.max_prompt_tokens}\n"
+        extra["max_prompt_tokens"] = args.max_prompt_tokens
     toml = engine_toml(model, extra, args.prompt_cache, max(8, max(args.clients_list)), args.engine_log_level)
     return start_engine(workdir / f"home-{arm}", toml, workdir / f"engine-{arm}.log", name=LABEL[arm]), "default"
 
@@ -694,7 +697,8 @@ def main(argv: list[str] | None = None) -> int:
                 "memory_sources": ("nvidia-smi, the server process's used GPU memory (or the device's used memory "
                                    "over its level before the server started), polled every 250 ms") if gpu else
                                   "the server process's RSS, polled every 50 ms",
-                "engine_toml_extra": engine_extra(max(8, max(args.clients_list))) + "(batched: max_concurrency = "
+                "engine_toml_extra": table_lines(engine_extra(max(8, max(args.clients_list))))
+                                     + "(batched: max_concurrency = "
                                      f"{args.batch_size})",
                 "memory_total_gib": args.memory_total_gib, "max_prompt_tokens": args.max_prompt_tokens,
                 "order": "arms one after another (one server at a time), client counts ascending, rounds in turn"}

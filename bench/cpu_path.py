@@ -56,11 +56,11 @@ from typing import Any, Callable
 import psutil
 import requests
 
-from mlxd.devkit.ports import free_port
+from mlxd.toml_text import dumps
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # when imported by path (bench/run.py, tests)
 from benchkit import (RESULTS, BenchError, HttpWay, Server, busy_cpu_s, child_env, chosen, interrupt_on_sigterm,  # noqa: E402
-                      machine_info, median, now, say, spawn, stop_all_children, to_sample, write_json)
+                      machine_info, median, now, say, start_engine, stop_all_children, to_sample, write_json)
 
 DEFAULT_OUT = RESULTS / "cpu_path.json"
 GOAL_PREFILL_TOK_S = 120.0
@@ -91,24 +91,23 @@ DEFAULT_ARMS = ("before", "blas-only", "after")
 
 
 def arm_env(arm: Arm, base: dict[str, str] | None = None) -> dict[str, str]:
-    """The engine's environment: the opt-out set for the reference arm only,
-    whatever this process was started with."""
-    env = dict(child_env() if base is None else base)
-    env.pop(BLAS_ENV, None)
-    env.pop("OPENBLAS_NUM_THREADS", None)
-    if not arm.fast_blas:
-        env[BLAS_ENV] = "reference"
-    env.update(dict(arm.env))
-    return env
+def arm_env_changes(arm: Arm) -> dict[str, str | None]:
+    """What the arm sets in the engine's environment (None: unset, whatever
+    this process was started with): the opt-out for the reference arm only."""
+    return {BLAS_ENV: None if arm.fast_blas else "reference", "OPENBLAS_NUM_THREADS": None, **dict(arm.env)}
+
+
+    """The engine's environment: `base` (this process's) with the arm's changes."""
+    env = {**(child_env() if base is None else base), **arm_env_changes(arm)}
+    return {k: v for k, v in env.items() if v is not None}
 
 
 def engine_toml(gguf: Path, arm: Arm) -> str:
     """One model, the default model's GGUF as the alias default; the arm's
     cpu_float32; the prompt cache off (every prompt is prefilled); every
     other setting the engine's default (stuck_grace_s 30 among them)."""
-    return (f"[engine]\ncpu_float32 = {'true' if arm.cpu_float32 else 'false'}\n\n"
-            "[engine.prompt_cache]\nenabled = false\n\n"
-            f"[models.smollm2]\ngguf = {json.dumps(str(gguf.resolve()))}\n\n[aliases]\ndefault = \"smollm2\"\n")
+    return dumps({"engine": {"cpu_float32": arm.cpu_float32, "prompt_cache": {"enabled": False}},
+                  "models": {"smollm2": {"gguf": gguf.resolve()}}, "aliases": {"default": "smollm2"}})
 
 
 def parse_engine_log(text: str) -> dict[str, Any]:
@@ -205,12 +204,8 @@ def start_arm(arm: Arm, gguf: Path, workdir: Path) -> ArmRun:
     """benchkit's start_engine (`mlxd engine` alone on a free port, the
     config in a fresh MLXD_HOME) with the arm's environment."""
     home = workdir / arm.name / "home"
-    home.mkdir(parents=True)
-    (home / "mlxd.toml").write_text(engine_toml(gguf, arm))
-    port = free_port()
-    argv = [sys.executable, "-m", "mlxd.cli", "engine", "--port", str(port)]
-    srv = spawn(f"engine ({arm.name})", argv, arm_env(arm, child_env(MLXD_HOME=str(home))),
-                workdir / arm.name / "engine.log", port, "/health")
+    srv = start_engine(home, engine_toml(gguf, arm), workdir / arm.name / "engine.log", f"engine ({arm.name})",
+                       env=arm_env_changes(arm))
     return ArmRun(arm, srv, home, HttpWay(arm.name, srv.url, "default", srv))
 
 

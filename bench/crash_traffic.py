@@ -28,7 +28,7 @@ import httpx
 import openai
 
 from mlxd.devkit.ollama_standin import start_standin
-from mlxd.devkit.stack import Stack, toml_lines
+from mlxd.devkit.stack import Stack
 
 from benchkit import demo_model  # bench/ is on sys.path: every importer is a script there
 
@@ -67,12 +67,12 @@ def crash_stack(s: Settings, home_root: Path | None = None, keep_home: bool = Fa
     home = Path(tempfile.mkdtemp(prefix="mlxd-soak-", dir=home_root))
     standin = start_standin(models=(OLLAMA_MODEL,))
     batched = {"max_concurrency": s.max_concurrency} if s.max_concurrency != 1 else {}  # 1: the config as before
-    stack = Stack.create(home, model, model_name="soak", engine=toml_lines(stuck_grace_s=s.stuck_grace_s, **batched),
-                         supervisor=toml_lines(backoff_base_s=s.backoff_base_s, backoff_cap_s=s.backoff_cap_s,
-                                               healthy_reset_s=s.healthy_reset_s, loop_crashes=s.loop_crashes,
-                                               loop_window_s=s.loop_window_s, cooldown_s=s.cooldown_s,
-                                               health_interval_s=0.25, start_grace_s=20),
-                         gateway=toml_lines(ollama_url=standin.url, default_ollama_model=OLLAMA_MODEL))
+    stack = Stack.create(home, model, model_name="soak", engine={"stuck_grace_s": s.stuck_grace_s, **batched},
+                         supervisor={"backoff_base_s": s.backoff_base_s, "backoff_cap_s": s.backoff_cap_s,
+                                     "healthy_reset_s": s.healthy_reset_s, "loop_crashes": s.loop_crashes,
+                                     "loop_window_s": s.loop_window_s, "cooldown_s": s.cooldown_s,
+                                     "health_interval_s": 0.25, "start_grace_s": 20},
+                         gateway={"ollama_url": standin.url, "default_ollama_model": OLLAMA_MODEL})
     try:
         stack.up(180)
         yield stack

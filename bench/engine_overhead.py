@@ -52,7 +52,7 @@ from mlxd.devkit.ports import free_port
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # when imported by path (bench/run.py, tests)
 from benchkit import (DEFAULT_CACHE, DEFAULT_PROMPT, RESULTS, BenchError, HttpWay, Sample, Server, Trace,  # noqa: E402
                       busy_cpu_s, child_env, chosen, demo_model, interrupt_on_sigterm, machine_info, median, now,
-                      one_model_toml, say, spawn, start_engine, stop_all_children, stop_child, to_sample, variants,
+                      one_model_config, say, spawn, start_engine, stop_all_children, stop_child, to_sample, variants,
                       write_json)
 
 DEFAULT_OUT = RESULTS / "engine_overhead.json"
@@ -255,7 +255,7 @@ def bench_model(name: str, model_path: Path, args: argparse.Namespace, ways: lis
             # Start the servers first: they load while this process loads its copy.
             started = time.monotonic()
             if "engine" in ways:
-                engine = start_engine(workdir / "mlxd-home", one_model_toml(model_path), workdir / "engine.log")
+                engine = start_engine(workdir / "mlxd-home", one_model_config(model_path), workdir / "engine.log")
                 servers.append(engine)
             if "mlx_lm" in ways:
                 servers.append(mlx_srv := start_mlx_lm(model_path, workdir, args.mlx_lm_prompt_cache))

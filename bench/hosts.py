@@ -42,15 +42,20 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchkit import (RESULTS, BenchError, Server, child_env, demo_model, machine_info, say, spawn,  # noqa: E402
+from benchkit import (RESULTS, BenchError, Server, demo_model, machine_info, say, spawn,  # noqa: E402
                       stop_all_children, stop_child, write_json)
+from benchkit import start_engine as start_engine_alone  # noqa: E402
+
+from mlxd.devkit.engine_process import MLXD, mlxd_env  # noqa: E402
 
 from mlxd.devkit.ollama_standin import start_standin  # noqa: E402
 from mlxd.devkit.ports import free_port, free_port_run  # noqa: E402
+from mlxd.toml_text import dumps  # noqa: E402
 
 OLLAMA_MODEL = "llama3.2:3b"
 STANDIN_MARK = "[ollama-standin:"
@@ -70,29 +75,24 @@ class Request:
     error: str | None = None
 
 
-def engine_toml(model: Path) -> str:
-    return (f"[engine]\nstuck_grace_s = 600\n\n[models.bench]\npath = {json.dumps(str(model))}\n\n"
-            "[aliases]\ndefault = \"bench\"\n")
+def engine_config(model: Path) -> dict[str, Any]:
+    return {"engine": {"stuck_grace_s": 600}, "models": {"bench": {"path": model}}, "aliases": {"default": "bench"}}
 
 
 def start_engine(home: Path, model: Path, port: int, name: str) -> Server:
-    home.mkdir(parents=True, exist_ok=True)
-    (home / "mlxd.toml").write_text(engine_toml(model))
-    argv = [sys.executable, "-m", "mlxd.cli", "engine", "--port", str(port)]
-    return spawn(name, argv, child_env(MLXD_HOME=str(home)), home / f"engine-{time.time_ns()}.log", port, "/health")
+    return start_engine_alone(home, engine_config(model), home / f"engine-{time.time_ns()}.log", name, port=port)
 
 
 def start_gateway(home: Path, model: Path, engine_ports: list[int], ollama_url: str, cooldown_s: float) -> Server:
     home.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    hosts = json.dumps([f"127.0.0.1:{p}" for p in engine_ports])
-    (home / "mlxd.toml").write_text(
-        f"[engine]\nport = {free_port()}\n\n[gateway]\nport = {port}\nollama_url = {json.dumps(ollama_url)}\n"
-        f"host_cooldown_s = {cooldown_s}\n\n[models.bench]\npath = {json.dumps(str(model))}\n"
-        f"ollama = \"{OLLAMA_MODEL}\"\nhosts = {hosts}\n\n[aliases]\ndefault = \"bench\"\n")
-    argv = [sys.executable, "-m", "mlxd.cli", "gateway"]
-    env = child_env(MLXD_HOME=str(home), LITELLM_LOCAL_MODEL_COST_MAP="True")
-    return spawn("mlxd gateway", argv, env, home / "gateway.log", port, "/mlxd/health")
+    (home / "mlxd.toml").write_text(dumps({
+        "engine": {"port": free_port()},
+        "gateway": {"port": port, "ollama_url": ollama_url, "host_cooldown_s": cooldown_s},
+        "models": {"bench": {"path": model, "ollama": OLLAMA_MODEL,
+                             "hosts": [f"127.0.0.1:{p}" for p in engine_ports]}},
+        "aliases": {"default": "bench"}}))
+    return spawn("mlxd gateway", [*MLXD, "gateway"], mlxd_env(home), home / "gateway.log", port, "/mlxd/health")
 
 
 def one_request(session: requests.Session, url: str, key: str, client: int, n: int, stream: bool,
@@ -288,13 +288,11 @@ def ranks_run(args: argparse.Namespace) -> dict:
     root = Path(tempfile.mkdtemp(prefix="mlxd-bench-ranks-"))
     single = start_engine(root / "one", model, free_port(), "one-process engine")
     home = root / "group"
-    home.mkdir()
-    (home / "mlxd.toml").write_text(engine_toml(model) + '\n[engine.ranks]\nhosts = ["127.0.0.1", "127.0.0.1"]\n')
-    port = free_port()
+    config = engine_config(model)
+    config["engine"]["ranks"] = {"hosts": ["127.0.0.1", "127.0.0.1"]}
     ring = RanksConfig(hosts=["127.0.0.1", "127.0.0.1"], starting_port=free_port_run(2))  # rank r binds port + r
-    launcher = launch_argv(ring, sys.executable)
-    group = spawn("rank group", [*launcher, sys.executable, "-m", "mlxd.cli", "engine", "--port", str(port)],
-                  child_env(MLXD_HOME=str(home)), home / "group.log", port, "/health")
+    group = start_engine_alone(home, config, home / "group.log", "rank group",
+                               launcher=launch_argv(ring, sys.executable))
     single.wait_ready(300)
     group.wait_ready(300)
     samples: dict[str, list[float]] = {"one process": [], "2 ranks": []}

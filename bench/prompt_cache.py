@@ -125,11 +125,10 @@ def conversation(chat: Chat, system: str, turns: int, on_turn_done=None) -> list
     return rows
 
 
-def engine_toml(model: Path, cache: bool) -> str:
-    return ("[engine]\nmax_tokens_cap = 100000\nmax_prompt_tokens = 131072\nstuck_grace_s = 600\n"
-            "context_tokens = 32768\n"
-            f"[engine.prompt_cache]\nenabled = {str(cache).lower()}\n\n"
-            f"[models.bench]\npath = {json.dumps(str(model.resolve()))}\n\n[aliases]\ndefault = \"bench\"\n")
+def engine_config(model: Path, cache: bool) -> dict[str, Any]:
+    return {"engine": {"max_tokens_cap": 100000, "max_prompt_tokens": 131072, "stuck_grace_s": 600,
+                       "context_tokens": 32768, "prompt_cache": {"enabled": cache}},
+            "models": {"bench": {"path": model.resolve()}}, "aliases": {"default": "bench"}}
 
 
 def start_mlx_lm(model: Path, workdir: Path) -> Server:
@@ -159,7 +158,7 @@ def run_arm(arm: str, model: Path, workdir: Path, system: str, turns: int, max_t
         server.wait_ready(startup_timeout)
         chat = Chat(server.url, str(model.resolve()), max_tokens)
     else:
-        server = start_engine(home, engine_toml(model, arm != "nocache"), workdir / f"engine-{arm}.log")
+        server = start_engine(home, engine_config(model, arm != "nocache"), workdir / f"engine-{arm}.log")
         server.wait_ready(startup_timeout)
         chat = Chat(server.url, "default", max_tokens)
     holder = {"server": server}
@@ -193,16 +192,13 @@ def run_arm(arm: str, model: Path, workdir: Path, system: str, turns: int, max_t
 
 def restart_engine(home: Path, workdir: Path) -> Server:
     """`mlxd engine` again on an existing state directory (its config in it)."""
-    port = free_port()
-    argv = [sys.executable, "-m", "mlxd.cli", "engine", "--port", str(port)]
-    return spawn("mlxd engine (restarted)", argv, child_env(MLXD_HOME=str(home)), workdir / "engine-restarted.log",
-                 port, "/health")
+    return start_engine(home, None, workdir / "engine-restarted.log", "mlxd engine (restarted)")
 
 
 def run_interleaved(model: Path, workdir: Path, system_tokens: int, turns: int, max_tokens: int, cache: bool,
                     startup_timeout: float) -> list[dict]:
     """Three conversations (different system prompts), one turn each in turn."""
-    server = start_engine(workdir / f"home-multi-{cache}-{time.monotonic_ns()}", engine_toml(model, cache),
+    server = start_engine(workdir / f"home-multi-{cache}-{time.monotonic_ns()}", engine_config(model, cache),
                           workdir / f"engine-multi-{cache}.log")
     rows = []
     try:

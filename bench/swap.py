@@ -15,7 +15,6 @@ Goals (issue 6): peak <= max(A, B) + 5 %, no growth of active memory or RSS.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -32,9 +31,9 @@ MIB = 2**20
 
 
 def start(workdir: Path, models: dict[str, Path], default: str, tag: str) -> Server:
-    body = "".join(f"[models.{name}]\npath = {json.dumps(str(p.resolve()))}\n\n" for name, p in models.items())
-    toml = f'[engine]\ndefault_model = "{default}"\n\n{body}[aliases]\ndefault = "{default}"\n'
-    server = start_engine(workdir / f"home-{tag}", toml, workdir / f"{tag}.log", f"engine ({tag})")
+    config = {"engine": {"default_model": default},
+              "models": {name: {"path": p.resolve()} for name, p in models.items()}, "aliases": {"default": default}}
+    server = start_engine(workdir / f"home-{tag}", config, workdir / f"{tag}.log", f"engine ({tag})")
     server.wait_ready(300)
     return server
 

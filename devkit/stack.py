@@ -6,54 +6,59 @@ it was left in."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import requests
 
 from mlxd.config import Config, apply_env_overrides, parse_config
+from mlxd.devkit.engine_process import MLXD, mlxd_env
 from mlxd.devkit.ports import free_port
 from mlxd.devkit.wait import wait_for
 from mlxd.paths import StatePaths
 from mlxd.records import CrashRecord, EnginePid, SupervisionFile
 from mlxd.supervisor.control import kill_all
 from mlxd.supervisor.journal import read_records
+from mlxd.toml_text import dumps
 
-MLXD = [sys.executable, "-m", "mlxd.cli"]
-# The caller's overrides that would point a stack at another config, port or fault.
-FOREIGN_ENV = ("MLXD_CONFIG", "MLXD_FAULT", "MLXD_FAULT_MATCH", "MLXD_ENGINE_HOST", "MLXD_ENGINE_PORT",
-               "MLXD_GATEWAY_HOST", "MLXD_GATEWAY_PORT", "MLXD_OLLAMA_URL")
+__all__ = ["MLXD", "Stack", "stack_env", "stack_toml"]
 
-
-def toml_lines(**values: object) -> str:
-    """`key = value` lines for a TOML table (JSON scalars are TOML scalars)."""
-    return "".join(f"{key} = {json.dumps(value)}\n" for key, value in values.items())
+# More settings of one table: values (mlxd.toml_text writes them) or TOML text.
+Extra = str | Mapping[str, Any]
 
 
-def stack_toml(model: Path, model_name: str, engine_port: int, gateway_port: int | None, *, engine: str = "",
-               supervisor: str = "", gateway: str = "", models: str = "") -> str:
-    """The config of a one-model stack; `engine`, `supervisor`, `gateway` and
-    `models` are extra TOML lines for those tables (`models`: more tables)."""
-    gateway_table = "enabled = false\n" if gateway_port is None else f"port = {gateway_port}\n{gateway}"
-    return (f"[engine]\nport = {engine_port}\n{engine}\n[supervisor]\n{supervisor}\n[gateway]\n{gateway_table}\n"
-            f"[models.{model_name}]\npath = {json.dumps(str(model))}\n{models}\n"
-            f"[aliases]\ndefault = {json.dumps(model_name)}\n")
+def stack_toml(model: Path, model_name: str, engine_port: int, gateway_port: int | None, *, engine: Extra = "",
+               supervisor: Extra = "", gateway: Extra = "", models: Extra = "") -> str:
+    """The config of a one-model stack (gateway_port None: no gateway).
+    `engine`, `supervisor` and `gateway` are more settings of those tables,
+    `models` of the model's table (as TOML text, it may add tables after it)."""
+    gateway_table: dict[str, Any] = {"enabled": False} if gateway_port is None else {"port": gateway_port}
+    return (_table(("engine",), {"port": engine_port}, engine) + _table(("supervisor",), {}, supervisor)
+            + _table(("gateway",), gateway_table, gateway if gateway_port is not None else "")
+            + _table(("models", model_name), {"path": model}, models)
+            + dumps({"aliases": {"default": model_name}}))
+
+
+def _table(path: tuple[str, ...], values: dict[str, Any], extra: Extra) -> str:
+    """One table: `values` with `extra`'s on top, or followed by `extra`'s lines."""
+    if isinstance(extra, Mapping):
+        values, extra = {**values, **extra}, ""
+    for name in reversed(path):
+        values = {name: values}
+    return dumps(values) + extra + "\n"
 
 
 def stack_env(home: Path, fault_file: Path | None = None, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """This process's environment for a stack in `home`: offline, none of the
-    caller's MLXD_* overrides (unless in `extra`), fault injection from
-    `fault_file` when given."""
-    env = {k: v for k, v in os.environ.items() if k not in FOREIGN_ENV}
-    env.update(MLXD_HOME=str(home), HF_HUB_OFFLINE="1", LITELLM_LOCAL_MODEL_COST_MAP="True")
-    if fault_file is not None:
-        env["MLXD_FAULT_FILE"] = str(fault_file)
-    return {**env, **(extra or {})}
+    """This process's environment for a stack in `home` (mlxd_env: offline,
+    none of the caller's MLXD_* overrides unless in `extra`), fault
+    injection from `fault_file` when given."""
+    faults = {} if fault_file is None else {"MLXD_FAULT_FILE": str(fault_file)}
+    return mlxd_env(home, {**faults, **(extra or {})})
 
 
 @dataclass
@@ -66,11 +71,11 @@ class Stack:
     fault_file: Path | None = None
 
     @classmethod
-    def create(cls, home: Path, model: Path, *, model_name: str = "demo-a", engine: str = "",
-               supervisor: str = "", gateway: str | None = "", models: str = "",
+    def create(cls, home: Path, model: Path, *, model_name: str = "demo-a", engine: Extra = "",
+               supervisor: Extra = "", gateway: Extra | None = "", models: Extra = "",
                env: dict[str, str] | None = None, faults: bool = True) -> "Stack":
         """Write the config into `home` (engine and gateway on free ports;
-        gateway None: no gateway). Nothing runs until up(). With `faults`,
+        gateway None: no gateway; the rest: stack_toml's). Nothing runs until up(). With `faults`,
         the engine reads fault specs from `home/fault` (see engine/faults.py)."""
         home.mkdir(parents=True, exist_ok=True)
         gateway_port = None if gateway is None else free_port()

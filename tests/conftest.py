@@ -16,6 +16,7 @@ activate_fast_blas()  # before anything imports MLX: in-process tests get the en
 
 from mlxd.devkit.stack import Stack  # noqa: E402
 from mlxd.engine.demo_model import build_demo_model, write_heavy_model_description  # noqa: E402
+from mlxd.toml_text import dumps  # noqa: E402
 from testkit import EngineProcess, spawn_engine, wait_healthy  # noqa: E402
 
 
@@ -86,42 +87,16 @@ def vision_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_vision_model(tmp_path_factory.mktemp("models") / "vision")
 
 
-def toml_value(v: object) -> str:
-    """A value in TOML: tables inline (`prompt_cache = {enabled = false}`)."""
-    if isinstance(v, bool):
-        return str(v).lower()
-    if isinstance(v, str):
-        return f'"{v}"'
-    if isinstance(v, dict):
-        return "{" + ", ".join(f"{k} = {toml_value(x)}" for k, x in v.items()) + "}"
-    return repr(v)
-
-
-def engine_toml(models: DemoModels, engine: dict | None = None, extra_models: str = "") -> str:
-    engine_lines = "\n".join(f"{k} = {toml_value(v)}" for k, v in (engine or {}).items())
-    return f"""
-[engine]
-{engine_lines}
-
-[models.demo-a]
-path = "{models.a}"
-
-[models.demo-b]
-path = "{models.b}"
-
-[models.llama-70b]
-path = "{models.heavy}"
-
-[models.big-72b-remote]
-repo = "mlx-community/Qwen2.5-72B-Instruct-4bit"
-
-[aliases]
-default = "demo-a"
-fast = "demo-a"
-second = "demo-b"
-heavy = "llama-70b"
-{extra_models}
-"""
+def engine_toml(models: DemoModels, engine: dict | None = None, extra_models: str | dict = "") -> str:
+    """The config of an engine with our demo models; `engine`: [engine]
+    settings; `extra_models`: more models, as {name: settings} or TOML text."""
+    more = extra_models if isinstance(extra_models, dict) else {}
+    return dumps({
+        "engine": engine or {},
+        "models": {"demo-a": {"path": models.a}, "demo-b": {"path": models.b}, "llama-70b": {"path": models.heavy},
+                   "big-72b-remote": {"repo": "mlx-community/Qwen2.5-72B-Instruct-4bit"}, **more},
+        "aliases": {"default": "demo-a", "fast": "demo-a", "second": "demo-b", "heavy": "llama-70b"},
+    }) + (extra_models if isinstance(extra_models, str) else "")
 
 
 @pytest.fixture

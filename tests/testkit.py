@@ -1,26 +1,24 @@
 """Test helpers shared by every test folder (on sys.path via pytest's
 `pythonpath`): polling with a deadline, real engine processes and small HTTP
-shortcuts. The stack harness, free ports and the Ollama stand-in are
-mlxd.devkit's (shared with the benchmarks)."""
+shortcuts. Starting an engine, the stack harness, free ports and the Ollama
+stand-in are mlxd.devkit's (shared with the benchmarks)."""
 
 from __future__ import annotations
 
 import os
 import re
-import signal
-import subprocess
 import sys
+from collections.abc import Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
 import requests
 
+from mlxd.devkit.engine_process import NotReady, ServerProcess, start_engine
 from mlxd.devkit.ports import free_port
 from mlxd.devkit.wait import wait_for
 
-MLXD = [sys.executable, "-m", "mlxd.cli"]
 ROOT = Path(__file__).resolve().parents[1]  # the repository
 __all__ = ["free_port", "wait_until", "EngineProcess", "spawn_engine", "wait_healthy", "chat", "metric",
            "real_default_model"]
@@ -65,57 +63,22 @@ def settled_health(url: str, timeout: float = 30) -> dict:
     return wait_until(idle, timeout, what="the worker to finish its turn")
 
 
-@dataclass
-class EngineProcess:
-    home: Path
-    port: int
-    proc: subprocess.Popen
-    log_path: Path
-    extra_env: dict = field(default_factory=dict)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def health(self) -> dict:
-        return requests.get(self.url + "/health", timeout=5).json()
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
+EngineProcess = ServerProcess  # an engine a test started (mlxd.devkit.engine_process)
 
 
-def spawn_engine(home: Path, toml: str, env: dict | None = None, port: int | None = None) -> EngineProcess:
-    """Write the config into `home` and start `mlxd engine` on `port` (a free one by default)."""
-    (home / "mlxd.toml").write_text(toml)
-    port = port or free_port()
-    log_path = home / "engine.log"
-    full_env = {**os.environ, "MLXD_HOME": str(home), "HF_HUB_OFFLINE": "1", **(env or {})}
-    full_env.pop("MLXD_CONFIG", None)
-    with log_path.open("ab") as log_file:
-        proc = subprocess.Popen([*MLXD, "engine", "--port", str(port)], env=full_env,
-                                stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
-    return EngineProcess(home, port, proc, log_path, env or {})
+def spawn_engine(home: Path, toml: str | Mapping, env: dict | None = None, port: int | None = None) -> EngineProcess:
+    """Write the config into `home` and start `mlxd engine` on `port` (a free
+    one by default), its output appended to home/engine.log."""
+    return start_engine(home, toml, port=port, env=env, append=True)
 
 
 def wait_healthy(ep: EngineProcess, timeout: float = 90) -> None:
-    def ok() -> bool:
-        if ep.proc.poll() is not None:
-            raise AssertionError(f"engine exited with {ep.proc.returncode}:\n{ep.log()}")
-        try:
-            return requests.get(ep.url + "/health", timeout=2).status_code == 200
-        except requests.ConnectionError:
-            return False
-
-    wait_until(ok, timeout, what="engine /health 200")
+    """Poll until the engine's /health answers 200; AssertionError (with its
+    log) when it exits first or the deadline passes."""
+    try:
+        ep.wait_ready(timeout)
+    except NotReady as exc:
+        raise AssertionError(str(exc)) from None
 
 
 @contextmanager

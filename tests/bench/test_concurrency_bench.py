@@ -247,9 +247,9 @@ def test_markdown_renders_every_block_and_goal():
 def test_engine_toml_adds_the_arm_s_lines_to_the_engine_table(tmp_path):
     import tomllib
 
-    cfg = tomllib.loads(cb.engine_toml(tmp_path, "max_concurrency = 8\n", prompt_cache=False, max_queue=16))
+    cfg = tomllib.loads(cb.engine_toml(tmp_path, {"max_concurrency": 8}, prompt_cache=False, max_queue=16))
     assert cfg["engine"]["max_concurrency"] == 8 and cfg["engine"]["max_queue"] == 16
     assert cfg["engine"]["prompt_cache"] == {"enabled": False}
     assert cfg["aliases"]["default"] == "bench"
-    plain = tomllib.loads(cb.engine_toml(tmp_path, "", prompt_cache=True, max_queue=8))
+    plain = tomllib.loads(cb.engine_toml(tmp_path, {}, prompt_cache=True, max_queue=8))
     assert "max_concurrency" not in plain["engine"] and "prompt_cache" not in plain["engine"]

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from mlxd.devkit.stack import MLXD, Stack, stack_env, toml_lines
+from mlxd.devkit.stack import MLXD, Stack, stack_env
 from mlxd.paths import StatePaths
 from mlxd.records import StartedWith
 from mlxd.supervisor.control import kill_all, supervisord_pid
+from mlxd.toml_text import dumps
 from testkit import free_port, wait_until
 
 pytestmark = pytest.mark.timeout(300)
@@ -31,8 +32,8 @@ def write_configs(home: Path, elsewhere: Path, model: Path) -> Path:
     (home / "mlxd.toml").write_text("[gateway]\nenabled = false\n")
     elsewhere.mkdir(parents=True, exist_ok=True)
     custom = elsewhere / "custom.toml"
-    custom.write_text(f"{TEST_SETTINGS}\n[models.demo-a]\n{toml_lines(path=str(model))}\n"
-                      f"[aliases]\ndefault = \"demo-a\"\n")
+    custom.write_text(TEST_SETTINGS + "\n" + dumps({"models": {"demo-a": {"path": model}},
+                                                  "aliases": {"default": "demo-a"}}))
     return custom
 
 

@@ -66,6 +66,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # when imported by pat
 from benchkit import (DEFAULT_CACHE, RESULTS, BenchError, HttpWay, Server, Trace, child_env,  # noqa: E402
                       demo_model, free_port, interrupt_on_sigterm, machine_info, now, one_model_config, say, spawn,
                       start_engine, stop_all_children, stop_child, variants, write_json)
+from mlxd.reports import EngineHealth  # noqa: E402
 
 ARMS = ("single", "batched", "mlx_lm")
 LABEL = {"single": "mlxd single", "batched": "mlxd batched", "mlx_lm": "mlx_lm.server"}
@@ -556,13 +557,15 @@ def engine_health(server: Server) -> dict[str, Any]:
     budget) and the most requests it has had in flight at once."""
     time.sleep(1.2)  # the idle worker samples its memory every second
     try:
-        body = requests.get(server.url + "/health", timeout=10).json()
+        health = EngineHealth.from_json(requests.get(server.url + "/health", timeout=10).json())
     except (requests.RequestException, ValueError):
         return {}
-    mem = body.get("memory") or {}
+    if health is None:
+        return {}
+    mem = health.memory.to_json() if health.memory else {}
     out = {k: mem.get(k) for k in ("mlx_peak_bytes", "mlx_active_bytes", "mlx_cache_bytes", "budget_bytes",
                                    "rss_bytes")}
-    out["max_observed_concurrency"] = body.get("max_observed_concurrency")
+    out["max_observed_concurrency"] = health.max_observed_concurrency
     return out
 
 

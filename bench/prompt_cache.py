@@ -40,6 +40,7 @@ import requests
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # when imported by path (bench/run.py)
 from benchkit import (RESULTS, BenchError, Server, child_env, demo_model, free_port, machine_info,  # noqa: E402
                       say, spawn, start_engine, stop_all_children, stop_child, write_json)
+from mlxd.reports import EngineHealth, PromptCacheReport  # noqa: E402
 
 ARMS = ("cache", "nocache", "mlx_lm", "crash")
 CRASH_AFTER_TURN = 5
@@ -138,12 +139,20 @@ def start_mlx_lm(model: Path, workdir: Path) -> Server:
     return spawn("mlx_lm.server", argv, child_env(), workdir / "mlx_lm_server.log", port, "/v1/models")
 
 
+def cache_stats(server: Server) -> PromptCacheReport:
+    """The engine's prompt-cache figures, from its /health."""
+    health = EngineHealth.from_json(requests.get(server.url + "/health", timeout=5).json())
+    if health is None or health.prompt_cache is None:
+        raise BenchError("the engine's /health reports no prompt cache")
+    return health.prompt_cache
+
+
 def wait_for_disk_entry(server: Server, timeout: float = 60) -> float:
     """Seconds until the engine's idle write put the conversation on disk."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
-        pc = requests.get(server.url + "/health", timeout=5).json()["prompt_cache"]
-        if pc["disk_writes"] >= 1:
+        pc = cache_stats(server)
+        if pc.disk_writes >= 1:
             return time.monotonic() - t0
         time.sleep(0.05)
     raise BenchError("the conversation never reached the disk tier")
@@ -184,7 +193,7 @@ def run_arm(arm: str, model: Path, workdir: Path, system: str, turns: int, max_t
     try:
         rows = conversation(chat, system, turns, crash_between)
         if arm != "mlx_lm":
-            extra["cache_stats"] = requests.get(holder["server"].url + "/health", timeout=5).json()["prompt_cache"]
+            extra["cache_stats"] = cache_stats(holder["server"]).to_json()
     finally:
         stop_child(holder["server"].proc)
     return rows, extra

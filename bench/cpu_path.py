@@ -56,6 +56,7 @@ from typing import Any, Callable
 import psutil
 import requests
 
+from mlxd.reports import EngineHealth
 from mlxd.toml_text import dumps
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # when imported by path (bench/run.py, tests)
@@ -269,9 +270,10 @@ class HealthWatch(threading.Thread):
                     r = s.get(self.url + "/health", timeout=5)
                     self.polls += 1
                     if r.status_code != 200:
-                        body = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
+                        json_body = r.headers.get("content-type", "").startswith("application/json")
+                        h = EngineHealth.from_json(r.json()) if json_body else None
                         self.not_ok.append({"t_s": round(now() - self.t0, 2), "code": r.status_code,
-                                            "status": body.get("status"), "reason": body.get("reason")})
+                                            "status": h.status if h else None, "reason": h.reason if h else None})
                 except requests.RequestException:
                     self.failed += 1
 
@@ -314,10 +316,11 @@ def engine_facts(run: ArmRun) -> dict[str, Any]:
     """The log's BLAS and float32 lines, and /health's memory and load time."""
     facts = parse_engine_log(run.server.log_path.read_text(errors="replace"))
     try:
-        h = requests.get(run.server.url + "/health", timeout=5).json()
-        facts["mlx_active_mib"] = round((h.get("memory") or {}).get("mlx_active_bytes", 0) / 2**20, 1)
-        facts["last_load_s"] = (h.get("timings") or {}).get("last_load_s")
-        facts["resident_model"] = h.get("resident_model")
+        h = EngineHealth.from_json(requests.get(run.server.url + "/health", timeout=5).json())
+        if h is not None:
+            facts["mlx_active_mib"] = round((h.memory.mlx_active_bytes if h.memory else 0) / 2**20, 1)
+            facts["last_load_s"] = h.timings.get("last_load_s")
+            facts["resident_model"] = h.resident_model
     except (requests.RequestException, ValueError):
         pass
     return facts

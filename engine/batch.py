@@ -15,6 +15,9 @@ request keeps all it has alone: its sampler and penalties, its Generation
 (stop strings, reasoning and tool-call parsing, deadline, cancellation), its
 detokenizer. The worker decides who joins (engine/scheduler.py) and owns the
 prompt cache; a request's KV comes back to it in `Ended` when it leaves.
+A request's KV is allocated at the length admission granted it: alone, its
+own cache (engine/kv_cache.py); in the batch, the batch's array, sized when
+rows join (engine/batch_kv.py).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from .batch_kv import rows_for_batch
 from .generation import PROMPT_TAIL, Generation, ResidentModel, _sampling, _seeing
 from .jobs import Job
 from .prefill_pace import PrefillPace
@@ -116,6 +120,8 @@ class BatchRun:
         it decodes as mlx-lm decodes one request."""
         from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 
+        from .kv_cache import make_kv
+
         job, prompt, start = admitted.job, admitted.prompt, admitted.fetched.start
         p = job.params
         sampler, processors = _sampling(p, self.resident.vocab_size())
@@ -128,8 +134,11 @@ class BatchRun:
         admitted.generation.begin(prompt[-PROMPT_TAIL:])
         if self._solo is not None:
             self._join(self._solo)
-        kv = kv if kv is not None else make_prompt_cache(self.resident.model)
-        if not self.rows and can_trim_prompt_cache(kv):
+        alone = not self.rows
+        if kv is None:  # alone: allocated once at its admitted length (in the batch, the batch's array is)
+            kv = (make_kv(self.resident.model, len(prompt) + p.max_tokens, self.resident.kv) if alone
+                  else make_prompt_cache(self.resident.model))
+        if alone and can_trim_prompt_cache(kv):
             self._solo = self._start_solo(admitted, kv, rest, sampler, processors, heartbeat)
             self.rows[SOLO] = admitted
             return
@@ -137,6 +146,7 @@ class BatchRun:
 
     def _insert(self, admitted: Admitted, segments: list[list[int]], kv: list[Any], context: list[int],
                 max_tokens: int, sampler: Any, processors: list[Any]) -> None:
+        kv = rows_for_batch(kv, sum(len(s) for s in segments), max_tokens)  # the batch's array sized for its grant
         (uid,) = self.generator.insert_segments([segments], max_tokens=[max_tokens], caches=[kv],
                                                 all_tokens=[list(context)], samplers=[sampler],
                                                 logits_processors=[processors])

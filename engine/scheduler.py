@@ -26,7 +26,7 @@ import enum
 from dataclasses import dataclass
 from typing import Sequence
 
-STEP_TOKENS = 256  # mlx-lm's KV caches grow in steps of this many positions
+STEP_TOKENS = 256  # mlx-lm's KV caches are allocated in whole steps of this many positions
 
 
 class Step(enum.Enum):
@@ -85,15 +85,14 @@ def batch_context(rows: Sequence[Row]) -> int:
 
 
 def batch_kv_tokens(rows: Sequence[Row]) -> int:
-    """KV positions the batch can come to hold at its peak. mlx-lm's
-    BatchKVCache keeps every row as long as the longest (shorter ones are
-    padded on the left), so each of the n rows reaches the longest row's
-    length plus the most any row may still generate, in whole steps; and it
-    grows by copying into an array one step longer, the old one alive until
-    the copy is done, so past the first step both count."""
+    """KV positions the batch can come to hold at its peak. mlx-lm's batch
+    keeps every row as long as the longest (shorter ones are padded on the
+    left); its array is allocated when rows join, at `batch_context`, and
+    does not grow while they decode (engine/batch_kv.py). A join or a leave
+    copies the rows into a new array, the old one alive until the copy is
+    done: past one row both count. One row alone is allocated once."""
     longest = batch_context(rows)
-    growing = max(0, longest - STEP_TOKENS)  # the array being copied from at the last step
-    return len(rows) * (longest + growing)
+    return len(rows) * longest * (2 if len(rows) > 1 else 1)
 
 
 def batch_kv_bytes(memory: Memory, rows: Sequence[Row]) -> int:

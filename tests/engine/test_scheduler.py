@@ -14,20 +14,20 @@ UNKNOWN = Memory(budget_bytes=110 * MB, weights_bytes=None, kv_bytes_per_token=0
 
 @pytest.mark.parametrize("rows, positions", [
     ([], 0),
-    ([Row(100, 100)], 256),                          # one step: nothing to grow from
-    ([Row(300, 100)], 512 + 256),                    # grows from 256 to 512: both alive for a moment
-    ([Row(100, 100), Row(10, 20)], 2 * 256),         # the short row is padded to the long one
-    ([Row(1000, 24), Row(10, 500)], 2 * (1536 + 1280)),  # the longest row plus the most any may still generate
+    ([Row(100, 100)], 256),                          # alone: allocated once, in whole steps
+    ([Row(300, 100)], 512),
+    ([Row(100, 100), Row(10, 20)], 2 * 2 * 256),     # the short row is padded to the long one; a join copies
+    ([Row(1000, 24), Row(10, 500)], 2 * 2 * 1536),   # the longest row plus the most any may still generate
 ])
 def test_batch_kv_tokens(rows, positions):
     assert batch_kv_tokens(rows) == positions
 
 
 @pytest.mark.parametrize("rows, fit", [
-    ([Row(100, 100)] * 40, True),                    # 40 x 256 = 10,240 positions: exactly the room
-    ([Row(100, 100)] * 41, False),
-    ([Row(3000, 1000)] * 2, False),                  # 2 x (4096 + 3840)
-    ([Row(3000, 1000)], True),
+    ([Row(100, 100)] * 20, True),                    # 20 x 256, twice at a join: 10,240 positions, exactly the room
+    ([Row(100, 100)] * 21, False),
+    ([Row(3000, 1000)] * 2, False),                  # 2 x 4096, twice
+    ([Row(3000, 1000)], True),                       # alone: 4096
 ])
 def test_fits(rows, fit):
     assert fits(MEM, rows) is fit
@@ -39,10 +39,11 @@ ATTN = Memory(budget_bytes=110 * MB, weights_bytes=100 * MB, kv_bytes_per_token=
 
 
 @pytest.mark.parametrize("rows, fit", [
-    ([Row(100, 100)] * 20, True),    # 20 x (256 KV + 256 attention) KiB = 10,240 KiB: exactly the room
-    ([Row(100, 100)] * 21, False),
-    ([Row(2000, 100)], True),        # KV 2,304 + 2,048 grown from; attention over 2,304: 6,656 KiB
-    ([Row(3000, 1000)], False),      # KV 4,096 + 3,840; attention over 4,096: 12,032 KiB
+    ([Row(100, 100)] * 13, True),    # 13 x (2 x 256 KV + 256 attention) KiB = 9,984 KiB
+    ([Row(100, 100)] * 14, False),   # 10,752 KiB
+    ([Row(2000, 100)], True),        # KV 2,304; attention over 2,304: 4,608 KiB
+    ([Row(3000, 1000)], True),       # KV 4,096; attention over 4,096: 8,192 KiB
+    ([Row(3000, 1000), Row(100, 100)], False),  # 2 x 2 x 4,096 KV: over
 ])
 def test_fits_counts_the_attention_of_a_prefill_step(rows, fit):
     assert fits(ATTN, rows) is fit
@@ -50,9 +51,9 @@ def test_fits_counts_the_attention_of_a_prefill_step(rows, fit):
 
 @pytest.mark.parametrize("rows, cache_bytes, room", [
     ([], 50 * MB, 10 * MB),                          # the cache gives way to running requests
-    ([Row(100, 100)] * 20, 50 * MB, 5 * MB),
-    ([Row(100, 100)] * 20, 1 * MB, 1 * MB),          # never more than it holds
-    ([Row(100, 100)] * 50, 8 * MB, 0),               # over the budget (a tolerated overshoot): nothing left
+    ([Row(100, 100)] * 10, 50 * MB, 5 * MB),         # 10 x 256 positions, twice at a join
+    ([Row(100, 100)] * 10, 1 * MB, 1 * MB),          # never more than it holds
+    ([Row(100, 100)] * 25, 8 * MB, 0),               # over the budget (a tolerated overshoot): nothing left
 ])
 def test_cache_room(rows, cache_bytes, room):
     assert cache_room(MEM, rows, cache_bytes) == room

@@ -19,9 +19,10 @@ import requests
 
 from conftest import engine_toml
 from mlxd.config import ConfigError, RanksConfig, parse_config
-from mlxd.devkit.ports import free_port, free_port_run
+from mlxd.devkit.engine_process import start_engine
+from mlxd.devkit.ports import free_port_run
 from mlxd.supervisor.rank_group import group_returncode, launch_argv
-from testkit import EngineProcess, wait_healthy, wait_until
+from testkit import wait_healthy, wait_until
 
 pytestmark = pytest.mark.timeout(600)
 PROMPTS = ["Tokens stream back one by one.", "What is the capital of France?", "Count: one, two,"]
@@ -61,8 +62,8 @@ def test_a_group_that_cannot_be_launched_is_refused(ranks, problem, tmp_path):
 
 
 def group_toml(demo_models, port: int) -> str:
-    return engine_toml(demo_models, {"max_tokens_cap": 64}) + (
-        f'\n[engine.ranks]\nhosts = ["127.0.0.1", "127.0.0.1"]\nstarting_port = {port}\n')
+    return engine_toml(demo_models, {"max_tokens_cap": 64,
+                                     "ranks": {"hosts": ["127.0.0.1", "127.0.0.1"], "starting_port": port}})
 
 
 def answers(url: str) -> list[str]:
@@ -84,19 +85,12 @@ def answers(url: str) -> list[str]:
 
 def test_two_ranks_on_loopback_answer_as_one_process_does(shared_engine, tmp_path, demo_models):
     home = tmp_path / "group"
-    home.mkdir()
     ring = free_port_run(2)  # rank r binds ring + r
-    (home / "mlxd.toml").write_text(group_toml(demo_models, ring))
-    port = free_port()
-    env = {**os.environ, "MLXD_HOME": str(home), "HF_HUB_OFFLINE": "1"}
-    env.pop("MLXD_CONFIG", None)
     launcher = launch_argv(parse_config({"engine": {"ranks": {"hosts": ["127.0.0.1", "127.0.0.1"]}}}, home)
                            .engine.ranks, sys.executable)
     launcher[launcher.index("--starting-port") + 1] = str(ring)
-    log = (home / "group.log").open("wb")
-    proc = subprocess.Popen([*launcher, sys.executable, "-m", "mlxd.cli", "engine", "--port", str(port)], env=env,
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    group = EngineProcess(home, port, proc, home / "group.log")
+    group = start_engine(home, group_toml(demo_models, ring), log_path=home / "group.log", launcher=launcher)
+    proc = group.proc
     try:
         wait_healthy(group, 180)
         ranks = [p for p in psutil.Process(proc.pid).children(recursive=True) if is_rank(p)]
@@ -116,7 +110,6 @@ def test_two_ranks_on_loopback_answer_as_one_process_does(shared_engine, tmp_pat
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
-        log.close()
 
 
 def is_rank(p: psutil.Process) -> bool:

@@ -19,7 +19,9 @@ fresh subprocess so MLX's peak memory is the arm's own:
                  mlx_lm.server does) and into one allocated at admission
                  ("allocated", mlxd's lone path): MLX's active memory after
                  every token, its growth after the first token, and an SVG
-                 plot of both (--plot).
+                 plot of both (--plot); the same for a batch of --batch-rows
+                 requests (max_concurrency > 1) in mlx-lm's BatchKVCache and
+                 in mlxd's, allocated when rows join (engine/batch_kv.py).
 
 The model: --model-dir, or the demo model built from engine/demo_model.py's
 variant --demo (default "a" on the CPU; "8b" on the GPU, bench/gpu_run.sh).
@@ -164,6 +166,26 @@ def run_arm(spec: dict) -> dict:
         for _, _ in zip(range(n), generate_step(mx.array(prompt), model, max_tokens=n, prompt_cache=kv, **quantize)):
             samples.append(mx.get_active_memory())
         return {"samples": samples, "weights": weights, "peak": mx.get_peak_memory()}
+    if spec["kind"] == "batch_generation":  # max_concurrency > 1: mlx-lm's BatchGenerator, as engine/batch.py runs it
+        from mlx_lm.generate import BatchGenerator
+
+        from mlxd.engine.batch_kv import rows_for_batch
+
+        n, rows = spec["tokens"], spec["rows"]
+        gen = BatchGenerator(model, stop_tokens=[], completion_batch_size=rows, prefill_batch_size=rows)
+        for r in range(rows):
+            prompt = _prompt(vocab, spec["prompt"] + 17 * r)
+            kv = make_prompt_cache(model)
+            kv = rows_for_batch(kv, len(prompt), n) if spec["allocated"] else kv
+            gen.insert_segments([[prompt]], max_tokens=[n], caches=[kv])
+        samples, made = [], 0
+        while made < rows * n:
+            _, responses = gen.next()
+            made += len(responses)
+            if responses:
+                samples.append(mx.get_active_memory())
+        gen.close()
+        return {"samples": samples, "weights": weights, "peak": mx.get_peak_memory()}
     context, decode = spec["context"], spec["decode"]
     prompt = _prompt(vocab, context)
     kv = make_kv(model, context + decode, layout)
@@ -216,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefill-step", type=int, default=512)
     ap.add_argument("--generation", type=int, default=4096, help="tokens of the long generation (0: skip)")
     ap.add_argument("--generation-prompt", type=int, default=256)
+    ap.add_argument("--batch-rows", type=int, default=2, help="requests of the batched generation arms (< 2: skip)")
     ap.add_argument("--timeout", type=float, default=1800, help="per arm, seconds")
     ap.add_argument("--plot", help="write the generation's memory plot (SVG) here")
     ap.add_argument("--json-out", help="write every figure here")
@@ -246,11 +269,15 @@ def main(argv: list[str] | None = None) -> int:
                    f"KV {arm['kv_bytes'] / 2**20:.0f} MiB, peak beyond weights {arm['peak_beyond_weights'] / 2**20:.0f} MiB")
             results["contexts"].append(arm)
     if args.generation:
-        for name, allocated in (("grown (mlx-lm's cache)", False), ("allocated at admission (mlxd)", True)):
+        arms = [("grown (mlx-lm's cache)", "generation", False), ("allocated at admission (mlxd)", "generation", True)]
+        if args.batch_rows > 1:
+            arms += [(f"batch of {args.batch_rows}, grown (mlx-lm's BatchKVCache)", "batch_generation", False),
+                     (f"batch of {args.batch_rows}, allocated when rows join (mlxd)", "batch_generation", True)]
+        for name, kind, allocated in arms:
             bk.say(f"generation of {args.generation} tokens, {name}")
-            arm = in_subprocess({"kind": "generation", "model_dir": folder, "bits": 16, "group_size": args.group_size,
+            arm = in_subprocess({"kind": kind, "model_dir": folder, "bits": 16, "group_size": args.group_size,
                                  "prompt": args.generation_prompt, "tokens": args.generation,
-                                 "allocated": allocated}, args.timeout)
+                                 "allocated": allocated, "rows": args.batch_rows}, args.timeout)
             step_kv = kv_cache_bytes(config, 256)
             arm["growth_after_first"] = growth_after_first(arm["samples"])
             arm["steps"] = steps_seen(arm["samples"], step_kv // 2)

@@ -27,7 +27,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .batch_kv import rows_for_batch
 from .generation import PROMPT_TAIL, Generation, ResidentModel, _sampling, _seeing
 from .jobs import Job
 from .prefill_pace import PrefillPace
@@ -146,6 +145,8 @@ class BatchRun:
 
     def _insert(self, admitted: Admitted, segments: list[list[int]], kv: list[Any], context: list[int],
                 max_tokens: int, sampler: Any, processors: list[Any]) -> None:
+        from .batch_kv import rows_for_batch  # MLX: imported after the engine chose its BLAS
+
         kv = rows_for_batch(kv, sum(len(s) for s in segments), max_tokens)  # the batch's array sized for its grant
         (uid,) = self.generator.insert_segments([segments], max_tokens=[max_tokens], caches=[kv],
                                                 all_tokens=[list(context)], samplers=[sampler],

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .generation import PROMPT_TAIL, Generation, ResidentModel, _sampling, _seeing
+from .generation import PROMPT_TAIL, Generation, ResidentModel, _sampling, _seeing, prefill
 from .jobs import Job
 from .prefill_pace import PrefillPace
 from .prompt_cache import Fetched
@@ -69,7 +69,8 @@ class _Solo:
     admitted: Admitted
     kv: list[Any]
     steps: Any  # generate_step's generator: (token, logprobs) per step
-    rest: list[int]  # the prompt after its cached part
+    context: list[int]  # the tokens its KV holds (the cached part, and what was prefilled at the engine's pace)
+    rest: list[int]  # the prompt after them
     sampler: Any
     processors: list[Any]
     yielded: int = 0
@@ -159,14 +160,18 @@ class BatchRun:
         from mlx_lm.generate import generate_step
         from mlx_lm.sample_utils import make_sampler
 
-        context = admitted.prompt[:admitted.fetched.start]
+        start = admitted.fetched.start
+        if len(rest) > 1:  # at the engine's pace, as a lone request (generate_step's one step size was the first
+            # step's, 32 tokens, for the whole prompt: 30 steps for 1k tokens, 4x mlx-lm's TTFT on a GPU)
+            prefill(self.resident.model, kv, rest[:-1], self.pace, heartbeat or (lambda: None))
+            start, rest = start + len(rest) - 1, rest[-1:]
+        context = admitted.prompt[:start]
         seeing = [_seeing(proc, context) for proc in processors] if processors and context else processors
         steps = generate_step(mx.array(rest, dtype=mx.int32), self.resident.model,
                               max_tokens=admitted.job.params.max_tokens, sampler=sampler or make_sampler(0.0),
                               logits_processors=seeing, prompt_cache=kv,
-                              prefill_step_size=self.pace.step(),
                               prompt_progress_callback=heartbeat)
-        return _Solo(admitted, kv, steps, rest, sampler, processors)
+        return _Solo(admitted, kv, steps, context, rest, sampler, processors)
 
     def _join(self, solo: _Solo) -> None:
         """The lone request moves into the batch, where it stands."""
@@ -176,9 +181,8 @@ class BatchRun:
         a = self.rows.pop(SOLO)
         solo.steps.close()
         generated = a.generation.tokens
-        start = a.fetched.start
         if solo.yielded == 0:  # not started: it joins as any request does
-            self._insert(a, [solo.rest], solo.kv, a.prompt[:start], a.job.params.max_tokens, solo.sampler,
+            self._insert(a, [solo.rest], solo.kv, solo.context, a.job.params.max_tokens, solo.sampler,
                          solo.processors)
             return
         # mlx-lm has already run the last token through the model: its KV goes,

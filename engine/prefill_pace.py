@@ -38,4 +38,8 @@ class PrefillPace:
         if tokens <= 0 or seconds <= 0:
             return
         self.tokens_per_s = tokens / seconds
-        self._last_step = max(tokens, self.floor)
+        # Growth starts from the largest step taken: a prompt's short last
+        # step (its remainder) says nothing about the size that fits, and on
+        # a GPU starting the next prompt again from 4x it cost steps (and new
+        # shapes) at every request.
+        self._last_step = max(self._last_step, tokens, self.floor)

@@ -43,6 +43,15 @@ def test_the_pace_follows_a_slowing_prefill_down():
     assert pace.step() == 128
 
 
+def test_a_prompt_remainder_does_not_shrink_the_next_prompt_steps():
+    pace = PrefillPace(ceiling=512, step_budget_s=1.0)
+    pace.observe(32, 0.001)   # a GPU
+    pace.observe(128, 0.004)
+    assert pace.step() == 512
+    pace.observe(7, 0.001)    # the prompt's last few tokens
+    assert pace.step() == 512  # the next prompt starts where this one got to
+
+
 @pytest.mark.parametrize("allowed, stored_dtype, stored, params, budget, want", [
     (True, None, 98_000_000, 135_000_000, 18 * GIB, "float32"),     # the default model, Q4_1 GGUF
     (True, "bfloat16", 270_000_000, 135_000_000, 18 * GIB, "float32"),

@@ -52,7 +52,9 @@ class Admitted:
     fetched: Fetched
     detokenizer: Any
     needs_snapshot: bool  # its KV cannot be cut back: kept at the prompt's boundary for the prompt cache
+    taken_at: float = field(default_factory=time.monotonic)  # from the queue
     admitted_at: float = field(default_factory=time.monotonic)
+    joined_at: float | None = None  # in the batch (or decoding alone), its cached prefix fetched and prefilled
     snapshot: list[Any] | None = None
     first_token_at: float | None = None
 
@@ -141,8 +143,9 @@ class BatchRun:
         if alone and can_trim_prompt_cache(kv):
             self._solo = self._start_solo(admitted, kv, rest, sampler, processors, heartbeat)
             self.rows[SOLO] = admitted
-            return
-        self._insert(admitted, [rest], kv, prompt[:start], p.max_tokens, sampler, processors)
+        else:
+            self._insert(admitted, [rest], kv, prompt[:start], p.max_tokens, sampler, processors)
+        admitted.joined_at = time.monotonic()
 
     def _insert(self, admitted: Admitted, segments: list[list[int]], kv: list[Any], context: list[int],
                 max_tokens: int, sampler: Any, processors: list[Any]) -> None:

@@ -9,8 +9,9 @@ owned by the worker thread alone.
 
 from __future__ import annotations
 
+import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .batch import Admitted, BatchRun, Ended
@@ -23,6 +24,8 @@ from .worker_state import Phase
 
 if TYPE_CHECKING:
     from .worker import ModelWorker
+
+log = logging.getLogger("mlxd.engine.worker")
 
 
 class _Gone(Exception):
@@ -37,6 +40,7 @@ class Prepared:
     job: Job
     tokens: list[int] | None
     view: Pending  # what the scheduler sees of it
+    taken_at: float = field(default_factory=time.monotonic)
 
 
 class BatchedTurns:
@@ -123,7 +127,7 @@ class BatchedTurns:
             if self._batch is None:
                 self._batch = BatchRun(self._resident, self._slots(), self.pace)
             self._batch.admit(Admitted(job, generation, tokens, fetched, self._resident.tokenizer.detokenizer,
-                                       needs_snapshot), kv, self._heartbeat)
+                                       needs_snapshot, taken_at=p.taken_at), kv, self._heartbeat)
         except EngineError as exc:
             job.channel.put(Failed(exc))
             self.admission.done(job, 0.0)
@@ -165,6 +169,11 @@ class BatchedTurns:
         if room < cache.stats.memory_bytes:
             cache.shrink_to(room)
         self.admission.done(a.job, time.monotonic() - a.admitted_at)
+        if log.isEnabledFor(logging.DEBUG):  # where a batched request's time went (as lone_turns logs a lone one's)
+            moments = [("admitted", a.admitted_at), ("joined", a.joined_at), ("first_token", a.first_token_at),
+                       ("done", time.monotonic())]
+            log.debug("request %s (batched): %s", a.job.id,
+                      " ".join(f"{k} {1000 * (t - a.taken_at):.1f} ms" for k, t in moments if t is not None))
 
     def _record_inflight_batch(self: "ModelWorker") -> None:
         self._record_inflight(self._batch.jobs if self._batch is not None else [])

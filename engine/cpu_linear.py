@@ -9,14 +9,21 @@ process, 8.5 -> 10.5 tok/s. A tied output head (`embed_tokens.as_linear`,
 the default model's, 21 % of its weights) is the same product: the embedding
 is held transposed too, its lookup reading a column per token instead of a
 row (no second copy). A prompt's matrix-matrix products are as fast either
-way. Only the float32 CPU path uses it (engine/worker.py
+way. Only the float32 CPU path uses it (engine/model_load.py
 load_resident): on Metal and CUDA, and for quantised weights, MLX's own
 kernels read `W` as stored.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
+
+OPT_OUT_ENV = "MLXD_CPU_LAYOUT"  # "stored": keep MLX's layout (to compare: bench/cpu_path.py's after-stored arm)
+
+
+def transposing() -> bool:
+    return os.environ.get(OPT_OUT_ENV, "").strip().lower() != "stored"
 
 
 def transposed_classes() -> tuple[type, type]:

@@ -12,6 +12,7 @@ import pytest
 import requests
 
 from mlxd import exit_codes
+from mlxd.toml_text import dumps
 from testkit import chat, wait_until
 
 pytestmark = pytest.mark.timeout(180)
@@ -80,15 +81,8 @@ def test_hung_worker_makes_health_unhealthy_and_the_request_fails_fast(start_eng
 
 
 def test_missing_model_folder_is_503_and_the_engine_stays_up(start_engine, demo_models, tmp_path):
-    toml = f"""
-[models.demo-a]
-path = "{demo_models.a}"
-[models.gone]
-path = "{tmp_path / 'nowhere'}"
-[aliases]
-default = "demo-a"
-"""
-    eng = start_engine(toml=toml)
+    eng = start_engine(toml=dumps({"models": {"demo-a": {"path": demo_models.a}, "gone": {"path": tmp_path / "nowhere"}},
+                                   "aliases": {"default": "demo-a"}}))
     r = chat(eng.url, model="gone")
     assert r.status_code == 503 and r.json()["error"]["code"] == "model_load_failed"
     assert chat(eng.url).status_code == 200

@@ -15,6 +15,7 @@ import pytest
 from mlxd.devkit.gguf_fixture import write_gguf, write_header_only
 from mlxd.engine.errors import EngineError
 from mlxd.engine.gguf_convert import cached_model_dir, convert_gguf, quantization_config
+from mlxd.toml_text import dumps
 from testkit import chat, wait_until
 
 pytestmark = pytest.mark.timeout(240)
@@ -69,19 +70,9 @@ def test_an_unsupported_gguf_is_a_400_naming_the_type(tmp_path):
 
 
 def engine_toml(demo_models, demo_gguf: Path, unsupported: Path) -> str:
-    return f"""
-[models.gguf-a]
-gguf = "{demo_gguf}"
-
-[models.demo-a]
-path = "{demo_models.a}"
-
-[models.k-quant]
-gguf = "{unsupported}"
-
-[aliases]
-default = "gguf-a"
-"""
+    return dumps({"models": {"gguf-a": {"gguf": demo_gguf}, "demo-a": {"path": demo_models.a},
+                             "k-quant": {"gguf": unsupported}},
+                  "aliases": {"default": "gguf-a"}})
 
 
 def test_the_engine_serves_a_gguf_as_it_serves_the_original(start_engine, demo_models, demo_gguf, tmp_path):
@@ -145,19 +136,9 @@ def test_the_engine_serves_an_ollama_model_from_ollamas_store(start_engine, demo
     from mlxd.devkit.gguf_fixture import write_ollama_store
 
     write_ollama_store(tmp_path / "ollama", "demo:tiny", demo_gguf)
-    toml = f"""
-[models.from-ollama]
-from_ollama = "demo:tiny"
-
-[models.demo-a]
-path = "{demo_models.a}"
-
-[models.not-pulled]
-from_ollama = "nothing:here"
-
-[aliases]
-default = "from-ollama"
-"""
+    toml = dumps({"models": {"from-ollama": {"from_ollama": "demo:tiny"}, "demo-a": {"path": demo_models.a},
+                             "not-pulled": {"from_ollama": "nothing:here"}},
+                  "aliases": {"default": "from-ollama"}})
     eng = start_engine(toml=toml, env={"OLLAMA_MODELS": str(tmp_path / "ollama")})
     same = [chat(eng.url, m, "hello there", max_tokens=12).json()["choices"][0]["message"]["content"]
             for m in ("from-ollama", "demo-a")]

@@ -11,6 +11,7 @@ import json
 import pytest
 import requests
 
+from mlxd.toml_text import dumps
 from testkit import engine_in, prompt_ids, settled_health, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -18,10 +19,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 SYSTEM = "You are a careful assistant for the mlxd project. " * 30  # ~300 tokens
 
 
-def toml(models, engine: str = "", model_a: str = "") -> str:
-    return (f'[engine]\nmax_tokens_cap = 64\n{engine}\n'
-            f'[models.demo-a]\npath = "{models.a}"\n{model_a}\n[models.demo-b]\npath = "{models.b}"\n'
-            f'[aliases]\ndefault = "demo-a"\n')
+def toml(models, model_a: dict | None = None) -> str:
+    """demo-a (with `model_a`'s settings) and demo-b."""
+    return dumps({"engine": {"max_tokens_cap": 64},
+                  "models": {"demo-a": {"path": models.a, **(model_a or {})}, "demo-b": {"path": models.b}},
+                  "aliases": {"default": "demo-a"}})
 
 
 def chat(url: str, messages: list[dict], max_tokens: int = 6, model: str = "demo-a") -> requests.Response:
@@ -44,7 +46,7 @@ def test_quantised_entries_are_kept_and_never_cross_kv_bits(tmp_path, demo_model
     QuantizedKVCache; an engine at 16 bits does not reuse it, one at 8 does."""
     home = tmp_path / "home"
     first = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "remember this"}]
-    eight = toml(demo_models, model_a="kv_bits = 8\nkv_group_size = 32")
+    eight = toml(demo_models, model_a={"kv_bits": 8, "kv_group_size": 32})
     with engine_in(home, eight) as ep:
         r = chat(ep.url, first)
         assert cached(r) == 0

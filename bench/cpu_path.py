@@ -9,6 +9,8 @@ Each arm is a real `mlxd engine` process serving the default model's GGUF
              (quantised matmuls are MLX's own kernels, not BLAS: this shows it)
   after      the defaults: OpenBLAS and the weights loaded as float32
   after-1t   (only with --arms) the defaults with OPENBLAS_NUM_THREADS=1
+  after-stored  (only with --arms) the defaults with MLXD_CPU_LAYOUT=stored: Linear
+             weights as MLX lays them out, not transposed (engine/cpu_linear.py)
 
 Per arm, in rounds that alternate the arms (the first arm rotates each
 round), medians over the rounds:
@@ -87,6 +89,8 @@ ARMS = {
     "blas-only": Arm("blas-only", "OpenBLAS, Q4_1", True, False),
     "after": Arm("after", "OpenBLAS, float32 (the defaults)", True, True),
     "after-1t": Arm("after-1t", "OpenBLAS 1 thread, float32", True, True, (("OPENBLAS_NUM_THREADS", "1"),)),
+    "after-stored": Arm("after-stored", "OpenBLAS, float32, weights as MLX lays them out (x @ W.T)", True, True,
+                        (("MLXD_CPU_LAYOUT", "stored"),)),
 }
 DEFAULT_ARMS = ("before", "blas-only", "after")
 
@@ -342,7 +346,7 @@ def profile_child(folder: str, dtype: str, steps: int) -> dict[str, Any]:
     from mlx.utils import tree_flatten
     from mlx_lm.models.cache import make_prompt_cache
 
-    from mlxd.engine.worker import load_resident
+    from mlxd.engine.model_load import load_resident
 
     resident = load_resident("profile", folder, None if dtype == "stored" else dtype)
     model, tokenizer = resident.model, resident.tokenizer

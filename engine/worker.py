@@ -5,9 +5,10 @@ resident (unloading the previous one first) and serves it: alone
 (lone_turns.py: every job with max_concurrency = 1) or in a batch
 (batched_turns.py, as engine/scheduler.py decides). Each job's Generation
 reports through the job's EventChannel. The worker owns the resident model
-and the prompt cache, and the cache's steps of a turn (`_cached_start`,
-`_store_turn`) serve both ways. HTTP handlers never touch MLX; they read the
-worker's published `status` and `memory` snapshots (worker_state.py).
+(loaded by model_load.py) and the prompt cache, and the cache's steps of a
+turn (turn_kv.py: `_cached_start`, `_store_turn`) serve both ways. HTTP
+handlers never touch MLX; they read the worker's published `status` and
+`memory` snapshots (worker_state.py).
 
 An exception out of MLX is fatal by design: the request gets a 500 and the
 worker hands the exception to `on_fatal` (the engine's Lifecycle), which
@@ -26,9 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-from mlxd.memory_estimate import (KVLayout, attention_heads, kv_allocated_tokens, kv_cache_bytes,
-                                  kv_prefill_transient_bytes, request_fits, vision_encoder_bytes)
-from mlxd.models import is_vision_config
+from mlxd.memory_estimate import KVLayout, attention_heads, kv_cache_bytes
 from mlxd.records import InflightRequest
 
 from .admission import AdmissionQueue
@@ -38,14 +37,17 @@ from .lone_turns import LoneTurns
 from .errors import EngineError
 from .events import Failed
 from .faults import FaultInjector
-from .generation import ResidentModel, recompute
+from .generation import ResidentModel
 from .jobs import Job
 from .model_cache import Unload, plan_release, plan_switch
+from .model_load import load_resident, load_shard, with_kv_layout
 from .model_registry import ModelRegistry
-from .prompt_cache import CacheStats, Fetched, PromptCache, kv_offset, needs_boundary_snapshot
-from .prompt_tokens import PieceEncoder, answer_echo, generation_prompt_length
+from .prompt_cache import PromptCache
+from .prompt_cache_policy import CacheStats
+from .prompt_tokens import generation_prompt_length
 from .prefill_pace import PrefillPace
 from .scheduler import Memory, attention_bytes_per_position
+from .turn_kv import TurnKV
 from .worker_state import MemorySnapshot, Phase, WorkerStatus
 
 log = logging.getLogger("mlxd.engine.worker")
@@ -53,76 +55,7 @@ log = logging.getLogger("mlxd.engine.worker")
 HEARTBEAT_S = 0.05  # progress is published at most this often
 
 
-LOAD_CHUNK_BYTES = 256 * 2**20  # weights read (and converted) per mx.eval at load
-
-
-def load_chunks(sizes: list[int], limit: int) -> list[list[int]]:
-    """Indices of consecutive items grouped until a group reaches `limit`
-    bytes (an item larger than `limit` is a group of its own) (pure)."""
-    out: list[list[int]] = []
-    group: list[int] = []
-    total = 0
-    for i, size in enumerate(sizes):
-        group.append(i)
-        total += size
-        if total >= limit:
-            out.append(group)
-            group, total = [], 0
-    if group:
-        out.append(group)
-    return out
-
-
-def evaluate_in_chunks(params: Any, chunk_bytes: int = LOAD_CHUNK_BYTES) -> int:
-    """mx.eval over a model's parameters, about `chunk_bytes` of them at a
-    time (load_chunks); the number of chunks."""
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
-
-    arrays = [a for _, a in tree_flatten(params)]
-    groups = load_chunks([a.nbytes for a in arrays], chunk_bytes)
-    for group in groups:
-        mx.eval([arrays[i] for i in group])
-    return len(groups)
-
-
-def load_resident(model_id: str, target: str, weights_dtype: str | None = None) -> ResidentModel:
-    """Loads a model folder or repo (downloading it first, as mlx-lm does):
-    a vision-language model through mlx-vlm, any other through mlx-lm.
-    `weights_dtype` "float32": dequantised and cast (the CPU's fast path)."""
-    import json
-
-    from mlx_lm.utils import _download, load, load_tokenizer
-
-    folder = _download(target)
-    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    if not is_vision_config(config):
-        # Lazily, then read a chunk at a time: every weight is resident before
-        # the engine says ready (a first request that read them would take the
-        # whole read into its first prefill step), and a float32 load never
-        # holds the stored and the converted copy of every weight at once
-        # (peak -23 % on the default model; bench/weights_load.py).
-        model, tokenizer = load(str(folder), lazy=True)
-        if weights_dtype == "float32":
-            import mlx.core as mx
-            from mlx_lm.utils import dequantize_model
-
-            from .cpu_linear import transpose_linears
-
-            model = dequantize_model(model)
-            model.set_dtype(mx.float32)
-            transpose_linears(model)  # OpenBLAS's matrix-vector product is 2x faster that way round
-        evaluate_in_chunks(model.parameters())
-        return ResidentModel(model_id, model, tokenizer, PieceEncoder(tokenizer))
-    from mlx_vlm import load as load_vlm
-
-    model, processor = load_vlm(str(folder))
-    # mlx-lm's wrapper on the same tokenizer finds the reasoning and tool-call markers.
-    tokenizer = load_tokenizer(folder, eos_token_ids=getattr(model.config, "eos_token_id", None))
-    return ResidentModel(model_id, model, tokenizer, None, processor)
-
-
-class ModelWorker(LoneTurns, BatchedTurns, threading.Thread):
+class ModelWorker(LoneTurns, BatchedTurns, TurnKV, threading.Thread):
     def __init__(
         self,
         registry: ModelRegistry,
@@ -328,7 +261,7 @@ class ModelWorker(LoneTurns, BatchedTurns, threading.Thread):
         log.info("loading model %s from %s", model_id, target)
         try:
             resident = (load_resident(model_id, target, self.registry.info(model_id).weights_dtype)
-                        if self.link is None else self._load_shard(model_id, target))
+                        if self.link is None else load_shard(model_id, target, self.link))
         except (OSError, ValueError, KeyError, ImportError) as exc:
             # Missing files, unsupported architecture, no network for a
             # download: not an MLX fault; the engine stays up.
@@ -338,7 +271,7 @@ class ModelWorker(LoneTurns, BatchedTurns, threading.Thread):
                               param="model", retry_after=30) from exc
         info = self.registry.info(model_id)
         if not resident.vision and self.link is None:
-            resident = self._with_kv_layout(resident, info.kv)
+            resident = with_kv_layout(resident, info.kv)
         self._resident = resident
         self.resident_kv = resident.kv
         self.pace = PrefillPace(self.prefill_step_size, self.prefill_step_budget_s)
@@ -359,22 +292,6 @@ class ModelWorker(LoneTurns, BatchedTurns, threading.Thread):
         log.info("loaded %s in %.1fs (MLX active %.0f MiB%s)", model_id, time.monotonic() - started,
                  self.memory.active_bytes / 2**20, ", as float32: the CPU's fast path" if info.weights_dtype else "")
 
-    def _load_shard(self, model_id: str, target: str) -> ResidentModel:
-        """A rank group's load: every rank loads its shard at once (mlx-lm's
-        tensor parallelism); rank 0's forward passes are mirrored."""
-        import json
-
-        from mlx_lm.utils import _download
-
-        from .ranks import LOAD, MirroredModel, sharded
-
-        folder = _download(target)
-        if is_vision_config(json.loads((folder / "config.json").read_text(encoding="utf-8"))):
-            raise ValueError("a vision model cannot be served by a rank group")
-        self.link.share((LOAD, model_id))
-        model, tokenizer = sharded(str(folder), self.link)
-        return ResidentModel(model_id, MirroredModel(model, self.link), tokenizer, PieceEncoder(tokenizer))
-
     # --- serving one job ---------------------------------------------------
     def _record_inflight(self, jobs: list[Job]) -> None:
         """The requests the worker holds, oldest first, on disk ([]: none)."""
@@ -393,55 +310,6 @@ class ModelWorker(LoneTurns, BatchedTurns, threading.Thread):
         except OSError as exc:  # a full disk must not take requests down
             log.warning("cannot record the in-flight request: %s", exc)
 
-    def _room_beside(self, job: Job, prompt: list[int], image_tokens: int = 0) -> int:
-        """Bytes the prompt cache may keep while this request runs: its own KV
-        must fit beside the model, so the cache gives way first, and a request
-        that cannot fit even then is refused with a 400 (the gateway falls
-        back) rather than run into Metal's out-of-memory abort."""
-        info = self.registry.info(job.model_id)
-        if info.footprint.weights_bytes is None or not info.config:
-            return self.prompt_cache.stats.memory_bytes  # size unknown: nothing to go by
-        tokens = len(prompt) + job.params.max_tokens
-        need = self._request_bytes(info.config, tokens) + vision_encoder_bytes(info.config, image_tokens)
-        fits, room = request_fits(self.registry.budget_bytes, info.footprint.weights_bytes, need,
-                                  self.prompt_cache.stats.memory_bytes)
-        if not fits:
-            raise EngineError(400, f"this request needs {need / 2**30:.2f} GiB of KV cache (and image encoding) for "
-                                   f"{tokens} tokens "
-                                   f"(prompt + max_tokens), which does not fit beside the model in the memory budget "
-                                   f"of {self.registry.budget_bytes / 2**30:.2f} GiB; shorten the prompt or max_tokens",
-                              code="context_length_exceeded", param="messages")
-        return room
-
-    def _request_bytes(self, config: dict, tokens: int) -> int:
-        """A lone request's KV, allocated once for `tokens` positions in whole
-        steps (engine/kv_cache.py), as the resident model's layout holds it,
-        and what its prefill holds beside a quantised cache."""
-        kv = self._resident.kv if self._resident is not None else KVLayout()
-        positions = kv_allocated_tokens(tokens)
-        return kv_cache_bytes(config, positions, layout=kv) + kv_prefill_transient_bytes(config, positions, kv)
-
-    def _with_kv_layout(self, resident: ResidentModel, kv: KVLayout) -> ResidentModel:
-        """The resident model with its KV layout, said in the log: which
-        layers stay as they are, and whether this MLX decodes over quantised
-        KV or over it dequantised (then quantised from the first position:
-        the estimate counted at least that)."""
-        if not kv.quantized:
-            return resident
-        from .kv_cache import quantized_decode_works, unquantised_kinds
-
-        dequantized = not quantized_decode_works(resident.model, kv)
-        if dequantized:
-            kv = replace(kv, quantized_start=0)
-        kept = unquantised_kinds(resident.model)
-        log.info("KV cache of %s: %d-bit, groups of %d, from position %d%s%s", resident.model_id, kv.bits,
-                 kv.group_size, kv.quantized_start,
-                 f"; layers of kind {', '.join(kept)} keep the model's dtype (mlx-lm cannot quantise them)"
-                 if kept else "",
-                 "; this MLX has no kernel for attention over quantised KV, so decoding dequantises it"
-                 " a layer at a time" if dequantized else "")
-        return replace(resident, kv=kv, dequantized_decode=dequantized)
-
     def _fatal(self, exc: BaseException, jobs: list[Job]) -> None:
         """An MLX fault: every request the worker holds gets an explicit
         error, and the engine exits for the supervisor to restart it."""
@@ -452,75 +320,3 @@ class ModelWorker(LoneTurns, BatchedTurns, threading.Thread):
             job.channel.put(Failed(error))
         self._stop_event.set()
         self.on_fatal(exc, jobs[0] if jobs else None)
-
-    # --- the prompt cache, per turn (both ways of serving) -------------------
-    def _cached_start(self, job: Job, prompt: list[int], room: int,
-                      allocate: bool = False) -> tuple[Fetched, list[Any] | None, bool]:
-        """The turn's KV from the prompt cache (engine/reuse.py plans it):
-        taken, its changed spans recomputed, the rest of the cache shrunk to
-        `room`; and whether the KV must be kept at the prompt's boundary (a
-        cache that cannot be cut back later). `allocate`: the KV gets its
-        whole length (prompt + max_tokens) now, once (a lone request; a
-        batch keeps its own arrays)."""
-        from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
-
-        from .kv_cache import make_kv
-
-        cache = self.prompt_cache
-        answer_room = job.params.max_tokens if allocate else 0
-        fetched = cache.fetch(prompt, answer_room)
-        self._log_reuse(job, fetched)
-        if room < cache.stats.memory_bytes:
-            cache.shrink_to(room)
-        kv, needs_snapshot = fetched.kv, False
-        if fetched.patches:
-            recompute(self._resident.model, kv, prompt, fetched.patches, fetched.start, self.pace, self._heartbeat)
-        if kv is None and allocate:
-            kv = make_kv(self._resident.model, len(prompt) + answer_room, self._resident.kv)
-        if cache.enabled:
-            kv = kv if kv is not None else make_prompt_cache(self._resident.model)
-            needs_snapshot = needs_boundary_snapshot([type(c).__name__ for c in kv], can_trim_prompt_cache(kv))
-        return fetched, kv, needs_snapshot
-
-    def _store_turn(self, job: Job, prompt: list[int], fetched: Fetched, generated: list[int], kv: list[Any] | None,
-                    snapshot: list[Any] | None, needs_snapshot: bool, prefill_s: float | None,
-                    alone: bool = False) -> None:
-        """The turn's KV back to the prompt cache: at the prompt's boundary
-        (`snapshot`) where it cannot be cut back, else all it covers, copied
-        into arrays of just that length (a lone request's were allocated for
-        all of max_tokens). The copy is made while the request's own arrays
-        are alive, so for a lone request the cache first gives up what the
-        copy needs: memory stays within the budget (a batch's rows are
-        counted by the batch's admission)."""
-        from .kv_cache import fitted, fitted_bytes
-        from .kv_files import kv_nbytes
-
-        cache = self.prompt_cache
-        if not cache.enabled:
-            return
-        if kv is not None and not needs_snapshot:
-            weights = self.registry.info(job.model_id).footprint.weights_bytes
-            if alone and weights is not None:
-                allowed = self.registry.budget_bytes - weights - kv_nbytes(kv) - fitted_bytes(kv)
-                if cache.stats.memory_bytes > allowed:
-                    cache.shrink_to(max(0, allowed))
-            kv = fitted(kv)
-        if prefill_s is not None:
-            recomputed = sum(end - start for start, end in fetched.patches)
-            cache.note_prefill(len(prompt) - fetched.start + recomputed, prefill_s)
-        echo = answer_echo(self._resident.tokenizer, generated)
-        if needs_snapshot:
-            if snapshot is not None:
-                cache.store(prompt[:-1], len(prompt) - 1, snapshot, job.conversation, fetched, echo)
-        elif kv is not None:
-            cache.store((prompt + generated)[:kv_offset(kv) or 0], len(prompt), kv, job.conversation, fetched, echo)
-
-    def _log_reuse(self, job: Job, fetched: Fetched) -> None:
-        """At debug level, what the prompt and the cached conversation hold
-        where reuse stopped: which agent field broke the cache."""
-        if fetched.excerpt is None or not log.isEnabledFor(logging.DEBUG):
-            return
-        decode = self._resident.tokenizer.decode
-        cached, sent = fetched.excerpt
-        log.debug("prompt cache: request %s (conversation %s) reused %d tokens; where it stopped the cache holds "
-                  "%r and the prompt has %r", job.id, fetched.name, fetched.cached_tokens, decode(cached), decode(sent))

@@ -13,8 +13,8 @@ How. In-process with mlx-lm, no servers, through the engine's own pieces so
 that what is measured is what the engine does: the plan is reuse.patch_plan
 with ApproxPolicy(recompute_after=r); the cached entry is cut and copied as
 the prompt cache does for a branch (a shallow copy, trim_prompt_cache,
-kv_cache.packed); spans are recomputed with generation.recompute; the
-rest is prefilled with generation.prefill (generate_step's chunking) and
+kv_cache.packed); spans are recomputed with prefill.recompute; the
+rest is prefilled with prefill.prefill (generate_step's chunking) and
 decoded greedily with mlx-lm's generate_step (temperature 0, as the engine's
 sampler makes it). Per prompt pair A (old value) / B (new value), both
 rendered with the chat template (generation prompt on) and of the SAME token
@@ -448,7 +448,7 @@ class Runner:
         from mlx_lm.sample_utils import make_sampler
 
         self.model, self.tokenizer, self.n, self.step = model, tokenizer, n_tokens, step
-        self.sampler = make_sampler(temp=0.0)  # what the engine's _sampling makes of temperature 0: argmax
+        self.sampler = make_sampler(temp=0.0)  # what the engine's make_sampling makes of temperature 0: argmax
 
     def pace(self) -> Any:
         """Steps of `step` tokens each: the engine's chunking, without its pacing."""
@@ -459,7 +459,7 @@ class Runner:
     def cold(self, tokens: list[int]) -> list[Any]:
         from mlx_lm.models.cache import make_prompt_cache
 
-        from mlxd.engine.generation import prefill
+        from mlxd.engine.prefill import prefill
 
         kv = make_prompt_cache(self.model)
         prefill(self.model, kv, tokens, self.pace(), lambda: None)
@@ -483,7 +483,7 @@ class Runner:
                reference: list[int] | None) -> tuple[list[int], Any, Any]:
         """Prefill `prompt[start:]` over `kv` and decode greedily, as the
         engine's decode does (generate_step on the rest; its prefill is
-        generation.prefill's chunking); stops after N tokens, at EOS, or at
+        prefill.prefill's chunking); stops after N tokens, at EOS, or at
         the first token that differs from `reference`. Then the teacher-forced pass: the cache cut
         back to the prompt, the reference's tokens (or, for the reference,
         its own) fed after the prompt's last token in one forward pass.
@@ -492,7 +492,7 @@ class Runner:
         from mlx_lm.generate import generate_step
         from mlx_lm.models.cache import trim_prompt_cache
 
-        from mlxd.engine.generation import prefill
+        from mlxd.engine.prefill import prefill
 
         rest = prompt[start:]
         prefill(self.model, kv, rest[:-1], self.pace(), lambda: None)  # = generate_step's own prefill of rest[:-1]
@@ -525,7 +525,7 @@ def measure(runner: Runner, pair: Pair, recompute_after: Sequence[int],
     tokens and text in each)."""
     import numpy as np
 
-    from mlxd.engine.generation import recompute
+    from mlxd.engine.prefill import recompute
     from mlxd.engine.reuse import ApproxPolicy, common_prefix, patch_plan
 
     a, b = pair.tokens_a, pair.tokens_b

@@ -2,7 +2,7 @@
 during a long generation with and without allocation at admission (issue 25).
 
 What. In-process with the engine's own KV pieces (engine/kv_cache.py:
-make_kv, the paced prefill of engine/generation.py with its dequantised view
+make_kv, the paced prefill of engine/prefill.py with its dequantised view
 of a quantised layer, mlx-lm's generate_step for decoding), each arm in a
 fresh subprocess so MLX's peak memory is the arm's own:
 
@@ -136,7 +136,7 @@ def run_arm(spec: dict) -> dict:
     from mlx_lm.models.cache import make_prompt_cache
     from mlx_lm.utils import load
 
-    from mlxd.engine.generation import prefill
+    from mlxd.engine.prefill import prefill
     from mlxd.engine.kv_cache import make_kv, prefill_views, quantized_decode_works
     from mlxd.engine.prefill_pace import PrefillPace
     from mlxd.memory_estimate import KVLayout, kv_cache_bytes

@@ -4,7 +4,7 @@ Runs on the worker thread (every MLX call does). A `Generation` turns
 mlx-lm's token stream into the job's events: stop strings held back until
 decided, tool calls split out, a slow reader pushing back. The worker owns
 the model, its status and its counters; a Generation owns only its job's
-decode.
+decode. Its prefill is engine/prefill.py's, its sampler engine/sampling.py's.
 """
 
 from __future__ import annotations
@@ -20,13 +20,18 @@ from mlxd.memory_estimate import KVLayout
 from .errors import EngineError, bad_request
 from .events import Delta, Failed, Finished, ToolCalls
 from .faults import FaultInjector
-from .jobs import Job, SamplingParams
+from .jobs import Job
+from .prefill import prefill
 from .prefill_pace import PrefillPace
-from .prompt_cache import PROCESSOR_CONTEXT
 from .prompt_tokens import PieceEncoder, template_tokens
+from .sampling import make_sampling, seeing_context
 from .stop_matcher import StopMatcher
 from .answer_parts import AnswerSplitter, Markers, Part, markers_of, opens_in_reasoning
 from .tool_calls import format_tool_calls
+
+# batch.py takes these from here, under their names from before prefill.py and
+# sampling.py were split out of this module.
+_sampling, _seeing = make_sampling, seeing_context
 
 # Prompt tokens looked at for an open reasoning block (the template opens it
 # at the very end of the prompt).
@@ -176,77 +181,6 @@ def _check_token_ids(ids: Any, vocab: int, param: str) -> None:
         raise bad_request(f"{param} token id {bad} is outside the vocabulary (0..{vocab - 1})", param=param)
 
 
-def _sampling(p: SamplingParams, vocab: int) -> tuple[Any, Any]:
-    from mlx_lm.sample_utils import make_logits_processors, make_sampler
-
-    # top_k at or over the vocabulary means "no top-k": MLX's partition
-    # would fail on it, and a request must never take the engine down.
-    top_k = p.top_k if 0 < p.top_k < vocab else 0
-    sampler = make_sampler(temp=p.temperature, top_p=p.top_p if p.top_p < 1.0 else 0.0, min_p=p.min_p,
-                           top_k=top_k)
-    processors = make_logits_processors(p.logit_bias, p.repetition_penalty, presence_penalty=p.presence_penalty,
-                                        frequency_penalty=p.frequency_penalty)
-    return sampler, processors
-
-
-def _seeing(processor: Callable, context: list[int]) -> Callable:
-    """A logits processor that also sees the tail of the cached prefix:
-    mlx-lm hands processors only the tokens it prefilled itself, and
-    penalties must look back the same way with and without the cache."""
-    import mlx.core as mx
-
-    head = mx.array(context[-PROCESSOR_CONTEXT:], dtype=mx.int32)
-
-    def seeing(tokens: Any, logits: Any) -> Any:
-        return processor(mx.concatenate([head.astype(tokens.dtype), tokens]), logits)
-
-    return seeing
-
-
-def prefill(model: Any, prompt_cache: list[Any], tokens: list[int], pace: PrefillPace, progress: Callable[[], None],
-            faults: FaultInjector | None = None, kv: KVLayout = KVLayout()) -> None:
-    """Run `tokens` through the model into `prompt_cache`, as mlx-lm's
-    generate_step does, a step at a time as `pace` sizes them (each step a
-    heartbeat well within the stuck grace, however slow the machine), its
-    layers quantised once they reach `kv.quantized_start` positions."""
-    from .kv_cache import prefill_views, quantize_from
-
-    import mlx.core as mx
-    from mlx_lm.generate import generation_stream
-
-    ids = mx.array(tokens, dtype=mx.int32)
-    start = 0
-    with mx.stream(generation_stream):
-        while start < len(tokens):
-            n = min(pace.step(), len(tokens) - start)
-            began = time.perf_counter()
-            model(ids[start:start + n][None], cache=prefill_views(prompt_cache))
-            quantize_from(prompt_cache, kv)
-            mx.eval([c.state for c in prompt_cache])
-            if faults is not None and (delay := faults.prefill_delay_s(n)):
-                time.sleep(delay)  # slow@prefill: a slow machine, for the tests
-            pace.observe(n, time.perf_counter() - began)
-            start += n
-            progress()
-            mx.clear_cache()
-
-
-def recompute(model: Any, prompt_cache: list[Any], tokens: list[int], spans: tuple[tuple[int, int], ...], end: int,
-              pace: PrefillPace, progress: Callable[[], None]) -> None:
-    """Approximate reuse (engine/reuse.py): recompute the KV of `tokens`'
-    changed spans over the cached KV before each, in place, and leave the
-    cache at `end`. Every layer is a plain KVCache (reuse.py's `patchable`)
-    whose buffer already reaches `end`: setting its offset back makes the
-    model write the span's new keys and values over the old ones, and the
-    rest of the buffer stays as it was."""
-    for start, stop in spans:
-        for c in prompt_cache:
-            c.offset = start
-        prefill(model, prompt_cache, tokens[start:stop], pace, progress)
-    for c in prompt_cache:
-        c.offset = end
-
-
 @dataclass(frozen=True)
 class _Step:
     text: str
@@ -308,9 +242,9 @@ class Generation:
             prefill(self.resident.model, prompt_cache, prompt[:-1], self.pace, self.heartbeat, self.faults,
                     self.resident.kv)
             context, prompt = context + list(prompt[:-1]), prompt[-1:]
-        sampler, processors = _sampling(p, self.resident.vocab_size())
+        sampler, processors = make_sampling(p, self.resident.vocab_size())
         if processors and context:
-            processors = [_seeing(proc, context) for proc in processors]
+            processors = [seeing_context(proc, context) for proc in processors]
         kv = self.resident.kv
         quantize = {"kv_bits": kv.bits, "kv_group_size": kv.group_size,
                     "quantized_kv_start": kv.quantized_start} if kv.quantized else {}
@@ -333,7 +267,7 @@ class Generation:
         p = self.job.params
         if p.seed is not None:
             mx.random.seed(p.seed)
-        sampler, processors = _sampling(p, self.resident.vocab_size())
+        sampler, processors = make_sampling(p, self.resident.vocab_size())
         steps = stream_generate(self.resident.model, self.resident.processor, "", max_tokens=p.max_tokens,
                                 sampler=sampler, logits_processors=processors or None,
                                 prefill_step_size=self.pace.step(), **prompt.inputs)

@@ -23,7 +23,7 @@ from .admission import AdmissionQueue
 from .errors import EngineError
 from .jobs import Job
 from .lifecycle import Lifecycle
-from .prompt_cache import CacheStats
+from .prompt_cache_policy import CacheStats
 from .worker import Phase, WorkerStatus
 
 LOAD_TIMEOUT_S = 1800.0  # a load (with download) longer than this counts as stuck

@@ -21,7 +21,8 @@ least recently used out first. Disk (engine/kv_files.py): what leaves memory,
 and the latest entry when the engine goes idle, so an engine restarted after a
 Metal abort still answers the next turn from its cache.
 
-The decisions are the pure functions at the top; `PromptCache` is their I/O
+The decisions, and the values the cache hands out (Fetched, CacheStats), are
+pure and live in engine/prompt_cache_policy.py; `PromptCache` is their I/O
 shell. The worker thread owns it: every MLX array here is created, read,
 written to disk and freed on that thread, between or inside its own jobs.
 """
@@ -40,71 +41,15 @@ from typing import Any, Sequence
 import numpy as np
 
 from .kv_files import DiskEntry, KVFileError, KVFiles, is_patchable, kv_nbytes
+from .prompt_cache_policy import (MIN_PREFILL_SAMPLE, MIN_REUSE_TOKENS, NOT_CACHED, CacheStats, Fetched,
+                                  entries_to_evict, prefill_rate_for, worth_reading)
 from .reuse import ApproxPolicy, Candidate, Reuse, ReuseReport, choose_reuse, explain, supersedes
 
 log = logging.getLogger("mlxd.engine.prompt_cache")
 
-# Tokens of the cached prefix handed to logits processors (repetition,
-# presence and frequency penalties look back 20 tokens in mlx-lm): with them a
-# request with penalties samples the same with and without the cache.
-PROCESSOR_CONTEXT = 256
-# Shorter shared prefixes are not reused: every conversation shares its chat
-# template's opening tokens, and continuing another conversation's entry
-# for them would cost a copy of it.
-MIN_REUSE_TOKENS = 32
-MIN_PREFILL_SAMPLE = 512  # prompt tokens a prefill must have to measure its speed by
+RECENT_CONVERSATIONS = 8  # reports kept for status and /metrics
+EXCERPT_TOKENS = 12  # each side of where reuse stopped, in the debug log
 
-
-# --- decisions (pure) ------------------------------------------------------
-
-def entries_to_evict(sizes_lru_first: Sequence[int], budget_bytes: int) -> int:
-    """How many entries, least recently used first, must leave for the rest
-    to fit the budget (pure)."""
-    total = sum(sizes_lru_first)
-    n = 0
-    while total > budget_bytes and n < len(sizes_lru_first):
-        total -= sizes_lru_first[n]
-        n += 1
-    return n
-
-
-def worth_reading(file_bytes: int, tokens_saved: int, *, max_bytes: int, max_read_s: float,
-                  read_bytes_per_s: float, read_timed: bool, prefill_tokens_per_s: float | None) -> bool:
-    """Whether to read a disk entry (pure): it must fit the memory the cache
-    may use, be read within max_read_s at the disk's speed, and, once a read
-    has been timed, be quicker to read than the prefill it saves. Before
-    that the speed is the write speed, a guess: a file written moments
-    before a crash is usually still in the OS's page cache, and an estimate
-    that forbade the first read would never be corrected."""
-    if file_bytes > max_bytes:
-        return False
-    read_s = file_bytes / max(read_bytes_per_s, 1.0)
-    if read_s > max_read_s:
-        return False
-    if not read_timed or prefill_tokens_per_s is None:
-        return True
-    return read_s < tokens_saved / max(prefill_tokens_per_s, 1e-9)
-
-
-def prefill_rate_for(warm: bool, fastest: float | None, first_in_process: float | None) -> float | None:
-    """The prefill speed a disk read competes with (pure). An engine that has
-    not prefilled a long prompt yet pays for its kernels' first compilation
-    too (on MLX CUDA a restarted engine's first 12k-token prefill took 2.4 s,
-    later ones 0.7 s): judged by earlier engines' first prefills, it reads
-    where a read really is quicker for it."""
-    if warm:
-        return fastest
-    return first_in_process or fastest
-
-
-def needs_boundary_snapshot(layer_kinds: Sequence[str], trimmable: bool) -> bool:
-    """Whether an entry must be snapshotted at the prompt's boundary (pure):
-    a cache that cannot be trimmed now, or a rotating window that may wrap
-    during the answer and stop being trimmable."""
-    return not trimmable or any(kind == "RotatingKVCache" for kind in layer_kinds)
-
-
-# --- the cache (the worker thread's) ------------------------------------------
 
 @dataclass(eq=False)
 class Entry:
@@ -126,67 +71,6 @@ class Entry:
     @property
     def patchable(self) -> bool:
         return is_patchable(self.kv)
-
-
-@dataclass(frozen=True)
-class Fetched:
-    """A prompt's reuse: the KV to continue (None: start cold), the prompt
-    token the prefill starts at, and the spans to recompute first
-    (approximate reuse). The turn's entry is stored under `name`, replacing
-    `replaces` on disk."""
-
-    kv: list[Any] | None
-    start: int
-    cached_tokens: int  # KV reused, recomputed spans not counted (usage's cached_tokens)
-    source: str  # "memory", "disk" or "none"
-    patches: tuple[tuple[int, int], ...] = ()
-    name: str = ""
-    replaces: tuple[DiskEntry, ...] = ()
-    excerpt: tuple[list[int], list[int]] | None = None  # tokens around where reuse stopped: cached, prompt
-
-
-NOT_CACHED = Fetched(None, 0, 0, "none")
-RECENT_CONVERSATIONS = 8  # reports kept for status and /metrics
-EXCERPT_TOKENS = 12  # each side of where reuse stopped, in the debug log
-
-
-@dataclass(frozen=True)
-class CacheStats:
-    """Published after every change; read by /health and /metrics."""
-
-    enabled: bool = False
-    disk_enabled: bool = False
-    model: str | None = None
-    memory_entries: int = 0
-    memory_bytes: int = 0
-    memory_budget_bytes: int = 0
-    disk_entries: int = 0
-    disk_bytes: int = 0
-    disk_budget_bytes: int = 0
-    requests: int = 0
-    hits: int = 0
-    disk_hits: int = 0
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    evictions: int = 0
-    disk_writes: int = 0
-    disk_write_failures: int = 0
-    disk_rejects: int = 0  # corrupt, partial or foreign files removed
-    errors: int = 0  # faults in the cache's own bookkeeping (logged; the request went on cold)
-    superseded: int = 0  # entries replaced by a later turn of their conversation
-    recomputed_tokens: int = 0  # tokens recomputed inside reused KV (approximate reuse)
-    recent: tuple[ReuseReport, ...] = ()  # the latest turn of each recent conversation, newest last
-
-    @property
-    def hit_rate(self) -> float:
-        """Share of prompt tokens served from the cache."""
-        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
-        out["hit_rate"] = round(self.hit_rate, 4)
-        out["recent"] = [r.as_dict() for r in self.recent]
-        return out
 
 
 def _trimmable(kv: list[Any]) -> bool:

@@ -78,7 +78,7 @@ def test_quantised_kv_takes_its_share_of_the_memory(demo, bits, start):
     for its own."""
     from mlx_lm.models.cache import QuantizedKVCache
 
-    from mlxd.engine.generation import prefill
+    from mlxd.engine.prefill import prefill
     from mlxd.engine.kv_cache import fitted, fitted_bytes, make_kv, packed
     from mlxd.engine.prefill_pace import PrefillPace
     from mlxd.memory_estimate import KVLayout, kv_allocated_tokens, kv_cache_bytes
@@ -131,7 +131,7 @@ def test_decoding_through_the_dequantised_view_matches_quantised_attention(demo)
     """Where MLX has no kernel for attention over quantised KV (its CUDA
     backend), the engine decodes through DequantizedView: the same KV, the
     same answer as mlx-lm's quantised attention where that runs (here)."""
-    from mlxd.engine.generation import prefill
+    from mlxd.engine.prefill import prefill
     from mlxd.engine.kv_cache import make_kv, prefill_views, quantized_decode_works
     from mlxd.engine.prefill_pace import PrefillPace
     from mlxd.memory_estimate import KVLayout

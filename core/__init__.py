@@ -2,8 +2,34 @@
 
 Components live in top-level folders and are imported under this namespace:
 mlxd.engine (engine/), mlxd.gateway (gateway/), mlxd.supervisor (supervisor/),
-mlxd.launchd (launchd/). This package holds what they share: the config and
-the `mlxd` command.
+mlxd.launchd (launchd/), the `mlxd` command mlxd.cli (cli/) and what tests and
+benchmarks share, mlxd.devkit (devkit/). This package (core/) holds what the
+components share, without MLX. Every file, one line each (a test,
+tests/layout/test_component_maps.py, keeps this list whole):
+
+The config
+  config.py             the one import for the config: `Config`, `load_config`, the first-run file
+  config_sections.py    the file's sections (pydantic): each setting with its description
+  config_schema.py      the whole document: models, aliases, cross-section checks (pure)
+  config_loading.py     finding and reading the file, the MLXD_* overrides, validation messages
+  config_reference.py   text generated from the schema: docs/CONFIG.md, `--help`, the first-run file
+  toml_text.py          TOML text from values: the one writer of mlxd.toml that code builds
+
+Models and memory
+  models.py             where each configured model lives and whether it fits the budget (no MLX)
+  memory_estimate.py    the heavy-model estimate: weights + KV against the budget (pure)
+  default_model.py      the real default model, SmolLM2-135M-Instruct, fetched at set-up
+  gguf.py               GGUF files without MLX: header, what MLX can load, the mlx-lm config (pure)
+  ollama_store.py       Ollama's own model store, read-only: the GGUF behind a model name
+
+State and contracts between processes
+  paths.py              $MLXD_HOME's layout (`StatePaths`); atomic writes, folders built once
+  records.py            files one process writes and another reads, one frozen dataclass each
+  reports.py            what one process tells another over HTTP or stdout (EngineHealth, ...)
+  exit_codes.py         exit codes: the engine's, read by the crash listener and the scripts
+  api_errors.py         the error contract the engine and the gateway share: type by status, codes
+  keyfile.py            key files: generated on first use, 0600, compared in constant time
+  probe.py              one HTTP GET of a JSON document that never raises (the health probes)
 """
 
 import time as _time

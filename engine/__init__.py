@@ -1,25 +1,72 @@
 """The MLX engine: an OpenAI-compatible server over mlx-lm.
 
-Entry point: `mlxd engine` -> mlxd.engine.main.run_engine. Where things are:
+Entry point: `mlxd engine` -> mlxd.engine.main.run_engine. One worker thread
+owns the model and every MLX call; HTTP handlers put a job on the admission
+queue and wait on its events. Every file, one line each (a test,
+tests/layout/test_component_maps.py, keeps this list whole):
 
-  server.py      the FastAPI app and `Engine`, which wires the parts below
-  relay.py       the request flow: admit, wait, answer as JSON or SSE
-  lifecycle.py   start, drain on SIGTERM, exit on an MLX error
-  health.py      GET /health; metrics.py: GET /metrics
-  worker.py      the one thread that owns the model and every MLX call
-  worker_state.py  what it publishes: phase, requests held, memory
-  lone_turns.py  its turns serving one request alone (stream_generate)
-  batched_turns.py  its turns with max_concurrency > 1; batch.py: the batch
-                 (mlx-lm's BatchGenerator; a request alone decodes solo)
-  generation.py  one job's tokenize/decode on the resident model
-  kv_cache.py    a request's KV: allocated once at its admitted length, quantised (kv_bits)
-  jobs.py, events.py  a job, and the events the worker sends its handler
+HTTP and the process
+  main.py                 `mlxd engine`: config, demo models, memory budget, uvicorn
+  server.py               the FastAPI app and `Engine`, which wires the parts below
+  relay.py                one request: admit, wait for the worker, answer as JSON or SSE
+  lifecycle.py            start the worker, drain on SIGTERM, exit on an MLX error
+  health.py               GET /health: the engine's state and the stuck verdict
+  metrics.py              GET /metrics (Prometheus, read from published snapshots)
+  faults.py               fault injection (crash, hang, MLX error) for tests; off by default
 
-Decisions live in small pure modules: admission.py (queue), scheduler.py
-(the batched worker's next step, memory admission), model_cache.py
-(which model to load/unload), faults.py (fault injection), request_schema.py
-(request validation, shared with the gateway; response_builder.py builds the
-answers); the heavy-model estimate is mlxd.models / mlxd.memory_estimate
-(core/), shared with the gateway without MLX, as is the error contract
+A request in, an answer out
+  request_schema.py       the OpenAI request models (pydantic; shared with the gateway)
+  jobs.py                 a request turned into a job: what to generate, where its events go
+  request_metadata.py     agents' per-request metadata removed before the chat template (pure)
+  images.py               where an image_url may come from (pure), and its bytes
+  quarantine.py           refuses requests the crash listener quarantined
+  admission.py            the bounded FIFO in front of the worker (429, 503; pure policy)
+  events.py               what the worker tells a job's handler, and the channel it goes through
+  response_builder.py     the answers in OpenAI's shape: whole bodies, SSE chunks, usage
+  errors.py               EngineError: status, code, message; rendered in one place
+
+The worker
+  worker.py               the one thread that owns the model and every MLX call
+  worker_state.py         what it publishes to other threads: phase, requests held, memory
+  lone_turns.py           its turns serving one request alone (stream_generate)
+  batched_turns.py        its turns with max_concurrency > 1, as scheduler.py decides
+  turn_kv.py              a turn's prompt-cache steps, both ways: room, KV taken, KV stored
+  scheduler.py            the batched worker's next step and memory admission (pure)
+  batch.py                the batch: mlx-lm's BatchGenerator; a request alone decodes solo
+  ranks.py                a rank group: one model sharded over processes (mlx.launch)
+
+The model
+  model_registry.py       which models exist and where they live (configured names only)
+  model_cache.py          one model resident: which to unload, then load (pure)
+  model_load.py           a model into memory: mlx-lm, mlx-vlm, a rank's shard; its KV layout
+  fast_blas.py            Linux: OpenBLAS under MLX's CPU backend, chosen before MLX loads
+  cpu_linear.py           the CPU's float32 path: Linear and Embedding weights held transposed
+  gguf_convert.py         a GGUF file -> an MLX model folder, converted once
+  demo_model.py           the tiny random-weight demo models, built locally
+  demo_text.py            their chat templates and tokenizer corpus (data)
+
+Generation
+  generation.py           one job's tokenize and decode on the resident model, as events
+  prompt_tokens.py        chat prompts tokenized piece by piece, not whole every turn
+  prefill.py              a prompt into its KV at the engine's pace; recomputed spans
+  prefill_pace.py         each prefill step's size from the measured speed (pure)
+  sampling.py             a request's sampler and logits processors
+
+Parsing what the model writes
+  stop_matcher.py         stop strings over streamed text (pure)
+  answer_parts.py         an answer split into reasoning, content and tool calls
+  tool_calls.py           tool-call bodies in OpenAI's shape
+
+KV and the prompt cache
+  kv_cache.py             a request's KV: allocated once at its admitted length, quantised (kv_bits)
+  batch_kv.py             the batch's KV, allocated when rows join
+  prompt_cache.py         the prompt cache's memory and disk tiers (the worker's)
+  prompt_cache_policy.py  its decisions (pure) and what it hands out: Fetched, CacheStats
+  reuse.py                a turn's reuse plan: which entry, how deep, continue or branch (pure)
+  cache_keys.py           agent-safe keys: which conversation a request continues
+  kv_files.py             the disk tier: one safetensors file per entry, written atomically
+
+The heavy-model estimate is mlxd.models / mlxd.memory_estimate (core/),
+shared with the gateway without MLX, as is the error contract
 (mlxd.api_errors).
 """

@@ -1,2 +1,16 @@
 """The gateway: our key guard and engine fast path in front of LiteLLM's
-proxy, with model aliases and the Ollama fallback (entry point: main.py)."""
+proxy, with model aliases and the Ollama fallback.
+
+Entry point: `mlxd gateway` -> mlxd.gateway.main.run_gateway. Every file,
+one line each (a test, tests/layout/test_component_maps.py, keeps this list
+whole):
+
+  main.py            `mlxd gateway`: the key, heavy models, litellm.yaml, then LiteLLM's proxy
+  app.py             the ASGI app: our key check (401 in OpenAI's shape) in front of LiteLLM
+  keys.py            the gateway key: generated on first run, 0600, rotatable, never logged
+  health.py          the open health routes (ours and LiteLLM's), answered without a key
+  fastpath.py        the engine fast path: light-model requests relayed past LiteLLM's chunk work
+  routing.py         the fast path's decisions (pure): refused, to LiteLLM or to the engine
+  litellm_config.py  LiteLLM's proxy config, generated from mlxd's: model groups, Ollama fallbacks
+  errors.py          the one way the gateway answers an error (OpenAI's shape, raw ASGI)
+"""

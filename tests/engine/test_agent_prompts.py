@@ -7,10 +7,12 @@ and why reuse stopped. Token counts come from the demo model's tokenizer."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 import requests
 
+from mlxd.toml_text import dumps
 from testkit import common_prefix, prompt_ids, settled_health, wait_until
 
 pytestmark = pytest.mark.timeout(240)
@@ -20,9 +22,11 @@ TAIL = "Use the tools to read files before you change them. " * 12
 HEADER = "x-anthropic-billing-header: cc_version=2.1.120.cf9; cc_entrypoint=cli; cch={:05x};"
 
 
-def toml(models, cache: str = "", engine: str = "") -> str:
-    return (f'[engine]\nmax_tokens_cap = 64\n{engine}\n[engine.prompt_cache]\ndisk = false\n{cache}\n'
-            f'[models.demo-a]\npath = "{models.a}"\n[aliases]\ndefault = "demo-a"\n')
+def toml(model: Path, cache: dict | None = None, engine: dict | None = None, name: str = "demo-a") -> str:
+    """One model, the default; the prompt cache in memory only unless `cache`
+    (its settings) says otherwise; `engine`: more [engine] settings."""
+    return dumps({"engine": {"max_tokens_cap": 64, **(engine or {}), "prompt_cache": {"disk": False, **(cache or {})}},
+                  "models": {name: {"path": model}}, "aliases": {"default": name}})
 
 
 def ask(url: str, messages: list[dict], max_tokens: int = 6) -> tuple[str, dict]:
@@ -59,7 +63,7 @@ def replay(url: str, system_for_turn, turns: int = 4) -> list[tuple[list[dict], 
 
 
 def test_claude_codes_billing_header_is_not_prompt(start_engine, demo_models, tokenizer):
-    ep = start_engine(toml=toml(demo_models))
+    ep = start_engine(toml=toml(demo_models.a))
     turns = replay(ep.url, lambda turn: HEADER.format(0x1000 * turn + 7) + "\n" + HEAD + TAIL)
     for i, (messages, usage) in enumerate(turns):
         # The model sees the prompt without the header: its token count says so.
@@ -71,7 +75,7 @@ def test_claude_codes_billing_header_is_not_prompt(start_engine, demo_models, to
 
 
 def test_the_header_stays_when_the_rule_is_off(start_engine, demo_models, tokenizer):
-    ep = start_engine(toml=toml(demo_models, engine="strip_metadata = []"))
+    ep = start_engine(toml=toml(demo_models.a, engine={"strip_metadata": []}))
     turns = replay(ep.url, lambda turn: HEADER.format(0x1000 * turn + 7) + "\n" + HEAD + TAIL, turns=2)
     messages, usage = turns[1]
     assert usage["prompt_tokens"] == len(prompt_ids(tokenizer, messages))
@@ -79,7 +83,7 @@ def test_the_header_stays_when_the_rule_is_off(start_engine, demo_models, tokeni
 
 
 def test_a_clock_ends_exact_reuse_where_it_stands_and_one_entry_is_kept(start_engine, demo_models, tokenizer):
-    ep = start_engine(toml=toml(demo_models))
+    ep = start_engine(toml=toml(demo_models.a))
     turns = replay(ep.url, lambda turn: clock_system(10 + turn), turns=5)
     for (before, _), (messages, usage) in zip(turns, turns[1:]):
         at_clock = common_prefix(prompt_ids(tokenizer, before), prompt_ids(tokenizer, messages))
@@ -106,7 +110,7 @@ def same_length_minutes(tokenizer, n: int) -> list[int]:
 
 
 def test_approximate_reuse_goes_past_a_changed_clock(start_engine, demo_models, tokenizer):
-    ep = start_engine(toml=toml(demo_models, "approximate = true"))
+    ep = start_engine(toml=toml(demo_models.a, {"approximate": True}))
     minutes = same_length_minutes(tokenizer, 4)
     assert len(minutes) == 4
     turns = replay(ep.url, lambda turn: clock_system(minutes[turn - 1]), turns=4)
@@ -123,7 +127,7 @@ def test_approximate_reuse_goes_past_a_changed_clock(start_engine, demo_models, 
 
 def test_interleaved_conversations_keep_their_own_entries(start_engine, demo_models, tokenizer):
     """Two sub-agents whose prompts differ in a few tokens: neither replaces the other's entry."""
-    ep = start_engine(toml=toml(demo_models))
+    ep = start_engine(toml=toml(demo_models.a))
     histories = {name: [{"role": "system", "content": HEAD + TAIL}] for name in ("task 1111", "task 2222")}
     for turn in range(1, 4):
         for name, history in histories.items():
@@ -137,7 +141,7 @@ def test_interleaved_conversations_keep_their_own_entries(start_engine, demo_mod
 
 
 def test_the_debug_log_shows_both_sides_where_reuse_stopped(start_engine, demo_models):
-    ep = start_engine(toml=toml(demo_models, engine='log_level = "debug"'))
+    ep = start_engine(toml=toml(demo_models.a, engine={"log_level": "debug"}))
     replay(ep.url, lambda turn: clock_system(10 + turn), turns=2)
     wait_until(lambda: "where it stopped the cache holds" in ep.log(), timeout=10,
                what="the debug line about where reuse stopped")
@@ -149,8 +153,7 @@ def test_a_reasoning_conversation_keeps_one_entry(start_engine, think_model):
     """The template drops earlier turns' think blocks, so each turn's prompt
     parts from the cached answer: the turn still continues, and replaces, its
     conversation's entry."""
-    ep = start_engine(toml=f'[engine]\nmax_tokens_cap = 64\n[engine.prompt_cache]\ndisk = false\n'
-                           f'[models.think]\npath = "{think_model}"\n[aliases]\ndefault = "think"\n')
+    ep = start_engine(toml=toml(think_model, name="think"))
     messages = [{"role": "system", "content": HEAD}]
     for turn in range(1, 5):
         messages.append({"role": "user", "content": f"question {turn}"})
@@ -166,7 +169,7 @@ def test_a_reasoning_conversation_keeps_one_entry(start_engine, think_model):
 
 
 def test_on_disk_too_a_conversation_keeps_one_entry(start_engine, demo_models):
-    ep = start_engine(toml=toml(demo_models).replace("disk = false", "disk = true"))
+    ep = start_engine(toml=toml(demo_models.a, {"disk": True}))
     history: list[dict] = []
     for turn in range(1, 5):
         history.append({"role": "user", "content": f"question {turn}"})

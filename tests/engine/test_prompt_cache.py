@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from mlxd.toml_text import dumps
 from testkit import common_prefix, engine_in, prompt_ids, real_default_model, settled_health, wait_until
 
 pytestmark = pytest.mark.timeout(240)
@@ -20,10 +21,11 @@ pytestmark = pytest.mark.timeout(240)
 SYSTEM = "You are a careful assistant for the mlxd project. " * 30  # ~300 tokens
 
 
-def toml(models, cache: str = "", engine: str = "") -> str:
-    return (f'[engine]\nmax_tokens_cap = 64\n{engine}\n[engine.prompt_cache]\n{cache}\n'
-            f'[models.demo-a]\npath = "{models.a}"\n[models.demo-b]\npath = "{models.b}"\n'
-            f'[aliases]\ndefault = "demo-a"\n')
+def toml(models, cache: dict | None = None, engine: dict | None = None) -> str:
+    """demo-a and demo-b; `cache`: [engine.prompt_cache] settings, `engine`: more [engine] ones."""
+    return dumps({"engine": {"max_tokens_cap": 64, **(engine or {}), "prompt_cache": cache or {}},
+                  "models": {"demo-a": {"path": models.a}, "demo-b": {"path": models.b}},
+                  "aliases": {"default": "demo-a"}})
 
 
 def ask(url: str, messages: list[dict], model: str = "demo-a", max_tokens: int = 6, stream: bool = False):
@@ -57,7 +59,7 @@ def cached(usage: dict) -> int:
 
 
 def test_each_turn_reuses_the_conversation_so_far(start_engine, demo_models, tokenizer):
-    ep = start_engine(toml=toml(demo_models, "disk = false"))
+    ep = start_engine(toml=toml(demo_models, {"disk": False}))
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "first question"}]
     reply, usage = ask(ep.url, messages)
     assert cached(usage) == 0 and usage["prompt_tokens"] == len(prompt_ids(tokenizer, messages))
@@ -75,7 +77,7 @@ def test_each_turn_reuses_the_conversation_so_far(start_engine, demo_models, tok
 
 
 def test_a_branch_reuses_only_the_shared_part_and_keeps_the_other(start_engine, demo_models, tokenizer):
-    ep = start_engine(toml=toml(demo_models, "disk = false"))
+    ep = start_engine(toml=toml(demo_models, {"disk": False}))
     history = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "plan the release"},
                {"role": "assistant", "content": "first we test"}]
     a = history + [{"role": "user", "content": "then what about the docs"}]
@@ -105,7 +107,7 @@ def test_models_never_share_entries(start_engine, demo_models):
 def test_the_byte_budget_holds_and_evicts_least_recently_used_first(start_engine, demo_models):
     # demo-a holds 4 KiB of KV a token, in 1 MiB steps of 256 tokens: these ~700-token
     # conversations take 3 MiB each, so 7.5 MiB keeps two of them.
-    ep = start_engine(toml=toml(demo_models, "disk = false\nmemory_gib = 0.0073"))
+    ep = start_engine(toml=toml(demo_models, {"disk": False, "memory_gib": 0.0073}))
     budget = cache_stats(ep.url)["memory_budget_bytes"]
     assert budget == int(0.0073 * 2**30)
 
@@ -135,8 +137,8 @@ def test_agent_safe_keys_keep_one_entry_per_conversation_and_reuse_only_real_mat
         return [{"role": "system", "content": SYSTEM + f"\nCurrent time: {ts}"}, {"role": "user", "content": "go"},
                 *more]
 
-    for rules in ("", 'normalize = ["iso_timestamps"]'):
-        ep = start_engine(toml=toml(demo_models, "disk = false\n" + rules))
+    for rules in ({}, {"normalize": ["iso_timestamps"]}):
+        ep = start_engine(toml=toml(demo_models, {"disk": False, **rules}))
         first = turn("2026-11-23T10:31:02Z")
         reply, _ = ask(ep.url, first)
         second = turn("2026-11-23T10:32:15Z", {"role": "assistant", "content": reply}, {"role": "user", "content": "on"})
@@ -156,7 +158,7 @@ def test_a_request_whose_kv_cannot_fit_is_refused_and_the_cache_gives_way_first(
     # A memory budget (75 % of this "machine") of the weights + 3 MiB: demo-a's KV takes 4 KiB a
     # token, so a request of up to ~760 tokens (prompt + max_tokens) fits beside the model.
     total = int((weights + 3 * 2**20) / 0.75) + 1
-    ep = start_engine(toml=toml(demo_models, "disk = false\nmemory_gib = 1", engine="context_tokens = 128"),
+    ep = start_engine(toml=toml(demo_models, {"disk": False, "memory_gib": 1}, engine={"context_tokens": 128}),
                       env={"MLXD_MEMORY_TOTAL_BYTES": str(total)})
     short = [{"role": "system", "content": SYSTEM[:500]}, {"role": "user", "content": "short"}]
     ask(ep.url, short)  # ~300 tokens: fits, and its entry (2 MiB of buffer) stays in the cache
@@ -231,7 +233,7 @@ def test_kill_9_during_a_disk_write_leaves_no_entry(tmp_path, demo_models):
 
 
 def test_cache_off_reports_zero_cached_tokens(start_engine, demo_models):
-    ep = start_engine(toml=toml(demo_models, "enabled = false"))
+    ep = start_engine(toml=toml(demo_models, {"enabled": False}))
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "q"}]
     for _ in range(2):
         _, usage = ask(ep.url, messages)
@@ -242,11 +244,11 @@ def test_cache_off_reports_zero_cached_tokens(start_engine, demo_models):
 @pytest.mark.timeout(600)
 def test_greedy_answers_are_the_same_with_and_without_the_cache_on_the_real_model(start_engine):
     gguf = real_default_model()
-    models = f'[models.smollm2]\ngguf = {json.dumps(str(gguf))}\n[aliases]\ndefault = "smollm2"\n'
     questions = ["What is the capital of France?", "And of Italy?", "Which of the two is larger?"]
     transcripts = {}
     for enabled in (True, False):
-        ep = start_engine(toml=f"[engine.prompt_cache]\nenabled = {str(enabled).lower()}\n{models}")
+        ep = start_engine(toml=dumps({"engine": {"prompt_cache": {"enabled": enabled}},
+                                       "models": {"smollm2": {"gguf": gguf}}, "aliases": {"default": "smollm2"}}))
         messages = [{"role": "system", "content": "You are a concise geography tutor."}]
         turns = []
         for q in questions:

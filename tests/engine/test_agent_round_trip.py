@@ -19,7 +19,7 @@ pytestmark = pytest.mark.timeout(600)
 @pytest.fixture(scope="module")
 def client(tmp_path_factory, demo_models, agent_model):
     """One engine for the module: no test stops or crashes it."""
-    extra = f'[models.agent]\npath = "{agent_model}"\n'
+    extra = {"agent": {"path": agent_model}}
     with running_engine(tmp_path_factory, engine_toml(demo_models, {"max_tokens_cap": 64}, extra_models=extra)) as ep:
         yield OpenAI(base_url=ep.url + "/v1", api_key="unused", max_retries=0, timeout=120)
 

@@ -228,7 +228,7 @@ def test_reasoning_splits_the_same_in_a_batch(start_engine, demo_models, think_m
 
     from conftest import engine_toml
 
-    extra = f'[models.demo-think]\npath = "{think_model}"\n'
+    extra = {"demo-think": {"path": think_model}}
     single = start_engine(toml=engine_toml(demo_models, {"max_tokens_cap": 64}, extra_models=extra))
     batched = start_engine(toml=engine_toml(demo_models, {"max_tokens_cap": 64, "max_concurrency": 3},
                                             extra_models=extra))
@@ -279,7 +279,7 @@ def test_tool_calls_are_parsed_per_request_in_a_batch(start_engine, demo_models,
     from conftest import engine_toml
     from mlxd.devkit import agent_model as agent
 
-    extra = f'[models.agent]\npath = "{agent_model}"\n'
+    extra = {"agent": {"path": agent_model}}
     eng = start_engine(toml=engine_toml(demo_models, {"max_tokens_cap": 64, "max_concurrency": 3},
                                         extra_models=extra))
     client = OpenAI(base_url=eng.url + "/v1", api_key="unused", max_retries=0, timeout=120)

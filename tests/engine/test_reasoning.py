@@ -17,7 +17,7 @@ HELLO = [{"role": "user", "content": "Tell me about the lighthouse."}]
 @pytest.fixture(scope="module")
 def client(tmp_path_factory, demo_models, think_model):
     """One engine for the module: no test stops or crashes it."""
-    extra = f'[models.demo-think]\npath = "{think_model}"\n'
+    extra = {"demo-think": {"path": think_model}}
     with running_engine(tmp_path_factory, engine_toml(demo_models, {"max_tokens_cap": 64}, extra_models=extra)) as ep:
         yield OpenAI(base_url=ep.url + "/v1", api_key="unused", max_retries=0)
 

@@ -25,9 +25,9 @@ MAX_PROMPT_TOKENS = 200  # a 448x448 image alone is 256 image tokens
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory, demo_models, vision_model):
     pictures = tmp_path_factory.mktemp("pictures")
-    extra = (f'[models.vision]\npath = "{vision_model}"\n\n'
-             f'[engine.images]\nlocal_dirs = ["{pictures}"]\n')
-    toml = engine_toml(demo_models, {"max_tokens_cap": 32, "max_prompt_tokens": MAX_PROMPT_TOKENS}, extra_models=extra)
+    toml = engine_toml(demo_models, {"max_tokens_cap": 32, "max_prompt_tokens": MAX_PROMPT_TOKENS,
+                                     "images": {"local_dirs": [pictures]}},
+                       extra_models={"vision": {"path": vision_model}})
     with running_engine(tmp_path_factory, toml) as ep:
         ep.pictures = pictures
         yield ep
@@ -146,7 +146,7 @@ def test_images_count_in_the_memory_check(start_engine, demo_models, tmp_path):
     weights, _ = read_weight_bytes(build_demo_model(tmp_path / "demo-vision", "vision"))  # the same bytes
     total = int((weights + 2**20) / 0.75) + 1
     ep = start_engine(toml=engine_toml(demo_models, {"context_tokens": 128},
-                                       extra_models='[models.eye]\ndemo = "vision"\n'),
+                                       extra_models={"eye": {"demo": "vision"}}),
                       env={"MLXD_MEMORY_TOTAL_BYTES": str(total)})
     client = OpenAI(base_url=ep.url + "/v1", api_key="unused", max_retries=0, timeout=120)
     small = ask(client, question(data_url("red", (56, 56))), model="eye")

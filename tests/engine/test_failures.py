@@ -81,7 +81,8 @@ def test_hung_worker_makes_health_unhealthy_and_the_request_fails_fast(start_eng
 
 
 def test_missing_model_folder_is_503_and_the_engine_stays_up(start_engine, demo_models, tmp_path):
-    eng = start_engine(toml=dumps({"models": {"demo-a": {"path": demo_models.a}, "gone": {"path": tmp_path / "nowhere"}},
+    eng = start_engine(toml=dumps({"models": {"demo-a": {"path": demo_models.a},
+                                              "gone": {"path": tmp_path / "nowhere"}},
                                    "aliases": {"default": "demo-a"}}))
     r = chat(eng.url, model="gone")
     assert r.status_code == 503 and r.json()["error"]["code"] == "model_load_failed"

@@ -27,10 +27,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .generation import PROMPT_TAIL, Generation, ResidentModel, _sampling, _seeing, prefill
+from .generation import PROMPT_TAIL, Generation, ResidentModel
 from .jobs import Job
+from .prefill import prefill
 from .prefill_pace import PrefillPace
 from .prompt_cache import Fetched
+from .sampling import make_sampling, seeing_context
 from .scheduler import Row
 
 
@@ -126,7 +128,7 @@ class BatchRun:
 
         job, prompt, start = admitted.job, admitted.prompt, admitted.fetched.start
         p = job.params
-        sampler, processors = _sampling(p, self.resident.vocab_size())
+        sampler, processors = make_sampling(p, self.resident.vocab_size())
         key = (p.temperature, p.top_p, p.min_p, p.top_k)
         sampler = None if p.temperature == 0 else self._samplers.setdefault(key, sampler)  # None: greedy
         rest = prompt[start:]
@@ -169,7 +171,7 @@ class BatchRun:
             prefill(self.resident.model, kv, rest[:-1], self.pace, heartbeat or (lambda: None))
             start, rest = start + len(rest) - 1, rest[-1:]
         context = admitted.prompt[:start]
-        seeing = [_seeing(proc, context) for proc in processors] if processors and context else processors
+        seeing = [seeing_context(proc, context) for proc in processors] if processors and context else processors
         steps = generate_step(mx.array(rest, dtype=mx.int32), self.resident.model,
                               max_tokens=admitted.job.params.max_tokens, sampler=sampler or make_sampler(0.0),
                               logits_processors=seeing, prompt_cache=kv,

@@ -29,10 +29,6 @@ from .stop_matcher import StopMatcher
 from .answer_parts import AnswerSplitter, Markers, Part, markers_of, opens_in_reasoning
 from .tool_calls import format_tool_calls
 
-# batch.py takes these from here, under their names from before prefill.py and
-# sampling.py were split out of this module.
-_sampling, _seeing = make_sampling, seeing_context
-
 # Prompt tokens looked at for an open reasoning block (the template opens it
 # at the very end of the prompt).
 PROMPT_TAIL = 64

@@ -14,6 +14,7 @@ import pytest
 from mlxd.devkit import agent_model as agent
 from mlxd.devkit.ollama_standin import start_standin
 from mlxd.supervisor.control import rpc
+from mlxd.toml_text import dumps, table_lines
 from testkit import wait_until
 
 pytestmark = pytest.mark.timeout(600)
@@ -46,8 +47,8 @@ QUESTION = [{"role": "user", "content": agent.WEATHER_QUESTION}]
 
 @pytest.mark.parametrize("fast_path", [True, False], ids=["fast-path", "litellm-path"])
 def test_an_agents_turns_arrive_intact(stack, agent_model, ollama, fast_path):
-    st = stack(gateway=f'engine_fast_path = {str(fast_path).lower()}\nollama_url = "{ollama.url}"',
-               models=f'[models.agent]\npath = "{agent_model}"\nollama = "{OLLAMA_MODEL}"\n')
+    st = stack(gateway=table_lines({"engine_fast_path": fast_path, "ollama_url": ollama.url}),
+               models=dumps({"models": {"agent": {"path": agent_model, "ollama": OLLAMA_MODEL}}}))
     client = openai.OpenAI(base_url=st.gateway_url + "/v1", api_key=st.key, max_retries=0, timeout=120)
     for stream in (False, True):
         assert tool_request(client, QUESTION, stream) == ("", [("get_weather", agent.WEATHER_ARGS)], "tool_calls")

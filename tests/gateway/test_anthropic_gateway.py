@@ -12,6 +12,7 @@ import pytest
 from mlxd.devkit import agent_model as agent
 from mlxd.devkit.ollama_standin import marker, start_standin
 from mlxd.supervisor.control import rpc
+from mlxd.toml_text import dumps, table_lines
 from testkit import wait_until
 
 pytestmark = pytest.mark.timeout(300)
@@ -32,8 +33,9 @@ def ollama():
 
 @pytest.fixture(scope="module")
 def st(module_stack, agent_model, ollama):
-    return module_stack(gateway=f'ollama_url = "{ollama.url}"\ndefault_ollama_model = "{OLLAMA_MODEL}"',
-                        models=f'[models.agent]\npath = "{agent_model}"\n', env={"MLXD_FAULT_MATCH": FAULT_WORD})
+    return module_stack(gateway=table_lines({"ollama_url": ollama.url, "default_ollama_model": OLLAMA_MODEL}),
+                        models=dumps({"models": {"agent": {"path": agent_model}}}),
+                        env={"MLXD_FAULT_MATCH": FAULT_WORD})
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ import requests
 
 from mlxd.devkit.ollama_standin import marker, start_standin
 from mlxd.supervisor.control import rpc
+from mlxd.toml_text import dumps, table_lines
 from testkit import metric, wait_until
 
 pytestmark = pytest.mark.timeout(300)
@@ -31,9 +32,9 @@ def ollama():
 @pytest.fixture(scope="module")
 def st(module_stack, ollama, demo_models):
     return module_stack(
-        engine="max_queue = 1\nmax_tokens_cap = 100000",
-        gateway=f'ollama_url = "{ollama.url}"\ndefault_ollama_model = "{OLLAMA_MODEL}"',
-        models=f'[models.big]\npath = "{demo_models.heavy}"\nollama = "llama3.1:70b"',
+        engine=table_lines({"max_queue": 1, "max_tokens_cap": 100000}),
+        gateway=table_lines({"ollama_url": ollama.url, "default_ollama_model": OLLAMA_MODEL}),
+        models=dumps({"models": {"big": {"path": demo_models.heavy, "ollama": "llama3.1:70b"}}}),
         env={"MLXD_FAULT_MATCH": FAULT_WORD},
     )
 

@@ -26,6 +26,7 @@ from mlxd.devkit.ollama_standin import marker, start_standin
 from mlxd.devkit.ports import free_port
 from mlxd.keyfile import ENGINE_KEY_PREFIX, ensure_key_file
 from mlxd.paths import StatePaths
+from mlxd.toml_text import dumps, table_lines
 from testkit import EngineProcess, spawn_engine, wait_healthy, wait_until
 
 pytestmark = pytest.mark.timeout(600)
@@ -62,11 +63,11 @@ def fleet(module_stack, tmp_path_factory, demo_models, ollama):
     then this Mac's), and model `far` on two hosts that never answer."""
     remote_ports = [free_port(), free_port()]
     dead = [free_port(), free_port()]
-    hosts = json.dumps([f"127.0.0.1:{p}" for p in remote_ports] + ["local"])
-    st = module_stack(gateway=f'ollama_url = "{ollama.url}"\nhost_cooldown_s = 1\n',
-                      models=f'hosts = {hosts}\nollama = "{OLLAMA_MODEL}"\n'
-                             f'[models.far]\npath = "{demo_models.a}"\nollama = "{OLLAMA_MODEL}"\n'
-                             f'hosts = {json.dumps([f"127.0.0.1:{p}" for p in dead])}\n')
+    hosts = [f"127.0.0.1:{p}" for p in remote_ports] + ["local"]
+    st = module_stack(gateway=table_lines({"ollama_url": ollama.url, "host_cooldown_s": 1}),
+                      models=table_lines({"hosts": hosts, "ollama": OLLAMA_MODEL})
+                      + dumps({"models": {"far": {"path": demo_models.a, "ollama": OLLAMA_MODEL,
+                                                  "hosts": [f"127.0.0.1:{p}" for p in dead]}}}))
     key = st.paths.engine_key.read_text().strip()  # the gateway made it; every host gets a copy
     remotes = []
     try:
@@ -158,8 +159,8 @@ def test_a_host_with_another_key_is_passed_over(stack, tmp_path_factory, demo_mo
     home = tmp_path_factory.mktemp("mac")
     other_key = ensure_key_file(StatePaths(home).engine_key, ENGINE_KEY_PREFIX)  # not the gateway's key
     port = free_port()
-    st = stack(gateway=f'ollama_url = "{ollama.url}"\n',
-               models=f'hosts = ["127.0.0.1:{port}", "local"]\nollama = "{OLLAMA_MODEL}"\n')
+    st = stack(gateway=table_lines({"ollama_url": ollama.url}),
+               models=table_lines({"hosts": [f"127.0.0.1:{port}", "local"], "ollama": OLLAMA_MODEL}))
     wrong = spawn_engine(home, engine_toml(demo_models, REMOTE_ENGINE), port=port)
     try:
         wait_healthy(wrong)

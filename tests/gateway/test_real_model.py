@@ -4,12 +4,11 @@ prompts and max_tokens <= 16: this CPU decodes a few tokens a second."""
 
 from __future__ import annotations
 
-import json
-
 import openai
 import pytest
 
 from mlxd.devkit.gguf_fixture import write_ollama_store
+from mlxd.toml_text import dumps, table_lines
 from testkit import real_default_model
 
 pytestmark = pytest.mark.timeout(300)
@@ -20,10 +19,10 @@ def real(module_stack, tmp_path_factory):
     gguf = real_default_model()
     store = tmp_path_factory.mktemp("ollama") / "models"
     write_ollama_store(store, "smollm2:135m", gguf)  # as `ollama pull smollm2:135m` lays it out
-    models = (f"[models.smollm2]\ngguf = {json.dumps(str(gguf))}\n"
-              f"[models.ollamas]\nfrom_ollama = \"smollm2:135m\"\n")
+    models = dumps({"models": {"smollm2": {"gguf": gguf}, "ollamas": {"from_ollama": "smollm2:135m"}}})
     # a real model decodes a few tokens a second here: no 1 s stuck grace as for the tiny demo model
-    st = module_stack(gateway="", models=models, engine="stuck_grace_s = 60\n", env={"OLLAMA_MODELS": str(store)})
+    st = module_stack(gateway="", models=models, engine=table_lines({"stuck_grace_s": 60}),
+                      env={"OLLAMA_MODELS": str(store)})
     client = openai.OpenAI(base_url=st.gateway_url + "/v1", api_key=st.key, max_retries=0, timeout=240)
     return st, client
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import openai
 import pytest
 
+from mlxd.toml_text import dumps, table_lines
+
 pytestmark = pytest.mark.timeout(300)
 HELLO = [{"role": "user", "content": "Tell me about the lighthouse."}]
 
@@ -28,8 +30,8 @@ def ask(client: openai.OpenAI, stream: bool, **extra) -> tuple[str, str]:
 
 @pytest.mark.parametrize("fast_path", [True, False], ids=["fast-path", "litellm-path"])
 def test_reasoning_and_its_controls_arrive_intact(stack, think_model, fast_path):
-    st = stack(gateway=f"engine_fast_path = {str(fast_path).lower()}",
-               models=f'[models.demo-think]\npath = "{think_model}"\n')
+    st = stack(gateway=table_lines({"engine_fast_path": fast_path}),
+               models=dumps({"models": {"demo-think": {"path": think_model}}}))
     engine = openai.OpenAI(base_url=st.url + "/v1", api_key="unused", max_retries=0, timeout=120)
     gateway = openai.OpenAI(base_url=st.gateway_url + "/v1", api_key=st.key, max_retries=0, timeout=120)
     on = ask(engine, False, chat_template_kwargs={"enable_thinking": True})

@@ -13,6 +13,7 @@ import pytest
 from mlxd.devkit import vision_model as vision
 from mlxd.devkit.vision_model import data_url, question
 from mlxd.devkit.ollama_standin import marker, start_standin
+from mlxd.toml_text import dumps, table_lines
 from testkit import wait_until
 
 pytestmark = pytest.mark.timeout(600)
@@ -35,8 +36,8 @@ def ask(client, messages, model="vision", stream=False) -> str:
 
 @pytest.mark.parametrize("fast_path", [True, False], ids=["fast-path", "litellm-path"])
 def test_images_through_the_gateway(stack, vision_model, ollama, fast_path):
-    st = stack(gateway=f'engine_fast_path = {str(fast_path).lower()}\nollama_url = "{ollama.url}"',
-               models=f'[models.vision]\npath = "{vision_model}"\nollama = "{OLLAMA_MODEL}"\n')
+    st = stack(gateway=table_lines({"engine_fast_path": fast_path, "ollama_url": ollama.url}),
+               models=dumps({"models": {"vision": {"path": vision_model, "ollama": OLLAMA_MODEL}}}))
     client = openai.OpenAI(base_url=st.gateway_url + "/v1", api_key=st.key, max_retries=0, timeout=120)
     for colour, stream in (("red", False), ("blue", True)):
         assert ask(client, question(data_url(colour)), stream=stream) == vision.answer(colour)

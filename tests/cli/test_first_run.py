@@ -19,6 +19,7 @@ from mlxd.devkit.gguf_fixture import write_header_only
 from mlxd.engine.demo_model import write_heavy_model_description
 from mlxd.supervisor.control import kill_all, supervisord_pid
 from mlxd.paths import StatePaths
+from mlxd.toml_text import dumps
 from testkit import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]  # starts processes
@@ -78,7 +79,7 @@ def test_an_engine_that_cannot_load_its_model_fails_fast_with_its_reason(tmp_pat
     (broken / "config.json").write_text('{"model_type": "no-such-architecture"}')
     mx.save_safetensors(str(broken / "model.safetensors"), {"w": mx.zeros((1,))})
     started = time.monotonic()
-    r = run_up(tmp_path, f'[models.m]\npath = "{broken}"\n', "--timeout", "120")
+    r = run_up(tmp_path, dumps({"models": {"m": {"path": broken}}}), "--timeout", "120")
     took = time.monotonic() - started
     assert r.returncode == 1, r.stderr
     assert "the engine cannot start" in r.stderr and "no-such-architecture not supported" in r.stderr, r.stderr

@@ -32,6 +32,7 @@ from fuzz.fuzzkit import (CHAT, COMPLETIONS, HUGE_MIN, HUGE_TEXT, HUGE_UNITS, LO
                           openai_error_problem, post_json, raw_http, raw_request, promises_more_body, rss_bytes,
                           run_case, set_path, valid_json_bytes)
 from mlxd.devkit.ollama_standin import start_standin
+from mlxd.toml_text import table_lines
 from testkit import metric, wait_until
 
 pytestmark = pytest.mark.timeout(7200 if LONG_RUN else 300)
@@ -70,8 +71,8 @@ PROMPT_LIMIT = 256
 
 @pytest.fixture(scope="module")
 def gw(module_stack, ollama):
-    return module_stack(engine=f"max_tokens_cap = {CAP}\nmax_prompt_tokens = {PROMPT_LIMIT}",
-                        gateway=f'ollama_url = "{ollama.url}"\ndefault_ollama_model = "{OLLAMA_MODEL}"')
+    return module_stack(engine=table_lines({"max_tokens_cap": CAP, "max_prompt_tokens": PROMPT_LIMIT}),
+                        gateway=table_lines({"ollama_url": ollama.url, "default_ollama_model": OLLAMA_MODEL}))
 
 
 @pytest.fixture(scope="module")

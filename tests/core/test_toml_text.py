@@ -8,7 +8,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from mlxd.toml_text import dumps, key, string, table_lines, value
@@ -105,8 +105,12 @@ def test_table_lines_are_a_table_body():
 
 
 @given(st.text())
+@example("x")
+@example("a.b")
+@example("")
 def test_every_string_reads_back_as_itself(text):
-    assert tomllib.loads(f"x = {string(text)}\n{key(text)} = 1")["x"] == text
+    doc = tomllib.loads(f"[value]\nx = {string(text)}\n[keys]\n{key(text)} = 1")  # apart: text may be "x"
+    assert doc["value"]["x"] == text and doc["keys"] == {text: 1}
 
 
 @given(st.dictionaries(st.text(min_size=1, max_size=8),

@@ -55,7 +55,8 @@ class EngineMemory(Report):
 @dataclass(frozen=True)
 class ReuseLine(Report):
     """One recent conversation's latest turn: how much of its prompt the
-    cache reused, and where and why reuse stopped (engine.reuse.ReuseReport)."""
+    cache reused, and where and why reuse stopped (engine/prompt_cache.py
+    writes it)."""
 
     conversation: str
     prompt_tokens: int = 0
@@ -68,7 +69,7 @@ class ReuseLine(Report):
 
 @dataclass(frozen=True)
 class PromptCacheReport(Report):
-    """The prompt cache's figures (engine.prompt_cache.CacheStats)."""
+    """The prompt cache's figures, published by engine/prompt_cache.py after every change."""
 
     enabled: bool = False
     disk_enabled: bool = False
@@ -87,10 +88,10 @@ class PromptCacheReport(Report):
     evictions: int = 0
     disk_writes: int = 0
     disk_write_failures: int = 0
-    disk_rejects: int = 0
-    errors: int = 0
-    superseded: int = 0
-    recomputed_tokens: int = 0
+    disk_rejects: int = 0  # corrupt, partial or foreign files removed
+    errors: int = 0  # faults in the cache's own bookkeeping (logged; the request went on cold)
+    superseded: int = 0  # entries replaced by a later turn of their conversation
+    recomputed_tokens: int = 0  # tokens recomputed inside reused KV (approximate reuse)
     recent: list[ReuseLine] = field(default_factory=list)  # newest last
     hit_rate: float = 0.0  # share of prompt tokens served from the cache
 

@@ -17,13 +17,12 @@ import time
 import psutil
 
 import mlxd
-from mlxd.reports import EngineHealth, EngineMemory, KVCacheLayout, PromptCacheReport, ReuseLine
+from mlxd.reports import EngineHealth, EngineMemory, KVCacheLayout
 
 from .admission import AdmissionQueue
 from .errors import EngineError
 from .jobs import Job
 from .lifecycle import Lifecycle
-from .prompt_cache_policy import CacheStats
 from .worker import Phase, WorkerStatus
 
 LOAD_TIMEOUT_S = 1800.0  # a load (with download) longer than this counts as stuck
@@ -113,7 +112,7 @@ class Health:
                 mlx_active_after_last_unload=w.active_after_last_unload,
             ),
             counters=dict(w.counters),
-            prompt_cache=prompt_cache_report(w.cache_stats()),
+            prompt_cache=w.cache_stats(),
             timings=dict(w.timings),
             uptime_s=round(time.monotonic() - self.started_at, 3),
             process_started_at=mlxd.STARTED_AT,
@@ -125,11 +124,3 @@ class Health:
         """/health's status code and body (JSON)."""
         health = self.record()
         return (200 if health.ok else 503), health.to_json()
-
-
-def prompt_cache_report(stats: CacheStats) -> PromptCacheReport:
-    """The cache's published figures as /health reports them. Built from
-    every field of CacheStats: one it gains that the report lacks is a
-    TypeError here, in the engine's tests, not a key silently lost."""
-    figures = stats.as_dict()
-    return PromptCacheReport(**{**figures, "recent": [ReuseLine(**r) for r in figures["recent"]]})

@@ -21,8 +21,9 @@ least recently used out first. Disk (engine/kv_files.py): what leaves memory,
 and the latest entry when the engine goes idle, so an engine restarted after a
 Metal abort still answers the next turn from its cache.
 
-The decisions, and the values the cache hands out (Fetched, CacheStats), are
-pure and live in engine/prompt_cache_policy.py; `PromptCache` is their I/O
+The decisions, and the value the cache hands out (Fetched), are
+pure and live in engine/prompt_cache_policy.py; its figures are mlxd.reports'
+PromptCacheReport, what /health reports; `PromptCache` is their I/O
 shell. The worker thread owns it: every MLX array here is created, read,
 written to disk and freed on that thread, between or inside its own jobs.
 """
@@ -40,10 +41,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from mlxd.reports import PromptCacheReport, ReuseLine
+
 from .kv_files import DiskEntry, KVFileError, KVFiles, is_patchable, kv_nbytes
-from .prompt_cache_policy import (MIN_PREFILL_SAMPLE, MIN_REUSE_TOKENS, NOT_CACHED, CacheStats, Fetched,
+from .prompt_cache_policy import (MIN_PREFILL_SAMPLE, MIN_REUSE_TOKENS, NOT_CACHED, Fetched,
                                   entries_to_evict, prefill_rate_for, worth_reading)
-from .reuse import ApproxPolicy, Candidate, Reuse, ReuseReport, choose_reuse, explain, supersedes
+from .reuse import ApproxPolicy, Candidate, Reuse, choose_reuse, explain, supersedes
 
 log = logging.getLogger("mlxd.engine.prompt_cache")
 
@@ -120,7 +123,7 @@ class PromptCache:
         self.generation_prompt = 0  # tokens the resident model's template adds to open an answer
         self._entries: list[Entry] = []  # least recently used first
         self._names = itertools.count(1)
-        self._recent: OrderedDict[str, ReuseReport] = OrderedDict()  # by conversation, newest last
+        self._recent: OrderedDict[str, ReuseLine] = OrderedDict()  # by conversation, newest last
         # Measured speeds for the disk-read decision, kept beside the entries:
         # an engine restarted after a crash judges its first read by them.
         rates = self.files.load_rates() if self.files is not None else {}
@@ -130,7 +133,7 @@ class PromptCache:
         self._warm = False  # this process has prefilled a long prompt
         self._read_measured = bool(rates.get("read_measured"))
         self._rates_saved = dict(rates)
-        self.stats = CacheStats(enabled=enabled, disk_enabled=self.files is not None)
+        self.stats = PromptCacheReport(enabled=enabled, disk_enabled=self.files is not None)
         self._publish()
 
     # --- the resident model ---------------------------------------------
@@ -167,7 +170,7 @@ class PromptCache:
         if fetched is None:
             fetched = Fetched(None, 0, 0, "none", name=self._new_name())
             stopped, why = explain(None, None, len(tokens), len(self._entries) + self._disk_entries())
-            self._report(ReuseReport(fetched.name, len(tokens), 0, stopped, why))
+            self._report(ReuseLine(fetched.name, len(tokens), 0, stopped, why))
         s = self.stats
         self.stats = replace(s, requests=s.requests + 1, hits=s.hits + (fetched.cached_tokens > 0),
                              disk_hits=s.disk_hits + (fetched.source == "disk"),
@@ -269,7 +272,7 @@ class PromptCache:
         if stopped is not None:
             lo = max(stopped - EXCERPT_TOKENS, 0)
             excerpt = (found.tokens[lo:stopped + EXCERPT_TOKENS].tolist(), tokens[lo:stopped + EXCERPT_TOKENS].tolist())
-        self._report(ReuseReport(name, len(tokens), reuse.reused, stopped, why, reuse.recomputed, source))
+        self._report(ReuseLine(name, len(tokens), reuse.reused, stopped, why, reuse.recomputed, source))
         return Fetched(kv, reuse.tokens, reuse.reused, source, reuse.patches, name, replaces, excerpt)
 
     def _fetch_from_disk(self, tokens: np.ndarray, memory_tokens: int, answer_room: int) -> Fetched | None:
@@ -317,7 +320,7 @@ class PromptCache:
     def _disk_entries(self) -> int:
         return len(self.files.entries(self.model_key)) if self.files is not None else 0  # type: ignore[arg-type]
 
-    def _report(self, report: ReuseReport) -> None:
+    def _report(self, report: ReuseLine) -> None:
         self._recent.pop(report.conversation, None)
         self._recent[report.conversation] = report
         while len(self._recent) > RECENT_CONVERSATIONS:
@@ -369,7 +372,8 @@ class PromptCache:
         mx.clear_cache()  # give evicted buffers back, not keep them in MLX's pool
 
     def _publish(self) -> None:
-        s = replace(self.stats, model=self.model_key, memory_entries=len(self._entries), recent=tuple(self._recent.values()),
+        s = replace(self.stats, model=self.model_key, memory_entries=len(self._entries), recent=list(self._recent.values()),
+                    hit_rate=round(self.stats.cached_tokens / self.stats.prompt_tokens, 4) if self.stats.prompt_tokens else 0.0,
                     memory_bytes=sum(e.nbytes for e in self._entries), memory_budget_bytes=self.budget_bytes)
         if self.files is not None:
             s = replace(s, disk_entries=self.files.count, disk_bytes=self.files.total_bytes,

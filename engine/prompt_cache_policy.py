@@ -2,8 +2,8 @@
 the decisions -- which entries leave memory for the budget, whether a disk
 entry is worth reading rather than prefilling, which entries must be kept at
 the prompt's boundary -- and the values the cache hands out: `Fetched` (a
-prompt's reuse, to the worker) and `CacheStats` (its figures, to /health and
-/metrics). No MLX here: tested as tables (tests/engine/test_prompt_cache_decisions.py).
+prompt's reuse, to the worker); its figures are mlxd.reports'
+PromptCacheReport, what /health reports. No MLX here: tested as tables (tests/engine/test_prompt_cache_decisions.py).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:
     from .kv_files import DiskEntry
-    from .reuse import ReuseReport
 
 # Tokens of the cached prefix handed to logits processors (repetition,
 # presence and frequency penalties look back 20 tokens in mlx-lm): with them a
@@ -91,43 +90,3 @@ class Fetched:
 
 
 NOT_CACHED = Fetched(None, 0, 0, "none")
-
-
-@dataclass(frozen=True)
-class CacheStats:
-    """Published after every change; read by /health and /metrics."""
-
-    enabled: bool = False
-    disk_enabled: bool = False
-    model: str | None = None
-    memory_entries: int = 0
-    memory_bytes: int = 0
-    memory_budget_bytes: int = 0
-    disk_entries: int = 0
-    disk_bytes: int = 0
-    disk_budget_bytes: int = 0
-    requests: int = 0
-    hits: int = 0
-    disk_hits: int = 0
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    evictions: int = 0
-    disk_writes: int = 0
-    disk_write_failures: int = 0
-    disk_rejects: int = 0  # corrupt, partial or foreign files removed
-    errors: int = 0  # faults in the cache's own bookkeeping (logged; the request went on cold)
-    superseded: int = 0  # entries replaced by a later turn of their conversation
-    recomputed_tokens: int = 0  # tokens recomputed inside reused KV (approximate reuse)
-    recent: tuple[ReuseReport, ...] = ()  # the latest turn of each recent conversation, newest last
-
-    @property
-    def hit_rate(self) -> float:
-        """Share of prompt tokens served from the cache."""
-        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
-        out["hit_rate"] = round(self.hit_rate, 4)
-        out["recent"] = [r.as_dict() for r in self.recent]
-        return out
-

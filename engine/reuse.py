@@ -17,7 +17,7 @@ it is off by default and its effect on answers is measured
 (bench/approx_reuse_quality.py, docs/BENCHMARKS.md).
 
 The plan is also what `mlxd status` shows per conversation: where exact
-reuse stopped and why (`ReuseReport`).
+reuse stopped and why (mlxd.reports' `ReuseLine`, as /health reports it).
 """
 
 from __future__ import annotations
@@ -269,23 +269,6 @@ def supersedes(new: Any, old: Any) -> bool:
     prefix = (new.trimmable and len(old.tokens) <= len(new.tokens)
               and common_prefix(old.tokens, new.tokens) == len(old.tokens))
     return prefix or continues(old.conversation, new.conversation)
-
-
-@dataclass(frozen=True)
-class ReuseReport:
-    """Why a request's reuse stopped where it did, for `mlxd status`,
-    /metrics and the log."""
-
-    conversation: str  # the cache's name for the conversation (a turn that continues one keeps its name)
-    prompt_tokens: int
-    cached_tokens: int  # KV reused (recomputed spans not counted)
-    stopped_at: int | None  # the first prompt token whose cached KV was not reused exactly; None: all were
-    why: str
-    recomputed: int = 0
-    source: str = "none"
-
-    def as_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
 def explain(reuse: Reuse | None, candidate: Candidate | None, prompt_len: int, entries: int) -> tuple[int | None, str]:

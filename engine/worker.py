@@ -29,6 +29,7 @@ from typing import Any, Callable
 
 from mlxd.memory_estimate import KVLayout, attention_heads, kv_cache_bytes
 from mlxd.records import InflightRequest
+from mlxd.reports import PromptCacheReport
 
 from .admission import AdmissionQueue
 from .batch import BatchRun, batchable_model
@@ -43,7 +44,6 @@ from .model_cache import Unload, plan_release, plan_switch
 from .model_load import load_resident, load_shard, with_kv_layout
 from .model_registry import ModelRegistry
 from .prompt_cache import PromptCache
-from .prompt_cache_policy import CacheStats
 from .prompt_tokens import generation_prompt_length
 from .prefill_pace import PrefillPace
 from .scheduler import Memory, attention_bytes_per_position
@@ -211,10 +211,10 @@ class ModelWorker(LoneTurns, BatchedTurns, TurnKV, threading.Thread):
         self.memory = MemorySnapshot(mx.get_active_memory(), mx.get_peak_memory(), mx.get_cache_memory(),
                                      time.monotonic())
 
-    def cache_stats(self) -> CacheStats:
+    def cache_stats(self) -> PromptCacheReport:
         """The prompt cache's latest published figures (any thread)."""
         cache = self.prompt_cache
-        return cache.stats if cache is not None else CacheStats()
+        return cache.stats if cache is not None else PromptCacheReport()
 
     # --- the model cache -------------------------------------------------
     @property

@@ -94,9 +94,6 @@ class AllocatedBatchKVCache(BatchKVCache):
         out.prompt_left, out.answer_left = list(self.prompt_left), list(self.answer_left)
         return out
 
-    def capacity(self) -> int:
-        return batch_capacity(self._idx, self.prompt_left, self.answer_left)
-
     @classmethod
     def merge(cls, caches: list[Any]) -> "AllocatedBatchKVCache":
         lengths = [c.size() for c in caches]
@@ -124,7 +121,7 @@ class AllocatedBatchKVCache(BatchKVCache):
         prev, n = self._idx, keys.shape[2]
         self.prompt_left, self.answer_left = spend(self.prompt_left, self.answer_left, n)
         if self.keys is None or prev + n > self.keys.shape[2]:
-            length = max(kv_allocated_tokens(prev + n), batch_capacity(prev + n, self.prompt_left, self.answer_left))
+            length = batch_capacity(prev + n, self.prompt_left, self.answer_left)
             B, heads, _, k_dim = keys.shape
             new_keys = mx.zeros((B, heads, length, k_dim), keys.dtype)
             new_values = mx.zeros((B, heads, length, values.shape[3]), values.dtype)

@@ -19,6 +19,12 @@ from __future__ import annotations
 import os
 from typing import Any
 
+# MLX at import: engine/model_load.py imports this module inside its load,
+# after the engine has chosen MLX's BLAS (tests/engine/test_import_order.py).
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_unflatten
+
 OPT_OUT_ENV = "MLXD_CPU_LAYOUT"  # "stored": keep MLX's layout (to compare: bench/cpu_path.py's after-stored arm)
 
 
@@ -26,68 +32,51 @@ def transposing() -> bool:
     return os.environ.get(OPT_OUT_ENV, "").strip().lower() != "stored"
 
 
-def transposed_classes() -> tuple[type, type]:
-    """The Module classes (built on first use: importing MLX is the engine's, not the importer's)."""
-    global _classes
-    if _classes is None:
-        import mlx.core as mx
-        import mlx.nn as nn
+class TransposedLinear(nn.Module):
+    """`nn.Linear` with its weight held as `W.T`, contiguous."""
 
-        class TransposedLinear(nn.Module):
-            """`nn.Linear` with its weight held as `W.T`, contiguous."""
+    def __init__(self, weight_t: Any, bias: Any = None) -> None:
+        super().__init__()
+        self.weight_t = weight_t
+        if bias is not None:
+            self.bias = bias
 
-            def __init__(self, weight_t: Any, bias: Any = None) -> None:
-                super().__init__()
-                self.weight_t = weight_t
-                if bias is not None:
-                    self.bias = bias
+    @property
+    def weight(self) -> Any:  # for code that reads a layer's shape or dtype
+        return self.weight_t.T
 
-            @property
-            def weight(self) -> Any:  # for code that reads a layer's shape or dtype
-                return self.weight_t.T
-
-            def __call__(self, x: Any) -> Any:
-                if "bias" in self:
-                    return mx.addmm(self["bias"], x, self["weight_t"])
-                return x @ self["weight_t"]
-
-        class TransposedEmbedding(nn.Module):
-            """`nn.Embedding` with its table held as `W.T`, contiguous."""
-
-            def __init__(self, weight_t: Any) -> None:
-                super().__init__()
-                self.weight_t = weight_t
-
-            @property
-            def weight(self) -> Any:
-                return self.weight_t.T
-
-            def __call__(self, x: Any) -> Any:
-                return mx.moveaxis(mx.take(self["weight_t"], x, axis=1), 0, -1)
-
-            def as_linear(self, x: Any) -> Any:  # a tied output head
-                return x @ self["weight_t"]
-
-        _classes = (TransposedLinear, TransposedEmbedding)
-    return _classes
+    def __call__(self, x: Any) -> Any:
+        if "bias" in self:
+            return mx.addmm(self["bias"], x, self["weight_t"])
+        return x @ self["weight_t"]
 
 
-_classes: tuple[type, type] | None = None
+class TransposedEmbedding(nn.Module):
+    """`nn.Embedding` with its table held as `W.T`, contiguous."""
+
+    def __init__(self, weight_t: Any) -> None:
+        super().__init__()
+        self.weight_t = weight_t
+
+    @property
+    def weight(self) -> Any:
+        return self.weight_t.T
+
+    def __call__(self, x: Any) -> Any:
+        return mx.moveaxis(mx.take(self["weight_t"], x, axis=1), 0, -1)
+
+    def as_linear(self, x: Any) -> Any:  # a tied output head
+        return x @ self["weight_t"]
 
 
 def transpose_linears(model: Any) -> int:
     """Every plain `nn.Linear` and `nn.Embedding` of the model replaced by
     its transposed kind (lazily: the copies are made when the weights are
     evaluated, and the stored ones let go). The number replaced."""
-    import mlx.core as mx
-    import mlx.nn as nn
-    from mlx.utils import tree_unflatten
-
-    linear, embedding = transposed_classes()
 
     def transposed(m: Any) -> Any:
         weight_t = mx.contiguous(m["weight"].T)
-        return linear(weight_t, m.get("bias")) if type(m) is nn.Linear else embedding(weight_t)
+        return TransposedLinear(weight_t, m.get("bias")) if type(m) is nn.Linear else TransposedEmbedding(weight_t)
 
     replaced = [(name, transposed(m)) for name, m in model.named_modules() if type(m) in (nn.Linear, nn.Embedding)]
     if replaced:

@@ -11,6 +11,8 @@ import sys
 import time
 from dataclasses import replace
 
+import psutil
+
 from mlxd import default_model, exit_codes
 from mlxd.config import DEMO_MODEL_ID, Config, ConfigError, config_path, load_config
 from mlxd.probe import get_json
@@ -24,13 +26,14 @@ from . import preflight, started_with
 STATUS_EXIT = {"healthy": 0, "degraded": 1, "down": 2}
 
 
-def _wait_ready(config: Config, timeout: float, alive=lambda: True) -> str | None:
+def _wait_ready(config: Config, timeout: float, alive=lambda: True, supervisord: int | None = None) -> str | None:
     """Poll the engine's /health (showing its phase), then the gateway's.
     None once both answer; otherwise why not, in a line for the user (a
-    timeout, supervisord gone, or an engine that cannot start)."""
+    timeout, supervisord gone, or an engine that cannot start). With the
+    supervisord's pid, only an engine under it counts as ready."""
     deadline = time.monotonic() + timeout
     not_ready = f"not ready after {timeout:.0f}s; see `mlxd status` and `mlxd logs`"
-    failure = _wait_engine(config, deadline, alive)
+    failure = _wait_engine(config, deadline, alive, supervisord)
     if failure is not None or not alive():
         return failure or "supervisord exited; see `mlxd logs supervisord`"
     if time.monotonic() >= deadline:
@@ -61,7 +64,23 @@ def _start_failure(config: Config, since: float) -> str | None:
     return None
 
 
-def _wait_engine(config: Config, deadline: float, alive) -> str | None:
+def runs_under(pid: int | None, ancestor: int | None) -> bool:
+    """Whether process `pid` descends from `ancestor` (True when either is
+    unknown: an engine too old to report its pid)."""
+    if pid is None or ancestor is None:
+        return True
+    try:
+        return any(p.pid == ancestor for p in psutil.Process(pid).parents())
+    except psutil.Error:
+        return False
+
+
+def _engine_pid(body: object) -> int | None:
+    health = EngineHealth.from_json(body)
+    return health.pid if health else None
+
+
+def _wait_engine(config: Config, deadline: float, alive, supervisord: int | None = None) -> str | None:
     """Show the engine's phase until it answers 200; a reason if it cannot start."""
     url = f"{config.engine_url}/health"
     shown = ""
@@ -72,6 +91,8 @@ def _wait_engine(config: Config, deadline: float, alive) -> str | None:
             return (f"the engine cannot start: {failure}\n  Fix: see `mlxd logs engine`, fix it, then "
                     f"`mlxd restart` (meanwhile the gateway answers through Ollama)")
         status, body = get_json(url)
+        if status == 200 and not runs_under(_engine_pid(body), supervisord):
+            status = None  # another program's engine took the port after the preflight: not ours to call ready
         if status == 200:
             print("\rengine: ready" + " " * 30, file=sys.stderr)
             return None
@@ -104,7 +125,7 @@ def cmd_up(args: argparse.Namespace, config: Config) -> int:
         return _run_foreground(config, args.timeout)
     pid = control.start_detached(config)
     print(f"supervisord started (pid {pid}); waiting for the engine...", file=sys.stderr)
-    problem = _wait_ready(config, args.timeout)
+    problem = _wait_ready(config, args.timeout, supervisord=pid)
     if problem is not None:
         print(f"\nmlxd: {problem}", file=sys.stderr)
         return 1
@@ -156,7 +177,7 @@ def _run_foreground(config: Config, timeout: float) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda signum, _f: proc.send_signal(signum))
     print(f"supervisord started (pid {proc.pid}); waiting for the engine...", file=sys.stderr)
-    problem = _wait_ready(config, timeout, alive=lambda: proc.poll() is None)
+    problem = _wait_ready(config, timeout, alive=lambda: proc.poll() is None, supervisord=proc.pid)
     if problem is None:
         _print_endpoint(config)
     else:
@@ -188,7 +209,7 @@ def cmd_restart(args: argparse.Namespace, config: Config) -> int:
     if args.what == "engine":
         control.restart_engine(paths)
         print("engine restarted", file=sys.stderr)
-        problem = _wait_ready(config, 300)
+        problem = _wait_ready(config, 300, supervisord=control.supervisord_pid(paths))
         if problem is not None:
             print(f"mlxd: {problem}", file=sys.stderr)
         return exit_codes.OK if problem is None else 1

@@ -5,6 +5,8 @@ cases; the commands against a real stack are in tests/ops/test_started_with.py).
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -120,3 +122,19 @@ def test_status_names_the_variables_up_was_given(record, shown):
 
 def test_the_path_is_under_run():
     assert StatePaths(Path("/h")).started_with == Path("/h/run/started_with.json")
+
+
+def test_only_an_engine_under_our_supervisord_counts_as_ready():
+    import subprocess
+
+    from mlxd.cli.operate import runs_under
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert runs_under(child.pid, os.getpid())  # ours: a descendant
+        assert not runs_under(os.getpid(), child.pid)  # another program's engine on our port
+        assert runs_under(None, os.getpid()) and runs_under(child.pid, None)  # unknown: as before
+    finally:
+        child.kill()
+        child.wait()
+    assert not runs_under(child.pid, os.getpid())  # gone

@@ -29,3 +29,18 @@ def test_a_port_run_passes_over_a_taken_port(monkeypatch):
         assert free_port_run(2) == held + 1
     finally:
         taken.close()
+
+
+def test_a_port_is_claimed_once_until_the_claim_expires(tmp_path):
+    assert ports.claim(40001, tmp_path, now=1000.0)
+    assert not ports.claim(40001, tmp_path, now=1000.0 + ports.CLAIM_TTL_S - 1)  # another worker asking: taken
+    assert ports.claim(40002, tmp_path, now=1000.0)
+    (tmp_path / "40001").touch()
+    stale = (tmp_path / "40001").stat().st_mtime + ports.CLAIM_TTL_S + 1
+    assert ports.claim(40001, tmp_path, now=stale)  # an hour on: free to give again
+    assert not ports.claim(40001, tmp_path, now=stale + 1)
+
+
+def test_free_port_never_hands_out_a_port_twice():
+    given = [ports.free_port() for _ in range(200)]
+    assert len(set(given)) == len(given)

@@ -11,6 +11,8 @@ Each arm is a real `mlxd engine` process serving the default model's GGUF
   after-1t   (only with --arms) the defaults with OPENBLAS_NUM_THREADS=1
   after-stored  (only with --arms) the defaults with MLXD_CPU_LAYOUT=stored: Linear
              weights as MLX lays them out, not transposed (engine/cpu_linear.py)
+  after-transposed  (only with --arms) MLXD_CPU_LAYOUT=transposed: transposed, but every
+             layer on one stream (the default splits wide layers over 2 CPU streams)
 
 Per arm, in rounds that alternate the arms (the first arm rotates each
 round), medians over the rounds:
@@ -91,6 +93,8 @@ ARMS = {
     "after-1t": Arm("after-1t", "OpenBLAS 1 thread, float32", True, True, (("OPENBLAS_NUM_THREADS", "1"),)),
     "after-stored": Arm("after-stored", "OpenBLAS, float32, weights as MLX lays them out (x @ W.T)", True, True,
                         (("MLXD_CPU_LAYOUT", "stored"),)),
+    "after-transposed": Arm("after-transposed", "OpenBLAS, float32, transposed, one stream (x @ W)", True, True,
+                            (("MLXD_CPU_LAYOUT", "transposed"),)),
 }
 DEFAULT_ARMS = ("before", "blas-only", "after")
 

@@ -1,17 +1,25 @@
 """The CPU's float32 path, second half: Linear and Embedding layers keep
-their weight transposed.
+their weight transposed, in column blocks computed on parallel CPU streams.
 
-A decoded token reads every weight once through a matrix-vector product.
-MLX's `Linear` computes `x @ W.T`; OpenBLAS's product in that layout ran at
-6.3 GB/s on 2 cores where `x @ W` ran at 13.0 (bench/cpu_path.py, docs/
-BENCHMARKS.md), so the layout sets the decode speed: the default model in
-process, 8.5 -> 10.5 tok/s. A tied output head (`embed_tokens.as_linear`,
-the default model's, 21 % of its weights) is the same product: the embedding
-is held transposed too, its lookup reading a column per token instead of a
-row (no second copy). A prompt's matrix-matrix products are as fast either
-way. Only the float32 CPU path uses it (engine/model_load.py
-load_resident): on Metal and CUDA, and for quantised weights, MLX's own
-kernels read `W` as stored.
+A decoded token reads every weight once through a matrix-vector product, so
+memory bandwidth sets the decode speed. Two layouts pay:
+- **Transposed.** MLX's `Linear` computes `x @ W.T`; OpenBLAS's product in
+  that layout ran at 6.3 GB/s on 2 cores where `x @ W` ran at 13.0
+  (bench/cpu_path.py, docs/BENCHMARKS.md): the default model in process,
+  8.5 -> 10.5 tok/s. A tied output head (`embed_tokens.as_linear`, 21 % of
+  the default model's weights) is the same product, so the embedding is held
+  transposed too, its lookup reading a column per token (no second copy).
+- **Split.** One core's matrix-vector product reads ~6 GB/s where memory
+  gives ~2x that to two. OpenBLAS's own threads gained nothing on these small
+  products (they synchronise inside each one, and spin on busy cores), so a
+  wide layer is cut into column blocks, each multiplied on its own MLX CPU
+  stream (a thread) and joined: the default model's decode step 1.25-1.4x
+  faster on 2 idle cores; with one core taken by another program, 0-10 %
+  slower. The blocks are exact: each output is the same dot product.
+Only the float32 CPU path uses it (engine/model_load.py load_resident): on
+Metal and CUDA, and for quantised weights, MLX's own kernels read `W` as
+stored. `MLXD_CPU_LAYOUT` = stored | transposed | split picks one to compare
+(bench/cpu_path.py's arms); unset, split where the process has 2+ cores.
 """
 
 from __future__ import annotations
@@ -25,58 +33,129 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_unflatten
 
-OPT_OUT_ENV = "MLXD_CPU_LAYOUT"  # "stored": keep MLX's layout (to compare: bench/cpu_path.py's after-stored arm)
+LAYOUT_ENV = "MLXD_CPU_LAYOUT"
+LAYOUTS = ("stored", "transposed", "split")
+SPLIT_MIN_OUTPUTS = 512  # narrower layers (a small model's k/v projections) lose more to the join than they gain
+MAX_BLOCKS = 2  # one stream per core of a 2-core machine; the default model gained nothing from more
 
 
-def transposing() -> bool:
-    return os.environ.get(OPT_OUT_ENV, "").strip().lower() != "stored"
+def cpu_layout(setting: str | None, cores: int) -> tuple[bool, int]:
+    """(transpose the weights, column blocks per wide layer) for an
+    `MLXD_CPU_LAYOUT` value and the cores this process may use (pure).
+    An unknown value is the default (the engine logs what it chose)."""
+    value = (setting or "").strip().lower()
+    if value == "stored":
+        return False, 1
+    if value == "transposed" or cores < 2:
+        return True, 1
+    return True, min(MAX_BLOCKS, cores)
+
+
+def column_blocks(outputs: int, blocks: int) -> list[tuple[int, int]]:
+    """[start, stop) of each block of a layer's `outputs` columns (pure):
+    one block below SPLIT_MIN_OUTPUTS, else `blocks` near-equal ones."""
+    if blocks < 2 or outputs < SPLIT_MIN_OUTPUTS:
+        return [(0, outputs)]
+    bounds = [outputs * i // blocks for i in range(blocks + 1)]
+    return list(zip(bounds, bounds[1:]))
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # macOS has no affinity call
+        return os.cpu_count() or 1
+
+
+_streams: list[Any] = []
+
+
+def _stream(i: int) -> Any:
+    """The CPU stream block `i` runs on: the first on the caller's (the
+    generation stream), the others on streams of their own, made once."""
+    if i == 0:
+        return None
+    while len(_streams) < i:
+        _streams.append(mx.new_stream(mx.cpu))
+    return _streams[i - 1]
+
+
+def _product(x: Any, parts: list[Any]) -> Any:
+    """x @ [part_0 | part_1 | ...], each block on its own stream. A block is
+    held as 1 x inputs x outputs: for one sequence (x: 1 x L x inputs) MLX
+    multiplies that as it is, where a 2-D weight costs a flatten and an
+    unflatten op around every product (a one-token step's ops are its cost)."""
+    if x.ndim != 3 or x.shape[0] != 1:  # a batch of rows, or 2-D: one product of every row
+        parts = [p[0] if p.ndim == 3 else p for p in parts]
+    if len(parts) == 1:
+        return x @ parts[0]
+    return mx.concatenate([mx.matmul(x, p, stream=_stream(i)) for i, p in enumerate(parts)], axis=-1)
+
+
+def _stored(parts: list[Any]) -> Any:
+    """The weight as nn.Linear holds it (lazy: nothing is copied until read)."""
+    blocks = [p[0] if p.ndim == 3 else p for p in parts]
+    return (blocks[0] if len(blocks) == 1 else mx.concatenate(blocks, axis=1)).T
 
 
 class TransposedLinear(nn.Module):
-    """`nn.Linear` with its weight held as `W.T`, contiguous."""
+    """`nn.Linear` with its weight held as `W.T`, contiguous, in column
+    blocks (each 1 x inputs x outputs)."""
 
-    def __init__(self, weight_t: Any, bias: Any = None) -> None:
+    def __init__(self, parts: list[Any], bias: Any = None) -> None:
         super().__init__()
-        self.weight_t = weight_t
+        self.parts = parts
         if bias is not None:
             self.bias = bias
 
     @property
     def weight(self) -> Any:  # for code that reads a layer's shape or dtype
-        return self.weight_t.T
+        return _stored(self["parts"])
 
     def __call__(self, x: Any) -> Any:
         if "bias" in self:
-            return mx.addmm(self["bias"], x, self["weight_t"])
-        return x @ self["weight_t"]
+            return _product(x, self["parts"]) + self["bias"]
+        return _product(x, self["parts"])
 
 
 class TransposedEmbedding(nn.Module):
-    """`nn.Embedding` with its table held as `W.T`, contiguous."""
+    """`nn.Embedding` with its table held as `W.T`, contiguous, in column blocks."""
 
-    def __init__(self, weight_t: Any) -> None:
+    def __init__(self, parts: list[Any]) -> None:
         super().__init__()
-        self.weight_t = weight_t
+        self.parts = parts
 
     @property
     def weight(self) -> Any:
-        return self.weight_t.T
+        return _stored(self["parts"])
 
     def __call__(self, x: Any) -> Any:
-        return mx.moveaxis(mx.take(self["weight_t"], x, axis=1), 0, -1)
+        parts = self["parts"]
+        rows = mx.take(parts[0], mx.minimum(x, parts[0].shape[1] - 1), axis=1)
+        start = parts[0].shape[1]
+        for part in parts[1:]:  # an id past a block's start is looked up in that block
+            size = part.shape[1]
+            here = mx.take(part, mx.clip(x - start, 0, size - 1), axis=1)
+            rows = mx.where(x >= start, here, rows)
+            start += size
+        return mx.moveaxis(rows, 0, -1)
 
     def as_linear(self, x: Any) -> Any:  # a tied output head
-        return x @ self["weight_t"]
+        return _product(x, self["parts"])
 
 
-def transpose_linears(model: Any) -> int:
+def transpose_linears(model: Any, blocks: int = 1) -> int:
     """Every plain `nn.Linear` and `nn.Embedding` of the model replaced by
-    its transposed kind (lazily: the copies are made when the weights are
+    its transposed kind, a layer of SPLIT_MIN_OUTPUTS or more outputs in
+    `blocks` column blocks (lazily: the copies are made when the weights are
     evaluated, and the stored ones let go). The number replaced."""
 
     def transposed(m: Any) -> Any:
-        weight_t = mx.contiguous(m["weight"].T)
-        return TransposedLinear(weight_t, m.get("bias")) if type(m) is nn.Linear else TransposedEmbedding(weight_t)
+        weight = m["weight"]  # (outputs, inputs)
+        parts = [mx.contiguous(weight[a:b].T) for a, b in column_blocks(weight.shape[0], blocks)]
+        if type(m) is nn.Embedding:  # its lookup takes columns of the 2-D table
+            return TransposedEmbedding(parts)
+        return TransposedLinear([p[None] for p in parts], m.get("bias"))
 
     replaced = [(name, transposed(m)) for name, m in model.named_modules() if type(m) in (nn.Linear, nn.Embedding)]
     if replaced:

@@ -1,6 +1,7 @@
-"""The CPU float32 path keeps Linear weights transposed (engine/cpu_linear.py):
-the model computes what it did, every plain Linear is replaced, and code that
-reads a layer's `weight` still sees the stored orientation."""
+"""The CPU float32 path keeps Linear weights transposed, wide ones in column
+blocks on parallel CPU streams (engine/cpu_linear.py): the model computes
+what it did, every plain Linear is replaced, and code that reads a layer's
+`weight` still sees the stored orientation."""
 
 from __future__ import annotations
 
@@ -9,12 +10,14 @@ import mlx.nn as nn
 import pytest
 from mlx_lm.models import llama
 
-from mlxd.engine.cpu_linear import TransposedEmbedding, TransposedLinear, transpose_linears
+from mlxd.engine import cpu_linear
+from mlxd.engine.cpu_linear import (SPLIT_MIN_OUTPUTS, TransposedEmbedding, TransposedLinear, column_blocks,
+                                     cpu_layout, transpose_linears)
 
 
-def tiny_llama(tied: bool) -> nn.Module:
-    args = llama.ModelArgs(model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
-                           num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=97,
+def tiny_llama(tied: bool, intermediate: int = 128, vocab: int = 97) -> nn.Module:
+    args = llama.ModelArgs(model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=intermediate,
+                           num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=vocab,
                            tie_word_embeddings=tied)
     mx.random.seed(7)
     model = llama.Model(args)
@@ -62,3 +65,46 @@ def test_a_model_gives_the_same_logits_with_every_layer_transposed(tied, layers)
     after = model(tokens)
     assert mx.allclose(before, after, atol=1e-4).item()
     assert transpose_linears(model) == 0  # a second pass finds nothing left to do
+
+
+@pytest.mark.parametrize("setting, cores, expected", [
+    (None, 2, (True, 2)),            # the default on 2+ cores: split
+    ("", 16, (True, 2)),
+    ("split", 1, (True, 1)),         # one core: no stream of its own for a second block
+    (None, 1, (True, 1)),
+    ("transposed", 8, (True, 1)),
+    ("stored", 8, (False, 1)),       # MLX's own layout
+    (" Stored ", 2, (False, 1)),
+    ("bogus", 2, (True, 2)),         # unknown: the default
+])
+def test_the_layout_follows_the_setting_and_the_cores(setting, cores, expected):
+    assert cpu_layout(setting, cores) == expected
+
+
+@pytest.mark.parametrize("outputs, blocks, expected", [
+    (49152, 2, [(0, 24576), (24576, 49152)]),
+    (577, 2, [(0, 288), (288, 577)]),
+    (SPLIT_MIN_OUTPUTS, 3, [(0, 170), (170, 341), (341, 512)]),
+    (SPLIT_MIN_OUTPUTS - 1, 2, [(0, 511)]),  # narrow: one block
+    (1536, 1, [(0, 1536)]),
+])
+def test_column_blocks_cover_the_outputs_once(outputs, blocks, expected):
+    assert column_blocks(outputs, blocks) == expected
+
+
+@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("blocks", [2, 3])
+def test_a_model_in_column_blocks_gives_the_same_logits(tied, blocks):
+    """gate/up (512 outputs), the embedding and the head (600) are cut in
+    blocks; the lookup finds ids on both sides of every block's edge."""
+    model = tiny_llama(tied, intermediate=SPLIT_MIN_OUTPUTS, vocab=600)
+    tokens = mx.array([[0, 199, 200, 201, 299, 300, 301, 399, 400, 599]])
+    before, looked_up = model(tokens), model.model.embed_tokens(tokens)
+    transpose_linears(model, blocks)
+    embed = model.model.embed_tokens
+    assert len(embed["parts"]) == blocks and embed.weight.shape == (600, 64)
+    assert len(model.model.layers[0].mlp.gate_proj["parts"]) == blocks
+    assert len(model.model.layers[0].self_attn.k_proj["parts"]) == 1  # 32 outputs: one block
+    assert mx.array_equal(embed(tokens), looked_up).item()
+    assert mx.allclose(model(tokens), before, atol=1e-4).item()
+    assert len(cpu_linear._streams) >= blocks - 1  # the other blocks ran on streams of their own

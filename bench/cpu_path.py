@@ -9,10 +9,11 @@ Each arm is a real `mlxd engine` process serving the default model's GGUF
              (quantised matmuls are MLX's own kernels, not BLAS: this shows it)
   after      the defaults: OpenBLAS and the weights loaded as float32
   after-1t   (only with --arms) the defaults with OPENBLAS_NUM_THREADS=1
-  after-stored  (only with --arms) the defaults with MLXD_CPU_LAYOUT=stored: Linear
-             weights as MLX lays them out, not transposed (engine/cpu_linear.py)
-  after-transposed  (only with --arms) MLXD_CPU_LAYOUT=transposed: transposed, but every
-             layer on one stream (the default splits wide layers over 2 CPU streams)
+  after-stored  (only with --arms) the defaults with MLXD_CPU_LAYOUT=stored: mlx-lm's
+             model as it is (Linear weights as MLX lays them out, MLX's ops for every step)
+  after-transposed  (only with --arms) MLXD_CPU_LAYOUT=transposed: weights transposed
+             (engine/cpu_linear.py) and the one-token shortcuts (engine/cpu_decode.py), on
+             one stream (the default also splits wide layers over 2 CPU streams)
 
 Per arm, in rounds that alternate the arms (the first arm rotates each
 round), medians over the rounds:
@@ -91,9 +92,9 @@ ARMS = {
     "blas-only": Arm("blas-only", "OpenBLAS, Q4_1", True, False),
     "after": Arm("after", "OpenBLAS, float32 (the defaults)", True, True),
     "after-1t": Arm("after-1t", "OpenBLAS 1 thread, float32", True, True, (("OPENBLAS_NUM_THREADS", "1"),)),
-    "after-stored": Arm("after-stored", "OpenBLAS, float32, weights as MLX lays them out (x @ W.T)", True, True,
+    "after-stored": Arm("after-stored", "OpenBLAS, float32, mlx-lm's model as it is (x @ W.T)", True, True,
                         (("MLXD_CPU_LAYOUT", "stored"),)),
-    "after-transposed": Arm("after-transposed", "OpenBLAS, float32, transposed, one stream (x @ W)", True, True,
+    "after-transposed": Arm("after-transposed", "OpenBLAS, float32, transposed + shortcuts, one stream", True, True,
                             (("MLXD_CPU_LAYOUT", "transposed"),)),
 }
 DEFAULT_ARMS = ("before", "blas-only", "after")

@@ -23,6 +23,7 @@ transposed layout (`MLXD_CPU_LAYOUT=stored` keeps mlx-lm's model as it is).
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 # MLX at import: imported only inside the model load, after the BLAS is chosen.
@@ -79,7 +80,7 @@ class RotationRoPE(nn.Module):
                             offset=offset)
 
 
-@mx.compile
+@partial(mx.compile, shapeless=True)  # one kernel for a token and a prompt alike
 def _rms_norm(x: Any, weight: Any, eps: float) -> Any:  # eps: a constant of the compiled kernel
     return x * mx.rsqrt(mx.mean(mx.square(x), axis=-1, keepdims=True) + eps) * weight
 

@@ -2,21 +2,20 @@
 
 On the CPU every MLX op costs its dispatch (building the array, the
 scheduler's hand-off to the stream's thread, an allocation) whatever its
-size, and a one-token step of the default model was 4,040 ops: MLX's CPU
+size, and a one-token step of the default model was 4,247 ops: MLX's CPU
 fallbacks of `fast.rope` (~20 ops: the frequencies recomputed every call),
 `fast.rms_norm` (~8) and `fast.scaled_dot_product_attention` (~12, the
 query heads repeated over the KV heads). On 2 cores that overhead took as
 much time as reading the weights. Three replacements for one token cut it to
-~1,100 (the default model's decode step 1.2-1.5x faster in process), each
-falling back to MLX's own op for a prompt (many tokens: compute-bound, the
-dispatch negligible) and for what it does not know:
-- `RotationRoPE`: a token at position p is rotated by one 64x64 matrix
-  product, the matrix built once per position (numpy) and shared by every
-  layer and by queries and keys;
+972 (with the transposed layout: docs/BENCHMARKS.md), each falling back to
+MLX's own op for a prompt (many tokens: compute-bound, the dispatch
+negligible) and for what it does not know:
+- `RotationRoPE`: a token at position p is rotated by one matrix product,
+  the matrix built once per position (numpy) and shared by every layer;
 - `CompiledRMSNorm`: the norm as one compiled kernel and a sum;
-- `FoldedAttention`: mlx-lm's Llama / Qwen2 attention, whose one-token step
-  folds the query heads that share a KV head into rows of one product
-  (3 matmuls of 3 rows instead of 9 of 1) with no mask or repeat.
+- `FoldedLlamaAttention`, `FoldedQwen2Attention`: mlx-lm's attention, whose
+  one-token step folds the query heads that share a KV head into rows of one
+  product (3 matmuls of 3 rows instead of 9 of 1) with no mask or repeat.
 Only the CPU's float32 path (engine/model_load.py) uses them, with the
 transposed layout (`MLXD_CPU_LAYOUT=stored` keeps mlx-lm's model as it is).
 """
@@ -81,8 +80,9 @@ class RotationRoPE(nn.Module):
 
 
 @partial(mx.compile, shapeless=True)  # one kernel for a token and a prompt alike
-def _rms_norm(x: Any, weight: Any, eps: float) -> Any:  # eps: a constant of the compiled kernel
-    return x * mx.rsqrt(mx.mean(mx.square(x), axis=-1, keepdims=True) + eps) * weight
+def _rms_norm(x: Any, weight: Any, eps: float, inv_n: float) -> Any:
+    # eps and 1/n are constants of the kernel (a shapeless mean would count its elements: one op more a call)
+    return x * mx.rsqrt(mx.sum(mx.square(x), axis=-1, keepdims=True) * inv_n + eps) * weight
 
 
 class CompiledRMSNorm(nn.Module):
@@ -96,7 +96,7 @@ class CompiledRMSNorm(nn.Module):
     def __call__(self, x: Any) -> Any:
         if x.dtype != mx.float32:
             return mx.fast.rms_norm(x, self["weight"], self.eps)
-        return _rms_norm(x, self["weight"], self.eps)
+        return _rms_norm(x, self["weight"], self.eps, 1.0 / x.shape[-1])
 
 
 def _folded_attention(attn: Any, x: Any, cache: Any) -> Any:
@@ -123,18 +123,21 @@ def _one_token(x: Any, mask: Any, cache: Any) -> bool:
             and isinstance(cache, KVCache) and isinstance(cache.offset, int))
 
 
-class FoldedLlamaAttention(llama.Attention):
+class _FoldedCall:
+    """The one-token shortcut in front of mlx-lm's own attention."""
+
     def __call__(self, x: Any, mask: Any = None, cache: Any = None) -> Any:
         if _one_token(x, mask, cache):
             return _folded_attention(self, x, cache)
-        return super().__call__(x, mask, cache)
+        return super().__call__(x, mask, cache)  # type: ignore[misc]
 
 
-class FoldedQwen2Attention(qwen2.Attention):
-    def __call__(self, x: Any, mask: Any = None, cache: Any = None) -> Any:
-        if _one_token(x, mask, cache):
-            return _folded_attention(self, x, cache)
-        return super().__call__(x, mask, cache)
+class FoldedLlamaAttention(_FoldedCall, llama.Attention):
+    pass
+
+
+class FoldedQwen2Attention(_FoldedCall, qwen2.Attention):
+    pass
 
 
 FOLDED = {llama.Attention: FoldedLlamaAttention, qwen2.Attention: FoldedQwen2Attention}

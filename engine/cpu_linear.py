@@ -34,9 +34,8 @@ import mlx.nn as nn
 from mlx.utils import tree_unflatten
 
 LAYOUT_ENV = "MLXD_CPU_LAYOUT"
-LAYOUTS = ("stored", "transposed", "split")
 SPLIT_MIN_OUTPUTS = 512  # narrower layers (a small model's k/v projections) lose more to the join than they gain
-MAX_BLOCKS = 2  # one stream per core of a 2-core machine; the default model gained nothing from more
+MAX_BLOCKS = 2  # one stream per core of a 2-core machine (more blocks were not measured)
 
 
 def cpu_layout(setting: str | None, cores: int) -> tuple[bool, int]:
@@ -86,15 +85,19 @@ def _product(x: Any, parts: list[Any]) -> Any:
     multiplies that as it is, where a 2-D weight costs a flatten and an
     unflatten op around every product (a one-token step's ops are its cost)."""
     if x.ndim != 3 or x.shape[0] != 1:  # a batch of rows, or 2-D: one product of every row
-        parts = [p[0] if p.ndim == 3 else p for p in parts]
+        parts = _two_d(parts)
     if len(parts) == 1:
         return x @ parts[0]
     return mx.concatenate([mx.matmul(x, p, stream=_stream(i)) for i, p in enumerate(parts)], axis=-1)
 
 
+def _two_d(parts: list[Any]) -> list[Any]:
+    return [p[0] if p.ndim == 3 else p for p in parts]
+
+
 def _stored(parts: list[Any]) -> Any:
     """The weight as nn.Linear holds it (lazy: nothing is copied until read)."""
-    blocks = [p[0] if p.ndim == 3 else p for p in parts]
+    blocks = _two_d(parts)
     return (blocks[0] if len(blocks) == 1 else mx.concatenate(blocks, axis=1)).T
 
 

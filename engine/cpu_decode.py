@@ -15,13 +15,18 @@ negligible) and for what it does not know:
 - `CompiledRMSNorm`: the norm as one compiled kernel and a sum;
 - `FoldedLlamaAttention`, `FoldedQwen2Attention`: mlx-lm's attention, whose
   one-token step folds the query heads that share a KV head into rows of one
-  product (3 matmuls of 3 rows instead of 9 of 1) with no mask or repeat.
+  product (3 matmuls of 3 rows instead of 9 of 1) with no mask or repeat;
+- `BlockedLlamaMLP`, `BlockedQwen2MLP`: with the weights in column blocks on
+  two streams (engine/cpu_linear.py), a token's MLP as one chain per stream,
+  joined once (the step 7 % faster in process than joining after each
+  projection; 1,289 -> 1,259 ops).
 Only the CPU's float32 path (engine/model_load.py) uses them, with the
 transposed layout (`MLXD_CPU_LAYOUT=stored` keeps mlx-lm's model as it is).
 """
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from functools import partial
 from typing import Any
 
@@ -31,7 +36,10 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_unflatten
 from mlx_lm.models import llama, qwen2
+from mlx_lm.models.activations import swiglu
 from mlx_lm.models.cache import KVCache
+
+from .cpu_linear import TransposedLinear, block_stream, column_blocks
 
 
 def rotation_matrix(position: int, dims: int, head_dim: int, base: float, scale: float,
@@ -143,9 +151,49 @@ class FoldedQwen2Attention(_FoldedCall, qwen2.Attention):
 FOLDED = {llama.Attention: FoldedLlamaAttention, qwen2.Attention: FoldedQwen2Attention}
 
 
+class _BlockedCall:
+    """mlx-lm's SwiGLU MLP, a token at a time as one chain per stream: block
+    i of the gate and up projections, its SwiGLU, and row block i of the
+    down projection, on stream i; the partial outputs summed (the streams
+    join once, not after each projection)."""
+
+    def __call__(self, x: Any) -> Any:
+        if x.ndim != 3 or x.shape[:2] != (1, 1):
+            return super().__call__(x)  # type: ignore[misc]
+        gate, up, down = (self[k]["parts"] for k in ("gate_proj", "up_proj", "down_proj"))  # type: ignore[index]
+        partial_sums = []
+        for i, (g, u, d) in enumerate(zip(gate, up, down)):
+            stream = block_stream(i)  # None: the caller's own
+            with mx.stream(stream) if stream is not None else nullcontext():
+                partial_sums.append(swiglu(x @ g, x @ u) @ d)
+        return sum(partial_sums[1:], partial_sums[0])
+
+
+class BlockedLlamaMLP(_BlockedCall, llama.MLP):
+    pass
+
+
+class BlockedQwen2MLP(_BlockedCall, qwen2.MLP):
+    pass
+
+
+BLOCKED = {llama.MLP: BlockedLlamaMLP, qwen2.MLP: BlockedQwen2MLP}
+
+
+def _blockable(mlp: Any) -> bool:
+    """Gate and up in the same column blocks (2 or more), no biases."""
+    layers = (mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+    if not all(type(m) is TransposedLinear and not m.rows and "bias" not in m for m in layers):
+        return False
+    gate, up = mlp.gate_proj["parts"], mlp.up_proj["parts"]
+    return len(gate) > 1 and [p.shape for p in gate] == [p.shape for p in up] == [
+        (1, gate[0].shape[1], b - a) for a, b in column_blocks(mlp.down_proj.weight.shape[1], len(gate))]
+
+
 def shorten_decode(model: Any) -> int:
     """The model's RoPE, RMSNorm and Llama / Qwen2 attention modules given
-    their one-token shortcuts. The number of modules changed."""
+    their one-token shortcuts, and their MLPs (in column blocks) a chain per
+    stream. The number of modules changed."""
     replaced, changed = [], 0
     for name, m in model.named_modules():
         if type(m) is nn.RoPE:
@@ -154,6 +202,10 @@ def shorten_decode(model: Any) -> int:
             replaced.append((name, CompiledRMSNorm(m)))
         elif type(m) in FOLDED:
             m.__class__ = FOLDED[type(m)]  # the same module and parameters; only __call__ differs
+            changed += 1
+        elif type(m) in BLOCKED and _blockable(m):
+            m.down_proj = m.down_proj.by_rows(len(m.gate_proj["parts"]))  # as the gate's and up's column blocks
+            m.__class__ = BLOCKED[type(m)]
             changed += 1
     if replaced:
         model.update_modules(tree_unflatten(replaced))

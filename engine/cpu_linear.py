@@ -69,7 +69,7 @@ def usable_cores() -> int:
 _streams: list[Any] = []
 
 
-def _stream(i: int) -> Any:
+def block_stream(i: int) -> Any:
     """The CPU stream block `i` runs on: the first on the caller's (the
     generation stream), the others on streams of their own, made once."""
     if i == 0:
@@ -88,37 +88,61 @@ def _product(x: Any, parts: list[Any]) -> Any:
         parts = _two_d(parts)
     if len(parts) == 1:
         return x @ parts[0]
-    return mx.concatenate([mx.matmul(x, p, stream=_stream(i)) for i, p in enumerate(parts)], axis=-1)
+    return mx.concatenate([mx.matmul(x, p, stream=block_stream(i)) for i, p in enumerate(parts)], axis=-1)
+
+
+def _row_product(x: Any, parts: list[Any]) -> Any:
+    """x @ [part_0 ; part_1 ; ...] for row blocks: the sum of each block's
+    product with its slice of x, each on its own stream."""
+    if x.ndim != 3 or x.shape[0] != 1:
+        parts = _two_d(parts)
+    products, start = [], 0
+    for i, p in enumerate(parts):
+        size = p.shape[-2]
+        products.append(mx.matmul(x[..., start:start + size], p, stream=block_stream(i)))
+        start += size
+    return sum(products[1:], products[0])
 
 
 def _two_d(parts: list[Any]) -> list[Any]:
     return [p[0] if p.ndim == 3 else p for p in parts]
 
 
-def _stored(parts: list[Any]) -> Any:
+def _stored(parts: list[Any], rows: bool = False) -> Any:
     """The weight as nn.Linear holds it (lazy: nothing is copied until read)."""
     blocks = _two_d(parts)
-    return (blocks[0] if len(blocks) == 1 else mx.concatenate(blocks, axis=1)).T
+    return (blocks[0] if len(blocks) == 1 else mx.concatenate(blocks, axis=0 if rows else 1)).T
 
 
 class TransposedLinear(nn.Module):
     """`nn.Linear` with its weight held as `W.T`, contiguous, in column
-    blocks (each 1 x inputs x outputs)."""
+    blocks (each 1 x inputs x outputs), or in row blocks (`rows`: blocks of
+    its inputs, whose products are summed: an MLP's down projection, so
+    that each stream goes on from its own block of the gate and up
+    projections, engine/cpu_decode.py)."""
 
-    def __init__(self, parts: list[Any], bias: Any = None) -> None:
+    def __init__(self, parts: list[Any], bias: Any = None, rows: bool = False) -> None:
         super().__init__()
         self.parts = parts
         if bias is not None:
             self.bias = bias
+        self.rows = rows
 
     @property
     def weight(self) -> Any:  # for code that reads a layer's shape or dtype
-        return _stored(self["parts"])
+        return _stored(self["parts"], self.rows)
+
+    def by_rows(self, blocks: int) -> "TransposedLinear":
+        """The same layer with its inputs cut as `column_blocks` cuts a
+        layer of that many outputs (lazy)."""
+        parts = self["parts"]
+        whole = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=-1)
+        bounds = column_blocks(whole.shape[-2], blocks)
+        return TransposedLinear([mx.contiguous(whole[:, a:b]) for a, b in bounds], self.get("bias"), rows=True)
 
     def __call__(self, x: Any) -> Any:
-        if "bias" in self:
-            return _product(x, self["parts"]) + self["bias"]
-        return _product(x, self["parts"])
+        y = _row_product(x, self["parts"]) if self.rows else _product(x, self["parts"])
+        return y + self["bias"] if "bias" in self else y
 
 
 class TransposedEmbedding(nn.Module):

@@ -14,8 +14,8 @@ import pytest
 from mlx_lm.models import llama, qwen2
 from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
-from mlxd.engine.cpu_decode import (CompiledRMSNorm, FoldedLlamaAttention, FoldedQwen2Attention, RotationRoPE,
-                                    rotation_matrix, shorten_decode)
+from mlxd.engine.cpu_decode import (BlockedLlamaMLP, BlockedQwen2MLP, CompiledRMSNorm, FoldedLlamaAttention,
+                                    FoldedQwen2Attention, RotationRoPE, rotation_matrix, shorten_decode)
 from mlxd.engine.cpu_linear import transpose_linears
 from mlxd.engine.kv_cache import AllocatedKVCache
 
@@ -35,8 +35,8 @@ def test_the_rotation_matrix_is_rope_at_that_position(dims, head_dim, traditiona
     assert mx.allclose(rotated, expected, atol=1e-4).item()
 
 
-def tiny(arch, tied: bool = True) -> nn.Module:
-    common = dict(hidden_size=128, num_hidden_layers=2, intermediate_size=256, num_attention_heads=4,
+def tiny(arch, tied: bool = True, intermediate: int = 256) -> nn.Module:
+    common = dict(hidden_size=128, num_hidden_layers=2, intermediate_size=intermediate, num_attention_heads=4,
                   num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=101, tie_word_embeddings=tied)
     mx.random.seed(11)
     if arch == "llama":
@@ -66,19 +66,26 @@ CACHES = {
 }
 
 
-@pytest.mark.parametrize("arch, folded", [("llama", FoldedLlamaAttention), ("qwen2", FoldedQwen2Attention)])
+@pytest.mark.parametrize("arch, folded, blocked", [("llama", FoldedLlamaAttention, BlockedLlamaMLP),
+                                                   ("qwen2", FoldedQwen2Attention, BlockedQwen2MLP)])
 @pytest.mark.parametrize("cache_kind", list(CACHES))
-@pytest.mark.parametrize("blocks", [1, 2])
-def test_decoding_gives_the_same_logits_with_the_shortcuts(arch, folded, cache_kind, blocks):
+@pytest.mark.parametrize("blocks, intermediate", [(1, 256), (2, 256), (2, 512), (3, 600)])
+def test_decoding_gives_the_same_logits_with_the_shortcuts(arch, folded, blocked, cache_kind, blocks, intermediate):
+    """With 2+ blocks and an MLP of 512+ outputs, the MLP runs a chain per
+    stream (its down projection in row blocks); narrower, as mlx-lm's."""
     prompt = [5, 17, 3, 88, 41, 2, 9, 60, 33]
-    reference = tiny(arch)
+    reference = tiny(arch, intermediate=intermediate)
     expected = decode(reference, [CACHES[cache_kind]() for _ in reference.layers], prompt, 12)
-    model = tiny(arch)
+    model = tiny(arch, intermediate=intermediate)
     transpose_linears(model, blocks)
-    assert shorten_decode(model) == 2 * 4 + 1  # per layer: attention, its RoPE, 2 norms; and the final norm
+    mlp_blocked = blocks > 1 and intermediate >= 512
+    # per layer: attention, its RoPE, 2 norms (and the MLP); and the final norm
+    assert shorten_decode(model) == 2 * (4 + mlp_blocked) + 1
     layer = model.model.layers[0]
     assert type(layer.self_attn) is folded and isinstance(layer.self_attn.rope, RotationRoPE)
     assert isinstance(layer.input_layernorm, CompiledRMSNorm)
+    assert (type(layer.mlp) is blocked) == mlp_blocked
+    assert layer.mlp.down_proj.rows == mlp_blocked and layer.mlp.down_proj.weight.shape == (128, intermediate)
     got = decode(model, [CACHES[cache_kind]() for _ in model.layers], prompt, 12)
     for step, (a, b) in enumerate(zip(got, expected)):
         assert mx.allclose(a, b, atol=2e-4).item(), f"step {step}: max diff {mx.abs(a - b).max().item()}"

@@ -108,3 +108,34 @@ def test_a_model_in_column_blocks_gives_the_same_logits(tied, blocks):
     assert mx.array_equal(embed(tokens), looked_up).item()
     assert mx.allclose(model(tokens), before, atol=1e-4).item()
     assert len(cpu_linear._streams) >= blocks - 1  # the other blocks ran on streams of their own
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("shape", [(1, 5, 600), (3, 1, 600), (4, 600)])  # a prompt, a batch of tokens, 2-D
+def test_row_blocks_compute_the_same_product(bias, shape):
+    mx.random.seed(9)
+    linear = nn.Linear(600, 40, bias=bias)
+    holder = nn.Module()
+    holder.proj = linear
+    transpose_linears(holder, 2)
+    columns = holder.proj
+    rows = columns.by_rows(2)
+    assert rows.rows and len(rows["parts"]) == 2  # 600 inputs: 2 blocks
+    x = mx.random.normal(shape)
+    assert mx.allclose(rows(x), linear(x), atol=1e-4).item()
+    assert rows.weight.shape == linear.weight.shape
+
+
+def test_a_wide_layer_in_row_blocks_sums_the_blocks():
+    """An MLP's down projection: 600 inputs (the gate's 2 column blocks) in 2 row blocks."""
+    mx.random.seed(4)
+    linear = nn.Linear(600, 600)
+    holder = nn.Module()
+    holder.proj = linear
+    transpose_linears(holder, 2)
+    rows = holder.proj.by_rows(2)
+    assert [p.shape for p in rows["parts"]] == [(1, 300, 600), (1, 300, 600)]
+    for shape in [(1, 3, 600), (1, 1, 600), (2, 1, 600)]:
+        x = mx.random.normal(shape)
+        assert mx.allclose(rows(x), linear(x), atol=1e-4).item()
+    assert mx.array_equal(rows.weight, linear.weight).item()

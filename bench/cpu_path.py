@@ -13,7 +13,9 @@ Each arm is a real `mlxd engine` process serving the default model's GGUF
              model as it is (Linear weights as MLX lays them out, MLX's ops for every step)
   after-transposed  (only with --arms) MLXD_CPU_LAYOUT=transposed: weights transposed
              (engine/cpu_linear.py) and the one-token shortcuts (engine/cpu_decode.py), on
-             one stream (the default also splits wide layers over 2 CPU streams)
+             one stream (the default's layout, named)
+  after-split  (only with --arms) MLXD_CPU_LAYOUT=split: the same with wide layers in
+             column blocks on 2 CPU streams
 
 Per arm, in rounds that alternate the arms (the first arm rotates each
 round), medians over the rounds:
@@ -96,6 +98,8 @@ ARMS = {
                         (("MLXD_CPU_LAYOUT", "stored"),)),
     "after-transposed": Arm("after-transposed", "OpenBLAS, float32, transposed + shortcuts, one stream", True, True,
                             (("MLXD_CPU_LAYOUT", "transposed"),)),
+    "after-split": Arm("after-split", "OpenBLAS, float32, transposed + shortcuts, wide layers on 2 streams", True,
+                       True, (("MLXD_CPU_LAYOUT", "split"),)),
 }
 DEFAULT_ARMS = ("before", "blas-only", "after")
 

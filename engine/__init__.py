@@ -40,7 +40,7 @@ The model
   model_cache.py          one model resident: which to unload, then load (pure)
   model_load.py           a model into memory: mlx-lm, mlx-vlm, a rank's shard; its KV layout
   fast_blas.py            Linux: OpenBLAS under MLX's CPU backend, chosen before MLX loads
-  cpu_linear.py           the CPU's float32 path: Linear and Embedding weights held transposed, in column blocks on 2 streams
+  cpu_linear.py           the CPU's float32 path: Linear and Embedding weights held transposed (optionally in blocks on 2 streams)
   cpu_decode.py           the CPU's float32 path: a decoded token in a quarter of the MLX ops (RoPE, RMSNorm, attention, MLP)
   gguf_convert.py         a GGUF file -> an MLX model folder, converted once
   demo_model.py           the tiny random-weight demo models, built locally

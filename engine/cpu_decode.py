@@ -16,8 +16,12 @@ negligible) and for what it does not know:
 - `FoldedLlamaAttention`, `FoldedQwen2Attention`: mlx-lm's attention, whose
   one-token step folds the query heads that share a KV head into rows of one
   product (3 matmuls of 3 rows instead of 9 of 1) with no mask or repeat;
+  its query, key and value projections one product where they are in one
+  block (`share_qkv`, engine/cpu_linear.py's SharedInputProduct: a prompt
+  through mlx-lm's own code shares it too);
 - `BlockedLlamaMLP`, `BlockedQwen2MLP`: with the weights in column blocks on
-  two streams (engine/cpu_linear.py), a token's MLP as one chain per stream,
+  two streams (engine/cpu_linear.py's split layout, `MLXD_CPU_LAYOUT=split`),
+  a token's MLP as one chain per stream,
   joined once (the step 7 % faster in process than joining after each
   projection; 1,289 -> 1,259 ops).
 Only the CPU's float32 path (engine/model_load.py) uses them, with the
@@ -39,7 +43,7 @@ from mlx_lm.models import llama, qwen2
 from mlx_lm.models.activations import swiglu
 from mlx_lm.models.cache import KVCache
 
-from .cpu_linear import TransposedLinear, block_stream, column_blocks
+from .cpu_linear import SharedInputProduct, TransposedLinear, block_stream, column_blocks
 
 
 def rotation_matrix(position: int, dims: int, head_dim: int, base: float, scale: float,
@@ -110,7 +114,11 @@ class CompiledRMSNorm(nn.Module):
 def _folded_attention(attn: Any, x: Any, cache: Any) -> Any:
     """One token of mlx-lm's Llama / Qwen2 attention (x: 1 x 1 x hidden)."""
     heads, kv_heads = attn.n_heads, attn.n_kv_heads
-    queries, keys, values = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+    if "qkv_proj" in attn:  # one product for the three
+        both = attn.qkv_proj(x)
+        queries, keys, values = (both[..., a:b] for a, b in attn.qkv_proj.bounds)
+    else:
+        queries, keys, values = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
     head_dim = queries.shape[-1] // heads
     if isinstance(attn.rope, RotationRoPE):  # heads as rows of one product with the position's rotation
         queries = queries.reshape(1, heads, head_dim) @ attn.rope.rotation(cache.offset, head_dim, attn.scale)
@@ -190,10 +198,28 @@ def _blockable(mlp: Any) -> bool:
         (1, gate[0].shape[1], b - a) for a, b in column_blocks(mlp.down_proj.weight.shape[1], len(gate))]
 
 
+def _shareable(attn: Any) -> bool:
+    """Query, key and value projections as stored or transposed in one
+    block (not split over streams), with biases on all three or none."""
+    layers = (attn.q_proj, attn.k_proj, attn.v_proj)
+    return (all(type(m) is nn.Linear or (type(m) is TransposedLinear and not m.rows and len(m["parts"]) == 1)
+                for m in layers)
+            and len({"bias" in m for m in layers}) == 1)
+
+
+def share_qkv(attn: Any) -> None:
+    """The attention's query, key and value projections as one product
+    (engine/cpu_linear.py's SharedInputProduct)."""
+    shared = SharedInputProduct([attn.q_proj, attn.k_proj, attn.v_proj])
+    attn.qkv_proj = shared
+    attn.q_proj, attn.k_proj, attn.v_proj = shared.layer(0), shared.layer(1), shared.layer(2)
+
+
 def shorten_decode(model: Any) -> int:
     """The model's RoPE, RMSNorm and Llama / Qwen2 attention modules given
-    their one-token shortcuts, and their MLPs (in column blocks) a chain per
-    stream. The number of modules changed."""
+    their one-token shortcuts (the attention's projections as one product
+    where they are transposed in one block), and their MLPs (in column
+    blocks) a chain per stream. The number of modules changed."""
     replaced, changed = [], 0
     for name, m in model.named_modules():
         if type(m) is nn.RoPE:
@@ -202,6 +228,8 @@ def shorten_decode(model: Any) -> int:
             replaced.append((name, CompiledRMSNorm(m)))
         elif type(m) in FOLDED:
             m.__class__ = FOLDED[type(m)]  # the same module and parameters; only __call__ differs
+            if _shareable(m):
+                share_qkv(m)
             changed += 1
         elif type(m) in BLOCKED and _blockable(m):
             m.down_proj = m.down_proj.by_rows(len(m.gate_proj["parts"]))  # as the gate's and up's column blocks

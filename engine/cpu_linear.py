@@ -1,25 +1,29 @@
 """The CPU's float32 path, second half: Linear and Embedding layers keep
-their weight transposed, in column blocks computed on parallel CPU streams.
+their weight transposed (optionally in column blocks on parallel CPU streams).
 
 A decoded token reads every weight once through a matrix-vector product, so
 memory bandwidth sets the decode speed. Two layouts pay:
-- **Transposed.** MLX's `Linear` computes `x @ W.T`; OpenBLAS's product in
-  that layout ran at 6.3 GB/s on 2 cores where `x @ W` ran at 13.0
-  (bench/cpu_path.py, docs/BENCHMARKS.md): the default model in process,
-  8.5 -> 10.5 tok/s. A tied output head (`embed_tokens.as_linear`, 21 % of
+- **Transposed** (the default). MLX's `Linear` computes `x @ W.T`;
+  OpenBLAS's product in that layout ran at 6.3 GB/s on 2 cores where `x @ W`
+  ran at 13.0 (bench/cpu_path.py, docs/BENCHMARKS.md): the default model in
+  process, 8.5 -> 10.5 tok/s. Through sgemv (engine/fast_blas.py's shim) the
+  layout still pays on the wide layers and the output head (one thread:
+  11-14 GB/s against 7-8). A tied output head (`embed_tokens.as_linear`, 21 % of
   the default model's weights) is the same product, so the embedding is held
   transposed too, its lookup reading a column per token (no second copy).
-- **Split.** One core's matrix-vector product reads ~6 GB/s where memory
-  gives ~2x that to two. OpenBLAS's own threads gained nothing on these small
-  products (they synchronise inside each one, and spin on busy cores), so a
-  wide layer is cut into column blocks, each multiplied on its own MLX CPU
-  stream (a thread) and joined: the default model's decode step 1.25-1.4x
-  faster on 2 idle cores; with one core taken by another program, 0-10 %
-  slower. The blocks are exact: each output is the same dot product.
+- **Split** (`MLXD_CPU_LAYOUT=split`). A wide layer cut into column blocks,
+  each multiplied on its own MLX CPU stream (a thread) and joined (exact:
+  each output is the same dot product). Through sgemm, which packs the
+  weights first, one core read ~6 GB/s and two streams made the default
+  model's decode step 1.25-1.4x faster on 2 idle cores. Through sgemv one
+  core reads 11-14 GB/s, what memory gives two here: split served 14.7
+  tok/s where one stream served 15.3, with 1.54 cores busy against 1.26 --
+  so one stream is the default, and split stays to compare on other
+  machines.
 Only the float32 CPU path uses it (engine/model_load.py load_resident): on
 Metal and CUDA, and for quantised weights, MLX's own kernels read `W` as
 stored. `MLXD_CPU_LAYOUT` = stored | transposed | split picks one to compare
-(bench/cpu_path.py's arms); unset, split where the process has 2+ cores.
+(bench/cpu_path.py's arms); unset, transposed.
 """
 
 from __future__ import annotations
@@ -45,9 +49,19 @@ def cpu_layout(setting: str | None, cores: int) -> tuple[bool, int]:
     value = (setting or "").strip().lower()
     if value == "stored":
         return False, 1
-    if value == "transposed" or cores < 2:
-        return True, 1
-    return True, min(MAX_BLOCKS, cores)
+    if value == "split" and cores >= 2:
+        return True, min(MAX_BLOCKS, cores)
+    return True, 1
+
+
+def transposes(inputs: int, outputs: int, blocks: int) -> bool:
+    """Whether a Linear layer is held transposed (pure). On one stream, a
+    layer at least as wide as its inputs: through sgemv a narrowing one (an
+    MLP's down projection) reads faster as stored, 1536 -> 576 at 11.7 GB/s
+    against 8.3, where 576 -> 1536 reads 12.7 transposed against 7.7
+    (bench/one_row_products.py). Split, every one: the MLP's chains per
+    stream take the down projection in row blocks (engine/cpu_decode.py)."""
+    return blocks > 1 or outputs >= inputs
 
 
 def column_blocks(outputs: int, blocks: int) -> list[tuple[int, int]]:
@@ -172,10 +186,11 @@ class TransposedEmbedding(nn.Module):
 
 
 def transpose_linears(model: Any, blocks: int = 1) -> int:
-    """Every plain `nn.Linear` and `nn.Embedding` of the model replaced by
-    its transposed kind, a layer of SPLIT_MIN_OUTPUTS or more outputs in
-    `blocks` column blocks (lazily: the copies are made when the weights are
-    evaluated, and the stored ones let go). The number replaced."""
+    """Every plain `nn.Embedding` of the model, and every plain `nn.Linear`
+    that `transposes`, replaced by its transposed kind, a layer of
+    SPLIT_MIN_OUTPUTS or more outputs in `blocks` column blocks (lazily: the
+    copies are made when the weights are evaluated, and the stored ones let
+    go). The number replaced."""
 
     def transposed(m: Any) -> Any:
         weight = m["weight"]  # (outputs, inputs)
@@ -184,7 +199,67 @@ def transpose_linears(model: Any, blocks: int = 1) -> int:
             return TransposedEmbedding(parts)
         return TransposedLinear([p[None] for p in parts], m.get("bias"))
 
-    replaced = [(name, transposed(m)) for name, m in model.named_modules() if type(m) in (nn.Linear, nn.Embedding)]
+    replaced = [(name, transposed(m)) for name, m in model.named_modules()
+                if type(m) is nn.Embedding or (type(m) is nn.Linear and transposes(*m["weight"].shape[::-1], blocks))]
     if replaced:
         model.update_modules(tree_unflatten(replaced))
     return len(replaced)
+
+
+class SharedInputProduct(nn.Module):
+    """Transposed Linear layers that read the same input -- an attention's
+    query, key and value projections -- held as one weight
+    [W_a.T | W_b.T | ...] (1 x inputs x their outputs): one matrix-vector
+    product serves them all (through sgemv the narrow key and value
+    projections read ~7 GB/s alone; the step ~6 % faster side by side), the
+    shared weight transposed as any layer that widens.
+    `layer(i)` stands in for layer i where the model calls it."""
+
+    def __init__(self, layers: list[Any]) -> None:
+        """`layers`: plain nn.Linear or TransposedLinear in one block (lazy:
+        the shared weight is made when it is evaluated)."""
+        super().__init__()
+        blocks = [m["parts"][0] if type(m) is TransposedLinear else m["weight"].T[None] for m in layers]
+        self.parts = [mx.concatenate(blocks, axis=-1)]
+        if all("bias" in m for m in layers):
+            self.bias = mx.concatenate([m["bias"] for m in layers])
+        widths = [b.shape[-1] for b in blocks]
+        starts = [sum(widths[:i]) for i in range(len(widths) + 1)]
+        # Plain attributes, outside the parameter tree (nn.Module keeps tuples and arrays in it).
+        object.__setattr__(self, "bounds", tuple(zip(starts, starts[1:])))
+        object.__setattr__(self, "_last", None)  # (input, product) while its layers are being called
+
+    def __call__(self, x: Any) -> Any:
+        y = _product(x, self["parts"])
+        return y + self["bias"] if "bias" in self else y
+
+    def columns(self, x: Any, i: int) -> Any:
+        """Layer i's output for `x`. Its layers called one after another
+        with the same input (mlx-lm's prompt path) share one product; the
+        last of them lets it go, so no activation outlives its step."""
+        last = self._last
+        y = last[1] if last is not None and last[0] is x else self(x)
+        object.__setattr__(self, "_last", None if i == len(self.bounds) - 1 else (x, y))
+        a, b = self.bounds[i]
+        return y[..., a:b]
+
+    def layer(self, i: int) -> "SharedColumns":
+        return SharedColumns(self, i)
+
+
+class SharedColumns(nn.Module):
+    """Layer i of a SharedInputProduct, where the model calls it (no
+    parameters of its own: they are the shared product's)."""
+
+    def __init__(self, shared: SharedInputProduct, i: int) -> None:
+        super().__init__()
+        object.__setattr__(self, "shared", shared)  # not a child: its parameters live once, where the model holds it
+        self.index = i
+
+    @property
+    def weight(self) -> Any:  # for code that reads a layer's shape or dtype
+        a, b = self.shared.bounds[self.index]
+        return self.shared["parts"][0][0, :, a:b].T
+
+    def __call__(self, x: Any) -> Any:
+        return self.shared.columns(x, self.index)

@@ -83,7 +83,7 @@ def load_resident(model_id: str, target: str, weights_dtype: str | None = None) 
             model = dequantize_model(model)
             model.set_dtype(mx.float32)
             transpose, blocks = cpu_layout(os.environ.get(LAYOUT_ENV), usable_cores())
-            if transpose:  # OpenBLAS's matrix-vector product is 2x faster that way round; blocks run on 2 cores
+            if transpose:  # OpenBLAS's matrix-vector product is faster that way round (engine/cpu_linear.py)
                 transpose_linears(model, blocks)
                 shorten_decode(model)  # a decoded token in a quarter of the MLX ops
             log.info("CPU weights: %s", "as stored" if not transpose else

@@ -238,9 +238,10 @@ else
 fi
 
 # The fast CPU path on Linux (engine/fast_blas.py): OpenBLAS under MLX, through a
-# shim to the scipy-openblas32 wheel built once (a C compiler is needed; without
-# one MLX keeps its slow reference BLAS, and `mlxd doctor` says how to fix it).
-if [ "$(uname -s)" = Linux ] && [ ! -f "$venv/lib/mlxd/libmlxd_blas.so" ]; then
+# shim to the scipy-openblas32 wheel built once per shim version (a C compiler is
+# needed; without one the system's OpenBLAS or MLX's slow reference BLAS serves,
+# and `mlxd doctor` says how to fix it).
+if [ "$(uname -s)" = Linux ]; then
   "$venv/bin/python" -m mlxd.engine.fast_blas build
 fi
 

@@ -11,12 +11,13 @@ import re
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
+from mlx.utils import tree_flatten
 from mlx_lm.models import llama, qwen2
 from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
 from mlxd.engine.cpu_decode import (BlockedLlamaMLP, BlockedQwen2MLP, CompiledRMSNorm, FoldedLlamaAttention,
                                     FoldedQwen2Attention, RotationRoPE, rotation_matrix, shorten_decode)
-from mlxd.engine.cpu_linear import transpose_linears
+from mlxd.engine.cpu_linear import SharedColumns, transpose_linears
 from mlxd.engine.kv_cache import AllocatedKVCache
 
 
@@ -85,7 +86,14 @@ def test_decoding_gives_the_same_logits_with_the_shortcuts(arch, folded, blocked
     assert type(layer.self_attn) is folded and isinstance(layer.self_attn.rope, RotationRoPE)
     assert isinstance(layer.input_layernorm, CompiledRMSNorm)
     assert (type(layer.mlp) is blocked) == mlp_blocked
-    assert layer.mlp.down_proj.rows == mlp_blocked and layer.mlp.down_proj.weight.shape == (128, intermediate)
+    # one stream: the narrowing down projection stays as stored; split, in row blocks for the chains
+    assert (type(layer.mlp.down_proj) is nn.Linear) == (blocks == 1)
+    assert getattr(layer.mlp.down_proj, "rows", False) == mlp_blocked
+    assert layer.mlp.down_proj.weight.shape == (128, intermediate)
+    # the query, key and value projections (one block each at this width) are one product, their weights once
+    assert type(layer.self_attn.q_proj) is SharedColumns and layer.self_attn.k_proj.weight.shape == (64, 128)
+    names = [k for k, _ in tree_flatten(layer.self_attn.parameters())]
+    assert not any(k.startswith(("q_proj", "k_proj", "v_proj")) for k in names), names
     got = decode(model, [CACHES[cache_kind]() for _ in model.layers], prompt, 12)
     for step, (a, b) in enumerate(zip(got, expected)):
         assert mx.allclose(a, b, atol=2e-4).item(), f"step {step}: max diff {mx.abs(a - b).max().item()}"

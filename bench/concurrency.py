@@ -543,11 +543,15 @@ def start_arm(arm: str, model: Path, workdir: Path, args: argparse.Namespace) ->
                 "--prompt-concurrency", str(args.batch_size)]
         if not args.prompt_cache:
             argv += ["--prompt-cache-size", "0"]
+        if args.prefill_step_size:
+            argv += ["--prefill-step-size", str(args.prefill_step_size)]
         return spawn(LABEL[arm], argv, child_env(), workdir / "mlx_lm_server.log", port, "/v1/models"), \
             "default_model"
     extra: dict[str, Any] = {"max_concurrency": args.batch_size} if arm == "batched" else {}
     if args.max_prompt_tokens:
         extra["max_prompt_tokens"] = args.max_prompt_tokens
+    if args.prefill_step_size:
+        extra["prefill_step_size"] = args.prefill_step_size
     toml = engine_toml(model, extra, args.prompt_cache, max(8, max(args.clients_list)), args.engine_log_level)
     return start_engine(workdir / f"home-{arm}", toml, workdir / f"engine-{arm}.log", name=LABEL[arm]), "default"
 
@@ -652,6 +656,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the memory mlxd's budget is taken from (MLXD_MEMORY_TOTAL_BYTES): e.g. the GPU's, to show "
                         "memory admission against a server whose batch is unbounded")
     p.add_argument("--max-prompt-tokens", type=int, default=None, help="mlxd's [engine] max_prompt_tokens (long runs)")
+    p.add_argument("--prefill-step-size", type=int, default=None,
+                   help="mlxd's [engine] prefill_step_size and mlx_lm.server's --prefill-step-size (each its default)")
     p.add_argument("--keep-logs", type=Path, default=None, help="copy the servers' logs into this folder")
     p.add_argument("--engine-log-level", choices=["info", "debug"], default="info",
                    help="mlxd's log level (debug: where each request's time went)")
@@ -704,6 +710,7 @@ def main(argv: list[str] | None = None) -> int:
                                      + "(batched: max_concurrency = "
                                      f"{args.batch_size})",
                 "memory_total_gib": args.memory_total_gib, "max_prompt_tokens": args.max_prompt_tokens,
+                "prefill_step_size": args.prefill_step_size,
                 "order": "arms one after another (one server at a time), client counts ascending, rounds in turn"}
     per_arm: dict[str, Any] = {}
     errors: dict[str, str] = {}

@@ -88,7 +88,8 @@ concurrency)
   $PY bench/concurrency.py --model "$MODEL" --arms "${ARMS:-single,batched,mlx_lm}" --clients "${CLIENTS:-1,2,4,8}" \
       --rounds "${ROUNDS:-3}" --max-tokens 256 --prompt-tokens "${PROMPT_TOKENS:-1000}" --startup-timeout 300 \
       --engine-log-level "${ENGINE_LOG_LEVEL:-info}" --keep-logs "$OUT/logs" \
-      --out "$OUT/concurrency_8b.json" | tee "$OUT/concurrency_8b.md"
+      ${PREFILL_STEP:+--prefill-step-size "$PREFILL_STEP"} \
+      --out "$OUT/concurrency_8b${PREFILL_STEP:+_step$PREFILL_STEP}.json" | tee "$OUT/concurrency_8b${PREFILL_STEP:+_step$PREFILL_STEP}.md"
   ;;
 admission)
   # Memory admission against an unbounded batch: 8 clients with long prompts

@@ -23,6 +23,7 @@ rows join (engine/batch_kv.py).
 from __future__ import annotations
 
 import copy
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,7 +34,9 @@ from .prefill import prefill
 from .prefill_pace import PrefillPace
 from .prompt_cache import Fetched
 from .sampling import make_sampling, seeing_context
-from .scheduler import Row
+from .scheduler import Row, starts_alone
+
+log = logging.getLogger("mlxd.engine.worker")
 
 
 def batchable_model(model: Any) -> bool:
@@ -118,10 +121,11 @@ class BatchRun:
     def close(self) -> None:
         self.generator.close()
 
-    def admit(self, admitted: Admitted, kv: list[Any] | None, heartbeat: Any = None) -> None:
+    def admit(self, admitted: Admitted, kv: list[Any] | None, heartbeat: Any = None,
+              others_waiting: bool = False) -> None:
         """Into the batch: its prompt after the cached part is prefilled with
-        the other joining requests', then it decodes with the rest; alone,
-        it decodes as mlx-lm decodes one request."""
+        the other joining requests', then it decodes with the rest; alone
+        (`starts_alone`), it decodes as mlx-lm decodes one request."""
         from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 
         from .kv_cache import make_kv
@@ -138,11 +142,11 @@ class BatchRun:
         admitted.generation.begin(prompt[-PROMPT_TAIL:])
         if self._solo is not None:
             self._join(self._solo)
-        alone = not self.rows
+        alone = not self.rows and not others_waiting
         if kv is None:  # alone: allocated once at its admitted length (in the batch, the batch's array is)
             kv = (make_kv(self.resident.model, len(prompt) + p.max_tokens, self.resident.kv) if alone
                   else make_prompt_cache(self.resident.model))
-        if alone and can_trim_prompt_cache(kv):
+        if starts_alone(not self.rows, others_waiting, can_trim_prompt_cache(kv)):
             self._solo = self._start_solo(admitted, kv, rest, sampler, processors, heartbeat)
             self.rows[SOLO] = admitted
         else:
@@ -211,6 +215,10 @@ class BatchRun:
             self._prefilled[r.uid] = done
             if r.end_of_prompt:
                 self._prefilled.pop(r.uid, None)
+        if log.isEnabledFor(logging.DEBUG):  # where a batch's time goes (the TTFT of requests that join together)
+            log.debug("batch step %.1f ms: %d prompt tokens over %d rows, %d tokens decoded, %d rows in the batch",
+                      1000 * (time.perf_counter() - began), prefilled, len(prompt_responses), len(responses),
+                      len(self.rows))
         if prefilled >= step:  # a full chunk: a step with a few prompt tokens beside the decode rows is
             # mostly decode time, and its "speed" (a token or two per step) shrank the next joiners' chunks to a
             # few tokens each (TTFT 675 against mlx_lm.server's 386 ms at 4 clients on the H100)

@@ -127,7 +127,8 @@ class BatchedTurns:
             if self._batch is None:
                 self._batch = BatchRun(self._resident, self._slots(), self.pace)
             self._batch.admit(Admitted(job, generation, tokens, fetched, self._resident.tokenizer.detokenizer,
-                                       needs_snapshot, taken_at=p.taken_at), kv, self._heartbeat)
+                                       needs_snapshot, taken_at=p.taken_at), kv, self._heartbeat,
+                              others_waiting=self.admission.has_waiting())
         except EngineError as exc:
             job.channel.put(Failed(exc))
             self.admission.done(job, 0.0)

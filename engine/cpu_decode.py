@@ -43,7 +43,7 @@ from mlx_lm.models import llama, qwen2
 from mlx_lm.models.activations import swiglu
 from mlx_lm.models.cache import KVCache
 
-from .cpu_linear import SharedInputProduct, TransposedLinear, block_stream, column_blocks
+from .cpu_linear import SharedInputProduct, StoredLinear, TransposedLinear, block_stream, column_blocks
 
 
 def rotation_matrix(position: int, dims: int, head_dim: int, base: float, scale: float,
@@ -202,8 +202,8 @@ def _shareable(attn: Any) -> bool:
     """Query, key and value projections as stored or transposed in one
     block (not split over streams), with biases on all three or none."""
     layers = (attn.q_proj, attn.k_proj, attn.v_proj)
-    return (all(type(m) is nn.Linear or (type(m) is TransposedLinear and not m.rows and len(m["parts"]) == 1)
-                for m in layers)
+    return (all(type(m) in (nn.Linear, StoredLinear) or (type(m) is TransposedLinear and not m.rows
+                                                          and len(m["parts"]) == 1) for m in layers)
             and len({"bias" in m for m in layers}) == 1)
 
 

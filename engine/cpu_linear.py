@@ -29,6 +29,7 @@ stored. `MLXD_CPU_LAYOUT` = stored | transposed | split picks one to compare
 from __future__ import annotations
 
 import os
+from contextlib import nullcontext
 from typing import Any
 
 # MLX at import: engine/model_load.py imports this module inside its load,
@@ -42,16 +43,17 @@ SPLIT_MIN_OUTPUTS = 512  # narrower layers (a small model's k/v projections) los
 MAX_BLOCKS = 2  # one stream per core of a 2-core machine (more blocks were not measured)
 
 
-def cpu_layout(setting: str | None, cores: int) -> tuple[bool, int]:
-    """(transpose the weights, column blocks per wide layer) for an
-    `MLXD_CPU_LAYOUT` value and the cores this process may use (pure).
-    An unknown value is the default (the engine logs what it chose)."""
+def cpu_layout(setting: str | None, cores: int) -> tuple[bool, int, int]:
+    """(transpose the weights, column blocks per wide layer, streams a
+    prompt's rows are cut over) for an `MLXD_CPU_LAYOUT` value and the cores
+    this process may use (pure). An unknown value is the default (the
+    engine logs what it chose)."""
     value = (setting or "").strip().lower()
     if value == "stored":
-        return False, 1
+        return False, 1, 1
     if value == "split" and cores >= 2:
-        return True, min(MAX_BLOCKS, cores)
-    return True, 1
+        return True, min(MAX_BLOCKS, cores), 1  # a prompt's products already run on the blocks' streams
+    return True, 1, min(MAX_BLOCKS, max(1, cores))
 
 
 def transposes(inputs: int, outputs: int, blocks: int) -> bool:
@@ -105,6 +107,25 @@ def _product(x: Any, parts: list[Any]) -> Any:
     return mx.concatenate([mx.matmul(x, p, stream=block_stream(i)) for i, p in enumerate(parts)], axis=-1)
 
 
+PROMPT_SPLIT_MIN_ROWS = 64  # fewer rows (a token, a batch's decode step) read memory: one stream
+
+
+def _by_prompt_rows(x: Any, product: Any, streams: int) -> Any:
+    """product(x), a prompt's rows cut into `streams` parts each on its own
+    stream: a token's one-row product reads memory, which one core nearly
+    fills, but a prompt's computes, and one core computes half what two do."""
+    rows = x.shape[-2] if x.ndim >= 2 else 1
+    if streams < 2 or rows < PROMPT_SPLIT_MIN_ROWS:
+        return product(x)
+    bounds = [rows * i // streams for i in range(streams + 1)]
+    outs = []
+    for i, (a, b) in enumerate(zip(bounds, bounds[1:])):
+        stream = block_stream(i)
+        with mx.stream(stream) if stream is not None else nullcontext():
+            outs.append(product(x[..., a:b, :]))
+    return mx.concatenate(outs, axis=-2)
+
+
 def _row_product(x: Any, parts: list[Any]) -> Any:
     """x @ [part_0 ; part_1 ; ...] for row blocks: the sum of each block's
     product with its slice of x, each on its own stream."""
@@ -135,12 +156,13 @@ class TransposedLinear(nn.Module):
     that each stream goes on from its own block of the gate and up
     projections, engine/cpu_decode.py)."""
 
-    def __init__(self, parts: list[Any], bias: Any = None, rows: bool = False) -> None:
+    def __init__(self, parts: list[Any], bias: Any = None, rows: bool = False, prompt_streams: int = 1) -> None:
         super().__init__()
         self.parts = parts
         if bias is not None:
             self.bias = bias
         self.rows = rows
+        self.prompt_streams = prompt_streams
 
     @property
     def weight(self) -> Any:  # for code that reads a layer's shape or dtype
@@ -155,8 +177,23 @@ class TransposedLinear(nn.Module):
         return TransposedLinear([mx.contiguous(whole[:, a:b]) for a, b in bounds], self.get("bias"), rows=True)
 
     def __call__(self, x: Any) -> Any:
-        y = _row_product(x, self["parts"]) if self.rows else _product(x, self["parts"])
+        parts = self["parts"]
+        y = (_row_product(x, parts) if self.rows else
+             _by_prompt_rows(x, lambda rows: _product(rows, parts), self.prompt_streams))
         return y + self["bias"] if "bias" in self else y
+
+
+class StoredLinear(nn.Linear):
+    """`nn.Linear` as stored (a layer that narrows: sgemv reads it faster
+    so), a prompt's rows cut over `prompt_streams` streams."""
+
+    def __init__(self, linear: nn.Linear, prompt_streams: int) -> None:
+        super().__init__(1, 1, bias="bias" in linear)
+        self.update(dict(linear.items()))  # the same arrays
+        self.prompt_streams = prompt_streams
+
+    def __call__(self, x: Any) -> Any:
+        return _by_prompt_rows(x, super().__call__, self.prompt_streams)
 
 
 class TransposedEmbedding(nn.Module):
@@ -185,25 +222,27 @@ class TransposedEmbedding(nn.Module):
         return _product(x, self["parts"])
 
 
-def transpose_linears(model: Any, blocks: int = 1) -> int:
+def transpose_linears(model: Any, blocks: int = 1, prompt_streams: int = 1) -> int:
     """Every plain `nn.Embedding` of the model, and every plain `nn.Linear`
     that `transposes`, replaced by its transposed kind, a layer of
     SPLIT_MIN_OUTPUTS or more outputs in `blocks` column blocks (lazily: the
     copies are made when the weights are evaluated, and the stored ones let
-    go). The number replaced."""
+    go); the other Linear layers kept as stored (StoredLinear). A prompt's
+    rows cut over `prompt_streams` streams in each. The number transposed."""
 
     def transposed(m: Any) -> Any:
         weight = m["weight"]  # (outputs, inputs)
+        if type(m) is nn.Linear and not transposes(weight.shape[1], weight.shape[0], blocks):
+            return StoredLinear(m, prompt_streams)
         parts = [mx.contiguous(weight[a:b].T) for a, b in column_blocks(weight.shape[0], blocks)]
         if type(m) is nn.Embedding:  # its lookup takes columns of the 2-D table
             return TransposedEmbedding(parts)
-        return TransposedLinear([p[None] for p in parts], m.get("bias"))
+        return TransposedLinear([p[None] for p in parts], m.get("bias"), prompt_streams=prompt_streams)
 
-    replaced = [(name, transposed(m)) for name, m in model.named_modules()
-                if type(m) is nn.Embedding or (type(m) is nn.Linear and transposes(*m["weight"].shape[::-1], blocks))]
+    replaced = [(name, transposed(m)) for name, m in model.named_modules() if type(m) in (nn.Linear, nn.Embedding)]
     if replaced:
         model.update_modules(tree_unflatten(replaced))
-    return len(replaced)
+    return sum(type(m) is not StoredLinear for _, m in replaced)
 
 
 class SharedInputProduct(nn.Module):
@@ -221,6 +260,7 @@ class SharedInputProduct(nn.Module):
         super().__init__()
         blocks = [m["parts"][0] if type(m) is TransposedLinear else m["weight"].T[None] for m in layers]
         self.parts = [mx.concatenate(blocks, axis=-1)]
+        self.prompt_streams = max(getattr(m, "prompt_streams", 1) for m in layers)
         if all("bias" in m for m in layers):
             self.bias = mx.concatenate([m["bias"] for m in layers])
         widths = [b.shape[-1] for b in blocks]
@@ -230,7 +270,8 @@ class SharedInputProduct(nn.Module):
         object.__setattr__(self, "_last", None)  # (input, product) while its layers are being called
 
     def __call__(self, x: Any) -> Any:
-        y = _product(x, self["parts"])
+        parts = self["parts"]
+        y = _by_prompt_rows(x, lambda rows: _product(rows, parts), self.prompt_streams)
         return y + self["bias"] if "bias" in self else y
 
     def columns(self, x: Any, i: int) -> Any:

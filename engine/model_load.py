@@ -82,13 +82,13 @@ def load_resident(model_id: str, target: str, weights_dtype: str | None = None) 
 
             model = dequantize_model(model)
             model.set_dtype(mx.float32)
-            transpose, blocks = cpu_layout(os.environ.get(LAYOUT_ENV), usable_cores())
+            transpose, blocks, prompt_streams = cpu_layout(os.environ.get(LAYOUT_ENV), usable_cores())
             if transpose:  # OpenBLAS's matrix-vector product is faster that way round (engine/cpu_linear.py)
-                transpose_linears(model, blocks)
+                transpose_linears(model, blocks, prompt_streams)
                 shorten_decode(model)  # a decoded token in a quarter of the MLX ops
             log.info("CPU weights: %s", "as stored" if not transpose else
                      f"transposed, wide layers in {blocks} column blocks on parallel CPU streams" if blocks > 1
-                     else "transposed")
+                     else f"transposed, a prompt's rows on {prompt_streams} CPU stream(s)")
         evaluate_in_chunks(model.parameters())
         return ResidentModel(model_id, model, tokenizer, PieceEncoder(tokenizer))
     from mlx_vlm import load as load_vlm

@@ -17,7 +17,7 @@ from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
 from mlxd.engine.cpu_decode import (BlockedLlamaMLP, BlockedQwen2MLP, CompiledRMSNorm, FoldedLlamaAttention,
                                     FoldedQwen2Attention, RotationRoPE, rotation_matrix, shorten_decode)
-from mlxd.engine.cpu_linear import SharedColumns, transpose_linears
+from mlxd.engine.cpu_linear import SharedColumns, StoredLinear, transpose_linears
 from mlxd.engine.kv_cache import AllocatedKVCache
 
 
@@ -87,7 +87,7 @@ def test_decoding_gives_the_same_logits_with_the_shortcuts(arch, folded, blocked
     assert isinstance(layer.input_layernorm, CompiledRMSNorm)
     assert (type(layer.mlp) is blocked) == mlp_blocked
     # one stream: the narrowing down projection stays as stored; split, in row blocks for the chains
-    assert (type(layer.mlp.down_proj) is nn.Linear) == (blocks == 1)
+    assert (type(layer.mlp.down_proj) is StoredLinear) == (blocks == 1)
     assert getattr(layer.mlp.down_proj, "rows", False) == mlp_blocked
     assert layer.mlp.down_proj.weight.shape == (128, intermediate)
     # the query, key and value projections (one block each at this width) are one product, their weights once

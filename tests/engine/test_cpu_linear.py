@@ -66,7 +66,8 @@ def test_a_model_gives_the_same_logits_with_its_layers_transposed(tied, blocks, 
     tokens = mx.array([[5, 17, 3, 88, 41, 2, 9]])
     before = model(tokens)
     assert transpose_linears(model, blocks) == layers
-    stored = [m["weight"].shape for _, m in model.named_modules() if type(m) is nn.Linear]
+    assert not any(type(m) is nn.Linear for _, m in model.named_modules())
+    stored = [m["weight"].shape for _, m in model.named_modules() if type(m) is cpu_linear.StoredLinear]
     assert all(outputs < inputs for outputs, inputs in stored) and len(stored) == 2 * 7 - (layers - 2 + tied)
     assert not any(type(m) is nn.Embedding for _, m in model.named_modules())
     after = model(tokens)
@@ -107,16 +108,16 @@ def test_a_shared_input_product_serves_each_layer_once_per_input(bias):
 
 
 @pytest.mark.parametrize("setting, cores, expected", [
-    (None, 2, (True, 1)),            # the default: transposed, one stream
-    ("", 16, (True, 1)),
-    ("split", 2, (True, 2)),         # asked for: a block per core, up to MAX_BLOCKS
-    ("split", 16, (True, 2)),
-    ("split", 1, (True, 1)),         # one core: no stream of its own for a second block
-    (None, 1, (True, 1)),
-    ("transposed", 8, (True, 1)),
-    ("stored", 8, (False, 1)),       # MLX's own layout
-    (" Stored ", 2, (False, 1)),
-    ("bogus", 2, (True, 1)),         # unknown: the default
+    (None, 2, (True, 1, 2)),         # the default: transposed, a token on one stream, a prompt's rows on two
+    ("", 16, (True, 1, 2)),
+    ("split", 2, (True, 2, 1)),      # asked for: a block per core, up to MAX_BLOCKS (a prompt's too)
+    ("split", 16, (True, 2, 1)),
+    ("split", 1, (True, 1, 1)),      # one core: no stream of its own for a second block
+    (None, 1, (True, 1, 1)),
+    ("transposed", 8, (True, 1, 2)),
+    ("stored", 8, (False, 1, 1)),    # MLX's own layout
+    (" Stored ", 2, (False, 1, 1)),
+    ("bogus", 2, (True, 1, 2)),      # unknown: the default
 ])
 def test_the_layout_follows_the_setting_and_the_cores(setting, cores, expected):
     assert cpu_layout(setting, cores) == expected
@@ -180,3 +181,20 @@ def test_a_wide_layer_in_row_blocks_sums_the_blocks():
         x = mx.random.normal(shape)
         assert mx.allclose(rows(x), linear(x), atol=1e-4).item()
     assert mx.array_equal(rows.weight, linear.weight).item()
+
+
+@pytest.mark.parametrize("rows, streams", [(64, 2), (101, 2), (63, 2), (200, 1)])
+def test_a_prompts_rows_on_two_streams_give_the_same_logits(rows, streams):
+    """64 rows or more (a prompt) are cut over the streams; fewer (a token,
+    a batch's decode step) stay on one."""
+    model = tiny_llama(True, vocab=97)
+    mx.random.seed(5)
+    tokens = mx.random.randint(0, 97, (1, rows))
+    before = model(tokens)
+    transpose_linears(model, 1, streams)
+    layers = [m for _, m in model.named_modules() if isinstance(m, (TransposedLinear, cpu_linear.StoredLinear))]
+    assert layers and all(m.prompt_streams == streams for m in layers)
+    assert mx.allclose(before, model(tokens), atol=1e-4).item()
+    x = mx.random.normal((1, rows, 64))
+    split = cpu_linear._by_prompt_rows(x, lambda v: v * 2, streams)
+    assert split.shape == x.shape and mx.allclose(split, x * 2).item()

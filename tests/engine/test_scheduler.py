@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from mlxd.engine.scheduler import Memory, Pending, Row, Step, batch_kv_tokens, cache_room, fits, next_step
+from mlxd.engine.scheduler import (Memory, Pending, Row, Step, batch_kv_tokens, cache_room, fits, next_step,
+                                   starts_alone)
 
 MB = 2**20
 # A model of 100 MiB whose KV takes 1 KiB a position, in a 110 MiB budget: 10 MiB = 10,240 positions of KV.
@@ -81,3 +82,14 @@ HUGE = Row(9000, 1000)  # fits alone (10,240 positions), never beside another
 ])
 def test_next_step(pending, waiting, rows, slots, step):
     assert next_step(pending, waiting, rows, slots, MEM) is step
+
+
+@pytest.mark.parametrize("batch_empty, others_waiting, trimmable, alone", [
+    (True, False, True, True),     # one agent at a time: decoded as mlx-lm decodes one (a batch of one is slower)
+    (True, True, True, False),     # a burst: the first prefilled with the others, not ahead of them
+    (False, False, True, False),   # a batch runs: it joins it
+    (True, False, False, False),   # a cache mlx-lm cannot cut back could not join later: the batch from the start
+])
+def test_a_request_starts_alone_only_into_an_empty_batch_with_nobody_waiting(batch_empty, others_waiting, trimmable,
+                                                                              alone):
+    assert starts_alone(batch_empty, others_waiting, trimmable) == alone

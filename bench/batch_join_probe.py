@@ -17,6 +17,7 @@ Per way: the time to the last first token (median), and each BatchGenerator
 step's time, prompt tokens and rows (the last repeat).
 
   python bench/batch_join_probe.py MODEL [--burst 4] [--prompt-tokens 1013] [--step 512] [--repeats 3]
+      [--spread 3] [--as-engine] [--in-thread] [--idle 1.5] [--clear-cache]
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="the engine's process set-up: its BLAS choice first, the model through load_resident")
     p.add_argument("--in-thread", action="store_true", help="the bursts run on a thread of their own (the engine's "
                    "worker is one), the model loaded on the main thread")
+    p.add_argument("--idle", type=float, default=0.0,
+                   help="seconds the GPU stays idle before each burst (a served benchmark's pause between rounds)")
     p.add_argument("--clear-cache", action="store_true", help="mx.clear_cache() after the lone prefill's steps")
     args = p.parse_args(argv)
 
@@ -75,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def run(way: str) -> tuple[float, list[str]]:
         prompts = burst()
+        time.sleep(args.idle)
         ours = way.startswith("engine")
         solo = way in ("engine", "mlx-lm-solo")
         gen = BatchGenerator(model, stop_tokens=[[t] for t in eos], completion_batch_size=8, prefill_batch_size=8,

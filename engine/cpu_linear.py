@@ -2,7 +2,7 @@
 their weight transposed (optionally in column blocks on parallel CPU streams).
 
 A decoded token reads every weight once through a matrix-vector product, so
-memory bandwidth sets the decode speed. Two layouts pay:
+memory bandwidth sets the decode speed. What pays:
 - **Transposed** (the default). MLX's `Linear` computes `x @ W.T`;
   OpenBLAS's product in that layout ran at 6.3 GB/s on 2 cores where `x @ W`
   ran at 13.0 (bench/cpu_path.py, docs/BENCHMARKS.md): the default model in

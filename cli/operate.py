@@ -163,7 +163,7 @@ def _print_endpoint(config: Config) -> None:
     print(f"{where}\n"
           f"  curl -s {base}/chat/completions {auth}-H 'Content-Type: application/json' \\\n"
           f"    -d '{{\"model\": \"default\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'\n"
-          f"  status: mlxd status    stop: Ctrl-C (or mlxd down)")
+          f"  status: mlxd status    stop: Ctrl-C (or mlxd down)", flush=True)  # a log or pipe sees it now, not at exit
 
 
 def _run_foreground(config: Config, timeout: float) -> int:

@@ -142,11 +142,11 @@ class BatchRun:
         admitted.generation.begin(prompt[-PROMPT_TAIL:])
         if self._solo is not None:
             self._join(self._solo)
-        alone = not self.rows and not others_waiting
+        alone = starts_alone(not self.rows, others_waiting)
         if kv is None:  # alone: allocated once at its admitted length (in the batch, the batch's array is)
             kv = (make_kv(self.resident.model, len(prompt) + p.max_tokens, self.resident.kv) if alone
                   else make_prompt_cache(self.resident.model))
-        if starts_alone(not self.rows, others_waiting, can_trim_prompt_cache(kv)):
+        if alone and can_trim_prompt_cache(kv):
             self._solo = self._start_solo(admitted, kv, rest, sampler, processors, heartbeat)
             self.rows[SOLO] = admitted
         else:

@@ -30,7 +30,6 @@ transposed layout (`MLXD_CPU_LAYOUT=stored` keeps mlx-lm's model as it is).
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from functools import partial
 from typing import Any
 
@@ -43,7 +42,7 @@ from mlx_lm.models import llama, qwen2
 from mlx_lm.models.activations import swiglu
 from mlx_lm.models.cache import KVCache
 
-from .cpu_linear import SharedInputProduct, StoredLinear, TransposedLinear, block_stream, column_blocks
+from .cpu_linear import SharedInputProduct, StoredLinear, TransposedLinear, column_blocks, on_block_stream
 
 
 def rotation_matrix(position: int, dims: int, head_dim: int, base: float, scale: float,
@@ -171,8 +170,7 @@ class _BlockedCall:
         gate, up, down = (self[k]["parts"] for k in ("gate_proj", "up_proj", "down_proj"))  # type: ignore[index]
         partial_sums = []
         for i, (g, u, d) in enumerate(zip(gate, up, down)):
-            stream = block_stream(i)  # None: the caller's own
-            with mx.stream(stream) if stream is not None else nullcontext():
+            with on_block_stream(i):  # block 0: the caller's own stream
                 partial_sums.append(swiglu(x @ g, x @ u) @ d)
         return sum(partial_sums[1:], partial_sums[0])
 

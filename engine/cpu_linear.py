@@ -100,6 +100,12 @@ def block_stream(i: int) -> Any:
     return _streams[i - 1]
 
 
+def on_block_stream(i: int) -> Any:
+    """`with on_block_stream(i):` the ops built inside run on block i's stream."""
+    stream = block_stream(i)
+    return mx.stream(stream) if stream is not None else nullcontext()
+
+
 def _product(x: Any, parts: list[Any]) -> Any:
     """x @ [part_0 | part_1 | ...], each block on its own stream. A block is
     held as 1 x inputs x outputs: for one sequence (x: 1 x L x inputs) MLX
@@ -125,8 +131,7 @@ def _by_prompt_rows(x: Any, product: Any, streams: int) -> Any:
     bounds = [rows * i // streams for i in range(streams + 1)]
     outs = []
     for i, (a, b) in enumerate(zip(bounds, bounds[1:])):
-        stream = block_stream(i)
-        with mx.stream(stream) if stream is not None else nullcontext():
+        with on_block_stream(i):
             outs.append(product(x[..., a:b, :]))
     return mx.concatenate(outs, axis=-2)
 

@@ -130,12 +130,13 @@ def next_step(pending: Pending | None, waiting: bool, rows: Sequence[Row], slots
     return Step.DECODE if rows else Step.WAIT
 
 
-def starts_alone(batch_empty: bool, others_waiting: bool, trimmable: bool) -> bool:
-    """Whether a request is decoded alone, as mlx-lm decodes one (pure):
-    into an empty batch, with a cache mlx-lm can cut back when a second
-    request joins, and only when nobody waits behind it. A burst (agents
-    started together) is prefilled together: alone, the first request's
-    prefill held the others in the queue, and its KV then left-padded
-    theirs by its whole prompt (H200, 8B, 4 x 1k tokens in process: the last
-    first token 280-390 ms against 215-235 all together)."""
-    return batch_empty and trimmable and not others_waiting
+def starts_alone(batch_empty: bool, others_waiting: bool) -> bool:
+    """Whether a request may be decoded alone, as mlx-lm decodes one (pure):
+    into an empty batch, and only when nobody waits behind it (its cache
+    must also be one mlx-lm can cut back when a second request joins:
+    engine/batch.py checks that). A burst (agents started together) is
+    prefilled together: alone, the first request's prefill held the others
+    in the queue, and its KV then left-padded theirs by its whole prompt
+    (H200, 8B, 4 x 1k tokens in process: the last first token 280-390 ms
+    against 215-235 all together)."""
+    return batch_empty and not others_waiting

@@ -84,12 +84,11 @@ def test_next_step(pending, waiting, rows, slots, step):
     assert next_step(pending, waiting, rows, slots, MEM) is step
 
 
-@pytest.mark.parametrize("batch_empty, others_waiting, trimmable, alone", [
-    (True, False, True, True),     # one agent at a time: decoded as mlx-lm decodes one (a batch of one is slower)
-    (True, True, True, False),     # a burst: the first prefilled with the others, not ahead of them
-    (False, False, True, False),   # a batch runs: it joins it
-    (True, False, False, False),   # a cache mlx-lm cannot cut back could not join later: the batch from the start
+@pytest.mark.parametrize("batch_empty, others_waiting, alone", [
+    (True, False, True),     # one agent at a time: decoded as mlx-lm decodes one (a batch of one is slower)
+    (True, True, False),     # a burst: the first prefilled with the others, not ahead of them
+    (False, False, False),   # a batch runs: it joins it
+    (False, True, False),
 ])
-def test_a_request_starts_alone_only_into_an_empty_batch_with_nobody_waiting(batch_empty, others_waiting, trimmable,
-                                                                              alone):
-    assert starts_alone(batch_empty, others_waiting, trimmable) == alone
+def test_a_request_starts_alone_only_into_an_empty_batch_with_nobody_waiting(batch_empty, others_waiting, alone):
+    assert starts_alone(batch_empty, others_waiting) == alone

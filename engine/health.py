@@ -44,6 +44,8 @@ def health_state(worker_alive: bool, phase: Phase, exiting_reason: str | None, u
         return "unhealthy", "the model worker thread is not running"
     if exiting_reason:
         return "exiting", exiting_reason
+    if phase is Phase.FAILED:  # the worker failed and the loop has not yet set exiting_reason: never "ok"
+        return "exiting", "fatal: the model worker failed"
     if unhealthy_reason:
         return "unhealthy", unhealthy_reason
     if draining:

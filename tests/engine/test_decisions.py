@@ -204,6 +204,7 @@ def test_stuck_reason(phase, since_ago, progress_ago, stuck):
     (True, Phase.DECODE, None, "stuck: x", True, True, "unhealthy"),   # stuck beats draining
     (True, Phase.FAILED, "fatal: x", "stuck: x", True, True, "exiting"),  # a fatal exit beats stuck
     (False, Phase.FAILED, "fatal: x", None, False, True, "unhealthy"),  # a dead worker beats all
+    (True, Phase.FAILED, None, None, False, True, "exiting"),  # failed, before the loop heard: never ok
     (False, Phase.STOPPED, None, None, True, True, "draining"),        # stopped on purpose
 ])
 def test_health_state(alive, phase, exiting, unhealthy, draining, ready, expected):

@@ -17,7 +17,7 @@ Per way: the time to the last first token (median), and each BatchGenerator
 step's time, prompt tokens and rows (the last repeat).
 
   python bench/batch_join_probe.py MODEL [--burst 4] [--prompt-tokens 1013] [--step 512] [--repeats 3]
-      [--spread 3] [--as-engine] [--in-thread] [--idle 1.5] [--clear-cache]
+      [--spread 3] [--as-engine] [--in-thread | --load-in-thread] [--idle 1.5] [--clear-cache]
 """
 
 from __future__ import annotations
@@ -45,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="the engine's process set-up: its BLAS choice first, the model through load_resident")
     p.add_argument("--in-thread", action="store_true", help="the bursts run on a thread of their own (the engine's "
                    "worker is one), the model loaded on the main thread")
+    p.add_argument("--load-in-thread", action="store_true",
+                   help="the model loaded and the bursts run on one thread of their own (as the engine's worker does)")
     p.add_argument("--idle", type=float, default=0.0,
                    help="seconds the GPU stays idle before each burst (a served benchmark's pause between rounds)")
     p.add_argument("--clear-cache", action="store_true", help="mx.clear_cache() after the lone prefill's steps")
@@ -61,24 +63,30 @@ def main(argv: list[str] | None = None) -> int:
 
     from mlxd.engine.batch_kv import rows_for_batch
 
-    if args.as_engine:
-        from mlxd.engine.model_load import load_resident
+    loaded: dict[str, Any] = {}
 
-        resident = load_resident("probe", args.model)
-        model, tokenizer = resident.model, resident.tokenizer
-    else:
-        model, tokenizer = load(args.model)
-    vocab = min(tokenizer.vocab_size, 30000)
-    eos = sorted(tokenizer.eos_token_ids)
+    def load_model() -> None:
+        if args.as_engine:
+            from mlxd.engine.model_load import load_resident
+
+            resident = load_resident("probe", args.model)
+            loaded["model"], loaded["tokenizer"] = resident.model, resident.tokenizer
+        else:
+            loaded["model"], loaded["tokenizer"] = load(args.model)
+
+    if not args.load_in_thread:
+        load_model()
     rng = random.Random(1)
 
     def burst() -> list[list[int]]:
+        vocab = min(loaded["tokenizer"].vocab_size, 30000)
         return [[rng.randrange(10, vocab) for _ in range(args.prompt_tokens - rng.randint(0, args.spread))]
                 for _ in range(args.burst)]
 
     def run(way: str) -> tuple[float, list[str]]:
         prompts = burst()
         time.sleep(args.idle)
+        model, eos = loaded["model"], sorted(loaded["tokenizer"].eos_token_ids)
         ours = way.startswith("engine")
         solo = way in ("engine", "mlx-lm-solo")
         gen = BatchGenerator(model, stop_tokens=[[t] for t in eos], completion_batch_size=8, prefill_batch_size=8,
@@ -126,10 +134,10 @@ def main(argv: list[str] | None = None) -> int:
                 times[way].append(t)
                 last_steps[way] = steps
 
-    if args.in_thread:
+    if args.in_thread or args.load_in_thread:
         import threading
 
-        worker = threading.Thread(target=all_runs)
+        worker = threading.Thread(target=lambda: (load_model() if args.load_in_thread else None, all_runs()))
         worker.start()
         worker.join()
     else:

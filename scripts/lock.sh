@@ -41,6 +41,7 @@ trap 'rm -rf "$work"' EXIT
 
 # uv at its pinned version (scripts/uv.sh: the one on PATH, or our copy in the cache).
 uv="$("$root/scripts/uv.sh" "$python")"
+export UV_SYSTEM_CERTS="${UV_SYSTEM_CERTS:-1}"  # the platform's certificates, as pip and set-up use
 
 # What is locked: pyproject.toml as it is, told the platforms; the build tools
 # setup.sh installs first (pip itself, and build-system.requires).

@@ -139,6 +139,10 @@ python=""
 # machine, then from ~/.cache/mlxd). Offline with no copy yet, pip gives up
 # after one retry and pip installs instead.
 uv=""
+# The platform's certificate store, as pip uses: behind a proxy that re-signs
+# TLS (a company network), uv's own roots refused the index and pip had to do
+# the whole install (here 112 s against 3 s). A value set by the user stands.
+export UV_SYSTEM_CERTS="${UV_SYSTEM_CERTS:-1}"
 if [ "$deps" = 1 ] && [ "${MLXD_NO_UV:-}" != 1 ]; then
   uv_err="$(mktemp)"
   if ! uv="$("$root/scripts/uv.sh" "${python:-$venv/bin/python}" --retries 1 --timeout 20 2>"$uv_err")"; then

@@ -255,34 +255,27 @@ def transpose_linears(model: Any, blocks: int = 1, prompt_streams: int = 1) -> i
     return sum(type(m) is not StoredLinear for _, m in replaced)
 
 
-class SharedInputProduct(nn.Module):
+class SharedInputProduct(TransposedLinear):
     """Transposed Linear layers that read the same input -- an attention's
-    query, key and value projections -- held as one weight
-    [W_a.T | W_b.T | ...] (1 x inputs x their outputs): one matrix-vector
-    product serves them all (through sgemv the narrow key and value
-    projections read ~7 GB/s alone; the step ~6 % faster side by side), the
-    shared weight transposed as any layer that widens.
+    query, key and value projections -- held as one TransposedLinear of
+    weight [W_a.T | W_b.T | ...] (1 x inputs x their outputs): one
+    matrix-vector product serves them all (through sgemv the narrow key and
+    value projections read ~7 GB/s alone; the step ~6 % faster side by
+    side), the shared weight transposed as any layer that widens.
     `layer(i)` stands in for layer i where the model calls it."""
 
     def __init__(self, layers: list[Any]) -> None:
         """`layers`: plain nn.Linear or TransposedLinear in one block (lazy:
         the shared weight is made when it is evaluated)."""
-        super().__init__()
         blocks = [m["parts"][0] if type(m) is TransposedLinear else m["weight"].T[None] for m in layers]
-        self.parts = [mx.concatenate(blocks, axis=-1)]
-        self.prompt_streams = max(getattr(m, "prompt_streams", 1) for m in layers)
-        if all("bias" in m for m in layers):
-            self.bias = mx.concatenate([m["bias"] for m in layers])
+        bias = mx.concatenate([m["bias"] for m in layers]) if all("bias" in m for m in layers) else None
+        super().__init__([mx.concatenate(blocks, axis=-1)], bias,
+                         prompt_streams=max(getattr(m, "prompt_streams", 1) for m in layers))
         widths = [b.shape[-1] for b in blocks]
         starts = [sum(widths[:i]) for i in range(len(widths) + 1)]
         # Plain attributes, outside the parameter tree (nn.Module keeps tuples and arrays in it).
         object.__setattr__(self, "bounds", tuple(zip(starts, starts[1:])))
         object.__setattr__(self, "_last", None)  # (input, product) while its layers are being called
-
-    def __call__(self, x: Any) -> Any:
-        parts = self["parts"]
-        y = _by_prompt_rows(x, lambda rows: _product(rows, parts), self.prompt_streams)
-        return y + self["bias"] if "bias" in self else y
 
     def columns(self, x: Any, i: int) -> Any:
         """Layer i's output for `x`. Its layers called one after another

@@ -279,7 +279,8 @@ def format_model(health: EngineHealth | None) -> str:
     if model == default_model.MODEL_ID:
         model = f"{model} ({default_model.MODEL_NAME})"
     bits = health.kv_bits if health else 16
-    return f"{model} (KV {bits}-bit)" if bits < 16 else model
+    notes = ([f"KV {bits}-bit"] if bits < 16 else []) + (["tools by mlxd"] if health and health.tools == "mlxd" else [])
+    return f"{model} ({', '.join(notes)})" if notes else model
 
 
 def _or_dash(value: object) -> object:

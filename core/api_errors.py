@@ -30,7 +30,11 @@ INVALID_MESSAGES = "invalid_messages"  # messages the model's chat template refu
 # A valid request beyond this engine (n > 1, logprobs, a structured
 # response_format...): Ollama may serve it. OpenAI's own code for such a field.
 UNSUPPORTED_PARAMETER = "unsupported_parameter"
-CLIENT_MISTAKES = frozenset({INVALID_REQUEST, INVALID_MESSAGES})
+# A Responses API request naming a response this engine does not hold: Ollama
+# would not know it either (LiteLLM's Responses bridge would answer without the
+# conversation), so the engine's 400 stands, as OpenAI's does.
+PREVIOUS_RESPONSE_NOT_FOUND = "previous_response_not_found"
+CLIENT_MISTAKES = frozenset({INVALID_REQUEST, INVALID_MESSAGES, PREVIOUS_RESPONSE_NOT_FOUND})
 
 
 def error_type(status: int) -> str:

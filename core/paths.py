@@ -8,7 +8,8 @@
          started_with.json       (what `mlxd up` started with; `mlxd down` removes it)
   logs/  supervisord.log, engine.log, engine.err.log, listener.log
   state/ crashes.jsonl, quarantine.json, supervision.json,
-         kv/ (the prompt cache's disk tier: one safetensors file per entry)
+         kv/ (the prompt cache's disk tier: one safetensors file per entry),
+         responses/ (stored Responses API answers, for previous_response_id)
   generated/ supervisord.conf    (generated from mlxd.toml, never edited)
   models/ demo-a, demo-b          (built-in demo models)
 """
@@ -89,6 +90,10 @@ class StatePaths:
     @property
     def kv(self) -> Path:
         return self.state / "kv"
+
+    @property
+    def responses(self) -> Path:
+        return self.state / "responses"
 
     @property
     def journal(self) -> Path:

@@ -111,6 +111,7 @@ class EngineHealth(Report):
     phase: str | None = None  # an engine.worker_state.Phase value
     resident_model: str | None = None
     kv_cache: KVCacheLayout | None = None
+    tools: str | None = None  # who renders a request's tools for the resident model: "template" or "mlxd"
     in_flight: str | None = None
     in_flight_fingerprint: str | None = None
     running: list[str] | None = None

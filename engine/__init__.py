@@ -23,6 +23,9 @@ A request in, an answer out
   admission.py            the bounded FIFO in front of the worker (429, 503; pure policy)
   events.py               what the worker tells a job's handler, and the channel it goes through
   response_builder.py     the answers in OpenAI's shape: whole bodies, SSE chunks, usage
+  responses_api.py        the Responses API's request and its chat translation (pure; shared with the gateway)
+  responses_builder.py    the Responses API's answers: the response object and its streamed events
+  responses_store.py      stored responses for previous_response_id: one file each, bounded
   errors.py               EngineError: status, code, message; rendered in one place
 
 The worker
@@ -52,6 +55,9 @@ Generation
   prefill.py              a prompt into its KV at the engine's pace; recomputed spans
   prefill_pace.py         each prefill step's size from the measured speed (pure)
   sampling.py             a request's sampler and logits processors
+  grammar.py              what binds an answer: a JSON schema, a forced tool call, as a grammar (pure)
+  constrained.py          that grammar applied token by token (llguidance), a logits processor
+  tool_prompt.py          tools written into the prompt where the chat template drops them
 
 Parsing what the model writes
   stop_matcher.py         stop strings over streamed text (pure)

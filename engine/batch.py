@@ -132,25 +132,27 @@ class BatchRun:
 
         job, prompt, start = admitted.job, admitted.prompt, admitted.fetched.start
         p = job.params
+        admitted.generation.waits_for_reader = False
+        admitted.generation.begin(prompt[-PROMPT_TAIL:])
         sampler, processors = make_sampling(p, self.resident.vocab_size())
         key = (p.temperature, p.top_p, p.min_p, p.top_k)
         sampler = None if p.temperature == 0 else self._samplers.setdefault(key, sampler)  # None: greedy
         rest = prompt[start:]
         if admitted.needs_snapshot and len(rest) == 1:
             admitted.snapshot = copy.deepcopy(kv)  # the cache already holds the prompt's boundary
-        admitted.generation.waits_for_reader = False
-        admitted.generation.begin(prompt[-PROMPT_TAIL:])
         if self._solo is not None:
             self._join(self._solo)
         alone = starts_alone(not self.rows, others_waiting)
         if kv is None:  # alone: allocated once at its admitted length (in the batch, the batch's array is)
             kv = (make_kv(self.resident.model, len(prompt) + p.max_tokens, self.resident.kv) if alone
                   else make_prompt_cache(self.resident.model))
+        grammar = admitted.generation.grammar  # applied last, after penalties: it needs only the last token
         if alone and can_trim_prompt_cache(kv):
             self._solo = self._start_solo(admitted, kv, rest, sampler, processors, heartbeat)
             self.rows[SOLO] = admitted
         else:
-            self._insert(admitted, [rest], kv, prompt[:start], p.max_tokens, sampler, processors)
+            self._insert(admitted, [rest], kv, prompt[:start], p.max_tokens, sampler,
+                         processors + ([grammar] if grammar is not None else []))
         admitted.joined_at = time.monotonic()
 
     def _insert(self, admitted: Admitted, segments: list[list[int]], kv: list[Any], context: list[int],
@@ -176,11 +178,14 @@ class BatchRun:
             start, rest = start + len(rest) - 1, rest[-1:]
         context = admitted.prompt[:start]
         seeing = [seeing_context(proc, context) for proc in processors] if processors and context else processors
+        grammar = admitted.generation.grammar
+        seeing = seeing + ([grammar] if grammar is not None else [])
         steps = generate_step(mx.array(rest, dtype=mx.int32), self.resident.model,
                               max_tokens=admitted.job.params.max_tokens, sampler=sampler or make_sampler(0.0),
                               logits_processors=seeing, prompt_cache=kv,
                               prompt_progress_callback=heartbeat)
-        return _Solo(admitted, kv, steps, context, rest, sampler, processors)
+        return _Solo(admitted, kv, steps, context, rest, sampler,
+                     processors + ([grammar] if grammar is not None else []))
 
     def _join(self, solo: _Solo) -> None:
         """The lone request moves into the batch, where it stands."""
@@ -195,8 +200,10 @@ class BatchRun:
                          solo.processors)
             return
         # mlx-lm has already run the last token through the model: its KV goes,
-        # and the token comes back as a one-token prompt.
+        # and the token comes back as a one-token prompt (which its grammar has already consumed).
         trim_prompt_cache(solo.kv, 1)
+        if a.generation.grammar is not None:
+            a.generation.grammar.repeat_last()
         self._insert(a, [generated[-1:]], solo.kv, a.prompt + generated[:-1], a.job.params.max_tokens - solo.yielded,
                      solo.sampler, solo.processors)
 

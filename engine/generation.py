@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from mlxd.api_errors import INVALID_MESSAGES, UNSUPPORTED_PARAMETER
@@ -27,7 +27,9 @@ from .prompt_tokens import PieceEncoder, template_tokens
 from .sampling import make_sampling, seeing_context
 from .stop_matcher import StopMatcher
 from .answer_parts import AnswerSplitter, Markers, Part, markers_of, opens_in_reasoning
+from .grammar import GrammarUnsupported, ToolFormat, answer_grammar
 from .tool_calls import format_tool_calls
+from .tool_prompt import with_rendered_tools
 
 # Prompt tokens looked at for an open reasoning block (the template opens it
 # at the very end of the prompt).
@@ -51,6 +53,11 @@ class ResidentModel:
     kv: KVLayout = KVLayout()  # how its requests' KV holds values (kv_bits)
     # Decode over quantised KV dequantised (engine/kv_cache.py): MLX has no kernel for mlx-lm's way here.
     dequantized_decode: bool = False
+    # Whether the chat template renders a request's tools; where it does not, mlxd does (engine/tool_prompt.py).
+    renders_tools: bool = True
+    tool_format: ToolFormat | None = None  # the tool-call format a grammar can bind (engine/grammar.py)
+    # The worker's per-model caches (llguidance's tokenizer): built on first use, on the worker thread.
+    built: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def vision(self) -> bool:
@@ -59,6 +66,25 @@ class ResidentModel:
     def vocab_size(self) -> int:
         args = getattr(self.model, "args", None)
         return int(getattr(args, "vocab_size", 0) or len(self.tokenizer.vocab))
+
+    @property
+    def tools_by(self) -> str:
+        """Who renders a request's tools into the prompt: "template" or "mlxd"."""
+        return "template" if self.renders_tools else "mlxd"
+
+    def tool_parser(self) -> Callable[[str, Any], Any]:
+        if not self.renders_tools:
+            from mlx_lm.tool_parsers.json_tools import parse_tool_call
+
+            return parse_tool_call
+        return self.tokenizer.tool_parser
+
+    def grammar_tokenizer(self) -> Any:
+        if "grammar_tokenizer" not in self.built:
+            from .constrained import grammar_tokenizer
+
+            self.built["grammar_tokenizer"] = grammar_tokenizer(self.tokenizer, self.vocab_size())
+        return self.built["grammar_tokenizer"]
 
 
 @dataclass(frozen=True)
@@ -106,13 +132,16 @@ def tokenize(resident: ResidentModel, job: Job, max_prompt_tokens: int) -> list[
         else:
             tokens = tok.encode(job.prompt)
     elif getattr(tok, "chat_template", None):
+        messages, tools = job.messages or [], job.tools
+        if not resident.renders_tools:  # the template would drop them silently: mlxd writes them in
+            messages, tools = with_rendered_tools(messages, tools), None
         try:
             if resident.encoder is not None and resident.encoder.enabled:
-                text = tok.apply_chat_template(job.messages, tools=job.tools, add_generation_prompt=True,
+                text = tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
                                                tokenize=False, **job.template_kwargs)
                 tokens = resident.encoder.encode(text)
             else:
-                tokens = template_tokens(tok, job.messages, job.tools, **job.template_kwargs)
+                tokens = template_tokens(tok, messages, tools, **job.template_kwargs)
         except Exception as exc:  # noqa: BLE001 - templates raise anything; it is the input's fault
             raise bad_request(f"the model's chat template rejected the messages: {exc}", param="messages",
                               code=INVALID_MESSAGES) from exc
@@ -127,6 +156,12 @@ def tokenize(resident: ResidentModel, job: Job, max_prompt_tokens: int) -> list[
                                f"{max_prompt_tokens}", code="context_length_exceeded", param="messages")
     if job.params.logit_bias:
         _check_token_ids(job.params.logit_bias, resident.vocab_size(), "logit_bias")
+    if job.rules.constrained:
+        try:
+            answer_grammar(job.rules, resident.tool_format)
+        except GrammarUnsupported as exc:
+            raise bad_request(f"tool_choice / strict tools: {exc}", param="tool_choice",
+                              code=UNSUPPORTED_PARAMETER) from exc
     return tokens
 
 
@@ -208,8 +243,13 @@ class Generation:
         self.heartbeat = heartbeat
         self.on_decode = on_decode
         self.stops = StopMatcher(list(job.params.stop))
-        # A text completion is raw text: only chat answers are split.
-        self.markers = markers_of(resident.tokenizer, bool(job.tools)) if job.kind == "chat" else Markers()
+        # A text completion is raw text: only chat answers are split; with
+        # tool_choice "none" a call is not parsed (the grammar, where there is one, allows none).
+        calls = bool(job.tools) and job.rules.tool_choice != "none"
+        self.markers = markers_of(resident.tokenizer, calls) if job.kind == "chat" else Markers()
+        if calls and not resident.renders_tools:  # mlxd's own format (engine/tool_prompt.py)
+            self.markers = Markers(self.markers.think, ("<tool_call>", "</tool_call>"))
+        self.grammar: Any = None  # the answer's GrammarProcessor (engine/constrained.py), made in begin()
         self.splitter = AnswerSplitter(self.markers)  # replaced in decode, which sees the whole prompt
         self.called_tools = False
         self.deadline = time.monotonic() + job.deadline_s
@@ -238,9 +278,11 @@ class Generation:
             prefill(self.resident.model, prompt_cache, prompt[:-1], self.pace, self.heartbeat, self.faults,
                     self.resident.kv)
             context, prompt = context + list(prompt[:-1]), prompt[-1:]
+        self.begin(context[-PROMPT_TAIL:] + list(prompt))
         sampler, processors = make_sampling(p, self.resident.vocab_size())
         if processors and context:
             processors = [seeing_context(proc, context) for proc in processors]
+        processors = processors + ([self.grammar] if self.grammar is not None else [])
         kv = self.resident.kv
         quantize = {"kv_bits": kv.bits, "kv_group_size": kv.group_size,
                     "quantized_kv_start": kv.quantized_start} if kv.quantized else {}
@@ -252,7 +294,7 @@ class Generation:
         steps = stream_generate(self.resident.model, self.resident.tokenizer, prompt, max_tokens=p.max_tokens,
                                 sampler=sampler, logits_processors=processors, prompt_cache=prompt_cache,
                                 prompt_progress_callback=self.heartbeat, **quantize)
-        return self._run(steps, context[-PROMPT_TAIL:] + list(prompt))
+        return self._run(steps)
 
     def decode_vision(self, prompt: VisionPrompt) -> tuple[str, list[int]]:
         """decode() for a vision model, through mlx-vlm's generation on the
@@ -263,14 +305,15 @@ class Generation:
         p = self.job.params
         if p.seed is not None:
             mx.random.seed(p.seed)
+        self.begin(prompt.tokens)
         sampler, processors = make_sampling(p, self.resident.vocab_size())
+        processors = processors + ([self.grammar] if self.grammar is not None else [])
         steps = stream_generate(self.resident.model, self.resident.processor, "", max_tokens=p.max_tokens,
                                 sampler=sampler, logits_processors=processors or None,
                                 prefill_step_size=self.pace.step(), **prompt.inputs)
-        return self._run(_closing_step_holds_no_token(steps), prompt.tokens)
+        return self._run(_closing_step_holds_no_token(steps))
 
-    def _run(self, steps: Any, prompt_tail: list[int]) -> tuple[str, list[int]]:
-        self.begin(prompt_tail)
+    def _run(self, steps: Any) -> tuple[str, list[int]]:
         for resp in steps:
             finish = self.feed(resp.text, resp.token, resp.finish_reason)
             if finish is not None:
@@ -284,9 +327,25 @@ class Generation:
         self._first = True
         self._token_faults = (any(f.point == "token" for f in self.faults.active)
                               and self.faults.applies_to(self.job.text))
+        in_reasoning = False
         if self.markers.think is not None:
             tail = prompt_tail[-PROMPT_TAIL:]
-            self.splitter = AnswerSplitter(self.markers, opens_in_reasoning(self.resident.tokenizer, tail))
+            in_reasoning = opens_in_reasoning(self.resident.tokenizer, tail)
+            self.splitter = AnswerSplitter(self.markers, in_reasoning)
+        self.grammar = self._grammar(in_reasoning) if self.job.rules.constrained else None
+
+    def _grammar(self, in_reasoning: bool) -> Any:
+        """The answer's grammar as a logits processor: after the model's
+        reasoning, where it reasons (engine/grammar.py says what it binds)."""
+        from .constrained import GrammarProcessor, marker_literal
+
+        resident, think = self.resident, self.markers.think
+        ll_tokenizer = resident.grammar_tokenizer()
+        lark = answer_grammar(self.job.rules, resident.tool_format, think[1] if think else None, in_reasoning,
+                              think[0] if think else None,
+                              marker_literal(ll_tokenizer, getattr(resident.tokenizer, "_tokenizer", resident.tokenizer)))
+        log.info("request %s: answer bound by a grammar (%s)", self.job.id, self.job.rules.describe())
+        return GrammarProcessor(ll_tokenizer, lark, resident.vocab_size(), sorted(resident.tokenizer.eos_token_ids))
 
     def feed(self, text: str, token: int | None, model_finish: str | None) -> str | None:
         """One generated token (None: mlx-vlm's closing step) and its text:
@@ -332,7 +391,7 @@ class Generation:
         channel = self.job.channel
         for part in parts:
             if part.kind == "tool":
-                calls, unparsed = format_tool_calls([part.text], self.resident.tokenizer.tool_parser, self.job.tools)
+                calls, unparsed = format_tool_calls([part.text], self.resident.tool_parser(), self.job.tools)
                 if calls:
                     channel.put(ToolCalls(calls))
                     self.called_tools = True

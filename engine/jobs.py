@@ -22,6 +22,7 @@ from mlxd.config import EngineConfig
 from .cache_keys import conversation_keys
 from .errors import EngineError, bad_request
 from .events import EventChannel
+from .grammar import OutputRules
 from .images import ImagePolicy, check_image, digest, read_image_bytes
 from .model_registry import ModelRegistry
 from .request_metadata import without_metadata
@@ -59,6 +60,7 @@ class Job:
     template_kwargs: dict[str, Any] = field(default_factory=dict)  # extra chat-template arguments
     images: tuple[bytes, ...] = ()  # encoded, in the order of the messages' image parts
     conversation: tuple[str, ...] = ()  # agent-safe cache keys (engine/cache_keys.py); () when off
+    rules: OutputRules = OutputRules()  # how the answer is bound: a JSON schema, a forced tool (engine/grammar.py)
     cancelled: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -72,7 +74,8 @@ class Job:
     def fingerprint(self) -> str:
         """Identifies the request's content (for the crash journal)."""
         body = json.dumps([self.model_id, self.messages, self.tools, self.prompt, self.template_kwargs,
-                           [digest(image) for image in self.images]], sort_keys=True, default=str)
+                           [digest(image) for image in self.images]]
+                          + ([repr(self.rules)] if self.rules != OutputRules() else []), sort_keys=True, default=str)
         return hashlib.sha256(body.encode()).hexdigest()[:16]
 
 
@@ -82,10 +85,12 @@ def job_from_request(req: SamplingFields, kind: str, registry: ModelRegistry, li
     messages = tools = prompt = None
     template_kwargs: dict[str, Any] = {}
     images: tuple[bytes, ...] = ()
+    rules = OutputRules()
     if isinstance(req, ChatCompletionRequest):
         messages = [m.for_template() for m in without_metadata(req.messages, limits.strip_metadata)]
         tools = req.tools_for_template()
         template_kwargs = req.template_kwargs()
+        rules = req.output_rules()
         if req.image_parts():  # the policy resolves its folders on disk: only for requests with images
             images = read_images(req, ImagePolicy.from_config(limits.images))
     else:
@@ -107,7 +112,7 @@ def job_from_request(req: SamplingFields, kind: str, registry: ModelRegistry, li
     return Job(id=uuid.uuid4().hex[:12], kind=kind, model_id=model_id, params=params,
                channel=EventChannel(asyncio.get_running_loop()), deadline_s=limits.request_deadline_s,
                messages=messages, tools=tools, prompt=prompt, template_kwargs=template_kwargs, images=images,
-               conversation=conversation_keys(messages, tools, limits.prompt_cache.normalize))
+               rules=rules, conversation=conversation_keys(messages, tools, limits.prompt_cache.normalize))
 
 
 def read_images(req: ChatCompletionRequest, policy: ImagePolicy) -> tuple[bytes, ...]:

@@ -22,6 +22,7 @@ from mlxd.models import is_vision_config
 
 from .generation import ResidentModel
 from .prompt_tokens import PieceEncoder
+from .tool_prompt import tool_support
 
 log = logging.getLogger("mlxd.engine.worker")  # it runs on the worker thread, and logs as the worker
 
@@ -90,13 +91,19 @@ def load_resident(model_id: str, target: str, weights_dtype: str | None = None) 
                      f"transposed, wide layers in {blocks} column blocks on parallel CPU streams" if blocks > 1
                      else f"transposed, a prompt's rows on {prompt_streams} CPU stream(s)")
         evaluate_in_chunks(model.parameters())
-        return ResidentModel(model_id, model, tokenizer, PieceEncoder(tokenizer))
+        renders_tools, tool_format = tool_support(tokenizer)
+        if not renders_tools:
+            log.info("the chat template of %s does not render tools: mlxd writes them into the prompt", model_id)
+        return ResidentModel(model_id, model, tokenizer, PieceEncoder(tokenizer), renders_tools=renders_tools,
+                             tool_format=tool_format)
     from mlx_vlm import load as load_vlm
 
     model, processor = load_vlm(str(folder))
     # mlx-lm's wrapper on the same tokenizer finds the reasoning and tool-call markers.
     tokenizer = load_tokenizer(folder, eos_token_ids=getattr(model.config, "eos_token_id", None))
-    return ResidentModel(model_id, model, tokenizer, None, processor)
+    # mlx-vlm's own chat template renders the prompt: tools are its to render
+    renders_tools, tool_format = tool_support(tokenizer)
+    return ResidentModel(model_id, model, tokenizer, None, processor, tool_format=tool_format if renders_tools else None)
 
 
 def load_shard(model_id: str, target: str, link: Any) -> ResidentModel:
@@ -111,7 +118,9 @@ def load_shard(model_id: str, target: str, link: Any) -> ResidentModel:
         raise ValueError("a vision model cannot be served by a rank group")
     link.share((LOAD, model_id))
     model, tokenizer = sharded(str(folder), link)
-    return ResidentModel(model_id, MirroredModel(model, link), tokenizer, PieceEncoder(tokenizer))
+    renders_tools, tool_format = tool_support(tokenizer)
+    return ResidentModel(model_id, MirroredModel(model, link), tokenizer, PieceEncoder(tokenizer),
+                         renders_tools=renders_tools, tool_format=tool_format)
 
 
 def with_kv_layout(resident: ResidentModel, kv: KVLayout) -> ResidentModel:

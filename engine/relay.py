@@ -1,5 +1,6 @@
 """The request flow: admit a job, wait for the worker, relay its events as
-one OpenAI response or as an SSE stream.
+one OpenAI response or as an SSE stream, in the route's shape (a
+`Presenter`: chat and completions by default, or the Responses API's).
 
 `RequestRelay` holds no state of its own beyond its collaborators; each
 request's waiting lives in its `JobFeed`, whose every wait is bounded.
@@ -27,7 +28,7 @@ from .metrics import EngineMetrics
 from .model_registry import ModelRegistry
 from .quarantine import QuarantineList
 from .request_schema import SamplingFields
-from .response_builder import SSE_DONE, ResponseBuilder, sse_error
+from .response_builder import ChatPresenter, Presenter, ResponseBuilder
 
 POLL_S = 0.25  # how often a waiting handler checks for disconnects and timeouts
 FINGERPRINT = "mlxd-" + uuid.uuid4().hex[:8]  # changes with every engine process
@@ -48,7 +49,10 @@ class RequestRelay:
         self.health = health
         self.metrics = metrics
 
-    async def answer(self, request: Request, req: SamplingFields, kind: str) -> Response:
+    async def answer(self, request: Request, req: SamplingFields, kind: str,
+                     presenter: Callable[[], Presenter] | None = None) -> Response:
+        """`presenter` makes the answer's presenter once the job started
+        (default: chat or completion chunks, ResponseBuilder's)."""
         job = job_from_request(req, kind, self.registry, self.limits)
         self.quarantine.check(job.fingerprint)
         if self.lifecycle.draining:
@@ -65,9 +69,12 @@ class RequestRelay:
             self.admission.withdraw(job)
             self.lifecycle.request_closed()
             raise
-        builder = ResponseBuilder(kind, req.model, FINGERPRINT)  # type: ignore[arg-type]
+        if presenter is not None:
+            builder = presenter()
+        else:
+            builder = ChatPresenter(ResponseBuilder(kind, req.model, FINGERPRINT),  # type: ignore[arg-type]
+                                    bool(req.stream_options and req.stream_options.include_usage))
         if req.stream:
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
             try:
                 # Headers go out with the first token, not before: an engine
                 # that dies in prefill (where Metal usually runs out of memory)
@@ -77,7 +84,7 @@ class RequestRelay:
                 job.cancelled.set()
                 self.lifecycle.request_closed()
                 raise
-            return RelayedStream(self._stream(feed, builder, first, include_usage), self._closer(job),
+            return RelayedStream(self._stream(feed, builder, first), self._closer(job),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Request-Id": job.id})
         try:
@@ -86,7 +93,7 @@ class RequestRelay:
             job.cancelled.set()
             self.lifecycle.request_closed()
 
-    async def _collect(self, feed: JobFeed, builder: ResponseBuilder) -> Response:
+    async def _collect(self, feed: JobFeed, builder: Presenter) -> Response:
         parts: list[str] = []
         reasoning: list[str] = []
         calls: list[dict] = []
@@ -102,12 +109,10 @@ class RequestRelay:
                 elif isinstance(ev, Failed):
                     raise ev.error
 
-    async def _stream(self, feed: JobFeed, builder: ResponseBuilder, first: list[Event],
-                      include_usage: bool) -> AsyncIterator[bytes]:
+    async def _stream(self, feed: JobFeed, builder: Presenter, first: list[Event]) -> AsyncIterator[bytes]:
         """The SSE body; its cleanup is RelayedStream's, however the stream ends."""
-        calls_sent = 0
         pending: list[Event] | None = first
-        yield builder.role_chunk()
+        yield builder.opening()
         while True:
             out = bytearray()
             done = False
@@ -115,24 +120,20 @@ class RequestRelay:
                 events, pending = (pending, None) if pending is not None else (await feed.batch(False), None)
             except EngineError as err:  # e.g. the worker got stuck mid-stream: say so in the stream
                 self.metrics.rejections.labels(err.code).inc()
-                yield sse_error(err.body())
+                yield builder.failed(err)
                 return
             for ev in events:
                 if isinstance(ev, Delta):
-                    out += builder.delta_chunk(ev.text, ev.reasoning)
+                    out += builder.delta(ev.text, ev.reasoning)
                 elif isinstance(ev, ToolCalls):
-                    out += builder.tool_calls_chunk(ev.calls, calls_sent)
-                    calls_sent += len(ev.calls)
+                    out += builder.tool_calls(ev.calls)
                 elif isinstance(ev, Finished):
-                    out += builder.finish_chunk(ev.finish_reason)
-                    if include_usage:
-                        out += builder.usage_chunk(ev.usage)
-                    out += SSE_DONE
+                    out += builder.finished(ev.finish_reason, ev.usage)
                     done = True
                 elif isinstance(ev, Failed):
                     # An explicit error event and no [DONE]: never a silent truncation.
                     self.metrics.rejections.labels(ev.error.code).inc()
-                    out += sse_error(ev.error.body())
+                    out += builder.failed(ev.error)
                     done = True
             if out:
                 yield bytes(out)

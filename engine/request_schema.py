@@ -3,10 +3,12 @@ shared with the gateway, which checks bodies with them before routing (no
 MLX here). The answers are built by engine/response_builder.py.
 
 Unknown request fields are ignored, as OpenAI-compatible servers do, so that
-clients sending `user`, `metadata`, `parallel_tool_calls`... keep working.
-Everything we accept is honoured; what we cannot honour (n > 1, logprobs, a
-structured response_format) raises `Unsupported`, which becomes a 400 with
-the code unsupported_parameter, so the gateway can fall back to Ollama.
+clients sending `user`, `metadata`... keep working. Everything we accept is
+honoured (`response_format` and `tool_choice` are enforced by a grammar,
+engine/grammar.py); what we cannot honour (n > 1, logprobs, a JSON schema
+feature the grammar engine cannot enforce) raises `Unsupported`, which becomes
+a 400 with the code unsupported_parameter, naming the field, so the gateway
+can fall back to Ollama.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 from mlxd.api_errors import INVALID_REQUEST, UNSUPPORTED_PARAMETER
+
+from .grammar import ANY_OBJECT, OutputRules, ToolSpec, schema_problem
 
 # A generous bound on max_tokens: values up to it are clamped to the engine's
 # cap; beyond it the request is nonsense and gets a 400.
@@ -164,8 +168,38 @@ class StreamOptions(Lenient):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(Lenient):
+    name: str = Field(default="response", max_length=256)
+    description: str | None = None
+    schema_: dict[str, Any] = Field(default_factory=lambda: dict(ANY_OBJECT), alias="schema")
+    strict: bool | None = None
+
+    @field_validator("schema_")
+    @classmethod
+    def _enforceable(cls, v: dict[str, Any]) -> dict[str, Any]:
+        problem = schema_problem(v)
+        if problem:
+            raise Unsupported(f"the MLX engine cannot enforce this JSON schema: {problem}")
+        return v
+
+
 class ResponseFormat(Lenient):
-    type: str
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> "ResponseFormat":
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("response_format of type json_schema needs a json_schema object")
+        return self
+
+    def schema(self) -> dict[str, Any] | None:
+        """The JSON schema the answer must match; None for free text."""
+        if self.type == "json_object":
+            return dict(ANY_OBJECT)
+        if self.type == "json_schema" and self.json_schema is not None:
+            return self.json_schema.schema_
+        return None
 
 
 class SamplingFields(Lenient):
@@ -272,6 +306,7 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_SANITY)
     tools: list[ToolDefinition] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
     # Reasoning controls, mapped to the chat template's switch where the model has
     # one (mlx-lm renames `enable_thinking` to the model's own argument) and
@@ -300,12 +335,35 @@ class ChatCompletionRequest(SamplingFields):
             out["enable_thinking"] = switch
         return out
 
-    @field_validator("response_format")
-    @classmethod
-    def _plain_text_only(cls, v: ResponseFormat | None) -> ResponseFormat | None:
-        if v is not None and v.type != "text":
-            raise Unsupported(f"response_format {v.type!r} is not supported by the MLX engine (only 'text')")
-        return v
+    @model_validator(mode="after")
+    def _tool_choice_names_a_tool(self) -> "ChatCompletionRequest":
+        names = [t.function.name for t in self.tools or []]
+        choice = self.tool_choice
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise ValueError(f"tool_choice names the function {choice.function.name!r}, which is not among the "
+                             f"request's tools ({', '.join(names) or 'none given'})")
+        if choice == "required" and not names:
+            raise ValueError("tool_choice 'required' needs at least one tool in `tools`")
+        forced = choice == "required" or isinstance(choice, NamedToolChoice)
+        for i, tool in enumerate(self.tools or []):
+            f = tool.function
+            if (forced and (not isinstance(choice, NamedToolChoice) or choice.function.name == f.name)) or f.strict:
+                problem = schema_problem(f.parameters or dict(ANY_OBJECT))
+                if problem:
+                    raise Unsupported(f"tools[{i}].function.parameters: the MLX engine cannot enforce this tool's "
+                                      f"schema: {problem}")
+        return self
+
+    def output_rules(self) -> OutputRules:
+        """How the answer is bound (engine/grammar.py): the response format's
+        schema and the tool choice."""
+        choice = self.tool_choice
+        return OutputRules(
+            schema=self.response_format.schema() if self.response_format else None,
+            tool_choice=choice.function.name if isinstance(choice, NamedToolChoice) else (choice or "auto"),
+            parallel_tool_calls=self.parallel_tool_calls is not False,
+            tools=tuple(ToolSpec(t.function.name, t.function.parameters or dict(ANY_OBJECT), bool(t.function.strict))
+                        for t in self.tools or []))
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens

@@ -1,6 +1,8 @@
 """The engine's answers in the OpenAI wire format: whole response bodies and
 SSE chunks (chat or text completion), and the usage they report. The
-requests they answer are engine/request_schema.py's."""
+requests they answer are engine/request_schema.py's. `Presenter` is what the
+relay drives, one per request: `ChatPresenter` over `ResponseBuilder` here,
+engine/responses_builder.py's for the Responses API."""
 
 from __future__ import annotations
 
@@ -8,7 +10,10 @@ import json
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+if TYPE_CHECKING:
+    from .errors import EngineError
 
 
 @dataclass
@@ -45,7 +50,9 @@ class ResponseBuilder:
     def full(self, text: str, finish_reason: str, usage: Usage, tool_calls: list[dict] | None = None,
              reasoning: str = "") -> dict[str, Any]:
         if self.kind == "chat":
-            message: dict[str, Any] = {"role": "assistant", "content": text if text or not tool_calls else None}
+            # the whitespace a model writes between or after its calls is no answer
+            message: dict[str, Any] = {"role": "assistant",
+                                       "content": text if text.strip() or not tool_calls else None}
             if reasoning:
                 message["reasoning_content"] = reasoning
             if tool_calls:
@@ -85,6 +92,55 @@ class ResponseBuilder:
 
     def usage_chunk(self, usage: Usage) -> bytes:
         return self._sse("[]", f', "usage": {json.dumps(usage.as_dict())}')
+
+
+class Presenter(Protocol):
+    """One request's answer in a route's shape, as the relay produces it: a
+    whole body, or a stream's bytes event by event."""
+
+    def full(self, text: str, finish_reason: str, usage: Usage, tool_calls: list[dict] | None = None,
+             reasoning: str = "") -> dict[str, Any]: ...
+
+    def opening(self) -> bytes: ...  # a stream's first bytes, sent with the first output
+
+    def delta(self, text: str, reasoning: bool = False) -> bytes: ...
+
+    def tool_calls(self, calls: list[dict]) -> bytes: ...
+
+    def finished(self, finish_reason: str, usage: Usage) -> bytes: ...  # the stream's last bytes
+
+    def failed(self, err: EngineError) -> bytes: ...  # the stream's last bytes: never a silent truncation
+
+
+class ChatPresenter:
+    """/v1/chat/completions and /v1/completions: ResponseBuilder's bodies
+    and chunks; the stream ends with the usage chunk (if asked for) and [DONE]."""
+
+    def __init__(self, builder: ResponseBuilder, include_usage: bool) -> None:
+        self.builder = builder
+        self.include_usage = include_usage
+        self.calls_sent = 0
+        self.full = builder.full
+
+    def opening(self) -> bytes:
+        return self.builder.role_chunk()
+
+    def delta(self, text: str, reasoning: bool = False) -> bytes:
+        return self.builder.delta_chunk(text, reasoning)
+
+    def tool_calls(self, calls: list[dict]) -> bytes:
+        chunk = self.builder.tool_calls_chunk(calls, self.calls_sent)
+        self.calls_sent += len(calls)
+        return chunk
+
+    def finished(self, finish_reason: str, usage: Usage) -> bytes:
+        out = self.builder.finish_chunk(finish_reason)
+        if self.include_usage:
+            out += self.builder.usage_chunk(usage)
+        return out + SSE_DONE
+
+    def failed(self, err: EngineError) -> bytes:
+        return sse_error(err.body())
 
 
 def sse_error(body: dict[str, Any]) -> bytes:

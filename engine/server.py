@@ -37,6 +37,9 @@ from .prompt_cache import PromptCache
 from .quarantine import QuarantineList
 from .relay import ClientGone, RequestRelay
 from .request_schema import ChatCompletionRequest, CompletionRequest, describe_validation_errors
+from .responses_api import ResponsesRequest, TranslationError, input_messages, to_chat_request
+from .responses_builder import ResponsesBuilder
+from .responses_store import ResponseStore
 from .reuse import ApproxPolicy
 from .worker import ModelWorker
 
@@ -74,6 +77,22 @@ class Engine:
         register_gauges(self.metrics, self.lifecycle.worker, self.admission, lambda: self.health.state()[0] == "ok")
         self.relay = RequestRelay(limits, registry, QuarantineList(paths.quarantine), self.admission,
                                   self.lifecycle, self.health, self.metrics)
+        self.responses = ResponseStore(paths.responses)
+
+    async def respond(self, request: Request, body: ResponsesRequest) -> Response:
+        """POST /v1/responses: the request as a chat job, after the stored
+        conversation it continues; its answer stored unless store is false."""
+        history = self.responses.conversation(body.previous_response_id) if body.previous_response_id else []
+        try:
+            chat = to_chat_request(body, history)
+        except TranslationError as exc:
+            raise EngineError(400, exc.message, code=exc.code, param=exc.param) from None
+
+        def store(response: dict, answer: dict) -> None:
+            self.responses.put(response, [*history, *input_messages(body.input), answer])
+
+        return await self.relay.answer(request, chat, "chat",
+                                       lambda: ResponsesBuilder(body, on_complete=store if body.store else None))
 
 
 # --- the FastAPI app -----------------------------------------------------------
@@ -86,7 +105,7 @@ class RequestCounter:
     """Counts answers by route and status. A plain ASGI middleware: starlette's
     BaseHTTPMiddleware would hide client disconnects from the handlers."""
 
-    ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
+    ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models", "/health", "/metrics")
 
     def __init__(self, app, metrics: EngineMetrics) -> None:
         self.app = app
@@ -182,9 +201,33 @@ def create_app(engine: Engine, key: str | None = None) -> FastAPI:
     async def completions(body: CompletionRequest, request: Request) -> Response:
         return await engine.relay.answer(request, body, "completion")
 
+    @app.post("/v1/responses")
+    async def responses(body: ResponsesRequest, request: Request) -> Response:
+        return await engine.respond(request, body)
+
+    @app.get("/v1/responses/{response_id}")
+    async def stored_response(response_id: str) -> dict:
+        found = engine.responses.response(response_id)
+        if found is None:
+            raise EngineError(404, f"no stored response with id {response_id[:120]!r}", code="not_found",
+                              param="response_id")
+        return found
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str) -> dict:
+        if not engine.responses.delete(response_id):
+            raise EngineError(404, f"no stored response with id {response_id[:120]!r}", code="not_found",
+                              param="response_id")
+        return {"id": response_id, "object": "response.deleted", "deleted": True}
+
     @app.get("/v1/models")
     async def models() -> dict:
-        return {"object": "list", "data": engine.registry.listing()}
+        # The resident model says who renders its tools: the chat template, or mlxd where the template drops them.
+        worker = engine.lifecycle.worker
+        resident, tools = worker.status.resident_model, worker.resident_tools
+        rows = [row | ({"tools": tools} if tools and resident and _resolves_to(engine.registry, row["id"], resident) else {})
+                for row in engine.registry.listing()]
+        return {"object": "list", "data": rows}
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -196,3 +239,10 @@ def create_app(engine: Engine, key: str | None = None) -> FastAPI:
         return Response(engine.metrics.render(), media_type=CONTENT_TYPE)
 
     return app
+
+
+def _resolves_to(registry: ModelRegistry, name: str, model_id: str) -> bool:
+    try:
+        return registry.resolve(name) == model_id
+    except EngineError:
+        return False

@@ -99,6 +99,7 @@ class ModelWorker(LoneTurns, BatchedTurns, TurnKV, threading.Thread):
         self._mergeable = False  # mlx-lm can batch the resident model
         self.status = WorkerStatus(Phase.STARTING, None)
         self.resident_kv: KVLayout | None = None  # the resident model's KV layout as served (for /health)
+        self.resident_tools: str | None = None  # who renders its tools: "template" or "mlxd" (for /health)
         self.memory = MemorySnapshot()
         self.active_before_first_load: int | None = None
         self.active_after_last_unload: int | None = None
@@ -235,6 +236,7 @@ class ModelWorker(LoneTurns, BatchedTurns, TurnKV, threading.Thread):
         started = time.monotonic()
         self._resident = None
         self.resident_kv = None
+        self.resident_tools = None
         if self._batch is not None:
             self._batch.close()
             self._batch = None
@@ -274,6 +276,7 @@ class ModelWorker(LoneTurns, BatchedTurns, TurnKV, threading.Thread):
             resident = with_kv_layout(resident, info.kv)
         self._resident = resident
         self.resident_kv = resident.kv
+        self.resident_tools = resident.tools_by
         self.pace = PrefillPace(self.prefill_step_size, self.prefill_step_budget_s)
         self._mergeable = not resident.vision and self.link is None and batchable_model(resident.model)
         self._batch_memory = Memory(self.registry.budget_bytes, info.footprint.weights_bytes,

@@ -27,6 +27,8 @@ from .keys import matches, read_key
 # users, UI, spend...) are not reachable even with the key.
 SERVED_PATHS = frozenset({"/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions",
                           "/v1/models", "/models",
+                          # OpenAI's Responses API: the engine's own route (engine/responses_api.py).
+                          "/v1/responses", "/responses",
                           # Anthropic's Messages API, for coding agents: LiteLLM's own route.
                           "/v1/messages", "/v1/messages/count_tokens"})
 # Auth headers never reach LiteLLM (it gets its inner key); nor does
@@ -58,6 +60,15 @@ def admit(scope_type: str, path: str, key: str | None, given: str | None) -> Api
     return None
 
 
+# The code an error from LiteLLM gets where it has none, or a number for one.
+CODE_BY_STATUS = {400: "invalid_request", 401: "invalid_api_key", 403: "forbidden", 404: "not_found",
+                  408: "timeout", 413: "request_too_large", 422: "invalid_request", 429: "rate_limited"}
+
+
+def _word_code(code: object) -> bool:
+    return isinstance(code, str) and bool(code) and not code.isdigit()
+
+
 def rewrite_backend_error(status: int, body: bytes) -> tuple[int, bytes]:
     """LiteLLM's error answers in OpenAI's shape (pure): its routing errors
     ({"detail": ...}) and starlette's plain text become error objects, a
@@ -79,8 +90,10 @@ def rewrite_backend_error(status: int, body: bytes) -> tuple[int, bytes]:
         except ValueError:
             return status, body
         err = doc.get("error") if isinstance(doc, dict) else None
-        if isinstance(err, dict) and not isinstance(err.get("type"), str):
-            err["type"] = error_type(status)
+        if isinstance(err, dict) and (not isinstance(err.get("type"), str) or not _word_code(err.get("code"))):
+            err["type"] = err["type"] if isinstance(err.get("type"), str) else error_type(status)
+            if not _word_code(err.get("code")):  # LiteLLM's "400": a client decides on a word
+                err["code"] = CODE_BY_STATUS.get(status, "backend_error")
             return status, json.dumps(doc).encode()
         return status, body
     if status == 500 and "Fallback to" in text and "also failed" in text:

@@ -4,7 +4,7 @@ Through LiteLLM every streamed chunk is parsed by the openai SDK, rebuilt by
 LiteLLM's stream wrapper and serialised again, and no LiteLLM setting
 changes that (the cost measured: docs/BENCHMARKS.md). So this ASGI wrapper
 sits where KeyGuard hands the (authenticated) request to LiteLLM's
-app. A POST /v1/chat/completions or /v1/completions whose
+app. A POST /v1/chat/completions, /v1/completions or /v1/responses whose
 `model` routes to the engine (gateway/routing.py decides) goes
 straight to the engine over a pooled aiohttp connection; the engine's bytes
 are relayed as they arrive (no per-chunk parsing; an alias renamed for the
@@ -15,7 +15,10 @@ first token), is replayed to LiteLLM unchanged, so the fallbacks (Ollama on
 stop, crash, busy, quarantine) behave exactly as before. A failure after the
 first byte is an explicit SSE error event and no [DONE], as the tests require.
 LiteLLM still does every fallback; `gateway.engine_fast_path = false` turns
-this off.
+this off. One exception: a Responses API request with previous_response_id
+continues a conversation only the engine stores, so it stays with the engine
+(its refusals stand; unreachable, a 503): LiteLLM's Ollama bridge would answer
+it without the conversation.
 """
 
 from __future__ import annotations
@@ -28,11 +31,15 @@ import aiohttp
 from mlxd.config import Config
 
 from .errors import ApiError, send_error, send_json
-from .routing import (ENGINE_PATHS, AfterRefusal, FastRoutes, StreamRenamer, ToEngine, after_refusal, rename_model,
-                      route_request)
+from .routing import (ENGINE_PATHS, AfterRefusal, FastRoutes, StreamRenamer, ToEngine, after_refusal,
+                      refusal_after_fallback, rename_model, route_request)
 
 HOP = {b"transfer-encoding", b"connection", b"keep-alive", b"content-length", b"date", b"server"}
 MID_STREAM_FAILURE = "the engine failed mid-stream ({}); the answer is incomplete"
+# A request that stays with the engine (ToEngine.stays) when it cannot be reached.
+ENGINE_GONE = ApiError(503, "the MLX engine is unavailable (down or restarting) and previous_response_id names a "
+                            "conversation only it stores (the Ollama fallback would answer without it): retry "
+                            "shortly, or send the whole conversation as input", "engine_unavailable")
 
 
 async def read_body(receive: Any) -> bytes | None:
@@ -63,18 +70,24 @@ class Replay:
 
 
 class _Substitute:
-    """Wraps `send`: a 5xx from LiteLLM is replaced by the engine's 4xx."""
+    """Wraps `send`: when the fallback fails too (LiteLLM answers an error),
+    the client gets the engine's refusal, which names the reason, with what
+    the fallback said after it (routing.refusal_after_fallback)."""
 
     def __init__(self, send: Any, status: int, body: bytes) -> None:
         self.send, self.status, self.body = send, status, body
-        self.replaced = False
+        self.failed = False
+        self.parts: list[bytes] = []
 
     async def __call__(self, message: dict) -> None:
-        if message["type"] == "http.response.start" and message["status"] >= 500:
-            self.replaced = True
-            await send_json(self.send, self.status, self.body)
-        elif not self.replaced:  # else: the rest of LiteLLM's error body
+        if message["type"] == "http.response.start" and message["status"] >= 400:
+            self.failed = True
+        elif not self.failed:
             await self.send(message)
+        elif message["type"] == "http.response.body":  # LiteLLM's error body, held until it is whole
+            self.parts.append(message.get("body", b""))
+            if not message.get("more_body"):
+                await send_json(self.send, self.status, refusal_after_fallback(self.body, b"".join(self.parts)))
 
 
 class EngineFastPath:
@@ -117,7 +130,10 @@ class EngineFastPath:
         try:
             resp = await self._session().post(self.base + path, data=to.body, headers=self.headers)
         except (aiohttp.ClientError, OSError):
-            await self.app(scope, replay, send)  # engine down: LiteLLM falls back
+            if to.stays:
+                await send_error(send, ENGINE_GONE, [(b"retry-after", b"2")])
+            else:
+                await self.app(scope, replay, send)  # engine down: LiteLLM falls back
             return
         try:
             headers = [(k.lower(), v) for k, v in resp.raw_headers if k.lower() not in HOP]
@@ -130,8 +146,12 @@ class EngineFastPath:
                 answer = None  # died mid-answer: nothing sent yet, so LiteLLM can still fall back
         finally:
             resp.release()
-        if answer is None:
+        if answer is None and to.stays:
+            await send_error(send, ENGINE_GONE, [(b"retry-after", b"2")])
+        elif answer is None:
             await self.app(scope, replay, send)
+        elif to.stays and resp.status != 200:  # busy, refusing, not found: the engine's answer stands
+            await send_json(send, resp.status, answer, headers)
         elif resp.status == 200:
             await send_json(send, 200, rename_model(answer, to.public_name) if to.engine_name else answer, headers)
         else:

@@ -134,7 +134,8 @@ def render_litellm_config(config: Config, heavy: dict[str, bool]) -> dict[str, A
                 "model": f"openai/{r.engine_model}", "api_base": url + "/v1", "api_key": api_key,
                 "timeout": timeout, "stream_timeout": timeout, "max_retries": 0},
                 # supports_reasoning: keeps LiteLLM from sending Anthropic clients' `thinking` to the
-                # Responses API (the engine serves chat/completions; its answers carry reasoning_content).
+                # Responses API (chat/completions is the engine's own route, its Responses API a
+                # translation onto it; chat answers carry reasoning_content).
                 "model_info": {"supports_reasoning": False, "mlxd_engine": url}
                 | ({"allowed_fails_policy": COOLED_DOWN_AT_FIRST_FAILURE} if several else never_cooled)})
         if several:
@@ -162,8 +163,8 @@ def render_litellm_config(config: Config, heavy: dict[str, bool]) -> dict[str, A
             "num_retries": 0,
             "request_timeout": timeout,
             "drop_params": True,
-            # /v1/messages (Anthropic clients) through chat/completions, which the
-            # engine serves, not the Responses API LiteLLM picks for openai/ models.
+            # /v1/messages (Anthropic clients) through chat/completions, the engine's
+            # own route, not the Responses API LiteLLM picks for openai/ models.
             "use_chat_completions_url_for_anthropic_messages": True,
             "telemetry": False,
             "turn_off_message_logging": True,

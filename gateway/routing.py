@@ -17,28 +17,32 @@ from .litellm_config import OLLAMA_SUFFIX, plan_routes
 
 # Client path -> the engine's path, for the requests the fast path takes.
 ENGINE_PATHS = {"/v1/chat/completions": "/v1/chat/completions", "/chat/completions": "/v1/chat/completions",
-                "/v1/completions": "/v1/completions", "/completions": "/v1/completions"}
+                "/v1/completions": "/v1/completions", "/completions": "/v1/completions",
+                "/v1/responses": "/v1/responses", "/responses": "/v1/responses"}
 
 
 @dataclass(frozen=True)
 class FastRoutes:
     engine: dict[str, str | None]  # public name -> the name the engine gets (None: the same)
     known: frozenset[str]  # every name LiteLLM serves: the routes and their explicit Ollama twins
+    ollama_only: frozenset[str] = frozenset()  # names no engine serves (heavy models): Ollama answers
 
     @classmethod
     def plan(cls, config: Config, heavy: dict[str, bool]) -> FastRoutes:
         engine: dict[str, str | None] = {}
         known: set[str] = set()
+        ollama_only: set[str] = set()
         for r in plan_routes(config, heavy):
             known.add(r.name)
             if r.engine_model is None:
+                ollama_only.add(r.name)
                 continue
             if r.ollama_model:
                 known.add(r.name + OLLAMA_SUFFIX)
             if r.engine_urls != (config.engine_url,):
                 continue  # several or other hosts: LiteLLM's router picks the engine
             engine[r.name] = None if config.resolve(r.name) == r.engine_model else r.engine_model
-        return cls(engine, frozenset(known))
+        return cls(engine, frozenset(known), frozenset(ollama_only))
 
 
 @dataclass(frozen=True)
@@ -51,24 +55,34 @@ class ToEngine:
     body: bytes  # what the engine gets
     public_name: str  # what the client asked for, and sees in the answer
     engine_name: str | None  # the name the engine answers with, when it differs
+    # The engine's answer stands, whatever it is, and an engine that cannot be
+    # reached is a 503: a Responses request continuing a conversation that only
+    # the engine holds (previous_response_id), which Ollama would answer without.
+    stays: bool = False
 
 
-def invalid_for_any_backend(path: str, req: dict) -> tuple[str, str] | None:
-    """(message, code) when the body is malformed (the engine's own request
+def invalid_for_any_backend(path: str, req: dict) -> tuple[str, str, str | None] | None:
+    """(message, code, param) when the body is malformed (the engine's own request
     models decide); None when valid, or when only the engine's limits are
-    hit (n > 1, a structured response_format...): Ollama may serve those."""
+    hit (n > 1, a structured response_format...): Ollama may serve those.
+    Not so for the Responses API: what its model refuses as unsupported
+    (hosted tools, background, prompt templates, conversations, logprobs,
+    item references, files) LiteLLM's Responses-to-chat bridge for Ollama
+    drops without a word (measured on 1.108.7), so those are refused here."""
     from pydantic import ValidationError
 
     from mlxd.engine.request_schema import ChatCompletionRequest, CompletionRequest, describe_validation_errors
+    from mlxd.engine.responses_api import ResponsesRequest
 
-    model = ChatCompletionRequest if path == "/v1/chat/completions" else CompletionRequest
+    model = {"/v1/chat/completions": ChatCompletionRequest, "/v1/responses": ResponsesRequest}.get(path,
+                                                                                                 CompletionRequest)
     try:
         model.model_validate(req)
     except ValidationError as exc:
-        message, _, code = describe_validation_errors(exc.errors())
-        return None if code == UNSUPPORTED_PARAMETER else (message, code)
+        message, param, code = describe_validation_errors(exc.errors())
+        return None if code == UNSUPPORTED_PARAMETER and model is not ResponsesRequest else (message, code, param)
     except (RecursionError, ValueError, TypeError):
-        return "the request body could not be read", INVALID_REQUEST
+        return "the request body could not be read", INVALID_REQUEST, None
     return None
 
 
@@ -102,20 +116,26 @@ def route_request(path: str, body: bytes, routes: FastRoutes) -> ApiError | ToLi
                         else "the request body is empty", INVALID_REQUEST)
     invalid = invalid_for_any_backend(path, req)
     if invalid is not None:
-        return ApiError(400, *invalid)
+        message, code, param = invalid
+        return ApiError(400, message, code, param=param)
     name = req.get("model")
     if not isinstance(name, str) or name not in routes.known:
         # Only configured names: LiteLLM would otherwise read "a,b" as a
         # fan-out to several models and answer 200 with a list of errors.
         return ApiError(404, f"the model {str(name)[:100]!r} does not exist here; GET /v1/models lists the models "
                              "this gateway serves", "model_not_found", param="model")
+    continues = path == "/v1/responses" and req.get("previous_response_id") is not None
+    if continues and name in routes.ollama_only:
+        return ApiError(400, f"previous_response_id needs the MLX engine, which stores responses; the model {name!r} "
+                             "is served by Ollama through LiteLLM, which keeps none: send the whole conversation as "
+                             "input", UNSUPPORTED_PARAMETER, param="previous_response_id")
     if name not in routes.engine:
         refusal = unfit_for_ollama(path, req)
         return ToLiteLLM() if refusal is None else ApiError(400, refusal, UNSUPPORTED_PARAMETER)
     engine_name = routes.engine[name]
     if engine_name is None:
-        return ToEngine(body, name, None)
-    return ToEngine(json.dumps({**req, "model": engine_name}).encode(), name, engine_name)
+        return ToEngine(body, name, None, continues)
+    return ToEngine(json.dumps({**req, "model": engine_name}).encode(), name, engine_name, continues)
 
 
 class AfterRefusal(Enum):
@@ -134,6 +154,25 @@ def after_refusal(status: int, body: bytes) -> AfterRefusal:
     if status == 400 and _error_code(body) in CLIENT_MISTAKES:
         return AfterRefusal.ENGINE_ANSWER
     return AfterRefusal.FALL_BACK_UNLESS_500 if 400 <= status < 500 else AfterRefusal.FALL_BACK
+
+
+def refusal_after_fallback(engine_body: bytes, fallback_body: bytes, limit: int = 300) -> bytes:
+    """The engine's refusal with the failed fallback's word after it (pure):
+    the client reads why the engine refused first (an unsupported field, a
+    model too large), not LiteLLM's fallback text."""
+    try:
+        doc = json.loads(engine_body)
+        error = doc["error"]
+    except (ValueError, KeyError, TypeError):
+        return engine_body
+    try:
+        said = json.loads(fallback_body)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        said = fallback_body.decode(errors="replace")
+    said = " ".join(str(said).split())
+    said = said if len(said) <= limit else said[:limit - 3] + "..."
+    error["message"] = f"{error.get('message', '')} (the Ollama fallback did not answer either: {said})"
+    return json.dumps(doc).encode()
 
 
 def _error_code(body: bytes) -> str | None:

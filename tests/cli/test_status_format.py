@@ -27,6 +27,10 @@ def test_format_running(health, shown):  # `health`: the /health body's keys
     ({"resident_model": "qwen"}, "qwen"),
     ({"resident_model": "qwen", "kv_cache": {"bits": 16, "group_size": 64, "quantized_start": 0}}, "qwen"),
     ({"resident_model": "qwen", "kv_cache": {"bits": 8, "group_size": 64, "quantized_start": 0}}, "qwen (KV 8-bit)"),
+    ({"resident_model": "qwen", "tools": "template"}, "qwen"),
+    ({"resident_model": "smol", "tools": "mlxd"}, "smol (tools by mlxd)"),
+    ({"resident_model": "smol", "tools": "mlxd", "kv_cache": {"bits": 4, "group_size": 64, "quantized_start": 0}},
+     "smol (KV 4-bit, tools by mlxd)"),
     ({"resident_model": default_model.MODEL_ID, "kv_cache": None},
      f"{default_model.MODEL_ID} ({default_model.MODEL_NAME})"),
 ])

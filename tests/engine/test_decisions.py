@@ -226,7 +226,9 @@ def validation_code(schema, body) -> tuple[str, str]:
 @pytest.mark.parametrize("schema, body, code", [
     (ChatCompletionRequest, {**CHAT, "n": 2}, UNSUPPORTED_PARAMETER),
     (ChatCompletionRequest, {**CHAT, "logprobs": True}, UNSUPPORTED_PARAMETER),
-    (ChatCompletionRequest, {**CHAT, "response_format": {"type": "json_schema"}}, UNSUPPORTED_PARAMETER),
+    (ChatCompletionRequest, {**CHAT, "response_format": {"type": "json_schema", "json_schema": {
+        "schema": {"type": "array", "uniqueItems": True}}}}, UNSUPPORTED_PARAMETER),
+    (ChatCompletionRequest, {**CHAT, "response_format": {"type": "json_schema"}}, INVALID_REQUEST),
     (CompletionRequest, {**TEXT, "echo": True}, UNSUPPORTED_PARAMETER),
     (CompletionRequest, {**TEXT, "suffix": "}"}, UNSUPPORTED_PARAMETER),
     (ChatCompletionRequest, {**CHAT, "n": 2, "logprobs": 1}, UNSUPPORTED_PARAMETER),  # limits only

@@ -66,9 +66,41 @@ def test_an_only_light_alias_reaches_the_engine_under_the_light_models_name():
     assert route_request(CHAT, chat("huge"), ROUTES) == ToLiteLLM()
 
 
+RESPONSES = "/v1/responses"
+
+
+def responses(model, **extra) -> bytes:
+    return json.dumps({"model": model, "input": "hi", **extra}).encode()
+
+
+@pytest.mark.parametrize("body, expected", [
+    (responses("small"), "ToEngine"),
+    (responses("coding"), "ToLiteLLM"),  # heavy: LiteLLM's Responses bridge to Ollama's chat
+    (json.dumps({"model": "small"}).encode(), "invalid_request"),  # no input, no previous_response_id
+    # What the engine cannot honour LiteLLM's bridge would drop without a word: refused here, for any model.
+    (responses("small", tools=[{"type": "web_search"}]), "unsupported_parameter"),
+    (responses("coding", tools=[{"type": "file_search"}]), "unsupported_parameter"),
+    (responses("small", background=True), "unsupported_parameter"),
+    (responses("coding", conversation="conv_1"), "unsupported_parameter"),
+    # A stored conversation is the engine's alone.
+    (responses("coding", previous_response_id="resp_1"), "unsupported_parameter"),
+    (responses("small", previous_response_id="resp_1"), "ToEngine"),
+])
+def test_where_a_responses_request_goes(body, expected):
+    assert error_code(route_request(RESPONSES, body, ROUTES)) == expected
+
+
+def test_a_continued_response_stays_with_the_engine():
+    assert route_request(RESPONSES, responses("small", previous_response_id="resp_1"), ROUTES).stays
+    assert not route_request(RESPONSES, responses("small"), ROUTES).stays
+    refused = route_request(RESPONSES, responses("small", tools=[{"type": "web_search"}]), ROUTES)
+    assert refused.param == "tools" and "web_search" in refused.message
+
+
 @pytest.mark.parametrize("status, code, expected", [
     (400, "invalid_request", AfterRefusal.ENGINE_ANSWER),
     (400, "invalid_messages", AfterRefusal.ENGINE_ANSWER),
+    (400, "previous_response_not_found", AfterRefusal.ENGINE_ANSWER),
     (400, "model_too_large", AfterRefusal.FALL_BACK_UNLESS_500),
     (400, "unsupported_parameter", AfterRefusal.FALL_BACK_UNLESS_500),
     (400, "request_quarantined", AfterRefusal.FALL_BACK_UNLESS_500),
@@ -86,7 +118,8 @@ def test_what_follows_an_engine_refusal(status, code, expected):
 @pytest.mark.parametrize("extra, at_the_gateway, after_the_engine", [
     ({"n": 2}, "ToEngine", AfterRefusal.FALL_BACK_UNLESS_500),
     ({"logprobs": True}, "ToEngine", AfterRefusal.FALL_BACK_UNLESS_500),
-    ({"response_format": {"type": "json_object"}}, "ToEngine", AfterRefusal.FALL_BACK_UNLESS_500),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "array", "uniqueItems": True}}}},
+     "ToEngine", AfterRefusal.FALL_BACK_UNLESS_500),  # a schema feature the engine cannot enforce
     ({"n": 2, "temperature": 9}, "invalid_request", AfterRefusal.ENGINE_ANSWER),  # a mistake as well as a limit
     ({"temperature": 9}, "invalid_request", AfterRefusal.ENGINE_ANSWER),
     ({"messages": [{"role": "wizard", "content": "hi"}]}, "invalid_request", AfterRefusal.ENGINE_ANSWER),
@@ -159,7 +192,12 @@ FALLBACK_FAILED = json.dumps({"error": {"message": "Connection refused. Fallback
     (404, b'{"detail": "Not Found"}', 404, "not_found", "invalid_request_error"),
     (405, b'{"detail": "Method Not Allowed"}', 405, "method_not_allowed", "invalid_request_error"),
     (500, b"Internal Server Error", 500, "gateway_error", "server_error"),
-    (429, b'{"error": {"message": "slow down", "type": null, "code": "429"}}', 429, "429", "rate_limit_error"),
+    (429, b'{"error": {"message": "slow down", "type": null, "code": "429"}}', 429, "rate_limited", "rate_limit_error"),
+    # LiteLLM's numeric codes become words; a word stands
+    (400, b'{"error": {"message": "bad", "type": "invalid_request_error", "code": "400"}}', 400, "invalid_request",
+     "invalid_request_error"),
+    (400, b'{"error": {"message": "bad", "type": "x", "code": "unsupported_parameter"}}', 400, "unsupported_parameter",
+     "x"),
 ])
 def test_backend_errors_become_openai_shaped(status, body, expected_status, expected_code, expected_type):
     new_status, new_body = rewrite_backend_error(status, body)
@@ -172,3 +210,18 @@ def test_backend_errors_become_openai_shaped(status, body, expected_status, expe
 def test_ready_when_a_backend_can_answer(engine, ollama, status):
     got_status, doc = readiness(engine, ollama)
     assert got_status == status and set(doc) == {"status", "db"}
+
+
+def test_the_engines_reason_comes_before_the_failed_fallbacks():
+    from mlxd.gateway.routing import refusal_after_fallback
+
+    engine = ApiError(400, "response_format.json_schema.schema: cannot enforce uniqueItems", "unsupported_parameter",
+                      param="response_format.json_schema.schema").body()
+    fallback = json.dumps({"error": {"message": "litellm.BadRequestError: Fallback to default--ollama also failed: "
+                                                "Cannot connect to host 127.0.0.1:11434 " + "x" * 500,
+                                     "type": None, "code": "400"}}).encode()
+    err = json.loads(refusal_after_fallback(engine, fallback))["error"]
+    assert err["code"] == "unsupported_parameter" and err["param"] == "response_format.json_schema.schema"
+    assert err["message"].startswith("response_format.json_schema.schema: cannot enforce uniqueItems (the Ollama")
+    assert "Cannot connect" in err["message"] and len(err["message"]) < 500
+    assert refusal_after_fallback(b"not json", fallback) == b"not json"

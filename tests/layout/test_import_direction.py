@@ -19,7 +19,8 @@ ALLOWED = {
     "core": set(),
     "engine": set(),
     "supervisor": set(),
-    "gateway": {"engine.request_schema"},  # the OpenAI request schema only: pydantic, no MLX
+    # the OpenAI request schemas only (chat and completions, the Responses API): pydantic, no MLX
+    "gateway": {"engine.request_schema", "engine.responses_api"},
     "launchd": {"supervisor"},       # the stop timeout supervisord's config defines
     "cli": {"engine", "gateway", "supervisor", "launchd"},
     "devkit": {"engine", "gateway", "supervisor", "launchd", "cli"},
@@ -76,6 +77,6 @@ def test_the_product_never_imports_the_devkit():
     assert not [e for e in product if component_of(e[2]) == "devkit"]
 
 
-def test_the_gateway_reaches_the_engine_only_for_its_request_schema():
+def test_the_gateway_reaches_the_engine_only_for_its_request_schemas():
     uses = {module for folder, _, module in edges() if folder == "gateway" and component_of(module) == "engine"}
-    assert uses <= {"mlxd.engine.request_schema"}
+    assert uses <= {"mlxd.engine.request_schema", "mlxd.engine.responses_api"}

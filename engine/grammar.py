@@ -1,0 +1,208 @@
+"""What an answer must look like, as a grammar (pure; no MLX).
+
+A request can bind its answer: `response_format` json_object / json_schema
+(and the Responses API's `text.format`), `tool_choice` "required" or a named
+function, `parallel_tool_calls: false`. `OutputRules` is that binding, read
+from the request once; `answer_grammar` turns it into a Lark grammar for
+llguidance (engine/constrained.py applies it token by token), in the model's
+own tool-call format (`ToolFormat`) and after its reasoning, where it thinks.
+
+Why llguidance: it is already installed (LiteLLM depends on it), computes a
+mask in ~25 us on a 49k vocabulary (measured on the default model), compiles
+JSON schemas lazily (no up-front index as outlines-core builds, which takes
+seconds for large schemas), embeds JSON schemas in Lark grammars (a tool call
+is markers around a schema) and names what it cannot enforce ("Unimplemented
+keys: [\"if\"]"), which becomes the 400 `unsupported_parameter`. xgrammar
+needs PyTorch to install; outlines-core has no Lark grammars.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+# The schema of "any JSON object" (response_format json_object).
+ANY_OBJECT: dict[str, Any] = {"type": "object"}
+# Whitespace between JSON tokens: a newline and an indent, or a space or two.
+# llguidance's default ([ \t\n\r]+) lets a small model write whitespace
+# until max_tokens (seen on the default model: a forced call never closed);
+# bounded slots keep the answer finite and still allow pretty-printed JSON.
+# The most calls a bound answer may make at once (parallel_tool_calls).
+MAX_PARALLEL_CALLS = 8
+JSON_OPTIONS = {"whitespace_pattern": "\n[ \t]{0,24}|[ ]{1,2}"}
+
+
+def json_rule(schema: dict[str, Any]) -> str:
+    """A Lark rule body: `schema` as llguidance's %json, with mlxd's whitespace."""
+    return "%json " + json.dumps({"x-guidance": JSON_OPTIONS, **schema}, separators=(",", ":"))
+
+
+class GrammarUnsupported(ValueError):
+    """A schema or format the grammar engine cannot enforce; the message names the feature."""
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    parameters: dict[str, Any]  # the arguments' JSON schema ({"type": "object"} when the tool gave none)
+    strict: bool = False
+
+
+@dataclass(frozen=True)
+class OutputRules:
+    """How a request binds its answer (pure data, read from the request).
+    `schema`: the JSON schema the content must match, None for free text.
+    `tool_choice`: "auto", "none", "required" or the one function's name."""
+
+    schema: dict[str, Any] | None = None
+    tool_choice: str = "auto"
+    parallel_tool_calls: bool = True
+    tools: tuple[ToolSpec, ...] = field(default=())
+
+    @property
+    def forces_tool(self) -> bool:
+        return bool(self.tools) and self.tool_choice not in ("auto", "none")
+
+    @property
+    def constrained(self) -> bool:
+        """Whether decoding needs a grammar at all."""
+        return self.schema is not None or self.forces_tool or any(t.strict for t in self.tools) and \
+            self.tool_choice != "none"
+
+    def describe(self) -> str:
+        """For the log: what binds the answer."""
+        parts = []
+        if self.schema is not None:
+            parts.append("a JSON schema" if self.schema != ANY_OBJECT else "a JSON object")
+        if self.forces_tool:
+            parts.append(f"tool_choice {self.tool_choice}" + ("" if self.parallel_tool_calls else ", one call"))
+        elif any(t.strict for t in self.tools) and self.tool_choice != "none":
+            parts.append("strict tools")
+        return ", ".join(parts) or "nothing"
+
+    def forced_tools(self) -> tuple[ToolSpec, ...]:
+        if self.tool_choice in ("auto", "none", "required"):
+            return self.tools
+        return tuple(t for t in self.tools if t.name == self.tool_choice)
+
+
+@dataclass(frozen=True)
+class ToolFormat:
+    """How a model writes a tool call: `start` + a JSON body
+    {"name": ..., "arguments": {...}} + `end` (Hermes / Qwen's format, which
+    mlx-lm's json_tools parser reads, and the one mlxd renders for a template
+    without tools). `source`: "template" (the model's own) or "mlxd"."""
+
+    start: str = "<tool_call>"
+    end: str = "</tool_call>"
+    source: str = "template"
+
+
+# mlx-lm's tool parsers whose call body is {"name", "arguments"} JSON between
+# markers: the ones a grammar can bind here.
+JSON_BODY_PARSERS = frozenset({"mlx_lm.tool_parsers.json_tools"})
+MLXD_TOOL_FORMAT = ToolFormat(source="mlxd")
+
+
+def tool_format_of(parser_module: str | None, start: str | None, end: str | None,
+                   renders_tools: bool) -> ToolFormat | None:
+    """The tool-call format a grammar can bind for this model (pure): mlxd's
+    own where the chat template does not render tools, the model's where its
+    parser reads JSON bodies, else None (its format is not one we can bind)."""
+    if not renders_tools:
+        return MLXD_TOOL_FORMAT
+    if parser_module in JSON_BODY_PARSERS and start and end:
+        return ToolFormat(start, end, "template")
+    return None
+
+
+def schema_problem(schema: Any) -> str | None:
+    """Why llguidance cannot enforce this JSON schema, or None."""
+    import llguidance
+
+    if not isinstance(schema, dict):
+        return "a JSON schema must be an object"
+    try:
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema)
+        failed, warnings = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
+    except (ValueError, TypeError, RuntimeError) as exc:
+        return str(exc)
+    if failed or warnings:  # a warning is a part of the schema that would be ignored: never silently
+        return "; ".join(" ".join(w.split()) for w in warnings) or "not enforceable"  # one line each
+    return None
+
+
+def call_schema(tools: tuple[ToolSpec, ...]) -> dict[str, Any]:
+    """The JSON schema of one call's body: {"name": one of the tools, "arguments": its schema}."""
+    options = [{"type": "object", "properties": {"name": {"const": t.name}, "arguments": t.parameters},
+                "required": ["name", "arguments"], "additionalProperties": False} for t in tools]
+    return options[0] if len(options) == 1 else {"anyOf": options}
+
+
+Literal_ = Callable[[str], str]  # a text as a Lark literal: quoted text, or a special token's <[id]>
+
+
+def quoted(text: str) -> str:
+    return json.dumps(text)
+
+
+def answer_grammar(rules: OutputRules, tool_format: ToolFormat | None, think_end: str | None = None,
+                   in_reasoning: bool = False, think_start: str | None = None,
+                   literal: Literal_ = quoted) -> str | None:
+    """The Lark grammar (llguidance's dialect) the answer must follow, or
+    None for free text (pure). `think_end`: the model's end-of-reasoning
+    marker where it reasons (the grammar lets it think first, freely);
+    `in_reasoning`: the prompt already opened the block. `literal` writes a
+    marker (a special token must be named by id, not spelled as text)."""
+    if not rules.constrained:
+        return None
+    if rules.tool_choice != "none" and rules.tools and (rules.forces_tool or any(t.strict for t in rules.tools)):
+        if tool_format is None:
+            raise GrammarUnsupported("this model's tool-call format cannot be constrained by mlxd (only "
+                                     "{\"name\", \"arguments\"} JSON bodies between markers can)")
+    lines = ["%llguidance {}"]
+    body = _body_rules(rules, tool_format, literal, lines)
+    if think_end is not None and (in_reasoning or think_start is not None):
+        lines.append("THINK_TEXT: /(.|\\n)*/")
+        lines.append(f"think[lazy]: THINK_TEXT {literal(think_end)}")
+        if in_reasoning:
+            lines.insert(1, f"start: think WS? {body}")
+        else:  # the model may open a block of its own first
+            lines.insert(1, f"start: ({literal(think_start)} think WS?)? {body}")  # type: ignore[arg-type]
+        lines.append("WS: /[ \\t\\n]+/")
+    else:
+        lines.insert(1, f"start: {body}")
+    return "\n".join(lines) + "\n"
+
+
+def _body_rules(rules: OutputRules, fmt: ToolFormat | None, literal: Literal_, lines: list[str]) -> str:
+    """Adds the answer's rules to `lines`; returns the expression of the answer itself."""
+    def call_rule() -> str:
+        assert fmt is not None
+        tools = rules.forced_tools()
+        lines.append(f"call: {literal(fmt.start)} \"\\n\" call_body \"\\n\" {literal(fmt.end)}")
+        lines.append("call_body: " + json_rule(call_schema(tools)))
+        # A named function is called once (as OpenAI's API answers it); "required" allows several unless
+        # parallel_tool_calls is false. Between several calls a newline may end the answer, so that a model
+        # that writes one after a call is not forced into another call by it.
+        # Several calls are capped: a small model may repeat its call until max_tokens (the default model does).
+        one = not rules.parallel_tool_calls or rules.tool_choice not in ("required", "auto")
+        return "call" if one else f"call (\"\\n\" call){{0,{MAX_PARALLEL_CALLS - 1}}} \"\\n\"?"
+
+    if rules.forces_tool:
+        return call_rule()
+    if rules.schema is not None:
+        lines.append("json_answer: " + json_rule(rules.schema))
+        if rules.tools and rules.tool_choice != "none" and fmt is not None:
+            return f"(json_answer | {call_rule()})"  # the model may call a tool instead of answering
+        return "json_answer"
+    # only strict tools under "auto": free text until the model opens a call
+    # (a lazy lexeme ends at the first start marker), then the call is bound
+    assert fmt is not None
+    tools = rules.forced_tools()
+    lines.append("TEXT: /(.|\\n)*/")
+    lines.append(f"call_opened[lazy]: TEXT {literal(fmt.start)}")
+    lines.append(f"bound_call: call_opened \"\\n\" call_body \"\\n\" {literal(fmt.end)}")
+    lines.append("call_body: " + json_rule(call_schema(tools)))
+    return "bound_call* TEXT" if rules.parallel_tool_calls else "(bound_call | TEXT)"

@@ -27,7 +27,7 @@ from .prompt_tokens import PieceEncoder, template_tokens
 from .sampling import make_sampling, seeing_context
 from .stop_matcher import StopMatcher
 from .answer_parts import AnswerSplitter, Markers, Part, markers_of, opens_in_reasoning
-from .grammar import GrammarUnsupported, ToolFormat, answer_grammar
+from .grammar import GrammarUnsupported, ToolFormat, answer_grammar, grammar_problem
 from .tool_calls import format_tool_calls
 from .tool_prompt import with_rendered_tools
 
@@ -158,7 +158,10 @@ def tokenize(resident: ResidentModel, job: Job, max_prompt_tokens: int) -> list[
         _check_token_ids(job.params.logit_bias, resident.vocab_size(), "logit_bias")
     if job.rules.constrained:
         try:
-            answer_grammar(job.rules, resident.tool_format)
+            lark = answer_grammar(job.rules, resident.tool_format)
+            problem = grammar_problem(lark) if lark else None
+            if problem:  # each part was checked with the request; checked whole here, before the worker needs it
+                raise GrammarUnsupported(problem)
         except GrammarUnsupported as exc:
             raise bad_request(f"tool_choice / strict tools: {exc}", param="tool_choice",
                               code=UNSUPPORTED_PARAMETER) from exc

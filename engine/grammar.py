@@ -133,6 +133,18 @@ def schema_problem(schema: Any) -> str | None:
     return None
 
 
+def grammar_problem(lark: str) -> str | None:
+    """Why llguidance cannot compile this Lark grammar, or None."""
+    import llguidance
+
+    try:
+        failed, warnings = llguidance.LLMatcher.validate_grammar_with_warnings(
+            llguidance.LLMatcher.grammar_from_lark(lark))
+    except (ValueError, TypeError, RuntimeError) as exc:
+        return str(exc)
+    return "; ".join(" ".join(w.split()) for w in warnings) or "not enforceable" if failed else None
+
+
 def call_schema(tools: tuple[ToolSpec, ...]) -> dict[str, Any]:
     """The JSON schema of one call's body: {"name": one of the tools, "arguments": its schema}."""
     options = [{"type": "object", "properties": {"name": {"const": t.name}, "arguments": t.parameters},

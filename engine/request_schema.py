@@ -345,9 +345,12 @@ class ChatCompletionRequest(SamplingFields):
         if choice == "required" and not names:
             raise ValueError("tool_choice 'required' needs at least one tool in `tools`")
         forced = choice == "required" or isinstance(choice, NamedToolChoice)
+        # with a response schema the answer may be a call to any tool instead: every tool's schema is bound then
+        bound_calls = choice != "none" and self.response_format is not None and self.response_format.schema() is not None
         for i, tool in enumerate(self.tools or []):
             f = tool.function
-            if (forced and (not isinstance(choice, NamedToolChoice) or choice.function.name == f.name)) or f.strict:
+            if (forced and (not isinstance(choice, NamedToolChoice) or choice.function.name == f.name)) or f.strict \
+                    or bound_calls:
                 problem = schema_problem(f.parameters or dict(ANY_OBJECT))
                 if problem:
                     raise Unsupported(f"tools[{i}].function.parameters: the MLX engine cannot enforce this tool's "

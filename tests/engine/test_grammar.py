@@ -13,7 +13,8 @@ from pydantic import ValidationError
 
 from mlxd.api_errors import INVALID_REQUEST, UNSUPPORTED_PARAMETER
 from mlxd.engine.grammar import (ANY_OBJECT, MAX_PARALLEL_CALLS, MLXD_TOOL_FORMAT, GrammarUnsupported, OutputRules,
-                                 ToolFormat, ToolSpec, answer_grammar, schema_problem, tool_format_of)
+                                 ToolFormat, ToolSpec, answer_grammar, grammar_problem, schema_problem,
+                                 tool_format_of)
 from mlxd.engine.request_schema import ChatCompletionRequest, describe_validation_errors
 from mlxd.engine.tool_prompt import with_rendered_tools
 
@@ -155,6 +156,16 @@ def test_schema_features_the_engine_cannot_enforce_are_named(schema, problem):
     assert (found is None) if problem is None else (problem in found)
 
 
+@pytest.mark.parametrize("lark, problem", [
+    ('start: "a"', None),
+    ('start: b', "unknown name"),
+    ('start: %json {"type": "array", "uniqueItems": true}', "uniqueItems"),
+])
+def test_a_whole_grammar_is_checked_before_the_worker_needs_it(lark, problem):
+    found = grammar_problem(lark)
+    assert (found is None) if problem is None else (problem in found)
+
+
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER.parameters}}
 
@@ -175,6 +186,10 @@ def code_of(body: dict) -> tuple[str, str | None, str]:
     ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, INVALID_REQUEST, None),
     ({"tools": [{"type": "function", "function": {"name": "f", "strict": True,
                                                   "parameters": {"type": "object", "if": {}}}}]},
+     UNSUPPORTED_PARAMETER, None),
+    # with a response schema, a call to any tool may be the answer: its schema is bound too
+    ({"response_format": {"type": "json_object"},
+      "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "array", "uniqueItems": True}}}]},
      UNSUPPORTED_PARAMETER, None),
 ])
 def test_bad_bindings_are_400s_naming_the_field(extra, code, param):

@@ -15,6 +15,7 @@
 #   bash bench/gpu_run.sh profile   # likewise: bench/kv_reuse_profile.py (a diagnosis, mlx-lm alone)
 #   bash bench/gpu_run.sh concurrency  # likewise: 1/2/4/8 clients, mlxd single/batched vs mlx_lm.server
 #   bash bench/gpu_run.sh kv        # likewise: bench/kv_memory.py (kv_bits at 8k/32k, memory over a 4k generation)
+#   bash bench/gpu_run.sh structured  # after `stage`: bench/structured_outputs.py (bound answers' cost) on the 8b model
 # Results go to $OUT (or bench/results/gpu).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -50,6 +51,18 @@ build_demo_model(Path('$MODEL'), '8b', progress=print)"
 }
 
 case "${1:-}" in
+grammar-probe)
+  # Where a bound answer's decode step goes (bench/grammar_step_probe.py: a diagnosis), on the 8b model.
+  install_engine
+  $PY bench/grammar_step_probe.py "$MODEL" --rounds "${ROUNDS:-3}" | tee "$OUT/grammar_step_probe_8b.md"
+  ;;
+structured)
+  # Bound answers (issue 34): decode with a JSON schema against free text, the grammar's time per token,
+  # what a bound row costs a batch of 4, on the 8b demo model (random weights: no validity figures).
+  install_engine
+  $PY bench/structured_outputs.py --model "$MODEL" --skip-validity --rounds "${ROUNDS:-3}" --max-tokens 256 \
+      --out "$OUT/structured_outputs_8b.json" | tee "$OUT/structured_outputs_8b.md"
+  ;;
 stage)
   cp .whl1/* /tmp/stage/
   ls -la /tmp/stage

@@ -122,7 +122,7 @@ def streamed_rate(url: str, body: dict) -> float:
     return (tokens - 1) / (last - first) if first and last and last > first and tokens > 1 else float("nan")
 
 
-FREE = {"max_tokens": 96, "temperature": 0}
+FREE = {"max_tokens": 96, "temperature": 0}  # max_tokens: --max-tokens
 BOUND = {"max_tokens": 96, "temperature": 0, "response_format": {"type": "json_schema", "json_schema": {
     "name": "story", "schema": {"type": "object", "properties": {"title": {"type": "string"}, "story": {"type": "string"}},
                                 "required": ["title", "story"], "additionalProperties": False}}}}
@@ -189,9 +189,13 @@ def main() -> None:
     p.add_argument("-n", type=int, default=50, help="requests per kind for validity")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--quick", action="store_true", help="N=10, 2 rounds")
+    p.add_argument("--max-tokens", type=int, default=96, help="tokens a decode / batch request generates")
+    p.add_argument("--skip-validity", action="store_true",
+                   help="no validity figures (a random-weight model's answers run to max_tokens)")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "structured_outputs.json")
     a = p.parse_args()
     n, rounds = (10, 2) if a.quick else (a.n, a.rounds)
+    FREE["max_tokens"] = BOUND["max_tokens"] = a.max_tokens
     from mlxd import default_model
 
     gguf = None if a.model else default_model.fetch(say=say)
@@ -206,7 +210,7 @@ def main() -> None:
             server.wait_ready(300)
             say(f"engine up (max_concurrency {concurrency})")
             if concurrency == 1:
-                results["validity_pct"] = validity(server.url, n)
+                results["validity_pct"] = {} if a.skip_validity else validity(server.url, n)
                 results["decode"] = decode(server.url, rounds)
                 model_dir = next((home / "c1").rglob("config.json")).parent if gguf else a.model
                 results["mask"] = mask_cost(model_dir)

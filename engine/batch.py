@@ -137,6 +137,11 @@ class BatchRun:
         sampler, processors = make_sampling(p, self.resident.vocab_size())
         key = (p.temperature, p.top_p, p.min_p, p.top_k)
         sampler = None if p.temperature == 0 else self._samplers.setdefault(key, sampler)  # None: greedy
+        grammar = admitted.generation.grammar  # applied last, after penalties: it needs only the last token
+        if grammar is not None:  # its own sampler, tapped for the token it draws (engine/constrained.py)
+            from mlx_lm.sample_utils import make_sampler
+
+            sampler = grammar.sampling(sampler or make_sampler(0.0))
         rest = prompt[start:]
         if admitted.needs_snapshot and len(rest) == 1:
             admitted.snapshot = copy.deepcopy(kv)  # the cache already holds the prompt's boundary
@@ -146,7 +151,6 @@ class BatchRun:
         if kv is None:  # alone: allocated once at its admitted length (in the batch, the batch's array is)
             kv = (make_kv(self.resident.model, len(prompt) + p.max_tokens, self.resident.kv) if alone
                   else make_prompt_cache(self.resident.model))
-        grammar = admitted.generation.grammar  # applied last, after penalties: it needs only the last token
         if alone and can_trim_prompt_cache(kv):
             self._solo = self._start_solo(admitted, kv, rest, sampler, processors, heartbeat)
             self.rows[SOLO] = admitted

@@ -54,7 +54,17 @@ class GrammarProcessor:
         self.vocab_size = vocab_size
         self.eos_ids = eos_ids
         self._fresh = True  # the next call ends in a token already consumed (or in the prompt)
+        self._sampled: Any = None  # the token the row's sampler drew last (a 1-element array)
         self.failed = False
+
+    def sampling(self, sampler: Any) -> Any:
+        """The row's sampler, tapped: the processor reads the token it drew
+        from there (an array scheduled before the next forward pass), not from
+        the end of the token list mlx-lm passes (scheduled after it)."""
+        def tapped(logprobs: Any) -> Any:
+            self._sampled = sampler(logprobs)
+            return self._sampled
+        return tapped
 
     def repeat_last(self) -> None:
         """The next call ends in the token consumed last (a lone request
@@ -68,7 +78,15 @@ class GrammarProcessor:
         if self._fresh:
             self._fresh = False
         elif not self.matcher.is_stopped():
-            token = int(tokens[-1].item())
+            if self._sampled is not None:
+                # Start this step's forward pass, then wait for the token drawn before it: the device
+                # computes while the mask is made here. (Read from the end of mlx-lm's token list, the
+                # token waits for the forward pass too, being scheduled after it: 0.66x free decoding
+                # on the 8B model on an H100, against 0.96x this way; bench/grammar_step_probe.py.)
+                mx.async_eval(logits)
+                token = int(self._sampled.item())
+            else:
+                token = int(tokens[-1].item())
             if not self.matcher.consume_token(token) and not self.failed:
                 # Cannot happen while the mask is applied last; if it does, end the answer rather than go on unbound.
                 self.failed = True

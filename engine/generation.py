@@ -285,7 +285,8 @@ class Generation:
         sampler, processors = make_sampling(p, self.resident.vocab_size())
         if processors and context:
             processors = [seeing_context(proc, context) for proc in processors]
-        processors = processors + ([self.grammar] if self.grammar is not None else [])
+        if self.grammar is not None:
+            sampler, processors = self.grammar.sampling(sampler), processors + [self.grammar]
         kv = self.resident.kv
         quantize = {"kv_bits": kv.bits, "kv_group_size": kv.group_size,
                     "quantized_kv_start": kv.quantized_start} if kv.quantized else {}
@@ -310,7 +311,8 @@ class Generation:
             mx.random.seed(p.seed)
         self.begin(prompt.tokens)
         sampler, processors = make_sampling(p, self.resident.vocab_size())
-        processors = processors + ([self.grammar] if self.grammar is not None else [])
+        if self.grammar is not None:
+            sampler, processors = self.grammar.sampling(sampler), processors + [self.grammar]
         steps = stream_generate(self.resident.model, self.resident.processor, "", max_tokens=p.max_tokens,
                                 sampler=sampler, logits_processors=processors or None,
                                 prefill_step_size=self.pace.step(), **prompt.inputs)

@@ -156,16 +156,33 @@ def tokenize(resident: ResidentModel, job: Job, max_prompt_tokens: int) -> list[
                                f"{max_prompt_tokens}", code="context_length_exceeded", param="messages")
     if job.params.logit_bias:
         _check_token_ids(job.params.logit_bias, resident.vocab_size(), "logit_bias")
-    if job.rules.constrained:
-        try:
-            lark = answer_grammar(job.rules, resident.tool_format)
-            problem = grammar_problem(lark) if lark else None
-            if problem:  # each part was checked with the request; checked whole here, before the worker needs it
-                raise GrammarUnsupported(problem)
-        except GrammarUnsupported as exc:
-            raise bad_request(f"tool_choice / strict tools: {exc}", param="tool_choice",
-                              code=UNSUPPORTED_PARAMETER) from exc
+    if job.rules.constrained:  # each part was checked with the request; the whole, here, before decoding needs it
+        lark = bound_grammar(resident, job, tokens[-PROMPT_TAIL:])
+        problem = grammar_problem(lark) if lark else None
+        if problem:
+            raise bad_request(f"the answer's grammar cannot be enforced for this model: {problem}",
+                              param="response_format" if job.rules.schema is not None else "tool_choice",
+                              code=UNSUPPORTED_PARAMETER)
     return tokens
+
+
+def bound_grammar(resident: ResidentModel, job: Job, prompt_tail: list[int]) -> str | None:
+    """The Lark grammar the job's answer must follow on this model (engine/grammar.py),
+    or None: in the model's tool-call format, after its reasoning where it reasons
+    (opened by the prompt's tail, or by the model); markers that are special
+    tokens named by id. A 400 where the model's call format cannot be bound."""
+    markers = markers_of(resident.tokenizer, False)
+    think = markers.think
+    in_reasoning = think is not None and opens_in_reasoning(resident.tokenizer, prompt_tail[-PROMPT_TAIL:])
+    from .constrained import marker_literal
+
+    literal = marker_literal(resident.grammar_tokenizer(), getattr(resident.tokenizer, "_tokenizer", resident.tokenizer))
+    try:
+        return answer_grammar(job.rules, resident.tool_format, think[1] if think else None, in_reasoning,
+                              think[0] if think else None, literal)
+    except GrammarUnsupported as exc:
+        raise bad_request(f"tool_choice / strict tools: {exc}", param="tool_choice",
+                          code=UNSUPPORTED_PARAMETER) from exc
 
 
 def vision_prompt(resident: ResidentModel, job: Job, max_prompt_tokens: int) -> VisionPrompt:
@@ -332,25 +349,28 @@ class Generation:
         self._first = True
         self._token_faults = (any(f.point == "token" for f in self.faults.active)
                               and self.faults.applies_to(self.job.text))
-        in_reasoning = False
         if self.markers.think is not None:
             tail = prompt_tail[-PROMPT_TAIL:]
-            in_reasoning = opens_in_reasoning(self.resident.tokenizer, tail)
-            self.splitter = AnswerSplitter(self.markers, in_reasoning)
-        self.grammar = self._grammar(in_reasoning) if self.job.rules.constrained else None
+            self.splitter = AnswerSplitter(self.markers, opens_in_reasoning(self.resident.tokenizer, tail))
+        self.grammar = self._grammar(prompt_tail) if self.job.rules.constrained else None
 
-    def _grammar(self, in_reasoning: bool) -> Any:
-        """The answer's grammar as a logits processor: after the model's
-        reasoning, where it reasons (engine/grammar.py says what it binds)."""
-        from .constrained import GrammarProcessor, marker_literal
+    def _grammar(self, prompt_tail: list[int]) -> Any:
+        """The answer's grammar as a logits processor (bound_grammar; tokenize()
+        checked it compiles, so this cannot fail on the input: if it did, the
+        request gets a 400, never the engine an MLX error)."""
+        from .constrained import GrammarProcessor
 
-        resident, think = self.resident, self.markers.think
-        ll_tokenizer = resident.grammar_tokenizer()
-        lark = answer_grammar(self.job.rules, resident.tool_format, think[1] if think else None, in_reasoning,
-                              think[0] if think else None,
-                              marker_literal(ll_tokenizer, getattr(resident.tokenizer, "_tokenizer", resident.tokenizer)))
+        resident = self.resident
+        lark = bound_grammar(resident, self.job, prompt_tail)
+        if lark is None:
+            return None
         log.info("request %s: answer bound by a grammar (%s)", self.job.id, self.job.rules.describe())
-        return GrammarProcessor(ll_tokenizer, lark, resident.vocab_size(), sorted(resident.tokenizer.eos_token_ids))
+        try:
+            return GrammarProcessor(resident.grammar_tokenizer(), lark, resident.vocab_size(),
+                                    sorted(resident.tokenizer.eos_token_ids))
+        except ValueError as exc:
+            raise bad_request(f"the answer's grammar cannot be enforced for this model: {exc}",
+                              code=UNSUPPORTED_PARAMETER) from exc
 
     def feed(self, text: str, token: int | None, model_finish: str | None) -> str | None:
         """One generated token (None: mlx-vlm's closing step) and its text:

@@ -66,9 +66,11 @@ class OutputRules:
 
     @property
     def constrained(self) -> bool:
-        """Whether decoding needs a grammar at all."""
-        return self.schema is not None or self.forces_tool or any(t.strict for t in self.tools) and \
-            self.tool_choice != "none"
+        """Whether decoding needs a grammar at all ("none" with tools offered:
+        the answer may not open a call)."""
+        if self.tool_choice == "none":
+            return self.schema is not None or bool(self.tools)
+        return self.schema is not None or self.forces_tool or any(t.strict for t in self.tools)
 
     def describe(self) -> str:
         """For the log: what binds the answer."""
@@ -159,6 +161,21 @@ def quoted(text: str) -> str:
     return json.dumps(text)
 
 
+def _lazy(marker: str) -> str:
+    """A rule of text up to `marker` ends at its first match (lazy) where the
+    marker is text; text never holds a special token, so there it needs no
+    laziness (and llguidance allows none)."""
+    return "" if marker.startswith("<[") else "[lazy]"
+
+
+REGEX_META = frozenset("\\.+*?()|[]{}^$#&-~/")  # escaped in a regex (the Rust regex crate's; a letter never is)
+
+
+def _regex_escape(text: str) -> str:
+    """`text` as a literal inside a Lark /regex/ (no slash unescaped)."""
+    return "".join("\\" + c if c in REGEX_META else c for c in text)
+
+
 def answer_grammar(rules: OutputRules, tool_format: ToolFormat | None, think_end: str | None = None,
                    in_reasoning: bool = False, think_start: str | None = None,
                    literal: Literal_ = quoted) -> str | None:
@@ -169,6 +186,8 @@ def answer_grammar(rules: OutputRules, tool_format: ToolFormat | None, think_end
     marker (a special token must be named by id, not spelled as text)."""
     if not rules.constrained:
         return None
+    if rules.tool_choice == "none" and rules.schema is None and tool_format is None:
+        return None  # a call format we do not know cannot be excluded; the answer is not parsed for calls either
     if rules.tool_choice != "none" and rules.tools and (rules.forces_tool or any(t.strict for t in rules.tools)):
         if tool_format is None:
             raise GrammarUnsupported("this model's tool-call format cannot be constrained by mlxd (only "
@@ -177,7 +196,7 @@ def answer_grammar(rules: OutputRules, tool_format: ToolFormat | None, think_end
     body = _body_rules(rules, tool_format, literal, lines)
     if think_end is not None and (in_reasoning or think_start is not None):
         lines.append("THINK_TEXT: /(.|\\n)*/")
-        lines.append(f"think[lazy]: THINK_TEXT {literal(think_end)}")
+        lines.append(f"think{_lazy(literal(think_end))}: THINK_TEXT {literal(think_end)}")
         if in_reasoning:
             lines.insert(1, f"start: think WS? {body}")
         else:  # the model may open a block of its own first
@@ -209,12 +228,20 @@ def _body_rules(rules: OutputRules, fmt: ToolFormat | None, literal: Literal_, l
         if rules.tools and rules.tool_choice != "none" and fmt is not None:
             return f"(json_answer | {call_rule()})"  # the model may call a tool instead of answering
         return "json_answer"
+    if rules.tool_choice == "none":  # free text that never opens a call
+        assert fmt is not None
+        start = literal(fmt.start)
+        if start.startswith('"'):  # text: excluded from the text (a special token never matches text anyway)
+            lines.append(f"TEXT: /(?s:.*)/ & ~/(?s:.*{_regex_escape(fmt.start)}.*)/")
+        else:
+            lines.append("TEXT: /(?s:.*)/")
+        return "TEXT"
     # only strict tools under "auto": free text until the model opens a call
     # (a lazy lexeme ends at the first start marker), then the call is bound
     assert fmt is not None
     tools = rules.forced_tools()
     lines.append("TEXT: /(.|\\n)*/")
-    lines.append(f"call_opened[lazy]: TEXT {literal(fmt.start)}")
+    lines.append(f"call_opened{_lazy(literal(fmt.start))}: TEXT {literal(fmt.start)}")
     lines.append(f"bound_call: call_opened \"\\n\" call_body \"\\n\" {literal(fmt.end)}")
     lines.append("call_body: " + json_rule(call_schema(tools)))
     return "bound_call* TEXT" if rules.parallel_tool_calls else "(bound_call | TEXT)"

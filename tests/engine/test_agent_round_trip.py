@@ -75,3 +75,35 @@ def test_a_generated_reasoning_block_is_reasoning_content(client):
     streamed = ("".join((c.choices[0].delta.model_extra or {}).get("reasoning_content") or "" for c in chunks),
                 "".join(c.choices[0].delta.content or "" for c in chunks))
     assert streamed == (reasoning, msg.content)
+
+
+def test_a_forced_call_is_bound_in_the_models_own_format(client):
+    """The agent model's template renders tools and its calls are `<tool_call>` JSON (mlx-lm's json_tools): a
+    named tool_choice binds the answer in that format, even for a question that is not about the tool."""
+    answer = client.chat.completions.create(
+        model="agent", messages=[{"role": "user", "content": agent.THINK_QUESTION}], tools=[agent.WEATHER_TOOL],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}}, max_tokens=64, temperature=0,
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}}).choices[0]
+    (call,) = answer.message.tool_calls
+    assert call.function.name == "get_weather" and answer.finish_reason == "tool_calls"
+    assert set(json.loads(call.function.arguments)) == {"city"}
+
+
+def test_tool_choice_none_keeps_a_caller_from_calling(client):
+    """The model calls get_weather for this question; with "none" it may not open a call, so it answers in text."""
+    answer = client.chat.completions.create(
+        model="agent", messages=[{"role": "user", "content": agent.WEATHER_QUESTION}], tools=[agent.WEATHER_TOOL],
+        tool_choice="none", max_tokens=24, temperature=0,
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}}).choices[0]
+    assert not answer.message.tool_calls and "<tool_call>" not in (answer.message.content or "")
+    assert answer.message.content
+
+
+def test_a_json_answer_comes_after_free_reasoning(client):
+    """A reasoning model thinks first, unbound; the JSON constraint starts after its `</think>`."""
+    msg = client.chat.completions.create(
+        model="agent", messages=[{"role": "user", "content": agent.THINK_QUESTION}], max_tokens=64, temperature=0,
+        response_format={"type": "json_object"},
+        extra_body={"chat_template_kwargs": {"enable_thinking": True}}).choices[0].message
+    assert ((msg.model_extra or {}).get("reasoning_content") or "").strip() == agent.THINK_REASONING
+    assert msg.content.lstrip().startswith("{")  # the free answer would be agent.THINK_ANSWER

@@ -105,10 +105,22 @@ def test_what_a_bound_answer_may_be(byte_tokenizer, rules, text, ok):
     assert accepts(byte_tokenizer, answer_grammar(rules, MLXD_TOOL_FORMAT), text) is ok
 
 
-@pytest.mark.parametrize("rules", [OutputRules(), OutputRules(tools=(WEATHER,)),
-                                   OutputRules(tool_choice="none", tools=(ADD,))])
-def test_free_answers_have_no_grammar(rules):
-    assert answer_grammar(rules, MLXD_TOOL_FORMAT) is None
+@pytest.mark.parametrize("rules, fmt", [(OutputRules(), MLXD_TOOL_FORMAT), (OutputRules(tools=(WEATHER,)), MLXD_TOOL_FORMAT),
+                                        (OutputRules(tool_choice="none", tools=(ADD,)), None)])
+def test_free_answers_have_no_grammar(rules, fmt):
+    assert answer_grammar(rules, fmt) is None
+
+
+@pytest.mark.parametrize("fmt, text, ok", [
+    (MLXD_TOOL_FORMAT, "It is sunny, I think.", True),
+    (MLXD_TOOL_FORMAT, "Let me check. " + call("get_weather", {"city": "Oslo"}), False),
+    (MLXD_TOOL_FORMAT, "a <tool_call", True),  # only the whole marker is out
+    (ToolFormat("[TOOL_CALLS]", ""), 'ok [TOOL_CALLS][{"name": "f"}]', False),  # regex characters escaped
+    (ToolFormat("[TOOL_CALLS]", ""), "ok [TOOL] CALLS", True),
+])
+def test_tool_choice_none_never_opens_a_call(byte_tokenizer, fmt, text, ok):
+    grammar = answer_grammar(OutputRules(tool_choice="none", tools=(WEATHER,)), fmt)
+    assert accepts(byte_tokenizer, grammar, text) is ok
 
 
 @pytest.mark.parametrize("in_reasoning, think_start, text, ok", [

@@ -91,19 +91,21 @@ class OutputRules:
 
 @dataclass(frozen=True)
 class ToolFormat:
-    """How a model writes a tool call: `start` + a JSON body
-    {"name": ..., "arguments": {...}} + `end` (Hermes / Qwen's format, which
-    mlx-lm's json_tools parser reads, and the one mlxd renders for a template
-    without tools). `source`: "template" (the model's own) or "mlxd"."""
+    """How a model writes a tool call: `start`, a newline, the body, a
+    newline, `end`. `body` "json": {"name": ..., "arguments": {...}}
+    (Hermes / Qwen's format, which mlx-lm's json_tools parser reads, and the
+    one mlxd renders for a template without tools); "xml": Qwen3-Coder's
+    `<function=NAME>` with a `<parameter=NAME>` block per argument (its
+    qwen3_coder parser). `source`: "template" (the model's own) or "mlxd"."""
 
     start: str = "<tool_call>"
     end: str = "</tool_call>"
     source: str = "template"
+    body: str = "json"
 
 
-# mlx-lm's tool parsers whose call body is {"name", "arguments"} JSON between
-# markers: the ones a grammar can bind here.
-JSON_BODY_PARSERS = frozenset({"mlx_lm.tool_parsers.json_tools"})
+# mlx-lm's tool parsers whose calls a grammar can bind here, and their bodies.
+BOUND_PARSERS = {"mlx_lm.tool_parsers.json_tools": "json", "mlx_lm.tool_parsers.qwen3_coder": "xml"}
 MLXD_TOOL_FORMAT = ToolFormat(source="mlxd")
 
 
@@ -111,11 +113,11 @@ def tool_format_of(parser_module: str | None, start: str | None, end: str | None
                    renders_tools: bool) -> ToolFormat | None:
     """The tool-call format a grammar can bind for this model (pure): mlxd's
     own where the chat template does not render tools, the model's where its
-    parser reads JSON bodies, else None (its format is not one we can bind)."""
+    parser is one of BOUND_PARSERS, else None (its format is not one we can bind)."""
     if not renders_tools:
         return MLXD_TOOL_FORMAT
-    if parser_module in JSON_BODY_PARSERS and start and end:
-        return ToolFormat(start, end, "template")
+    if parser_module in BOUND_PARSERS and start and end:
+        return ToolFormat(start, end, "template", BOUND_PARSERS[parser_module])
     return None
 
 
@@ -152,6 +154,43 @@ def call_schema(tools: tuple[ToolSpec, ...]) -> dict[str, Any]:
     options = [{"type": "object", "properties": {"name": {"const": t.name}, "arguments": t.parameters},
                 "required": ["name", "arguments"], "additionalProperties": False} for t in tools]
     return options[0] if len(options) == 1 else {"anyOf": options}
+
+
+def call_body_rules(tools: tuple[ToolSpec, ...], fmt: ToolFormat) -> list[str]:
+    """The rules of `call_body`: one call of one of `tools` in the format's body."""
+    if fmt.body != "xml":
+        return ["call_body: " + json_rule(call_schema(tools))]
+    lines = ["call_body: " + " | ".join(f"function_{i}" for i in range(len(tools))),
+             "VALUE_TEXT: /(.|\\n)*/"]
+    for i, tool in enumerate(tools):
+        props = tool.parameters.get("properties") or {}
+        required = set(tool.parameters.get("required") or [])
+        params = []
+        for j, (name, schema) in enumerate(props.items()):
+            rule = f"parameter_{i}_{j}"
+            head = json.dumps(f"<parameter={name}>\n")
+            if not isinstance(schema, dict) or _is_plain_string(schema):
+                # the parser takes a string's text as it stands: up to the first closing tag
+                lines.append(f"{rule}_text[lazy]: VALUE_TEXT {json.dumps(PARAMETER_END)}")
+                lines.append(f"{rule}: {head} {rule}_text")
+            elif schema.get("type") == "string" and isinstance(schema.get("enum"), list):
+                options = " | ".join(json.dumps(str(v)) for v in schema["enum"])
+                lines.append(f"{rule}: {head} ({options}) {json.dumps(PARAMETER_END)}")
+            else:  # numbers, booleans, objects, arrays: JSON, which the parser converts by the schema's type
+                lines.append(f"{rule}_value: {json_rule(schema)}")
+                lines.append(f"{rule}: {head} {rule}_value {json.dumps(PARAMETER_END)}")
+            params.append(rule if name in required else f"{rule}?")
+        lines.append(f"function_{i}: {json.dumps(f'<function={tool.name}>' + chr(10))} {' '.join(params)} "
+                     f"{json.dumps('</function>')}")
+    return lines
+
+
+PARAMETER_END = "\n</parameter>\n"
+
+
+def _is_plain_string(schema: dict[str, Any]) -> bool:
+    """A string argument without an enum (the XML body holds it as raw text)."""
+    return schema.get("type") == "string" and "enum" not in schema
 
 
 Literal_ = Callable[[str], str]  # a text as a Lark literal: quoted text, or a special token's <[id]>
@@ -213,7 +252,7 @@ def _body_rules(rules: OutputRules, fmt: ToolFormat | None, literal: Literal_, l
         assert fmt is not None
         tools = rules.forced_tools()
         lines.append(f"call: {literal(fmt.start)} \"\\n\" call_body \"\\n\" {literal(fmt.end)}")
-        lines.append("call_body: " + json_rule(call_schema(tools)))
+        lines.extend(call_body_rules(tools, fmt))
         # A named function is called once (as OpenAI's API answers it); "required" allows several unless
         # parallel_tool_calls is false. Between several calls a newline may end the answer, so that a model
         # that writes one after a call is not forced into another call by it.
@@ -243,5 +282,5 @@ def _body_rules(rules: OutputRules, fmt: ToolFormat | None, literal: Literal_, l
     lines.append("TEXT: /(.|\\n)*/")
     lines.append(f"call_opened{_lazy(literal(fmt.start))}: TEXT {literal(fmt.start)}")
     lines.append(f"bound_call: call_opened \"\\n\" call_body \"\\n\" {literal(fmt.end)}")
-    lines.append("call_body: " + json_rule(call_schema(tools)))
+    lines.extend(call_body_rules(tools, fmt))
     return "bound_call* TEXT" if rules.parallel_tool_calls else "(bound_call | TEXT)"

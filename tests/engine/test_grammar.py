@@ -144,7 +144,9 @@ def test_a_model_whose_call_format_cannot_be_bound_says_so():
 
 @pytest.mark.parametrize("parser, start, end, renders, expected", [
     ("mlx_lm.tool_parsers.json_tools", "<tool_call>", "</tool_call>", True, ToolFormat("<tool_call>", "</tool_call>")),
-    ("mlx_lm.tool_parsers.qwen3_coder", "<tool_call>", "</tool_call>", True, None),  # XML bodies: not bound
+    ("mlx_lm.tool_parsers.qwen3_coder", "<tool_call>", "</tool_call>", True,
+     ToolFormat("<tool_call>", "</tool_call>", "template", "xml")),
+    ("mlx_lm.tool_parsers.glm47", "<tool_call>", "</tool_call>", True, None),  # a format not bound yet
     (None, None, None, True, None),  # a template with tools but no parser mlx-lm knows
     (None, None, None, False, MLXD_TOOL_FORMAT),  # the template drops tools: mlxd's own format
     ("mlx_lm.tool_parsers.mistral", "[TOOL_CALLS]", "", False, MLXD_TOOL_FORMAT),
@@ -244,3 +246,40 @@ def test_mlxd_renders_tools_calls_and_results_into_the_messages():
     # no system message: one is added; no tools: none is
     assert with_rendered_tools([{"role": "user", "content": "hi"}], tools)[0]["role"] == "system"
     assert with_rendered_tools([{"role": "user", "content": "hi"}], None) == [{"role": "user", "content": "hi"}]
+
+
+XML = ToolFormat("<tool_call>", "</tool_call>", "template", "xml")
+FORECAST = ToolSpec("forecast", {"type": "object", "properties": {
+    "city": {"type": "string"}, "days": {"type": "integer"}, "unit": {"type": "string", "enum": ["C", "F"]},
+    "hourly": {"type": "boolean"}}, "required": ["city", "days"]})
+
+
+def xml_call(name: str, params: dict[str, str]) -> str:
+    blocks = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in params.items())
+    return f"<tool_call>\n<function={name}>\n{blocks}</function>\n</tool_call>"
+
+
+@pytest.mark.parametrize("text, ok", [
+    (xml_call("forecast", {"city": "New\nYork", "days": "3"}), True),  # a string is raw text, newlines and all
+    (xml_call("forecast", {"city": "Oslo", "days": "3", "unit": "F", "hourly": "true"}), True),
+    (xml_call("forecast", {"city": "Oslo"}), False),  # a required argument missing
+    (xml_call("forecast", {"city": "Oslo", "days": "three"}), False),  # not an integer
+    (xml_call("forecast", {"city": "Oslo", "days": "3", "unit": "K"}), False),  # not in the enum
+    (xml_call("forecast", {"city": "Oslo", "days": "3", "wind": "1"}), False),  # no such argument
+    (xml_call("get_weather", {"city": "Oslo"}), False),  # not the named tool
+    ('<tool_call>\n{"name": "forecast", "arguments": {"city": "Oslo", "days": 3}}\n</tool_call>', False),  # JSON body
+])
+def test_qwen3_coder_calls_are_bound_in_its_xml_format(byte_tokenizer, text, ok):
+    grammar = answer_grammar(OutputRules(tool_choice="forecast", tools=(FORECAST, WEATHER)), XML)
+    assert accepts(byte_tokenizer, grammar, text) is ok
+
+
+def test_a_bound_xml_call_reads_back_with_the_models_parser():
+    """What the grammar lets through is what mlx-lm's qwen3_coder parser turns into typed arguments."""
+    from mlx_lm.tool_parsers.qwen3_coder import parse_tool_call
+
+    tools = [{"type": "function", "function": {"name": FORECAST.name, "parameters": FORECAST.parameters}}]
+    body = xml_call("forecast", {"city": "New\nYork", "days": "3", "hourly": "false"})
+    body = body.removeprefix("<tool_call>").removesuffix("</tool_call>")
+    call = parse_tool_call(body, tools)
+    assert call == {"name": "forecast", "arguments": {"city": "New\nYork", "days": 3, "hourly": False}}

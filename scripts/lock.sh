@@ -57,6 +57,9 @@ import sys, tomllib
 print("pip")
 print("\n".join(tomllib.load(open(sys.argv[1], "rb"))["build-system"]["requires"]))
 EOF
+# What replaces a dependency's own declaration (its reasons are in the file); a relative path, as the
+# lock's header names it.
+cp "$root/scripts/lock-overrides.txt" "$work/lock-overrides.txt"
 # Today's pins are uv's preferences (unless --upgrade).
 [ -f "$lock" ] && cp "$lock" "$work/requirements-lock.txt"
 
@@ -64,6 +67,7 @@ echo "==> resolving with $("$uv" --version | cut -d' ' -f1-2) (macOS arm64, Linu
 (cd "$work" && "$uv" pip compile pyproject.toml build-system.txt \
    --extra dev --universal --python-version 3.11 --generate-hashes \
    --custom-compile-command "./scripts/lock.sh" \
+   --override lock-overrides.txt \
    --quiet -o requirements-lock.txt "$@")
 mv "$work/requirements-lock.txt" "$lock"
 echo "    wrote requirements-lock.txt: $(grep -c '^[A-Za-z0-9]' "$lock") pins"

@@ -34,8 +34,40 @@ JSON_OPTIONS = {"whitespace_pattern": "\n[ \t]{0,24}|[ ]{1,2}"}
 
 
 def json_rule(schema: dict[str, Any]) -> str:
-    """A Lark rule body: `schema` as llguidance's %json, with mlxd's whitespace."""
-    return "%json " + json.dumps({"x-guidance": JSON_OPTIONS, **schema}, separators=(",", ":"))
+    """A Lark rule body: `schema` as llguidance's %json, with mlxd's whitespace,
+    its objects closed (`closed`)."""
+    return "%json " + json.dumps({"x-guidance": JSON_OPTIONS, **closed(schema)}, separators=(",", ":"))
+
+
+# Where a JSON schema holds schemas: a map of them, a list of them, or one.
+SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+SCHEMA_ONE = ("items", "additionalItems", "contains", "not", "if", "then", "else", "propertyNames",
+              "additionalProperties", "unevaluatedProperties", "unevaluatedItems")
+
+
+def closed(schema: Any) -> Any:
+    """`schema` with every object that lists its properties and says nothing
+    of others closed (`additionalProperties: false`), as xgrammar's strict
+    mode and llama.cpp's converter do (pure). Every answer is still valid
+    against the schema; open, a small model added keys until max_tokens
+    (instructor's and pydantic's schemas leave them open)."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in SCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: closed(sub) for name, sub in out[key].items()}
+    for key in SCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [closed(sub) for sub in out[key]]
+    for key in SCHEMA_ONE:
+        if key in out:
+            out[key] = closed(out[key])
+    if "properties" in out and "additionalProperties" not in out and "patternProperties" not in out \
+            and "unevaluatedProperties" not in out:
+        out["additionalProperties"] = False
+    return out
 
 
 class GrammarUnsupported(ValueError):

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from mlxd.api_errors import INVALID_REQUEST, UNSUPPORTED_PARAMETER
 from mlxd.engine.grammar import (ANY_OBJECT, MAX_PARALLEL_CALLS, MLXD_TOOL_FORMAT, GrammarUnsupported, OutputRules,
-                                 ToolFormat, ToolSpec, answer_grammar, grammar_problem, schema_problem,
+                                 ToolFormat, ToolSpec, answer_grammar, closed, grammar_problem, schema_problem,
                                  tool_format_of)
 from mlxd.engine.request_schema import ChatCompletionRequest, describe_validation_errors
 from mlxd.engine.tool_prompt import with_rendered_tools
@@ -283,3 +283,28 @@ def test_a_bound_xml_call_reads_back_with_the_models_parser():
     body = body.removeprefix("<tool_call>").removesuffix("</tool_call>")
     call = parse_tool_call(body, tools)
     assert call == {"name": "forecast", "arguments": {"city": "New\nYork", "days": 3, "hourly": False}}
+
+
+@pytest.mark.parametrize("schema, expected", [
+    ({"type": "object", "properties": {"a": {"type": "integer"}}},
+     {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": False}),
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": True},  # said: kept
+     {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": True}),
+    ({"type": "object"}, {"type": "object"}),  # no properties listed: any object, as json_object asks
+    ({"type": "array", "items": {"properties": {"x": {}}}},
+     {"type": "array", "items": {"properties": {"x": {}}, "additionalProperties": False}}),
+    ({"$defs": {"P": {"properties": {"n": {}}}}, "anyOf": [{"$ref": "#/$defs/P"}, {"properties": {"m": {}}}]},
+     {"$defs": {"P": {"properties": {"n": {}}, "additionalProperties": False}},
+      "anyOf": [{"$ref": "#/$defs/P"}, {"properties": {"m": {}}, "additionalProperties": False}]}),
+    # a property named "properties" is a name, not a schema keyword
+    ({"properties": {"properties": {"type": "string"}}},
+     {"properties": {"properties": {"type": "string"}}, "additionalProperties": False}),
+])
+def test_listed_objects_are_closed(schema, expected):
+    assert closed(schema) == expected
+
+
+def test_a_closed_object_takes_no_other_key(byte_tokenizer):
+    grammar = answer_grammar(OutputRules(schema={"type": "object", "properties": {"a": {"type": "integer"}}}), None)
+    assert accepts(byte_tokenizer, grammar, '{"a": 1}')
+    assert not accepts(byte_tokenizer, grammar, '{"a": 1, "b": 2}')

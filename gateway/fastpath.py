@@ -32,7 +32,7 @@ from mlxd.config import Config
 
 from .errors import ApiError, send_error, send_json
 from .routing import (ENGINE_PATHS, AfterRefusal, FastRoutes, StreamRenamer, ToEngine, after_refusal,
-                      refusal_after_fallback, rename_model, route_request)
+                      refusal_after_fallback, rename_model, route_request, stream_failure)
 
 HOP = {b"transfer-encoding", b"connection", b"keep-alive", b"content-length", b"date", b"server"}
 MID_STREAM_FAILURE = "the engine failed mid-stream ({}); the answer is incomplete"
@@ -138,7 +138,7 @@ class EngineFastPath:
         try:
             headers = [(k.lower(), v) for k, v in resp.raw_headers if k.lower() not in HOP]
             if resp.status == 200 and resp.headers.get("content-type", "").startswith("text/event-stream"):
-                await self._relay_stream(resp, headers, to, replay.receive, send)
+                await self._relay_stream(resp, headers, to, replay.receive, send, path)
                 return
             try:
                 answer: bytes | None = await resp.read()
@@ -164,7 +164,7 @@ class EngineFastPath:
 
     @staticmethod
     async def _relay_stream(resp: aiohttp.ClientResponse, headers: list, to: ToEngine, receive: Any,
-                            send: Any) -> None:
+                            send: Any, path: str) -> None:
         """The engine's bytes as they arrive. A failure after the first byte
         is an SSE error event and no [DONE]; a client that goes away closes
         the upstream, which stops the engine's generation."""
@@ -185,7 +185,7 @@ class EngineFastPath:
             tail = renamer.flush() if renamer else b""
         except (aiohttp.ClientError, OSError) as exc:
             error = ApiError(503, MID_STREAM_FAILURE.format(type(exc).__name__), "engine_failed_mid_stream")
-            tail = b"data: " + error.body() + b"\n\n"
+            tail = stream_failure(path, error)
         finally:
             watcher.cancel()
         await send({"type": "http.response.body", "body": tail})

@@ -156,6 +156,18 @@ def after_refusal(status: int, body: bytes) -> AfterRefusal:
     return AfterRefusal.FALL_BACK_UNLESS_500 if 400 <= status < 500 else AfterRefusal.FALL_BACK
 
 
+def stream_failure(path: str, error: ApiError) -> bytes:
+    """The last event of a stream the engine broke off (pure): an `error`
+    event in the Responses API's shape on /v1/responses (what its clients
+    read), else the error object as a chat stream's data line (no [DONE])."""
+    if path == "/v1/responses":
+        body = json.loads(error.body())["error"]
+        event = {"type": "error", "code": body["code"], "message": body["message"], "param": body.get("param"),
+                 "sequence_number": 0}
+        return b"event: error\ndata: " + json.dumps(event).encode() + b"\n\n"
+    return b"data: " + error.body() + b"\n\n"
+
+
 def refusal_after_fallback(engine_body: bytes, fallback_body: bytes, limit: int = 300) -> bytes:
     """The engine's refusal with the failed fallback's word after it (pure):
     the client reads why the engine refused first (an unsupported field, a

@@ -225,3 +225,16 @@ def test_the_engines_reason_comes_before_the_failed_fallbacks():
     assert err["message"].startswith("response_format.json_schema.schema: cannot enforce uniqueItems (the Ollama")
     assert "Cannot connect" in err["message"] and len(err["message"]) < 500
     assert refusal_after_fallback(b"not json", fallback) == b"not json"
+
+
+def test_a_broken_stream_ends_in_its_apis_error_event():
+    from mlxd.gateway.routing import stream_failure
+
+    error = ApiError(503, "the engine failed mid-stream (ClientPayloadError)", "engine_failed_mid_stream")
+    chat = stream_failure("/v1/chat/completions", error)
+    assert chat.startswith(b"data: ") and json.loads(chat[6:])["error"]["code"] == "engine_failed_mid_stream"
+    responses = stream_failure("/v1/responses", error)
+    head, data = responses.split(b"\n", 1)
+    event = json.loads(data.removeprefix(b"data: "))
+    assert head == b"event: error" and event["type"] == "error" and event["code"] == "engine_failed_mid_stream"
+    assert responses.endswith(b"\n\n") and b"[DONE]" not in responses

@@ -56,6 +56,8 @@ class ResidentModel:
     # Whether the chat template renders a request's tools; where it does not, mlxd does (engine/tool_prompt.py).
     renders_tools: bool = True
     tool_format: ToolFormat | None = None  # the tool-call format a grammar can bind (engine/grammar.py)
+    # The longest sequence the model was made for (its config's max_position_embeddings); None: not known.
+    context_tokens: int | None = None
     # The worker's per-model caches (llguidance's tokenizer): built on first use, on the worker thread.
     built: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -154,6 +156,11 @@ def tokenize(resident: ResidentModel, job: Job, max_prompt_tokens: int) -> list[
     if len(tokens) > max_prompt_tokens:
         raise EngineError(400, f"the prompt has {len(tokens)} tokens, over this engine's limit of "
                                f"{max_prompt_tokens}", code="context_length_exceeded", param="messages")
+    if resident.context_tokens and len(tokens) >= resident.context_tokens:
+        # past its context a model reads garbage, slowly; the gateway's fallback may hold a longer one
+        raise EngineError(400, f"the prompt has {len(tokens)} tokens, over the context of the model "
+                               f"{job.model_id!r} ({resident.context_tokens} tokens)", code="context_length_exceeded",
+                          param="messages")
     if job.params.logit_bias:
         _check_token_ids(job.params.logit_bias, resident.vocab_size(), "logit_bias")
     if job.rules.constrained:  # each part was checked with the request; the whole, here, before decoding needs it

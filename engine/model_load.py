@@ -59,6 +59,12 @@ def evaluate_in_chunks(params: Any, chunk_bytes: int = LOAD_CHUNK_BYTES) -> int:
     return len(groups)
 
 
+def context_tokens(config: dict[str, Any]) -> int | None:
+    """The longest sequence a model's config says it was made for (pure)."""
+    value = config.get("max_position_embeddings")
+    return value if isinstance(value, int) and value > 0 else None
+
+
 def load_resident(model_id: str, target: str, weights_dtype: str | None = None) -> ResidentModel:
     """Loads a model folder or repo (downloading it first, as mlx-lm does):
     a vision-language model through mlx-vlm, any other through mlx-lm.
@@ -95,7 +101,7 @@ def load_resident(model_id: str, target: str, weights_dtype: str | None = None) 
         if not renders_tools:
             log.info("the chat template of %s does not render tools: mlxd writes them into the prompt", model_id)
         return ResidentModel(model_id, model, tokenizer, PieceEncoder(tokenizer), renders_tools=renders_tools,
-                             tool_format=tool_format)
+                             tool_format=tool_format, context_tokens=context_tokens(config))
     from mlx_vlm import load as load_vlm
 
     model, processor = load_vlm(str(folder))

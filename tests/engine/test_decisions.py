@@ -259,3 +259,15 @@ def test_the_code_follows_the_errors_type_not_its_wording(raised, code):
         error["ctx"] = {"error": raised}
     assert describe_validation_errors([error]) == (f"n: Value error, {raised}", "n", code)
     assert describe_validation_errors([]) == ("invalid request", None, INVALID_REQUEST)
+
+
+@pytest.mark.parametrize("config, expected", [
+    ({"max_position_embeddings": 8192}, 8192),
+    ({}, None),
+    ({"max_position_embeddings": 0}, None),
+    ({"max_position_embeddings": "8192"}, None),
+])
+def test_a_models_context_from_its_config(config, expected):
+    from mlxd.engine.model_load import context_tokens
+
+    assert context_tokens(config) == expected

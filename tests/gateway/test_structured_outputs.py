@@ -153,3 +153,13 @@ def test_a_schema_the_engine_cannot_enforce_is_refused_naming_it(served):
     error = caught.value.body
     assert error["code"] == "unsupported_parameter" and "uniqueItems" in error["message"]
     assert error["message"].startswith("response_format.json_schema.schema")
+
+
+def test_a_prompt_past_the_models_context_is_refused_at_once(served):
+    """SmolLM2's context is 8,192 tokens (below the engine's max_prompt_tokens): a longer prompt is a quick
+    context_length_exceeded naming the model's context, not minutes of prefill into garbage."""
+    _, client, _ = served
+    with pytest.raises(openai.BadRequestError) as caught:
+        ask(client, "word " * 9000, max_tokens=4)
+    error = caught.value.body
+    assert error["code"] == "context_length_exceeded" and "(8192 tokens)" in error["message"]

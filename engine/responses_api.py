@@ -156,6 +156,24 @@ InputItem = Annotated[Annotated[MessageItem, Tag("message")] | Annotated[Functio
 
 # --- tools, formats, controls ----------------------------------------------------
 
+NAMESPACE_TOOL = "namespace"
+
+
+def flattened_namespaces(tools: list[Any]) -> list[Any]:
+    """`namespace` tools (a named group of function tools, as Codex CLI sends
+    its sub-agent tools) as their function tools, each naming its namespace,
+    which the answer's function_call items carry back (pure). Anything else
+    stays as it is."""
+    out: list[Any] = []
+    for tool in tools:
+        if isinstance(tool, dict) and tool.get("type") == NAMESPACE_TOOL and isinstance(tool.get("tools"), list):
+            out += [{**inner, "namespace": str(tool.get("name") or "")} if isinstance(inner, dict) else inner
+                    for inner in tool["tools"]]
+        else:
+            out.append(tool)
+    return out
+
+
 class FunctionTool(Lenient):
     """A function tool in the Responses API's flat shape."""
     type: Literal["function"]
@@ -163,9 +181,10 @@ class FunctionTool(Lenient):
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
+    namespace: str | None = None  # the `namespace` tool it came in (flattened): its calls name it back
 
     def for_chat(self) -> dict[str, Any]:
-        return {"type": "function", "function": self.model_dump(exclude={"type"}, exclude_none=True)}
+        return {"type": "function", "function": self.model_dump(exclude={"type", "namespace"}, exclude_none=True)}
 
 
 class NamedFunction(Lenient):
@@ -258,6 +277,7 @@ class ResponsesRequest(Lenient):
     @classmethod
     def _function_tools_only(cls, v: Any) -> Any:
         if isinstance(v, list):
+            v = flattened_namespaces(v)
             other = sorted({str(t.get("type"))[:60] for t in v if isinstance(t, dict) and t.get("type") != FUNCTION_TOOL})
             if other:
                 raise Unsupported(f"the MLX engine serves function tools only, not the tool type(s) {', '.join(other)}")

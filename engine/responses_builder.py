@@ -63,9 +63,15 @@ def reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:
             "content": [{"type": "reasoning_text", "text": text}] if status != "in_progress" else []}
 
 
-def function_call_item(item_id: str, call: dict[str, Any], status: str) -> dict[str, Any]:
-    return {"type": "function_call", "id": item_id, "call_id": call["id"], "name": call["function"]["name"],
+def function_call_item(item_id: str, call: dict[str, Any], status: str,
+                       namespaces: dict[str, str] | None = None) -> dict[str, Any]:
+    """A call as a function_call item; one of a `namespace` tool's functions names its namespace."""
+    name = call["function"]["name"]
+    item = {"type": "function_call", "id": item_id, "call_id": call["id"], "name": name,
             "arguments": call["function"]["arguments"] if status != "in_progress" else "", "status": status}
+    if namespaces and name in namespaces:
+        item["namespace"] = namespaces[name]
+    return item
 
 
 @dataclass
@@ -93,6 +99,8 @@ class ResponsesBuilder:
         self._text: list[str] = []
         self._reasoning: list[str] = []
         self._calls: list[dict[str, Any]] = []
+        # the functions that came in a `namespace` tool, and its name (their calls carry it back)
+        self.namespaces = {t.name: t.namespace for t in req.tools or [] if t.namespace}
 
     # --- the response object --------------------------------------------------------
 
@@ -141,7 +149,7 @@ class ResponsesBuilder:
             output.append(reasoning_item(new_id("rs"), reasoning, "completed"))
         if text:
             output.append(message_item(new_id("msg"), text, "completed"))
-        output += [function_call_item(new_id("fc"), call, "completed") for call in self._calls]
+        output += [function_call_item(new_id("fc"), call, "completed", self.namespaces) for call in self._calls]
         if status == "incomplete" and output and output[-1]["type"] != "function_call":
             output[-1]["status"] = "incomplete"  # as a stream leaves its last text item
         return self._complete(status, output, usage)
@@ -208,9 +216,9 @@ class ResponsesBuilder:
         for call in calls:
             self._calls.append(call)
             index, item_id = len(self._items), new_id("fc")
-            self._items.append(function_call_item(item_id, call, "in_progress"))
+            self._items.append(function_call_item(item_id, call, "in_progress", self.namespaces))
             arguments = call["function"]["arguments"]
-            done = function_call_item(item_id, call, "completed")
+            done = function_call_item(item_id, call, "completed", self.namespaces)
             out += (self._event("response.output_item.added", output_index=index, item=self._items[index])
                     + self._event("response.function_call_arguments.delta", item_id=item_id, output_index=index,
                                   delta=arguments)

@@ -346,3 +346,21 @@ def test_a_stored_answer_continues_the_conversation():
     assert [(m.role, m.text()) for m in chat.messages] == [("system", "now be long"), ("user", "hi"),
                                                            ("assistant", "Hello"), ("tool", "18C")]
     assert chat.messages[2].tool_calls[0].id == "call_1"
+
+
+def test_namespace_tools_are_served_as_their_functions_and_calls_name_them_back():
+    """Codex CLI sends its sub-agent tools as a `namespace` tool: its functions reach the model, and a call of one
+    carries the namespace back (Codex routes calls by namespace and name)."""
+    namespace = {"type": "namespace", "name": "multi_agent_v1", "description": "sub-agents", "tools": [
+        {"type": "function", "name": "close_agent", "parameters": {"type": "object", "properties": {
+            "target": {"type": "string"}}, "required": ["target"]}, "strict": False}]}
+    request = req(input="hi", tools=[TOOL, namespace])
+    assert [t["function"]["name"] for t in chat_body(request)["tools"]] == ["get_weather", "close_agent"]
+    assert "namespace" not in json.dumps(chat_body(request)["tools"])
+    close = {"id": "call_2", "type": "function", "function": {"name": "close_agent", "arguments": '{"target": "a1"}'}}
+    output = ResponsesBuilder(request).full("", "tool_calls", Usage(9, 4), [CALL, close])["output"]
+    assert [(item["name"], item.get("namespace")) for item in output] == [("get_weather", None),
+                                                                          ("close_agent", "multi_agent_v1")]
+    # hosted tools beside it are still refused, by name
+    message, _, code = refusal({"input": "x", "tools": [namespace, {"type": "web_search"}]})
+    assert code == UNSUPPORTED_PARAMETER and "web_search" in message and "namespace" not in message

@@ -625,7 +625,7 @@ def codex_cases(bin_: Path, base: Path, gateway_v1: str, key: str) -> list[Case]
             "--dangerously-bypass-approvals-and-sandbox", "-C", str(work)]
     # Codex's own tools that mlxd cannot serve off: the hosted web search and
     # the tool namespaces (sub-agents, goals); what is left is function tools
-    slim = ["-c", 'web_search="disabled"', *[a for f in CODEX_OFF for a in ("--disable", f)]]
+    slim = ["-c", 'web_search="disabled"', *[a for f in CODEX_OFF if f not in CODEX_KEPT for a in ("--disable", f)]]
     return [Case("text", TEXT_PROMPT, [*argv, TEXT_PROMPT], work, env, codex_check),
             Case("tool", SHELL_PROMPT, [*argv, SHELL_PROMPT], work, env, codex_check),
             Case("text-slim", TEXT_PROMPT, [*argv, *slim, TEXT_PROMPT], work, env, codex_check),
@@ -633,6 +633,7 @@ def codex_cases(bin_: Path, base: Path, gateway_v1: str, key: str) -> list[Case]
 
 
 CODEX_OFF = ("multi_agent", "goals")
+CODEX_KEPT: set[str] = set()  # --codex-features-on: none of CODEX_OFF is switched off (mlxd serves namespace tools)
 
 
 def codex_config(gateway_v1: str) -> str:
@@ -837,6 +838,8 @@ def client_endpoint(name: str, relay_url: str) -> str:
 def inner(args: argparse.Namespace) -> int:
     """In the namespace: loopback up, a fresh stack, the relay, the client's cases."""
     interrupt_on_sigterm()
+    if args.codex_features_on:
+        CODEX_KEPT.update(CODEX_OFF)
     client = CLIENTS[args.inner]
     run_dir = Path(args.run_dir)
     result: dict[str, Any] = {"client": client.name, "cases": []}
@@ -910,7 +913,7 @@ def run_in_namespace(name: str, args: argparse.Namespace, run_dir: Path, gguf: P
     argv = [*netns_prefix(args.no_netns), sys.executable, str(Path(__file__).resolve()), "--inner", name,
             "--run-dir", str(run_dir), "--gguf", str(gguf), "--cache", str(args.cache),
             "--timeout", str(args.timeout)] + (["--keep"] if args.keep else []) + (
-        ["--no-netns"] if args.no_netns else [])
+        ["--no-netns"] if args.no_netns else []) + (["--codex-features-on"] if args.codex_features_on else [])
     limit = args.timeout * 4 + 900  # every case at its limit, the stack's start and stop
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
     try:
@@ -1103,6 +1106,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=OUT)
     p.add_argument("--install-only", action="store_true")
     p.add_argument("--no-netns", action="store_true", help="run without a network namespace (not Linux)")
+    p.add_argument("--codex-features-on", action="store_true",
+                   help="Codex's slim cases keep its sub-agent and goal tools (a namespace tool); only web search off")
     p.add_argument("--report", type=Path, metavar="JSON", help="print the table of a results file again "
                    "(answers summarized again from --run-folder's kept raw answers, when given)")
     p.add_argument("--run-folder", type=Path, help="with --report: the kept run folder (--keep)")

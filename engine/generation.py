@@ -27,7 +27,7 @@ from .prompt_tokens import PieceEncoder, template_tokens
 from .sampling import make_sampling, seeing_context
 from .stop_matcher import StopMatcher
 from .answer_parts import AnswerSplitter, Markers, Part, markers_of, opens_in_reasoning
-from .grammar import GrammarUnsupported, ToolFormat, answer_grammar, grammar_problem
+from .grammar import MLXD_TOOL_FORMAT, GrammarUnsupported, ToolFormat, answer_grammar, grammar_problem
 from .tool_calls import format_tool_calls
 from .tool_prompt import with_rendered_tools
 
@@ -275,7 +275,7 @@ class Generation:
         calls = bool(job.tools) and job.rules.tool_choice != "none"
         self.markers = markers_of(resident.tokenizer, calls) if job.kind == "chat" else Markers()
         if calls and not resident.renders_tools:  # mlxd's own format (engine/tool_prompt.py)
-            self.markers = Markers(self.markers.think, ("<tool_call>", "</tool_call>"))
+            self.markers = Markers(self.markers.think, (MLXD_TOOL_FORMAT.start, MLXD_TOOL_FORMAT.end))
         self.grammar: Any = None  # the answer's GrammarProcessor (engine/constrained.py), made in begin()
         self.splitter = AnswerSplitter(self.markers)  # replaced in decode, which sees the whole prompt
         self.called_tools = False

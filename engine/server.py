@@ -209,15 +209,13 @@ def create_app(engine: Engine, key: str | None = None) -> FastAPI:
     async def stored_response(response_id: str) -> dict:
         found = engine.responses.response(response_id)
         if found is None:
-            raise EngineError(404, f"no stored response with id {response_id[:120]!r}", code="not_found",
-                              param="response_id")
+            raise not_stored(response_id)
         return found
 
     @app.delete("/v1/responses/{response_id}")
     async def delete_response(response_id: str) -> dict:
         if not engine.responses.delete(response_id):
-            raise EngineError(404, f"no stored response with id {response_id[:120]!r}", code="not_found",
-                              param="response_id")
+            raise not_stored(response_id)
         return {"id": response_id, "object": "response.deleted", "deleted": True}
 
     @app.get("/v1/models")
@@ -225,7 +223,7 @@ def create_app(engine: Engine, key: str | None = None) -> FastAPI:
         # The resident model says who renders its tools: the chat template, or mlxd where the template drops them.
         worker = engine.lifecycle.worker
         resident, tools = worker.status.resident_model, worker.resident_tools
-        rows = [row | ({"tools": tools} if tools and resident and _resolves_to(engine.registry, row["id"], resident) else {})
+        rows = [row | {"tools": tools} if tools and (row.get("alias_of") or row["id"]) == resident else row
                 for row in engine.registry.listing()]
         return {"object": "list", "data": rows}
 
@@ -241,8 +239,5 @@ def create_app(engine: Engine, key: str | None = None) -> FastAPI:
     return app
 
 
-def _resolves_to(registry: ModelRegistry, name: str, model_id: str) -> bool:
-    try:
-        return registry.resolve(name) == model_id
-    except EngineError:
-        return False
+def not_stored(response_id: str) -> EngineError:
+    return EngineError(404, f"no stored response with id {response_id[:120]!r}", code="not_found", param="response_id")

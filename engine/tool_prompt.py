@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .grammar import ToolFormat, tool_format_of
+from .grammar import MLXD_TOOL_FORMAT, ToolFormat, tool_format_of
 
 TOOLS_PROMPT = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -69,7 +69,8 @@ def tool_call_block(name: str, arguments: Any) -> str:
             arguments = json.loads(arguments) if arguments.strip() else {}
         except json.JSONDecodeError:
             pass
-    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False) + "\n</tool_call>"
+    body = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
+    return f"{MLXD_TOOL_FORMAT.start}\n{body}\n{MLXD_TOOL_FORMAT.end}"
 
 
 def with_rendered_tools(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:

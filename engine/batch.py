@@ -178,7 +178,8 @@ class BatchRun:
         start = admitted.fetched.start
         if len(rest) > 1:  # at the engine's pace, as a lone request (generate_step's one step size was the first
             # step's, 32 tokens, for the whole prompt: 30 steps for 1k tokens, 4x mlx-lm's TTFT on a GPU)
-            prefill(self.resident.model, kv, rest[:-1], self.pace, heartbeat or (lambda: None))
+            prefill(self.resident.model, kv, rest[:-1], self.pace, heartbeat or (lambda: None),
+                    cancelled=admitted.job.cancelled)
             start, rest = start + len(rest) - 1, rest[-1:]
         context = admitted.prompt[:start]
         seeing = [seeing_context(proc, context) for proc in processors] if processors and context else processors

@@ -21,7 +21,7 @@ from .errors import EngineError, bad_request
 from .events import Delta, Failed, Finished, ToolCalls
 from .faults import FaultInjector
 from .jobs import Job
-from .prefill import prefill
+from .prefill import cancelled_error, prefill
 from .prefill_pace import PrefillPace
 from .prompt_tokens import PieceEncoder, template_tokens
 from .sampling import make_sampling, seeing_context
@@ -303,7 +303,7 @@ class Generation:
 
             prompt_cache = prompt_cache if prompt_cache is not None else make_prompt_cache(self.resident.model)
             prefill(self.resident.model, prompt_cache, prompt[:-1], self.pace, self.heartbeat, self.faults,
-                    self.resident.kv)
+                    self.resident.kv, cancelled=self.job.cancelled)
             context, prompt = context + list(prompt[:-1]), prompt[-1:]
         self.begin(context[-PROMPT_TAIL:] + list(prompt))
         sampler, processors = make_sampling(p, self.resident.vocab_size())
@@ -408,8 +408,7 @@ class Generation:
         if finish == "cancelled":
             # Client gone, or the drain's grace ran out: never end such an
             # answer as if it were complete.
-            channel.put(Failed(EngineError(503, "generation cancelled: the engine is shutting down",
-                                           code="engine_unavailable", retry_after=5)))
+            channel.put(Failed(cancelled_error()))
             return
         self._send(self.splitter.feed(self.stops.flush()) + self.splitter.flush())
         channel.put(Finished(answer_finish(finish, self.called_tools), prompt_tokens, generated, cached_tokens))

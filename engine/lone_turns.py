@@ -95,7 +95,8 @@ class LoneTurns:
             from .kv_cache import fitted
 
             # Kept at the prompt's boundary: this cache cannot be cut back later.
-            prefill(self._resident.model, kv, rest[:-1], self.pace, self._heartbeat, self.faults, self._resident.kv)
+            prefill(self._resident.model, kv, rest[:-1], self.pace, self._heartbeat, self.faults, self._resident.kv,
+                    cancelled=job.cancelled)
             snapshot, rest = fitted(kv, copy_others=True), rest[-1:]
         generated = self._run_generation(generation, len(prompt), fetched.cached_tokens,
                                          lambda: generation.decode(rest, kv, prompt[:len(prompt) - len(rest)]))

@@ -79,7 +79,8 @@ class TurnKV:
             cache.shrink_to(room)
         kv, needs_snapshot = fetched.kv, False
         if fetched.patches:
-            recompute(self._resident.model, kv, prompt, fetched.patches, fetched.start, self.pace, self._heartbeat)
+            recompute(self._resident.model, kv, prompt, fetched.patches, fetched.start, self.pace, self._heartbeat,
+                      cancelled=job.cancelled)
         if kv is None and allocate:
             kv = make_kv(self._resident.model, len(prompt) + answer_room, self._resident.kv)
         if cache.enabled:

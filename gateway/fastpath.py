@@ -31,6 +31,7 @@ import aiohttp
 from mlxd.config import Config
 
 from .errors import ApiError, send_error, send_json
+from .hangup import read_body
 from .routing import (ENGINE_PATHS, AfterRefusal, FastRoutes, StreamRenamer, ToEngine, after_refusal,
                       refusal_after_fallback, rename_model, route_request, stream_failure)
 
@@ -40,18 +41,6 @@ MID_STREAM_FAILURE = "the engine failed mid-stream ({}); the answer is incomplet
 ENGINE_GONE = ApiError(503, "the MLX engine is unavailable (down or restarting) and previous_response_id names a "
                             "conversation only it stores (the Ollama fallback would answer without it): retry "
                             "shortly, or send the whole conversation as input", "engine_unavailable")
-
-
-async def read_body(receive: Any) -> bytes | None:
-    """The whole request body; None when the client went away first."""
-    parts, more = [], True
-    while more:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        parts.append(message.get("body", b""))
-        more = message.get("more_body", False)
-    return b"".join(parts)
 
 
 class Replay:

@@ -71,6 +71,7 @@ def build_app(config: Config) -> Any:
         logging.getLogger(name).setLevel(logging.WARNING)  # no per-request lines (and never message content)
 
     from .app import KeyGuard
+    from .hangup import HangUpWatch
     from .health import Health
 
     inner = litellm_app
@@ -78,6 +79,7 @@ def build_app(config: Config) -> Any:
         from .fastpath import EngineFastPath
 
         inner = EngineFastPath(litellm_app, config, heavy, engine_key)
+    inner = HangUpWatch(inner)  # a client that hangs up stops its request, upstream too
     return KeyGuard(inner, paths.key, inner_key, Health(config.engine_url, config.gateway.ollama_url))
 
 

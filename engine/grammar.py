@@ -19,6 +19,7 @@ needs PyTorch to install; outlines-core has no Lark grammars.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -122,22 +123,59 @@ class OutputRules:
 
 
 @dataclass(frozen=True)
+class CallLayout:
+    """Where a format puts newlines around its calls, as Lark expressions ("" for
+    none): after the start marker, before the end marker, between two calls,
+    after the last one."""
+
+    opened: str
+    closing: str
+    between: str
+    after: str
+
+
+NEWLINES = CallLayout('"\\n"', '"\\n"', '"\\n"', '"\\n"?')
+LAYOUTS = {
+    "json": NEWLINES,
+    "xml": NEWLINES,
+    # No end marker and no separators: `[TOOL_CALLS]a[ARGS]{..}[TOOL_CALLS]b[ARGS]{..}`, as Mistral's templates
+    # render calls; the last call runs to the end of the answer.
+    "mistral": CallLayout("", "", "", ""),
+    # GLM-4.7 writes calls back to back, GLM-4.5 a newline before each: the parser reads either.
+    "glm": CallLayout("", "", '"\\n"?', '"\\n"?'),
+}
+
+
+@dataclass(frozen=True)
 class ToolFormat:
-    """How a model writes a tool call: `start`, a newline, the body, a
-    newline, `end`. `body` "json": {"name": ..., "arguments": {...}}
+    """How a model writes a tool call: `start`, the body, `end` (empty where
+    a call runs to the end of the answer), with the body kind's newlines
+    (`layout`). `body` "json": `\\n{"name": ..., "arguments": {...}}\\n`
     (Hermes / Qwen's format, which mlx-lm's json_tools parser reads, and the
     one mlxd renders for a template without tools); "xml": Qwen3-Coder's
     `<function=NAME>` with a `<parameter=NAME>` block per argument (its
-    qwen3_coder parser). `source`: "template" (the model's own) or "mlxd"."""
+    qwen3_coder parser); "mistral": `NAME[ARGS]{arguments}` after
+    `[TOOL_CALLS]`, no end marker (mistral parser); "glm": `NAME` then
+    `<arg_key>K</arg_key><arg_value>V</arg_value>` per argument (GLM-4.5 /
+    4.7, glm47 parser). `source`: "template" (the model's own) or "mlxd"."""
 
     start: str = "<tool_call>"
     end: str = "</tool_call>"
     source: str = "template"
     body: str = "json"
 
+    @property
+    def layout(self) -> CallLayout:
+        return LAYOUTS[self.body]
+
 
 # mlx-lm's tool parsers whose calls a grammar can bind here, and their bodies.
-BOUND_PARSERS = {"mlx_lm.tool_parsers.json_tools": "json", "mlx_lm.tool_parsers.qwen3_coder": "xml"}
+BOUND_PARSERS = {"mlx_lm.tool_parsers.json_tools": "json", "mlx_lm.tool_parsers.qwen3_coder": "xml",
+                 "mlx_lm.tool_parsers.mistral": "mistral", "mlx_lm.tool_parsers.glm47": "glm"}
+ENDLESS_BODIES = frozenset({"mistral"})  # bodies whose parser reads a call to the end of the answer (no end marker)
+UNBOUND_FORMAT = ("this model's tool-call format cannot be bound by mlxd; bound are mlx-lm's json_tools (Qwen, "
+                  "Hermes), qwen3_coder, mistral and glm47 formats, not yet Kimi, Gemma, pythonic, MiniMax, "
+                  "LongCat, MiniCPM or others")
 MLXD_TOOL_FORMAT = ToolFormat(source="mlxd")
 
 
@@ -148,8 +186,9 @@ def tool_format_of(parser_module: str | None, start: str | None, end: str | None
     parser is one of BOUND_PARSERS, else None (its format is not one we can bind)."""
     if not renders_tools:
         return MLXD_TOOL_FORMAT
-    if parser_module in BOUND_PARSERS and start and end:
-        return ToolFormat(start, end, "template", BOUND_PARSERS[parser_module])
+    body = BOUND_PARSERS.get(parser_module or "")
+    if body and start and (end or body in ENDLESS_BODIES):
+        return ToolFormat(start, end or "", "template", body)
     return None
 
 
@@ -188,10 +227,38 @@ def call_schema(tools: tuple[ToolSpec, ...]) -> dict[str, Any]:
     return options[0] if len(options) == 1 else {"anyOf": options}
 
 
-def call_body_rules(tools: tuple[ToolSpec, ...], fmt: ToolFormat) -> list[str]:
+Literal_ = Callable[[str], str]  # a text as a Lark literal: quoted text, or a special token's <[id]>
+
+
+def quoted(text: str) -> str:
+    return json.dumps(text)
+
+
+def _lazy(marker: str) -> str:
+    """A rule of text up to `marker` ends at its first match (lazy) where the
+    marker is text; text never holds a special token, so there it needs no
+    laziness (and llguidance allows none)."""
+    return "" if marker.startswith("<[") else "[lazy]"
+
+
+REGEX_META = frozenset("\\.+*?()|[]{}^$#&-~/")  # escaped in a regex (the Rust regex crate's; a letter never is)
+
+
+def _regex_escape(text: str) -> str:
+    """`text` as a literal inside a Lark /regex/ (no slash unescaped)."""
+    return "".join("\\" + c if c in REGEX_META else c for c in text)
+
+
+def call_body_rules(tools: tuple[ToolSpec, ...], fmt: ToolFormat, literal: Literal_ = quoted) -> list[str]:
     """The rules of `call_body`: one call of one of `tools` in the format's body."""
-    if fmt.body != "xml":
-        return ["call_body: " + json_rule(call_schema(tools))]
+    return BODY_RULES[fmt.body](tools, literal)
+
+
+def _json_body(tools: tuple[ToolSpec, ...], literal: Literal_) -> list[str]:
+    return ["call_body: " + json_rule(call_schema(tools))]
+
+
+def _xml_body(tools: tuple[ToolSpec, ...], literal: Literal_) -> list[str]:
     lines = ["call_body: " + " | ".join(f"function_{i}" for i in range(len(tools))),
              "VALUE_TEXT: /(.|\\n)*/"]
     for i, tool in enumerate(tools):
@@ -225,26 +292,72 @@ def _is_plain_string(schema: dict[str, Any]) -> bool:
     return schema.get("type") == "string" and "enum" not in schema
 
 
-Literal_ = Callable[[str], str]  # a text as a Lark literal: quoted text, or a special token's <[id]>
+# Mistral's separator of a call's name and its JSON arguments (a control token in its tekken vocabulary).
+MISTRAL_ARGS = "[ARGS]"
 
 
-def quoted(text: str) -> str:
-    return json.dumps(text)
+def _mistral_body(tools: tuple[ToolSpec, ...], literal: Literal_) -> list[str]:
+    """`NAME[ARGS]{arguments}`: the parser reads a `[\\w-]+` name before `[ARGS]`
+    and the one JSON value after it."""
+    lines = ["call_body: " + " | ".join(f"mistral_{i}" for i in range(len(tools)))]
+    for i, tool in enumerate(tools):
+        _check_name(tool.name, r"[\w-]+", "Mistral")
+        lines.append(f"mistral_{i}_args: {json_rule(tool.parameters)}")
+        lines.append(f"mistral_{i}: {quoted(tool.name)} {literal(MISTRAL_ARGS)} mistral_{i}_args")
+    return lines
 
 
-def _lazy(marker: str) -> str:
-    """A rule of text up to `marker` ends at its first match (lazy) where the
-    marker is text; text never holds a special token, so there it needs no
-    laziness (and llguidance allows none)."""
-    return "" if marker.startswith("<[") else "[lazy]"
+OPTIONAL_NEWLINE = '"\\n"?'
+GLM_TAGS = ("<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")  # special tokens in GLM's vocabulary
 
 
-REGEX_META = frozenset("\\.+*?()|[]{}^$#&-~/")  # escaped in a regex (the Rust regex crate's; a letter never is)
+def _glm_body(tools: tuple[ToolSpec, ...], literal: Literal_) -> list[str]:
+    """`NAME` then `<arg_key>K</arg_key><arg_value>V</arg_value>` per argument.
+    The glm47 parser strips names, keys and values, keeps a value whose schema
+    says `"type": "string"` as raw text and reads any other as JSON; a newline
+    where GLM-4.5 writes one (after the name, between the tags) is allowed."""
+    key_open, key_close, value_open, value_close = (literal(t) for t in GLM_TAGS)
+    lines = ["call_body: " + " | ".join(f"glm_{i}" for i in range(len(tools)))]
+    if value_close.startswith('"'):  # text: a raw value ends at its first closing tag (lazy), as the parser's does
+        lines.append("GLM_TEXT: /(.|\\n)*/")
+    else:  # a special token: the value's text may not spell it either, or the parser would cut the value there
+        lines.append(f"GLM_TEXT: /(?s:.*)/ & ~/(?s:.*{_regex_escape(GLM_TAGS[3])}.*)/")
+    for i, tool in enumerate(tools):
+        _check_name(tool.name, r"[^\s<]+", "GLM")  # the parser strips a name, and splits one at a space
+        props = tool.parameters.get("properties") or {}
+        required = set(tool.parameters.get("required") or [])
+        args = []
+        for j, (name, schema) in enumerate(props.items()):
+            rule = f"glm_{i}_{j}"
+            schema = schema if isinstance(schema, dict) else {}
+            if schema.get("type") == "string" and isinstance(schema.get("enum"), list):
+                value = "(" + " | ".join(quoted(str(v)) for v in schema["enum"]) + f") {value_close}"
+            elif schema.get("type") == "string":  # raw text, exactly where the parser keeps it raw
+                lines.append(f"{rule}_text{_lazy(value_close)}: GLM_TEXT {value_close}")
+                value = f"{rule}_text"
+            else:  # JSON, which the parser decodes
+                lines.append(f"{rule}_value: {json_rule(schema)}")
+                value = f"{rule}_value {value_close}"
+            lines.append(f"{rule}: {key_open} {quoted(name)} {key_close} {OPTIONAL_NEWLINE} {value_open} {value} "
+                         f"{OPTIONAL_NEWLINE}")
+            args.append(rule if name in required else f"{rule}?")
+        lines.append(f"glm_{i}: " + _seq(quoted(tool.name), OPTIONAL_NEWLINE, *args))
+    return lines
 
 
-def _regex_escape(text: str) -> str:
-    """`text` as a literal inside a Lark /regex/ (no slash unescaped)."""
-    return "".join("\\" + c if c in REGEX_META else c for c in text)
+def _check_name(name: str, pattern: str, model: str) -> None:
+    """A tool name the model's parser would read back differently cannot be bound."""
+    if not re.fullmatch(pattern, name):
+        raise GrammarUnsupported(f"the tool name {name!r} cannot be read back from {model}'s tool-call format")
+
+
+def _seq(*parts: str) -> str:
+    """Lark expressions in sequence, the empty ones left out."""
+    return " ".join(p for p in parts if p)
+
+
+BODY_RULES: dict[str, Callable[[tuple[ToolSpec, ...], Literal_], list[str]]] = {
+    "json": _json_body, "xml": _xml_body, "mistral": _mistral_body, "glm": _glm_body}
 
 
 def answer_grammar(rules: OutputRules, tool_format: ToolFormat | None, think_end: str | None = None,
@@ -261,8 +374,7 @@ def answer_grammar(rules: OutputRules, tool_format: ToolFormat | None, think_end
         return None  # a call format we do not know cannot be excluded; the answer is not parsed for calls either
     if rules.tool_choice != "none" and rules.tools and (rules.forces_tool or any(t.strict for t in rules.tools)):
         if tool_format is None:
-            raise GrammarUnsupported("this model's tool-call format cannot be constrained by mlxd (only "
-                                     "{\"name\", \"arguments\"} JSON bodies between markers can)")
+            raise GrammarUnsupported(UNBOUND_FORMAT)
     lines = ["%llguidance {}"]
     body = _body_rules(rules, tool_format, literal, lines)
     if think_end is not None and (in_reasoning or think_start is not None):
@@ -282,15 +394,19 @@ def _body_rules(rules: OutputRules, fmt: ToolFormat | None, literal: Literal_, l
     """Adds the answer's rules to `lines`; returns the expression of the answer itself."""
     def call_rule() -> str:
         assert fmt is not None
-        tools = rules.forced_tools()
-        lines.append(f"call: {literal(fmt.start)} \"\\n\" call_body \"\\n\" {literal(fmt.end)}")
-        lines.extend(call_body_rules(tools, fmt))
+        lines.append("call: " + _seq(literal(fmt.start), fmt.layout.opened, "call_body", fmt.layout.closing,
+                                     _end(fmt, literal)))
+        lines.extend(call_body_rules(rules.forced_tools(), fmt, literal))
         # A named function is called once (as OpenAI's API answers it); "required" allows several unless
         # parallel_tool_calls is false. Between several calls a newline may end the answer, so that a model
         # that writes one after a call is not forced into another call by it.
         # Several calls are capped: a small model may repeat its call until max_tokens (the default model does).
         one = not rules.parallel_tool_calls or rules.tool_choice not in ("required", "auto")
-        return "call" if one else f"call (\"\\n\" call){{0,{MAX_PARALLEL_CALLS - 1}}} \"\\n\"?"
+        return "call" if one else _seq("call", more_calls(), fmt.layout.after)
+
+    def more_calls() -> str:
+        assert fmt is not None
+        return f"({_seq(fmt.layout.between, 'call')}){{0,{MAX_PARALLEL_CALLS - 1}}}"
 
     if rules.forces_tool:
         return call_rule()
@@ -310,9 +426,18 @@ def _body_rules(rules: OutputRules, fmt: ToolFormat | None, literal: Literal_, l
     # only strict tools under "auto": free text until the model opens a call
     # (a lazy lexeme ends at the first start marker), then the call is bound
     assert fmt is not None
-    tools = rules.forced_tools()
     lines.append("TEXT: /(.|\\n)*/")
     lines.append(f"call_opened{_lazy(literal(fmt.start))}: TEXT {literal(fmt.start)}")
-    lines.append(f"bound_call: call_opened \"\\n\" call_body \"\\n\" {literal(fmt.end)}")
-    lines.extend(call_body_rules(tools, fmt))
-    return "bound_call* TEXT" if rules.parallel_tool_calls else "(bound_call | TEXT)"
+    lines.append("bound_call: " + _seq("call_opened", fmt.layout.opened, "call_body", fmt.layout.closing,
+                                       _end(fmt, literal)))
+    if fmt.end or not rules.parallel_tool_calls:
+        lines.extend(call_body_rules(rules.forced_tools(), fmt, literal))
+        return "bound_call* TEXT" if rules.parallel_tool_calls else "(bound_call | TEXT)"
+    # No end marker: text after a call would be read as part of it, so only further calls may follow.
+    call_rule()
+    return f"(bound_call {more_calls()} | TEXT)"
+
+
+def _end(fmt: ToolFormat, literal: Literal_) -> str:
+    """The end marker as a Lark literal; nothing where the format has none."""
+    return literal(fmt.end) if fmt.end else ""

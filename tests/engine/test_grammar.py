@@ -146,7 +146,13 @@ def test_a_model_whose_call_format_cannot_be_bound_says_so():
     ("mlx_lm.tool_parsers.json_tools", "<tool_call>", "</tool_call>", True, ToolFormat("<tool_call>", "</tool_call>")),
     ("mlx_lm.tool_parsers.qwen3_coder", "<tool_call>", "</tool_call>", True,
      ToolFormat("<tool_call>", "</tool_call>", "template", "xml")),
-    ("mlx_lm.tool_parsers.glm47", "<tool_call>", "</tool_call>", True, None),  # a format not bound yet
+    ("mlx_lm.tool_parsers.mistral", "[TOOL_CALLS]", "", True,  # no end marker: a call runs to the end
+     ToolFormat("[TOOL_CALLS]", "", "template", "mistral")),
+    ("mlx_lm.tool_parsers.glm47", "<tool_call>", "</tool_call>", True,
+     ToolFormat("<tool_call>", "</tool_call>", "template", "glm")),
+    ("mlx_lm.tool_parsers.json_tools", "<tool_call>", "", True, None),  # a format with an end marker needs it
+    ("mlx_lm.tool_parsers.kimi_k2", "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", True,
+     None),  # a format not bound yet
     (None, None, None, True, None),  # a template with tools but no parser mlx-lm knows
     (None, None, None, False, MLXD_TOOL_FORMAT),  # the template drops tools: mlxd's own format
     ("mlx_lm.tool_parsers.mistral", "[TOOL_CALLS]", "", False, MLXD_TOOL_FORMAT),
@@ -308,3 +314,232 @@ def test_a_closed_object_takes_no_other_key(byte_tokenizer):
     grammar = answer_grammar(OutputRules(schema={"type": "object", "properties": {"a": {"type": "integer"}}}), None)
     assert accepts(byte_tokenizer, grammar, '{"a": 1}')
     assert not accepts(byte_tokenizer, grammar, '{"a": 1, "b": 2}')
+
+
+# Mistral's and GLM's formats, bound where mlx-lm's mistral and glm47 parsers read them.
+MISTRAL = ToolFormat("[TOOL_CALLS]", "", "template", "mistral")
+GLM = ToolFormat("<tool_call>", "</tool_call>", "template", "glm")
+PARSERS = {"mistral": "mlx_lm.tool_parsers.mistral", "glm": "mlx_lm.tool_parsers.glm47"}
+
+
+def mistral_call(name: str, arguments: dict) -> str:
+    return f"[TOOL_CALLS]{name}[ARGS]{json.dumps(arguments)}"
+
+
+def glm_call(name: str, arguments: dict[str, str], newlines: bool = False) -> str:
+    """GLM-4.7's call (GLM-4.5's with `newlines`); values as written (raw strings, JSON otherwise)."""
+    nl = "\n" if newlines else ""
+    pairs = "".join(f"<arg_key>{k}</arg_key>{nl}<arg_value>{v}</arg_value>{nl}" for k, v in arguments.items())
+    return f"<tool_call>{name}{nl}{pairs}</tool_call>"
+
+
+REQUIRED = OutputRules(tool_choice="required", tools=(WEATHER, ADD))
+ONE_CALL = OutputRules(tool_choice="required", tools=(WEATHER, ADD), parallel_tool_calls=False)
+NAMED = OutputRules(tool_choice="forecast", tools=(FORECAST, WEATHER))
+STRICT = OutputRules(tools=(WEATHER, ADD))  # ADD is strict: "auto" binds its calls
+
+
+@pytest.mark.parametrize("rules, text, ok", [
+    (REQUIRED, mistral_call("get_weather", {"city": "Paris"}), True),  # the parser's header form
+    (REQUIRED, mistral_call("add", {"a": 1}) + mistral_call("add", {"a": 2}), True),  # several, back to back
+    (REQUIRED, mistral_call("add", {"a": 1}) + "\n" + mistral_call("add", {"a": 2}), False),  # no separators
+    (REQUIRED, mistral_call("add", {"a": 1}) + "\n", False),  # nothing after a call: it runs to the end
+    (REQUIRED, mistral_call("add", {"a": "one"}), False),
+    (REQUIRED, mistral_call("get_weather", {"town": "Paris"}), False),
+    (REQUIRED, mistral_call("delete_all", {}), False),
+    (REQUIRED, "[TOOL_CALLS]get_weather {\"city\": \"Paris\"}", False),  # no [ARGS]
+    (REQUIRED, '[TOOL_CALLS][{"name": "add", "arguments": {"a": 1}}]', False),  # the older JSON-list form
+    (REQUIRED, "It is sunny.", False),
+    (REQUIRED, "\n".join([mistral_call("add", {"a": 1})] * (MAX_PARALLEL_CALLS + 1)), False),  # capped
+    (ONE_CALL, mistral_call("add", {"a": 1}) + mistral_call("add", {"a": 2}), False),
+    (OutputRules(tool_choice="add", tools=(WEATHER, ADD)), mistral_call("get_weather", {"city": "Oslo"}), False),
+    (STRICT, "Hello there.", True),
+    (STRICT, "Let me add. " + mistral_call("add", {"a": 2}), True),
+    (STRICT, "Let me add. " + mistral_call("add", {"a": "two"}), False),
+    (STRICT, mistral_call("add", {"a": 2}) + " Done.", False),  # text after a call would be read as the call
+])
+def test_mistral_calls_are_bound_in_its_header_format(byte_tokenizer, rules, text, ok):
+    assert accepts(byte_tokenizer, answer_grammar(rules, MISTRAL), text) is ok
+
+
+@pytest.mark.parametrize("rules, text, ok", [
+    (NAMED, glm_call("forecast", {"city": "New York", "days": "3"}), True),  # GLM-4.7's form
+    (NAMED, glm_call("forecast", {"city": "Oslo", "days": "3", "unit": "F"}, newlines=True), True),  # GLM-4.5's
+    (NAMED, glm_call("forecast", {"city": "New\nYork", "days": "3", "unit": "C", "hourly": "true"}), True),
+    (NAMED, glm_call("forecast", {"city": "Oslo"}), False),  # a required argument missing
+    (NAMED, glm_call("forecast", {"city": "Oslo", "days": "three"}), False),  # not JSON of an integer
+    (NAMED, glm_call("forecast", {"city": "Oslo", "days": '"3"'}), False),  # a JSON string for an integer
+    (NAMED, glm_call("forecast", {"city": "Oslo", "days": "3", "unit": "K"}), False),  # not in the enum
+    (NAMED, glm_call("forecast", {"city": "Oslo", "days": "3", "wind": "1"}), False),  # no such argument
+    (NAMED, glm_call("forecast", {"days": "3", "city": "Oslo"}), False),  # bound in the schema's order
+    (NAMED, glm_call("get_weather", {"city": "Oslo"}), False),  # not the named tool
+    (NAMED, '<tool_call>{"name": "forecast", "arguments": {"city": "Oslo", "days": 3}}</tool_call>', False),
+    (REQUIRED, glm_call("add", {"a": "1"}) + glm_call("get_weather", {"city": "Rome"}), True),  # back to back
+    (REQUIRED, glm_call("add", {"a": "1"}) + "\n" + glm_call("add", {"a": "2"}) + "\n", True),  # or a newline
+    (ONE_CALL, glm_call("add", {"a": "1"}) + glm_call("add", {"a": "2"}), False),
+    (STRICT, "Let me add. " + glm_call("add", {"a": "2"}) + " Done.", True),
+    (STRICT, "Let me add. " + glm_call("add", {"a": "two"}), False),
+])
+def test_glm_calls_are_bound_in_its_arg_key_format(byte_tokenizer, rules, text, ok):
+    assert accepts(byte_tokenizer, answer_grammar(rules, GLM), text) is ok
+
+
+@pytest.mark.parametrize("fmt", [MISTRAL, GLM])
+@pytest.mark.parametrize("rules", [REQUIRED, ONE_CALL, NAMED, STRICT, OutputRules(schema=PERSON, tools=(WEATHER,))])
+def test_llguidance_compiles_the_new_formats(fmt, rules):
+    assert grammar_problem(answer_grammar(rules, fmt)) is None
+
+
+def test_a_name_the_parser_would_misread_cannot_be_bound():
+    dotted = ToolSpec("weather.get", WEATHER.parameters)  # Mistral's parser reads `get` as the name
+    with pytest.raises(GrammarUnsupported, match="weather.get"):
+        answer_grammar(OutputRules(tool_choice="required", tools=(dotted,)), MISTRAL)
+    spaced = ToolSpec("get weather", {"type": "object"})  # GLM's splits a call without arguments at the space
+    with pytest.raises(GrammarUnsupported, match="get weather"):
+        answer_grammar(OutputRules(tool_choice="required", tools=(spaced,)), GLM)
+
+
+# The markers as special tokens, as in the models' vocabularies ([TOOL_CALLS] and [ARGS] are control tokens in
+# Mistral's tekken, GLM's tags added tokens): the grammar names them by id (engine/constrained.py's marker_literal).
+SPECIALS = ("[TOOL_CALLS]", "[ARGS]", "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>",
+            "</arg_value>")
+
+
+class _Encoder:
+    """The part of mlx-lm's tokenizer that marker_literal reads."""
+
+    def __init__(self, tok) -> None:
+        self.tok = tok
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+
+@pytest.fixture(scope="module")
+def marker_tokenizer():
+    """(llguidance's tokenizer, the tokenizer): bytes, <eos> and the markers as special tokens after them."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {c: b for b, c in enumerate(_byte_chars())} | {"<eos>": EOS}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True) for t in ("<eos>",) + SPECIALS])
+    return llguidance.LLTokenizer(tok.to_str(), n_vocab=EOS + 1 + len(SPECIALS), eos_token=EOS), tok
+
+
+# What a model falls back on where the mask takes its own token away: the end, a marker, then what closes JSON
+FALLBACK = [EOS, *range(EOS + 1, EOS + 1 + len(SPECIALS)), *b'"}]:,1']
+
+
+def steered(marker_tokenizer, grammar: str, wish: str, max_tokens: int = 300) -> str:
+    """The text a model that wants to write `wish` writes under the grammar: each of its tokens the mask
+    allows (the others are dropped), then the first allowed of FALLBACK (then of the rest) until the end."""
+    import numpy as np
+
+    ll, tok = marker_tokenizer
+    matcher = llguidance.LLMatcher(ll, llguidance.LLMatcher.grammar_from_lark(grammar))
+    assert not matcher.is_error(), matcher.get_error()
+    wanted = tok.encode(wish, add_special_tokens=False).ids
+    order = FALLBACK + [t for t in range(ll.vocab_size) if t not in FALLBACK]
+    out: list[int] = []
+    for _ in range(max_tokens):
+        bits = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)
+        allowed = np.unpackbits(bits, bitorder="little")[:ll.vocab_size].astype(bool)
+        while wanted and not allowed[wanted[0]]:
+            wanted.pop(0)
+        token = wanted.pop(0) if wanted else next(t for t in order if allowed[t])
+        if token == EOS:
+            return tok.decode(out, skip_special_tokens=False)
+        assert matcher.consume_token(token), matcher.get_error()
+        out.append(token)
+    raise AssertionError(f"no end in {max_tokens} tokens: {tok.decode(out, skip_special_tokens=False)!r}")
+
+
+def read_back(text: str, fmt: ToolFormat, tools: tuple[ToolSpec, ...]) -> tuple[list[dict], str]:
+    """(the calls, the content) as mlxd reads the answer: split at the markers
+    (engine/answer_parts.py), each call parsed by the model's own mlx-lm parser."""
+    import importlib
+
+    from mlxd.engine.answer_parts import AnswerSplitter, Markers
+    from mlxd.engine.tool_calls import format_tool_calls
+
+    splitter = AnswerSplitter(Markers(None, (fmt.start, fmt.end or None)))
+    parts = splitter.feed(text) + splitter.flush()
+    parser = importlib.import_module(PARSERS[fmt.body]).parse_tool_call
+    openai_tools = [{"type": "function", "function": {"name": t.name, "parameters": t.parameters}} for t in tools]
+    calls, unparsed = format_tool_calls([p.text for p in parts if p.kind == "tool"], parser, openai_tools)
+    assert unparsed == "", text
+    return calls, "".join(p.text for p in parts if p.kind == "content")
+
+
+ALL = (WEATHER, ADD, FORECAST)
+
+
+@pytest.mark.parametrize("fmt", [MISTRAL, GLM])
+@pytest.mark.parametrize("rules, wish, names, content", [
+    # "required": a model that would rather answer in text still calls a tool
+    (OutputRules(tool_choice="required", tools=ALL), "It is sunny in Paris.", None, ""),
+    (OutputRules(tool_choice="required", tools=ALL), "both", ["get_weather", "add"], ""),
+    # a named function: the model's other choice of tool and argument types give way
+    (OutputRules(tool_choice="forecast", tools=ALL), "get_weather", ["forecast"], ""),
+    (OutputRules(tool_choice="forecast", tools=ALL), "forecast", ["forecast"], ""),
+    # parallel_tool_calls false: at most one call
+    (OutputRules(tool_choice="required", tools=ALL, parallel_tool_calls=False), "both", ["get_weather"], ""),
+    # a strict tool under "auto": text, then a call bound to its schema
+    (OutputRules(tools=ALL), "Let me add. add", ["add"], "Let me add. "),
+    (OutputRules(tools=ALL), "No tool needed.", [], "No tool needed."),
+])
+def test_a_bound_call_reads_back_with_the_models_parser(marker_tokenizer, fmt, rules, wish, names, content):
+    """Text written under the grammar is what mlx-lm's own parser turns into
+    a call of an allowed tool with arguments valid against its schema."""
+    import jsonschema
+
+    from mlxd.engine.constrained import marker_literal
+
+    grammar = answer_grammar(rules, fmt, literal=marker_literal(marker_tokenizer[0], _Encoder(marker_tokenizer[1])))
+    assert "<[" in grammar and '""' not in grammar  # markers by id; no end marker is written where there is none
+    text = steered(marker_tokenizer, grammar, WISHES[fmt.body].get(wish, wish))
+    calls, said = read_back(text, fmt, rules.tools)
+    allowed = {t.name: t for t in rules.forced_tools()}
+    assert calls or names == [], text
+    if names is not None:
+        assert [c["function"]["name"] for c in calls] == names, text
+    for c in calls:
+        tool = allowed[c["function"]["name"]]
+        jsonschema.validate(json.loads(c["function"]["arguments"]), tool.parameters)
+    assert said.strip() == content.strip(), text  # a newline between calls is text
+
+
+# What a model wants to write in each format (before the grammar): a wish's name, or the wish itself.
+WISHES = {
+    "mistral": {
+        "both": mistral_call("get_weather", {"city": "Paris"}) + mistral_call("add", {"a": 2}),
+        "get_weather": mistral_call("get_weather", {"city": "Oslo", "days": "3"}),
+        "forecast": mistral_call("forecast", {"city": "New\nYork", "days": "three", "unit": "K", "hourly": True}),
+        "Let me add. add": "Let me add. " + mistral_call("add", {"a": "two"}) + " Done.",
+    },
+    "glm": {
+        "both": glm_call("get_weather", {"city": "Paris"}) + "\n" + glm_call("add", {"a": "2"}),
+        "get_weather": glm_call("get_weather", {"city": "Oslo", "days": "3"}),
+        "forecast": glm_call("forecast", {"city": "New\nYork", "days": "three", "unit": "K", "hourly": "true"},
+                             newlines=True),
+        "Let me add. add": "Let me add. " + glm_call("add", {"a": "two"}) + " Done.",
+    },
+}
+
+
+@pytest.mark.parametrize("value, ok", [("New York", True), ("a</arg_value>b", False)])
+def test_a_glm_string_never_spells_its_closing_tag(marker_tokenizer, value, ok):
+    """Where `</arg_value>` is a special token, a value's text may not spell
+    it in plain bytes either: the parser would cut the value there."""
+    from mlxd.engine.constrained import marker_literal
+
+    ll, tok = marker_tokenizer
+    grammar = answer_grammar(OutputRules(tool_choice="get_weather", tools=(WEATHER,)), GLM,
+                             literal=marker_literal(ll, _Encoder(tok)))
+    ids = lambda text: tok.encode(text, add_special_tokens=False).ids  # noqa: E731
+    tokens = ids("<tool_call>get_weather<arg_key>city</arg_key><arg_value>") + list(value.encode()) + \
+        ids("</arg_value></tool_call>")
+    matcher = llguidance.LLMatcher(ll, llguidance.LLMatcher.grammar_from_lark(grammar))
+    assert (matcher.try_consume_tokens(tokens) == len(tokens) and matcher.is_accepting()) is ok

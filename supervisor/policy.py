@@ -63,26 +63,6 @@ class Mode(enum.Enum):
     STOPPED = "stopped"  # stopped through supervisord (an operator, mlxd down)
 
 
-S, R, B, D, X = Mode.STARTING, Mode.RUNNING, Mode.BACKOFF, Mode.DEGRADED, Mode.STOPPED
-# The operator (mlxd up/down/restart, supervisorctl) may start, restart or
-# stop the engine in any mode (EngineStarted, OperatorRestart, EngineStopped,
-# or Reconciled finding it RUNNING or STOPPED).
-_OPERATOR = frozenset({R, S, X})
-# from -> the modes decide may move to: exactly the moves its code makes
-# (tests/supervisor/test_policy.py walks them). A stopped engine's exit is
-# no crash, so STOPPED alone never leads to DEGRADED.
-TRANSITIONS: dict[Mode, frozenset[Mode]] = {
-    S: _OPERATOR | {B, D},  # a crash in start-up: restart at once (S), back off, or a loop
-    R: _OPERATOR | {B, D},  # a crash, as above
-    # The wait ends (Tick: S). A start supervisord made meanwhile (its
-    # autostart, a retry found on reconciling) crashes: a loop, or a back-off
-    # where the crashes before have left loop_window_s.
-    B: _OPERATOR | {B, D},
-    D: _OPERATOR | {D, B},
-    X: _OPERATOR | {B},  # reconciling finds it EXITED: it died while the listener was away
-}
-
-
 class InvalidTransition(RuntimeError):
     pass
 
@@ -173,6 +153,34 @@ class Reconciled:
 Event = EngineStarted | EngineExited | EngineStopped | OperatorRestart | Health | Tick | Reconciled
 
 
+# --- which moves each event may make -------------------------------------------
+
+S, R, B, D, X = Mode.STARTING, Mode.RUNNING, Mode.BACKOFF, Mode.DEGRADED, Mode.STOPPED
+EVERY_MODE = (S, R, B, D, X)
+# (mode, event) -> the modes decide may move to: written by hand from the
+# rules above, and checked both ways (tests/supervisor/test_policy.py):
+# decide never makes a move outside it (check_transition raises) and makes
+# every move in it.
+TRANSITIONS: dict[tuple[Mode, type], frozenset[Mode]] = {
+    # An operator's start, stop or restart means the same in every mode.
+    **{(m, EngineStarted): frozenset({R}) for m in EVERY_MODE},
+    **{(m, EngineStopped): frozenset({X}) for m in EVERY_MODE},
+    **{(m, OperatorRestart): frozenset({S}) for m in EVERY_MODE},
+    # Health never moves the mode: a hang is a KillEngine, and the exit that follows moves it.
+    **{(m, Health): frozenset({m}) for m in EVERY_MODE},
+    # A crash: a restart at once after a healthy run (S), a back-off, or a crash loop.
+    **{(m, EngineExited): frozenset({S, B, D}) for m in (S, R, B, D)},
+    (X, EngineExited): frozenset({X}),  # a stopped engine's exit is no crash
+    # The clock ends a wait (a back-off, a cool-down), and does nothing else.
+    (S, Tick): frozenset({S}), (R, Tick): frozenset({R}), (X, Tick): frozenset({X}),
+    (B, Tick): frozenset({B, S}), (D, Tick): frozenset({D, S}),
+    # supervisord's view on the listener's (re)start: RUNNING, STOPPED, or EXITED/FATAL (the engine died
+    # while the listener was away: a back-off, unless a wait is under way); STARTING says nothing yet.
+    (S, Reconciled): frozenset({S, R, B, X}), (R, Reconciled): frozenset({R, B, X}),
+    (B, Reconciled): frozenset({B, R, X}), (D, Reconciled): frozenset({D, R, X}), (X, Reconciled): frozenset({X, R, B}),
+}
+
+
 # --- actions -----------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -212,8 +220,8 @@ def decide(state: State, event: Event, policy: Policy) -> tuple[State, list[Acti
 
 
 def check_transition(old: Mode, new: Mode, event: Event) -> None:
-    """Raises InvalidTransition unless TRANSITIONS allows old -> new."""
-    if new not in TRANSITIONS[old]:
+    """Raises InvalidTransition unless TRANSITIONS allows old -> new on this event."""
+    if new not in TRANSITIONS[(old, type(event))]:
         raise InvalidTransition(f"{old.value} -> {new.value} on {type(event).__name__}")
 
 

@@ -155,8 +155,9 @@ def test_reconcile_matches_supervisords_view(saved, statename, expected_mode, re
         assert acts == [StartEngine()] and state.mode is Mode.STARTING
 
 
-def transitions_decide_makes() -> set[tuple[Mode, Mode]]:
-    """Every mode, in states varied where the code branches, through every kind of event."""
+def transitions_decide_makes() -> set[tuple[Mode, type, Mode]]:
+    """(mode, event type, new mode) for every mode, in states varied where the
+    code branches, through every kind of event."""
     events = [EngineStarted(10_000), exited(10_000), EngineStopped(10_000), OperatorRestart(10_000),
               Health(10_000, ok=False, unhealthy=True), Health(10_000, ok=False), Health(10_000, ok=True),
               Tick(50), Tick(10_000)]
@@ -167,15 +168,35 @@ def transitions_decide_makes() -> set[tuple[Mode, Mode]]:
             for crash_times in ((), (1, 2, 3, 4), (9000, 9001, 9002, 9003)):  # none, aged out, recent
                 for consecutive in (0, 1, 4):
                     for started_at in (None, 0, 9990):  # a healthy run behind it, or not
-                        state = State(mode=mode, started_at=started_at, restart_at=100, probation=probation,
-                                      crash_times=crash_times, consecutive=consecutive)
-                        seen |= {(mode, decide(state, ev, P)[0].mode) for ev in events}
+                        for killing, failures in ((None, 0), ("hang", 5)):
+                            state = State(mode=mode, started_at=started_at, restart_at=100, probation=probation,
+                                          crash_times=crash_times, consecutive=consecutive, killing=killing,
+                                          health_failures=failures)
+                            seen |= {(mode, type(ev), decide(state, ev, P)[0].mode) for ev in events}
     return seen
 
 
 def test_the_table_is_exactly_the_transitions_decide_makes():
-    assert transitions_decide_makes() == {(frm, to) for frm, tos in TRANSITIONS.items() for to in tos}
-    assert Mode.DEGRADED not in TRANSITIONS[Mode.STOPPED]  # the one move no event makes
+    """Both ways: no move outside the table (decide would raise) and no entry that no event makes."""
+    assert transitions_decide_makes() == {(m, ev, to) for (m, ev), tos in TRANSITIONS.items() for to in tos}
+
+
+S, R, B, D, X = Mode.STARTING, Mode.RUNNING, Mode.BACKOFF, Mode.DEGRADED, Mode.STOPPED
+
+
+@pytest.mark.parametrize("mode, event, allowed", [
+    # the rules of the module's docstring, row by row
+    (R, exited(1), {S, B, D}),          # a crash: at once after a healthy run, a back-off, or a loop
+    (X, exited(1), {X}),                # a stopped engine's exit is no crash
+    (D, Tick(1), {D, S}),               # the cool-down ends with one probation start
+    (R, Tick(1), {R}),                  # the clock alone never moves a running engine
+    (R, Health(1, ok=False, unhealthy=True), {R}),  # a hang is a kill; its exit moves the mode
+    (D, EngineStarted(1), {R}),         # an operator's start clears a crash loop
+    (B, OperatorRestart(1), {S}),
+    (S, Reconciled(1, "STARTING"), {S, R, B, X}),
+])
+def test_the_table_by_hand(mode, event, allowed):
+    assert TRANSITIONS[(mode, type(event))] == allowed
 
 
 def test_a_transition_outside_the_table_is_refused():

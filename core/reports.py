@@ -88,6 +88,8 @@ class PromptCacheReport(Report):
     evictions: int = 0
     disk_writes: int = 0
     disk_write_failures: int = 0
+    disk_writes_pending: int = 0  # files the writer thread is writing now
+    writing_bytes: int = 0  # evicted entries' arrays, held until their files are written
     disk_rejects: int = 0  # corrupt, partial or foreign files removed
     errors: int = 0  # faults in the cache's own bookkeeping (logged; the request went on cold)
     superseded: int = 0  # entries replaced by a later turn of their conversation

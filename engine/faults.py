@@ -14,13 +14,14 @@ ACTION: abort  (os.abort(): SIGABRT, as Metal's check_error does)
         raise  (raise RuntimeError with a Metal-like message, as mlx >= 0.32)
         exit   (os._exit(1), like an uncaught Python error)
         kill   (SIGKILL: what kill -9 or the OOM killer does)
-        slow   (only @prefill: every prefill step sleeps N ms per token, as a slow machine's would take)
+        slow   (@prefill: every prefill step sleeps N ms per token, as a slow machine's would take;
+                @kv_write: every prompt-cache file takes N ms longer to write, as on a slow disk)
 POINT:  boot   (engine start, before the preload)
         load   (before loading a model)
         start  (a request was admitted, before its first token)
         token  (after N generated tokens; N defaults to 1)
         idle   (the worker is idle)
-        kv_write (a prompt-cache entry is written but not yet in place)
+        kv_write (a prompt-cache entry is written but not yet in place: on the writer's thread)
         prefill (each prefill step; only for slow)
 Several specs may be joined with commas. MLXD_FAULT_MATCH="text" limits
 start/token faults to requests whose prompt contains the text (a "poison"
@@ -38,6 +39,7 @@ from pathlib import Path
 
 ACTIONS = ("abort", "oom", "hang", "raise", "exit", "kill", "slow")
 POINTS = ("boot", "load", "start", "token", "idle", "kv_write", "prefill")
+SLOW_POINTS = ("prefill", "kv_write")
 # What libmlx prints before aborting when Metal runs out of memory.
 METAL_OOM_MESSAGE = ("libc++abi: terminating due to uncaught exception of type std::runtime_error: "
                      "[METAL] Command buffer execution failed: Insufficient Memory "
@@ -69,8 +71,9 @@ def parse_faults(spec: str) -> tuple[Fault, ...]:
         point, _, n = where.partition(":")
         if not sep or action not in ACTIONS or point not in POINTS:
             raise ValueError(f"bad fault spec {part!r}: want ACTION@POINT[:N] with ACTION in {ACTIONS}, POINT in {POINTS}")
-        if (action == "slow") != (point == "prefill"):
-            raise ValueError(f"bad fault spec {part!r}: slow goes with @prefill, and @prefill only with slow")
+        if (action == "slow" and point not in SLOW_POINTS) or (point == "prefill" and action != "slow"):
+            raise ValueError(f"bad fault spec {part!r}: slow goes with @prefill or @kv_write, and @prefill only "
+                             "with slow")
         try:
             count = int(n) if n else 1
         except ValueError:
@@ -131,11 +134,14 @@ class FaultInjector:
 
     def prefill_delay_s(self, tokens: int) -> float:
         """Seconds a prefill step of `tokens` is made to last longer (slow@prefill:N)."""
-        return sum(f.n for f in self.active if f.action == "slow") * tokens / 1000
+        return sum(f.n for f in self.active if f.action == "slow" and f.point == "prefill") * tokens / 1000
 
     def check(self, point: str, tokens: int = 0, request_text: str | None = None) -> None:
         if request_text is not None and not self.applies_to(request_text):
             return
         for fault in self.active:
             if fault.fires_at(point, tokens):
+                if fault.action == "slow":  # kv_write: a slow disk (a slow prefill is prefill_delay_s's)
+                    time.sleep(fault.n / 1000)
+                    continue
                 trigger(fault)

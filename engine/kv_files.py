@@ -4,11 +4,12 @@ with the entry's tokens and provenance in the file's metadata.
 
 A file is written into kv/tmp/, flushed to disk and renamed into place, so a
 kill at any moment leaves either a whole entry or a temporary file that the
-next scan deletes. Files that are corrupt, partial or foreign (another
+next scan deletes. The prompt cache has the I/O done off the worker thread
+(engine/kv_writer.py: `stage` here, the write there, `commit` here). Files that are corrupt, partial or foreign (another
 model's build, another MLX version, a model no longer configured) are
 deleted when seen. The index of files (tokens, sizes) lives in memory; the
-worker thread is the only reader and writer, so no MLX array is ever written
-from another thread.
+worker thread is its only reader and writer, and the only thread that
+touches an MLX array (the writer sees numpy views of the bytes).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from mlxd.paths import write_atomic
+
+from .kv_writer import StagedFile, stage_file, write_file
 
 log = logging.getLogger("mlxd.engine.prompt_cache")
 
@@ -228,10 +231,11 @@ class KVFiles:
         self._index[entry.path] = self._index.pop(entry.path)
         return kv
 
-    def write(self, model_key: str, tokens: np.ndarray, prompt_len: int, kv: list[Any],
-              conversation: tuple[str, ...] = (), echo: tuple[int, ...] = ()) -> DiskEntry | None:
-        """Write an entry atomically; None when it cannot fit the disk budget."""
-        from mlx_lm.models.cache import can_trim_prompt_cache, save_prompt_cache
+    def stage(self, model_key: str, tokens: np.ndarray, prompt_len: int, kv: list[Any],
+              conversation: tuple[str, ...] = (), echo: tuple[int, ...] = ()) -> StagedFile | None:
+        """An entry's file staged for the writer (engine/kv_writer.py), its
+        DiskEntry-to-be as the token; None when it cannot fit the disk budget."""
+        from mlx_lm.models.cache import can_trim_prompt_cache
 
         kv = compact(kv)
         if kv_nbytes(kv) > self.budget_bytes:
@@ -239,27 +243,31 @@ class KVFiles:
         trimmable = can_trim_prompt_cache(kv)
         name = hashlib.sha256(model_key.encode() + tokens.astype("<i4").tobytes()).hexdigest()[:32]
         final = self.folder / f"{name}.safetensors"
-        tmp_dir = self.folder / "tmp"
-        tmp_dir.mkdir(parents=True, exist_ok=True)
-        tmp = tmp_dir / f"{uuid.uuid4().hex}.safetensors"
+        tmp = self.folder / "tmp" / f"{uuid.uuid4().hex}.safetensors"
         meta = {**self.expected, "model": model_key, "prompt_len": str(prompt_len), "trimmable": "1" if trimmable else "0",
                 "patchable": "1" if is_patchable(kv) else "0", "echo": ",".join(map(str, echo)),
                 "tokens": base64.b64encode(tokens.astype("<i4").tobytes()).decode(), "conversation": ",".join(conversation)}
-        try:
-            save_prompt_cache(str(tmp), kv, meta)
-            self.before_commit()
-            with tmp.open("rb") as fh:
-                os.fsync(fh.fileno())
-            os.replace(tmp, final)
-            _fsync_dir(self.folder)
-        finally:
-            tmp.unlink(missing_ok=True)
-        entry = DiskEntry(final, model_key, tokens.copy(), prompt_len, trimmable, final.stat().st_size, conversation,
-                          is_patchable(kv), echo)
-        self._index.pop(final, None)
-        self._index[final] = entry  # most recent
-        self._enforce_budget(keep=final)
+        staged = stage_file(final, tmp, kv, meta)
+        staged.token = DiskEntry(final, model_key, tokens.copy(), prompt_len, trimmable, staged.nbytes, conversation,
+                                 is_patchable(kv), echo)
+        return staged
+
+    def commit(self, staged: StagedFile) -> DiskEntry:
+        """A written file into the index, as the most recent entry."""
+        entry: DiskEntry = staged.token
+        self._index.pop(entry.path, None)
+        self._index[entry.path] = entry
+        self._enforce_budget(keep=entry.path)
         return entry
+
+    def write(self, model_key: str, tokens: np.ndarray, prompt_len: int, kv: list[Any],
+              conversation: tuple[str, ...] = (), echo: tuple[int, ...] = ()) -> DiskEntry | None:
+        """Write an entry atomically, here and now; None when it cannot fit the disk budget."""
+        staged = self.stage(model_key, tokens, prompt_len, kv, conversation, echo)
+        if staged is None:
+            return None
+        write_file(staged, self.before_commit)
+        return self.commit(staged)
 
     def load_rates(self) -> dict[str, float]:
         try:
@@ -302,12 +310,3 @@ def _mtime(path: Path) -> int:
         return path.stat().st_mtime_ns
     except OSError:
         return 0
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-

@@ -24,8 +24,10 @@ Metal abort still answers the next turn from its cache.
 The decisions, and the value the cache hands out (Fetched), are
 pure and live in engine/prompt_cache_policy.py; its figures are mlxd.reports'
 PromptCacheReport, what /health reports; `PromptCache` is their I/O
-shell. The worker thread owns it: every MLX array here is created, read,
-written to disk and freed on that thread, between or inside its own jobs.
+shell. The worker thread owns it: every MLX array here is created, read and
+freed on that thread, between or inside its own jobs. Files are written by
+engine/kv_writer.py's thread from views of an entry's arrays, which stay
+alive (counted as `writing_bytes`) until the worker collects the write.
 """
 
 from __future__ import annotations
@@ -37,13 +39,14 @@ import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from mlxd.reports import PromptCacheReport, ReuseLine
 
 from .kv_files import DiskEntry, KVFileError, KVFiles, is_patchable, kv_nbytes
+from .kv_writer import KVWriter, StagedFile
 from .prompt_cache_policy import (MIN_PREFILL_SAMPLE, MIN_REUSE_TOKENS, NOT_CACHED, Fetched,
                                   entries_to_evict, prefill_rate_for, worth_reading)
 from .reuse import ApproxPolicy, Candidate, Reuse, choose_reuse, explain, supersedes
@@ -74,6 +77,16 @@ class Entry:
     @property
     def patchable(self) -> bool:
         return is_patchable(self.kv)
+
+
+@dataclass(eq=False)
+class Writing:
+    """An entry whose file the writer is writing: it holds the arrays the
+    writer reads until the worker collects the write."""
+
+    entry: Entry
+    started: float
+    leaving: bool  # evicted: its arrays are freed once written (else it stays in memory, an idle write)
 
 
 def _trimmable(kv: list[Any]) -> bool:
@@ -122,6 +135,8 @@ class PromptCache:
         self.budget_bytes = 0
         self.generation_prompt = 0  # tokens the resident model's template adds to open an answer
         self._entries: list[Entry] = []  # least recently used first
+        self._writer = KVWriter(self.files.before_commit) if self.files is not None else None
+        self._writing: dict[int, Writing] = {}  # by id(entry): writes under way
         self._names = itertools.count(1)
         self._recent: OrderedDict[str, ReuseLine] = OrderedDict()  # by conversation, newest last
         # Measured speeds for the disk-read decision, kept beside the entries:
@@ -160,8 +175,10 @@ class PromptCache:
         positions (the request's max_tokens: allocated once, engine/kv_cache.py)."""
         if not self.enabled or self.model_key is None:
             return NOT_CACHED
+        self._settle()
         tokens = np.asarray(prompt, dtype=np.int32)
         in_memory = self._plan(self._entries, tokens)
+        self._await_writes_that_serve(tokens, in_memory.reused if in_memory else 0)
         fetched = None
         if self.files is not None and (in_memory is None or in_memory.tokens < len(tokens) - 1):
             fetched = self._fetch_from_disk(tokens, in_memory.reused if in_memory else 0, answer_room)
@@ -188,6 +205,7 @@ class PromptCache:
         older entries leave for the budget."""
         if not self.enabled or self.model_key is None or not covered:
             return
+        self._settle()
         tokens = np.asarray(covered, dtype=np.int32)
         entry = Entry(self.model_key, tokens, min(prompt_len, len(tokens)), kv, kv_nbytes(kv), conversation,
                       name=turn.name or self._new_name(), replaces=turn.replaces, echo=echo)
@@ -213,10 +231,19 @@ class PromptCache:
 
     @_never_fatal()
     def shrink_to(self, budget_bytes: int) -> None:
-        """Least recently used entries leave memory (to disk) until the rest
-        take at most `budget_bytes`: room for a request's own KV."""
+        """Least recently used entries leave memory (to disk) until the rest,
+        with the entries still being written, take at most `budget_bytes`:
+        room for a request's own KV, which must be there before it starts
+        (so here, and only here, the worker waits for the writer)."""
+        self._settle()
         self._evict(entries_to_evict([e.nbytes for e in self._entries], budget_bytes))
+        self._wait_for_writes(lambda: sum(e.nbytes for e in self._entries) + self._writing_bytes() > budget_bytes)
         self._publish()
+
+    @_never_fatal()
+    def flush(self) -> None:
+        """Every write under way finished and collected (the engine stops)."""
+        self._wait_for_writes(lambda: True)
 
     # --- between requests ----------------------------------------------------
     @_never_fatal()
@@ -225,8 +252,9 @@ class PromptCache:
         engine restart does not lose the conversation in progress."""
         if self.files is None:
             return
-        if self._entries and self._entries[-1].file is None:
-            self._entries[-1].file = self._write(self._entries[-1])
+        self._settle()
+        if self._entries and self._entries[-1].file is None and id(self._entries[-1]) not in self._writing:
+            self._write(self._entries[-1], leaving=False)
             self._publish()
         # After the write, which may have measured the disk: the speeds go with the entries.
         rates = {"read_bytes_per_s": self._read_bytes_per_s, "prefill_tokens_per_s": self._prefill_tokens_per_s,
@@ -332,36 +360,94 @@ class PromptCache:
             return
         leaving, self._entries = self._entries[:n], self._entries[n:]
         for entry in leaving:
-            if self.files is not None and entry.file is None:
-                self._write(entry)
+            if id(entry) in self._writing:  # an idle write under way: its arrays go once it is done
+                self._writing[id(entry)].leaving = True
+            elif self.files is not None and entry.file is None:
+                self._write(entry, leaving=True)
         self.stats = replace(self.stats, evictions=self.stats.evictions + len(leaving))
         del leaving
         self._free()
 
-    def _write(self, entry: Entry) -> DiskEntry | None:
-        assert self.files is not None
-        started = time.monotonic()
+    def _write(self, entry: Entry, leaving: bool) -> None:
+        """The entry's file staged and handed to the writer (the I/O is its
+        thread's: the worker goes on at once)."""
+        assert self.files is not None and self._writer is not None
         try:
-            written = self.files.write(entry.model_key, entry.tokens, entry.prompt_len, entry.kv, entry.conversation,
-                                       entry.echo)
-        except OSError as exc:  # a full disk costs the disk tier, never a request
+            staged = self.files.stage(entry.model_key, entry.tokens, entry.prompt_len, entry.kv, entry.conversation,
+                                      entry.echo)
+        except OSError as exc:
             log.warning("prompt cache: cannot write an entry: %s", exc)
             self.stats = replace(self.stats, disk_write_failures=self.stats.disk_write_failures + 1)
-            return None
-        if written is not None:
-            self.stats = replace(self.stats, disk_writes=self.stats.disk_writes + 1)
-            # Earlier turns of its conversation only take room now (a file of the same tokens is this one).
-            self.files.delete(d for d in entry.replaces if d.path != written.path)
-            entry.replaces = ()
-            # Files this one extends (or, with agent-safe keys, a later turn of) only take room now.
-            self.files.delete_where(lambda d: d is not written and d.model_key == written.model_key
-                                    and supersedes(written, d))
-            elapsed = time.monotonic() - started
-            if not self._read_measured and elapsed > 0.01:
-                # No read timed yet: this disk's write speed is the best guess (a slow
-                # or virtualised disk reads slowly too), not an optimistic default.
-                self._read_bytes_per_s = written.nbytes / elapsed
-        return written
+            return
+        if staged is None:  # over the disk budget
+            return
+        writing = Writing(entry, time.monotonic(), leaving)
+        staged.token = (staged.token, writing)
+        self._writing[id(entry)] = writing
+        self._writer.submit(staged)
+
+    def _settle(self, block: bool = False, timeout: float = 60.0) -> None:
+        """Collects the writes the writer has finished: their files into the
+        index, the arrays of evicted entries freed (here, on the worker)."""
+        if self._writer is None or not self._writer.pending:
+            return
+        done = self._writer.finished(block=block, timeout=timeout)
+        freed = False
+        for staged in done:
+            staged.parts = []  # the views of MLX arrays, dropped on this thread
+            disk_entry, writing = staged.token
+            del self._writing[id(writing.entry)]
+            freed |= writing.leaving
+            if staged.error is not None:  # a full disk costs the disk tier, never a request
+                log.warning("prompt cache: cannot write an entry: %s", staged.error)
+                self.stats = replace(self.stats, disk_write_failures=self.stats.disk_write_failures + 1)
+                continue
+            staged.token = disk_entry
+            self._written(writing, self.files.commit(staged))  # type: ignore[union-attr]
+        if done:
+            if freed:
+                self._free()
+            self._publish()
+
+    def _written(self, writing: Writing, written: DiskEntry) -> None:
+        assert self.files is not None
+        entry = writing.entry
+        if not writing.leaving:
+            entry.file = written
+        self.stats = replace(self.stats, disk_writes=self.stats.disk_writes + 1)
+        # Earlier turns of its conversation only take room now (a file of the same tokens is this one).
+        self.files.delete(d for d in entry.replaces if d.path != written.path)
+        entry.replaces = ()
+        # Files this one extends (or, with agent-safe keys, a later turn of) only take room now.
+        self.files.delete_where(lambda d: d is not written and d.model_key == written.model_key
+                                and supersedes(written, d))
+        elapsed = time.monotonic() - writing.started
+        if not self._read_measured and elapsed > 0.01:
+            # No read timed yet: this disk's write speed is the best guess (a slow
+            # or virtualised disk reads slowly too), not an optimistic default.
+            self._read_bytes_per_s = written.nbytes / elapsed
+
+    def _writing_bytes(self) -> int:
+        return sum(w.entry.nbytes for w in self._writing.values() if w.leaving)
+
+    def _await_writes_that_serve(self, tokens: np.ndarray, reused: int) -> None:
+        """An evicted entry still being written that would serve this prompt
+        better than memory does: wait for its file (then read as any other)."""
+        leaving = [w.entry for w in self._writing.values() if w.leaving]
+        if not leaving:
+            return
+        best = self._plan(leaving, tokens)
+        if best is not None and best.reused > reused:
+            wanted = leaving[best.index]
+            self._wait_for_writes(lambda: id(wanted) in self._writing)
+
+    def _wait_for_writes(self, still: Callable[[], bool], limit_s: float = 120.0) -> None:
+        """Collect finished writes, waiting for them, while `still()` holds
+        and writes are under way (at most `limit_s`: a disk that hangs costs
+        the disk tier, not the engine)."""
+        deadline = time.monotonic() + limit_s
+        while self._writer is not None and self._writer.pending and still() and time.monotonic() < deadline:
+            self._settle(block=True, timeout=max(0.0, deadline - time.monotonic()))
 
     def _free(self) -> None:
         import gc
@@ -374,7 +460,8 @@ class PromptCache:
     def _publish(self) -> None:
         s = replace(self.stats, model=self.model_key, memory_entries=len(self._entries), recent=list(self._recent.values()),
                     hit_rate=round(self.stats.cached_tokens / self.stats.prompt_tokens, 4) if self.stats.prompt_tokens else 0.0,
-                    memory_bytes=sum(e.nbytes for e in self._entries), memory_budget_bytes=self.budget_bytes)
+                    memory_bytes=sum(e.nbytes for e in self._entries), memory_budget_bytes=self.budget_bytes,
+                    writing_bytes=self._writing_bytes(), disk_writes_pending=len(self._writing))
         if self.files is not None:
             s = replace(s, disk_entries=self.files.count, disk_bytes=self.files.total_bytes,
                         disk_budget_bytes=self.files.budget_bytes, disk_rejects=self.files.rejected)

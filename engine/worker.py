@@ -141,6 +141,7 @@ class ModelWorker(LoneTurns, BatchedTurns, TurnKV, threading.Thread):
 
                 self.link.share((STOP,))  # the other ranks exit 0 with us
             self.prompt_cache.idle()  # a clean stop keeps the conversation in progress on disk
+            self.prompt_cache.flush()  # and every file the writer had under way
         except BaseException as exc:  # noqa: BLE001 - anything escaping is fatal
             self._publish(Phase.FAILED)
             self.ready.set()

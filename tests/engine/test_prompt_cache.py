@@ -217,6 +217,30 @@ def test_corrupt_and_partial_entry_files_are_removed_and_requests_still_answer(t
         assert requests.get(ep.url + "/health", timeout=5).json()["status"] == "ok"
 
 
+def test_a_slow_disk_write_holds_up_no_request(start_engine, demo_models):
+    """Files are written by the writer's thread (engine/kv_writer.py): with
+    every write taking 8 s (a slow disk), three requests that each evict the
+    one before are all answered before the first file is even written, and
+    the files land afterwards."""
+    ep = start_engine(toml=toml(demo_models, {"memory_gib": 0.0015}),  # ~1.6 MB: less than one entry
+                      env={"MLXD_FAULT": "slow@kv_write:8000"})
+
+    def conversation(word: str) -> list[dict]:
+        return [{"role": "system", "content": f"{word} " * 300}, {"role": "user", "content": word}]
+
+    for word in ("alpha", "bravo", "charlie"):
+        ask(ep.url, conversation(word))
+    pc = requests.get(ep.url + "/health", timeout=5).json()["prompt_cache"]
+    # Written on the worker, alpha's file (8 s) would have held bravo's request up until it was done.
+    assert pc["evictions"] >= 2 and pc["disk_writes"] == 0 and pc["disk_writes_pending"] >= 1, pc
+    wait_until(lambda: (lambda pc: pc["disk_writes"] >= 2 and pc["disk_writes_pending"] == 0)(cache_stats(ep.url)),
+               120, what="every file written")
+    pc = cache_stats(ep.url)
+    assert pc["writing_bytes"] == 0 and pc["disk_entries"] >= 2  # on disk, and their arrays freed
+    # (the files read back: test_a_disk_entry_survives_kill_9_and_is_used_after_the_restart; here the 8 s
+    # writes have taught the cache that this disk is too slow to be worth reading)
+
+
 def test_kill_9_during_a_disk_write_leaves_no_entry(tmp_path, demo_models):
     home = tmp_path / "home"
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "write me"}]

@@ -113,6 +113,12 @@ class Req:
     completion_tokens: int
     prompt_tokens: int
     cached_tokens: int | None = None
+    t_last: float | None = None  # the last content-carrying chunk
+
+    @property
+    def end_after_last(self) -> float | None:
+        """From the last token to the stream's end: what the server does after the answer (a store, a write)."""
+        return None if self.t_last is None else self.t_end - self.t_last
 
     @property
     def ttft(self) -> float | None:
@@ -236,7 +242,9 @@ def summarize_block(rounds: list[list[Req]]) -> dict[str, Any]:
     toks = [r.completion_tokens for rs in rounds for r in rs]
     prompts = [r.prompt_tokens for rs in rounds for r in rs]
     cached = [r.cached_tokens or 0 for rs in rounds for r in rs]
+    ends = [r.end_after_last for rs in rounds for r in rs]
     return {"rounds": len(rounds), "agg_tok_s_median": median(aggs), "agg_tok_s_rounds": aggs,
+            "end_after_last_ms_p50": ms(pctl(ends, 0.5)), "end_after_last_ms_p95": ms(pctl(ends, 0.95)),
             "ttft_ms_p50": ms(pctl(ttfts, 0.5)), "ttft_ms_p95": ms(pctl(ttfts, 0.95)),
             "ttft_ms_max": ms(max((t for t in ttfts if t is not None), default=None)),
             "completion_tokens_min": min(toks, default=None), "completion_tokens_max": max(toks, default=None),
@@ -330,8 +338,9 @@ def span(lo: Any, hi: Any) -> str:
 
 def table(blocks: dict[str, dict[int, dict[str, Any]]]) -> list[str]:
     lines = ["| arm | clients | agg tok/s (min–max) | × mlx_lm.server | × single | TTFT p50 ms | TTFT p95 ms | "
-             "× mlx_lm TTFT p50 | peak memory | MLX peak / budget | tokens/request (prompt+gen) |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "× mlx_lm TTFT p50 | end after last token p50/p95 ms | peak memory | MLX peak / budget | "
+             "tokens/request (prompt+gen) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     counts = sorted({c for arm in blocks.values() for c in arm})
     for c in counts:
         for arm in ARMS:
@@ -356,7 +365,9 @@ def table(blocks: dict[str, dict[int, dict[str, Any]]]) -> list[str]:
             toks = span(blk["prompt_tokens_min"], blk["prompt_tokens_max"])
             gen = span(blk["completion_tokens_min"], blk["completion_tokens_max"])
             lines.append(f"| {LABEL[arm]} | {c} | {fmt(agg)}{rng} | {ratio} | {vs_single} | {fmt(blk['ttft_ms_p50'])} "
-                         f"| {fmt(blk['ttft_ms_p95'])} | {ttft_ratio} | {fmt_mib(peak)}{f' ({src})' if src else ''} "
+                         f"| {fmt(blk['ttft_ms_p95'])} | {ttft_ratio} "
+                         f"| {fmt(blk.get('end_after_last_ms_p50'))}/{fmt(blk.get('end_after_last_ms_p95'))} "
+                         f"| {fmt_mib(peak)}{f' ({src})' if src else ''} "
                          f"| {mlx} | {toks}+{gen} |")
     return lines
 
@@ -490,7 +501,7 @@ def chat_payload(model_name: str, prompt: str, max_tokens: int) -> bytes:
 
 def to_req(client: int, tr: Trace) -> Req:
     return Req(client, tr.t0, tr.chunk_times[0] if tr.chunk_times else None, tr.t_end, tr.completion_tokens,
-               tr.prompt_tokens, tr.cached_prompt_tokens)
+               tr.prompt_tokens, tr.cached_prompt_tokens, tr.chunk_times[-1] if tr.chunk_times else None)
 
 
 def run_round(ways: list[HttpWay], payloads: list[bytes], timeout: float) -> list[Req]:
@@ -525,12 +536,14 @@ def engine_extra(max_queue: int, log_level: str = "info") -> dict[str, Any]:
 
 
 def engine_toml(model: Path, extra: dict[str, Any], prompt_cache: bool, max_queue: int,
-                log_level: str = "info") -> str:
+                log_level: str = "info", prompt_cache_gib: float | None = None) -> str:
     """benchkit's one-model config with `extra` [engine] settings."""
     config = one_model_config(model)
     config["engine"].update(engine_extra(max_queue, log_level), **extra)
     if not prompt_cache:
         config["engine"]["prompt_cache"] = {"enabled": False}
+    elif prompt_cache_gib is not None:  # squeezed, as beside a big model on a Mac
+        config["engine"]["prompt_cache"] = {"memory_gib": prompt_cache_gib}
     return dumps(config)
 
 
@@ -543,6 +556,8 @@ def start_arm(arm: str, model: Path, workdir: Path, args: argparse.Namespace) ->
                 "--prompt-concurrency", str(args.batch_size)]
         if not args.prompt_cache:
             argv += ["--prompt-cache-size", "0"]
+        elif args.prompt_cache_gib is not None:
+            argv += ["--prompt-cache-bytes", str(int(args.prompt_cache_gib * 2**30))]
         if args.prefill_step_size:
             argv += ["--prefill-step-size", str(args.prefill_step_size)]
         return spawn(LABEL[arm], argv, child_env(), workdir / "mlx_lm_server.log", port, "/v1/models"), \
@@ -552,7 +567,8 @@ def start_arm(arm: str, model: Path, workdir: Path, args: argparse.Namespace) ->
         extra["max_prompt_tokens"] = args.max_prompt_tokens
     if args.prefill_step_size:
         extra["prefill_step_size"] = args.prefill_step_size
-    toml = engine_toml(model, extra, args.prompt_cache, max(8, max(args.clients_list)), args.engine_log_level)
+    toml = engine_toml(model, extra, args.prompt_cache, max(8, max(args.clients_list)), args.engine_log_level,
+                       args.prompt_cache_gib)
     return start_engine(workdir / f"home-{arm}", toml, workdir / f"engine-{arm}.log", name=LABEL[arm]), "default"
 
 
@@ -647,6 +663,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompt-tokens", type=int, default=1000, help="tokens per prompt, about (1000)")
     p.add_argument("--batch-size", type=int, default=8,
                    help="batched mlxd's max_concurrency and mlx_lm.server's decode/prompt concurrency (8)")
+    p.add_argument("--prompt-cache-gib", type=float, default=None, metavar="G",
+                   help="the prompt cache's memory (mlxd memory_gib, mlx_lm --prompt-cache-bytes): a squeezed cache")
     p.add_argument("--no-prompt-cache", dest="prompt_cache", action="store_false",
                    help="turn both servers' prompt caches off (default: left on, as configured by default)")
     p.add_argument("--startup-timeout", type=float, default=120.0, help="seconds for a server to become ready")
@@ -701,7 +719,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = {"model": name, "model_path": str(model), "arms": args.arms_list, "clients": args.clients_list,
                 "rounds": args.rounds, "warmup": args.warmup, "max_tokens": args.max_tokens,
                 "prompt_tokens": args.prompt_tokens, "prompt_token_count": count_source,
-                "batch_size": args.batch_size, "prompt_cache": args.prompt_cache,
+                "batch_size": args.batch_size, "prompt_cache": args.prompt_cache, "prompt_cache_gib": args.prompt_cache_gib,
                 "endpoint": f"{CHAT} (stream, include_usage), temperature 0",
                 "memory_sources": ("nvidia-smi, the server process's used GPU memory (or the device's used memory "
                                    "over its level before the server started), polled every 250 ms") if gpu else

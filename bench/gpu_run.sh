@@ -16,6 +16,8 @@
 #   bash bench/gpu_run.sh concurrency  # likewise: 1/2/4/8 clients, mlxd single/batched vs mlx_lm.server
 #   bash bench/gpu_run.sh kv        # likewise: bench/kv_memory.py (kv_bits at 8k/32k, memory over a 4k generation)
 #   bash bench/gpu_run.sh structured  # after `stage`: bench/structured_outputs.py (bound answers' cost) on the 8b model
+#   BUILDS=old bash bench/gpu_run.sh squeeze  # after `stage`: a squeezed prompt cache, an earlier mlxd (.whl2/old/)
+#   BUILDS=new bash bench/gpu_run.sh squeeze  #   against this tree's (issue 35), one call each
 # Results go to $OUT (or bench/results/gpu).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,7 +35,7 @@ pip_target() {  # pip_target DIR WHEELS...: one transaction, so wheels sharing a
 
 install_engine() {  # once per machine: MLX (CUDA), mlx-lm, the engine's web stack, mlxd; then the 8b model
   if [ ! -d /tmp/site/mlx ]; then
-    cp .whl2/* /tmp/stage/
+    find .whl2 -maxdepth 1 -type f -exec cp {} /tmp/stage/ \;  # (.whl2/old/: an earlier mlxd, for `squeeze`)
     cat /tmp/stage/mlxcuda.part* > /tmp/stage/mlx_cuda_13-0.32.4-py3-none-manylinux_2_35_x86_64.whl
     rm /tmp/stage/mlxcuda.part*
     pip_target /tmp/site /tmp/stage/*.whl
@@ -104,6 +106,23 @@ concurrency)
       ${PREFILL_STEP:+--prefill-step-size "$PREFILL_STEP"} \
       --out "$OUT/concurrency_8b${PREFILL_STEP:+_step$PREFILL_STEP}.json" | tee "$OUT/concurrency_8b${PREFILL_STEP:+_step$PREFILL_STEP}.md"
   ;;
+squeeze)
+  # Issue 35: a prompt cache squeezed as beside a big model on a Mac (PROMPT_CACHE_GIB, 2), long prompts
+  # (PROMPT_TOKENS, 4000), mlxd single and batched, for BUILDS: "old" (the mlxd wheel in .whl2/old/, an
+  # earlier commit's) and "new" (this tree's): the stream's end after its last token, the gap between
+  # queued requests, the device memory of the engine process (nvidia-smi) against its budget.
+  install_engine
+  [ -d /tmp/site-old/mlxd ] || pip_target /tmp/site-old .whl2/old/*.whl
+  for build in ${BUILDS:-old new}; do
+    path=$PYTHONPATH; [ "$build" = old ] && path=/tmp/site-old:$PYTHONPATH
+    PYTHONPATH=$path $PY -c 'import mlxd.engine.worker as w; print("mlxd", w.__file__)'
+    PYTHONPATH=$path $PY bench/concurrency.py --model "$MODEL" --arms "${ARMS:-single,batched}" \
+        --clients "${CLIENTS:-1,4,8}" --rounds "${ROUNDS:-2}" --warmup 1 --max-tokens "${MAX_TOKENS:-128}" \
+        --prompt-tokens "${PROMPT_TOKENS:-4000}" --prompt-cache-gib "${PROMPT_CACHE_GIB:-2}" --startup-timeout 300 \
+        --engine-log-level "${ENGINE_LOG_LEVEL:-info}" --keep-logs "$OUT/logs-$build" \
+        --out "$OUT/squeeze_$build.json" | tee "$OUT/squeeze_$build.md"
+  done
+  ;;
 admission)
   # Memory admission against an unbounded batch: 8 clients with long prompts
   # (LONG_TOKENS, ~60k), mlxd batched with its budget from the card's 80 GB,
@@ -131,7 +150,7 @@ profile)
       | tee "$OUT/kv_reuse_profile_8b.txt"
   ;;
 *)
-  echo "usage: $0 stage|engine|gateway|cache|concurrency|admission|kv|profile" >&2
+  echo "usage: $0 stage|engine|gateway|cache|concurrency|squeeze|admission|kv|profile|structured|grammar-probe" >&2
   exit 64
   ;;
 esac

@@ -72,6 +72,7 @@ KV and the prompt cache
   reuse.py                a turn's reuse plan: which entry, how deep, continue or branch (pure)
   cache_keys.py           agent-safe keys: which conversation a request continues
   kv_files.py             the disk tier: one safetensors file per entry, written atomically
+  kv_writer.py            the disk tier's writer thread: files staged by the worker, written off its thread
 
 The heavy-model estimate is mlxd.models / mlxd.memory_estimate (core/),
 shared with the gateway without MLX, as is the error contract

@@ -150,19 +150,25 @@ class BatchedTurns:
             self._fatal(exc, batch.jobs)
             return
         self._heartbeat()
+        for e in ended:  # every answer's end goes out before any row's KV is stored (a copy, maybe an eviction)
+            self._finish(e)
         for e in ended:
             self._end(e)
         self._publish_batch()
         if ended:
             self._record_inflight_batch()
 
+    def _finish(self: "ModelWorker", e: Ended) -> None:
+        """A request left the batch: its answer's end, to its client."""
+        a = e.admitted
+        self.counters["generated_tokens"] += len(a.generation.tokens)
+        self.counters["prompt_tokens"] += len(a.prompt)
+        a.generation.end(e.finish, len(a.prompt), len(a.generation.tokens), a.fetched.cached_tokens)
+
     def _end(self: "ModelWorker", e: Ended) -> None:
-        """A request left the batch: its answer's end, its KV to the prompt cache."""
+        """After its answer's end (_finish): its KV to the prompt cache, its place freed."""
         a = e.admitted
         generated = a.generation.tokens
-        self.counters["generated_tokens"] += len(generated)
-        self.counters["prompt_tokens"] += len(a.prompt)
-        a.generation.end(e.finish, len(a.prompt), len(generated), a.fetched.cached_tokens)
         self._store_turn(a.job, a.prompt, a.fetched, generated, e.kv, a.snapshot, a.needs_snapshot,
                          a.first_token_at - a.admitted_at if a.first_token_at is not None else None)
         cache = self.prompt_cache

@@ -153,9 +153,11 @@ class KVWriter:
         return out
 
     def close(self) -> None:
+        """The thread ends once the writes before this are done (a later submit starts another)."""
         if self._thread is not None:
             self._todo.put(None)
             self._thread.join(60)
+            self._thread = None
 
     def _run(self) -> None:
         while (staged := self._todo.get()) is not None:

@@ -135,6 +135,9 @@ def run_engine(config: Config) -> int:
         log_level="warning",
         access_log=False,
         timeout_graceful_shutdown=int(config.engine.shutdown_grace_s) + 2,
+        # Longer than any client's pool keeps an idle connection (the gateway's aiohttp: 60 s): at
+        # uvicorn's 5 s, a request sent as the engine closed its idle connection was reset.
+        timeout_keep_alive=75,
         lifespan="on",
     )
     server = EngineServer(uv_config, engine.lifecycle)

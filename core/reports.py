@@ -50,6 +50,8 @@ class EngineMemory(Report):
     budget_bytes: int = 0
     mlx_active_before_first_load: int | None = None
     mlx_active_after_last_unload: int | None = None
+    # MLX frees its buffer cache before active + cached memory would pass this (the budget; None: MLX's default)
+    mlx_memory_limit_bytes: int | None = None
 
 
 @dataclass(frozen=True)

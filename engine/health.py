@@ -113,6 +113,7 @@ class Health:
                 budget_bytes=self.budget_bytes,
                 mlx_active_before_first_load=w.active_before_first_load,
                 mlx_active_after_last_unload=w.active_after_last_unload,
+                mlx_memory_limit_bytes=w.mlx_memory_limit,
             ),
             counters=dict(w.counters),
             prompt_cache=w.cache_stats(),

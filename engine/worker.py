@@ -103,6 +103,7 @@ class ModelWorker(LoneTurns, BatchedTurns, TurnKV, threading.Thread):
         self.memory = MemorySnapshot()
         self.active_before_first_load: int | None = None
         self.active_after_last_unload: int | None = None
+        self.mlx_memory_limit: int | None = None  # what MLX's allocator keeps active + cached memory under
         self.ready = threading.Event()  # preload finished (or was skipped)
         self.ready_at: float | None = None  # wall clock, when ready was set
         self.active_generations = 0
@@ -159,6 +160,7 @@ class ModelWorker(LoneTurns, BatchedTurns, TurnKV, threading.Thread):
         import mlx.core as mx
 
         mx.set_memory_limit(self.registry.budget_bytes)
+        self.mlx_memory_limit = self.registry.budget_bytes
 
     def _preload(self) -> None:
         self._sample_memory()

@@ -145,4 +145,17 @@ def run_engine(config: Config) -> int:
     server.run()
     if not server.started:  # e.g. the port is taken; uvicorn said why
         return exit_codes.STARTUP_FAILED
-    return exit_codes.OK
+    exit_now(exit_codes.OK)
+    return exit_codes.OK  # (not reached)
+
+
+def exit_now(code: int) -> None:
+    """The drained engine's exit, without the interpreter's teardown: the
+    worker has stopped, the prompt cache's files are written and fsynced,
+    and what is left is C++ static destructors, where MLX's CUDA backend
+    aborted ("terminate called without an active exception": a clean drain
+    ended as a SIGABRT). Logs are flushed first."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -163,8 +163,8 @@ class KVWriter:
         while (staged := self._todo.get()) is not None:
             try:
                 write_file(staged, self.before_commit)
-            except OSError as exc:  # a full disk costs the disk tier, never a request
-                staged.error = str(exc)
+            except Exception as exc:  # noqa: BLE001 - a full disk (or a bug here) costs the disk tier, never
+                staged.error = f"{type(exc).__name__}: {exc}"  # a request, and never stops this thread
             # The views stay: the worker drops them when it collects the write, so that
             # no MLX array is freed on this thread.
             self._done.put(staged)

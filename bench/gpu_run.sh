@@ -18,6 +18,7 @@
 #   bash bench/gpu_run.sh structured  # after `stage`: bench/structured_outputs.py (bound answers' cost) on the 8b model
 #   BUILDS=old bash bench/gpu_run.sh squeeze  # after `stage`: a squeezed prompt cache, an earlier mlxd (.whl2/old/)
 #   BUILDS=new bash bench/gpu_run.sh squeeze  #   against this tree's (issue 35), one call each
+#   BUILDS=old bash bench/gpu_run.sh agents   # likewise: four agents at once (bench/agents_load.py)
 # Results go to $OUT (or bench/results/gpu).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -123,6 +124,19 @@ squeeze)
         --out "$OUT/squeeze_$build.json" | tee "$OUT/squeeze_$build.md"
   done
   ;;
+agents)
+  # Issue 35: four coding agents at once (bench/agents_load.py): 12k-token system prompts, +1.7k tokens a turn,
+  # 6 turns, 128-token answers, max_concurrency 4, memory_gib 2, for BUILDS as in `squeeze`.
+  install_engine
+  [ -d /tmp/site-old/mlxd ] || pip_target /tmp/site-old .whl2/old/*.whl
+  for build in ${BUILDS:-old new}; do
+    path=$PYTHONPATH; [ "$build" = old ] && path=/tmp/site-old:$PYTHONPATH
+    PYTHONPATH=$path $PY bench/agents_load.py --model "$MODEL" --agents "${AGENTS:-4}" \
+        --system-tokens "${SYSTEM_TOKENS:-12000}" --turn-tokens "${TURN_TOKENS:-1700}" --turns "${TURNS:-6}" \
+        --max-tokens 128 --prompt-cache-gib "${PROMPT_CACHE_GIB:-2}" --keep-logs "$OUT/logs-agents-$build" \
+        --out "$OUT/agents_$build.json" 2> >(tee "$OUT/agents_$build.progress" >&2) | tee "$OUT/agents_$build.md"
+  done
+  ;;
 admission)
   # Memory admission against an unbounded batch: 8 clients with long prompts
   # (LONG_TOKENS, ~60k), mlxd batched with its budget from the card's 80 GB,
@@ -150,7 +164,7 @@ profile)
       | tee "$OUT/kv_reuse_profile_8b.txt"
   ;;
 *)
-  echo "usage: $0 stage|engine|gateway|cache|concurrency|squeeze|admission|kv|profile|structured|grammar-probe" >&2
+  echo "usage: $0 stage|engine|gateway|cache|concurrency|squeeze|agents|admission|kv|profile|structured|grammar-probe" >&2
   exit 64
   ;;
 esac

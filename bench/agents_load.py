@@ -26,13 +26,12 @@ Progress to stderr, a Markdown summary to stdout, every turn to --out (JSON).
 from __future__ import annotations
 
 import argparse
-import random
 import sys
 import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import requests
 
@@ -40,12 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchkit import (DEFAULT_CACHE, RESULTS, BenchError, HttpWay, demo_model, interrupt_on_sigterm,  # noqa: E402
                       machine_info, median, one_model_config, percentile, say, start_engine, stop_all_children,
                       stop_child, write_json)
-from concurrency import MemoryWatch, engine_extra, fmt_mib, gpu_used_bytes, headline_memory, token_counter  # noqa: E402
+from concurrency import (MemoryWatch, engine_extra, fmt_mib, gpu_used_bytes, headline_memory,  # noqa: E402
+                         make_prompt, token_counter)
 
 OUT = RESULTS / "agents_load.json"
-WORDS = ("build test deploy file path module function class return value error retry cache token stream model "
-         "engine request answer client server memory budget prompt batch decode prefill agent tool result output "
-         "input config setting option default branch commit merge review patch diff line column").split()
 
 
 @dataclass
@@ -59,20 +56,6 @@ class Turn:
     cached_tokens: int
     completion_tokens: int
     error: str | None = None
-
-
-def filler(rng: random.Random, tokens: int, count: Callable[[str], int], head: str) -> str:
-    """`head` and random words, as many as fit in `tokens` tokens (by the model's
-    tokenizer; a binary search over the number of words)."""
-    words = [head] + [rng.choice(WORDS) for _ in range(2 * tokens + 8)]  # a word is at least one token
-    lo, hi = 1, len(words)  # the longest prefix that fits lies in [lo, hi]
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if count(" ".join(words[:mid])) <= tokens:
-            lo = mid
-        else:
-            hi = mid - 1
-    return " ".join(words[:lo])
 
 
 def run_agent(i: int, way: HttpWay, system: str, turns: list[str], max_tokens: int, start: threading.Barrier,
@@ -138,10 +121,11 @@ def main(argv: list[str] | None = None) -> int:
     interrupt_on_sigterm()
     model = args.model or demo_model("a", DEFAULT_CACHE)[1]
     count, count_source = token_counter(model)
-    rng = random.Random(args.seed)
     say(f"writing {args.agents} system prompts of {args.system_tokens} tokens and their turns ({count_source})")
-    systems = [filler(rng, args.system_tokens, count, f"You are coding agent number {i}.") for i in range(args.agents)]
-    user_turns = [[filler(rng, args.turn_tokens, count, f"Tool output {i}.{n}:") for n in range(args.turns)]
+    # concurrency.py's prompts: each distinct from its first word on (prompt k's seed is k)
+    base = 1000 * args.seed
+    systems = [make_prompt(base + i, args.system_tokens, count) for i in range(args.agents)]
+    user_turns = [[make_prompt(base + 100 * (i + 1) + n, args.turn_tokens, count) for n in range(args.turns)]
                   for i in range(args.agents)]
     config = one_model_config(model)
     config["engine"].update(engine_extra(max(8, args.agents)), max_concurrency=args.concurrency or args.agents,

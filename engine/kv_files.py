@@ -4,10 +4,10 @@ with the entry's tokens and provenance in the file's metadata.
 
 A file is written into kv/tmp/, flushed to disk and renamed into place, so a
 kill at any moment leaves either a whole entry or a temporary file that the
-next scan deletes. The prompt cache has the I/O done off the worker thread
-(engine/kv_writer.py: `stage` here, the write there, `commit` here). Files that are corrupt, partial or foreign (another
-model's build, another MLX version, a model no longer configured) are
-deleted when seen. The index of files (tokens, sizes) lives in memory; the
+next scan deletes. The prompt cache has the I/O done off the worker
+thread (`stage` here, the write in engine/kv_writer.py, `commit` here).
+Files that are corrupt, partial or foreign (another model's build, another
+MLX version, a model no longer configured) are deleted when seen. The index of files (tokens, sizes) lives in memory; the
 worker thread is its only reader and writer, and the only thread that
 touches an MLX array (the writer sees numpy views of the bytes).
 """
@@ -233,8 +233,8 @@ class KVFiles:
 
     def stage(self, model_key: str, tokens: np.ndarray, prompt_len: int, kv: list[Any],
               conversation: tuple[str, ...] = (), echo: tuple[int, ...] = ()) -> StagedFile | None:
-        """An entry's file staged for the writer (engine/kv_writer.py), its
-        DiskEntry-to-be as the token; None when it cannot fit the disk budget."""
+        """An entry's file staged for the writer (engine/kv_writer.py), with
+        its DiskEntry-to-be; None when it cannot fit the disk budget."""
         from mlx_lm.models.cache import can_trim_prompt_cache
 
         kv = compact(kv)
@@ -248,13 +248,13 @@ class KVFiles:
                 "patchable": "1" if is_patchable(kv) else "0", "echo": ",".join(map(str, echo)),
                 "tokens": base64.b64encode(tokens.astype("<i4").tobytes()).decode(), "conversation": ",".join(conversation)}
         staged = stage_file(final, tmp, kv, meta)
-        staged.token = DiskEntry(final, model_key, tokens.copy(), prompt_len, trimmable, staged.nbytes, conversation,
+        staged.disk_entry = DiskEntry(final, model_key, tokens.copy(), prompt_len, trimmable, staged.nbytes, conversation,
                                  is_patchable(kv), echo)
         return staged
 
     def commit(self, staged: StagedFile) -> DiskEntry:
         """A written file into the index, as the most recent entry."""
-        entry: DiskEntry = staged.token
+        entry: DiskEntry = staged.disk_entry
         self._index.pop(entry.path, None)
         self._index[entry.path] = entry
         self._enforce_budget(keep=entry.path)

@@ -44,7 +44,8 @@ class StagedFile:
     header: bytes
     parts: list[np.ndarray]
     nbytes: int
-    token: Any = None  # the worker's own record of this write, handed back when it is done
+    disk_entry: Any = None  # what the index records once the file is in place (engine/kv_files.py)
+    token: Any = None  # the caller's own record of this write, handed back when it is done
     error: str | None = field(default=None)
 
 

@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 import time
+from typing import NoReturn
 
 import uvicorn
 
@@ -146,10 +147,9 @@ def run_engine(config: Config) -> int:
     if not server.started:  # e.g. the port is taken; uvicorn said why
         return exit_codes.STARTUP_FAILED
     exit_now(exit_codes.OK)
-    return exit_codes.OK  # (not reached)
 
 
-def exit_now(code: int) -> None:
+def exit_now(code: int) -> NoReturn:
     """The drained engine's exit, without the interpreter's teardown: the
     worker has stopped, the prompt cache's files are written and fsynced,
     and what is left is C++ static destructors, where MLX's CUDA backend

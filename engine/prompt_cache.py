@@ -46,7 +46,7 @@ import numpy as np
 from mlxd.reports import PromptCacheReport, ReuseLine
 
 from .kv_files import DiskEntry, KVFileError, KVFiles, is_patchable, kv_nbytes
-from .kv_writer import KVWriter, StagedFile
+from .kv_writer import KVWriter
 from .prompt_cache_policy import (MIN_PREFILL_SAMPLE, MIN_REUSE_TOKENS, NOT_CACHED, Fetched,
                                   entries_to_evict, prefill_rate_for, worth_reading)
 from .reuse import ApproxPolicy, Candidate, Reuse, choose_reuse, explain, supersedes
@@ -388,7 +388,7 @@ class PromptCache:
         if staged is None:  # over the disk budget
             return
         writing = Writing(entry, time.monotonic(), leaving)
-        staged.token = (staged.token, writing)
+        staged.token = writing
         self._writing[id(entry)] = writing
         self._writer.submit(staged)
         log.debug("prompt cache: staged a file of %d MiB in %.1f ms", staged.nbytes >> 20,
@@ -402,13 +402,12 @@ class PromptCache:
         done = self._writer.finished(block=block, timeout=timeout)
         for staged in done:
             staged.parts = []  # the views of MLX arrays, dropped on this thread
-            disk_entry, writing = staged.token
+            writing: Writing = staged.token
             del self._writing[id(writing.entry)]
             if staged.error is not None:  # a full disk costs the disk tier, never a request
                 log.warning("prompt cache: cannot write an entry: %s", staged.error)
                 self.stats = replace(self.stats, disk_write_failures=self.stats.disk_write_failures + 1)
                 continue
-            staged.token = disk_entry
             self._written(writing, self.files.commit(staged))  # type: ignore[union-attr]
         if done:
             self._publish()

@@ -23,7 +23,6 @@ it without the conversation.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import aiohttp
@@ -127,7 +126,7 @@ class EngineFastPath:
         try:
             headers = [(k.lower(), v) for k, v in resp.raw_headers if k.lower() not in HOP]
             if resp.status == 200 and resp.headers.get("content-type", "").startswith("text/event-stream"):
-                await self._relay_stream(resp, headers, to, replay.receive, send, path)
+                await self._relay_stream(resp, headers, to, send, path)
                 return
             try:
                 answer: bytes | None = await resp.read()
@@ -152,19 +151,12 @@ class EngineFastPath:
                                if after is AfterRefusal.FALL_BACK_UNLESS_500 else send)
 
     @staticmethod
-    async def _relay_stream(resp: aiohttp.ClientResponse, headers: list, to: ToEngine, receive: Any,
-                            send: Any, path: str) -> None:
+    async def _relay_stream(resp: aiohttp.ClientResponse, headers: list, to: ToEngine, send: Any, path: str) -> None:
         """The engine's bytes as they arrive. A failure after the first byte
-        is an SSE error event and no [DONE]; a client that goes away closes
-        the upstream, which stops the engine's generation."""
+        is an SSE error event and no [DONE]. A client that goes away is
+        gateway/hangup.py's: it cancels this, which closes the upstream and
+        so stops the engine's generation."""
         await send({"type": "http.response.start", "status": 200, "headers": headers})
-
-        async def close_on_disconnect() -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            resp.close()
-
-        watcher = asyncio.ensure_future(close_on_disconnect())
         renamer = StreamRenamer(to.engine_name, to.public_name) if to.engine_name else None
         tail = b""
         try:
@@ -175,6 +167,4 @@ class EngineFastPath:
         except (aiohttp.ClientError, OSError) as exc:
             error = ApiError(503, MID_STREAM_FAILURE.format(type(exc).__name__), "engine_failed_mid_stream")
             tail = stream_failure(path, error)
-        finally:
-            watcher.cancel()
         await send({"type": "http.response.body", "body": tail})

@@ -78,3 +78,26 @@ def test_a_client_that_hangs_up_in_prefill_frees_the_engine(stack, name, gateway
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["message"]["content"] is not None
     assert "Traceback" not in st.log_tail(200)
+
+
+def test_a_client_that_hangs_up_mid_stream_stops_the_generation(stack):
+    """After the first byte too (the fast path's stream): the gateway cancels the relay, which closes its
+    connection to the engine, and the engine ends the generation within a token, long before max_tokens."""
+    st = stack(gateway="")
+    u = urlsplit(st.gateway_url)
+    data = json.dumps({"model": "default", "max_tokens": 8000, "stream": True, "temperature": 0,
+                       "messages": [{"role": "user", "content": "write a long story"}]}).encode()
+    sock = socket.create_connection((u.hostname, u.port), timeout=30)
+    try:
+        sock.sendall((f"POST /v1/chat/completions HTTP/1.1\r\nHost: {u.hostname}:{u.port}\r\n"
+                      f"Content-Type: application/json\r\nAuthorization: Bearer {st.key}\r\n"
+                      f"Content-Length: {len(data)}\r\n\r\n").encode() + data)
+        assert sock.recv(64).startswith(b"HTTP/1.1 200"), "the stream did not start"
+        assert wait_for(lambda: engine_phase(st)[0] == "decode", timeout=60), "the engine never decoded it"
+    finally:
+        sock.close()
+    assert wait_for(lambda: engine_phase(st)[0] == "idle", timeout=IDLE_WITHIN_S, interval=0.1), \
+        "the engine went on generating after the client left"
+    done = requests.get(st.url + "/metrics", timeout=5).text
+    generated = [float(ln.split()[-1]) for ln in done.splitlines() if ln.startswith("mlxd_engine_generated_tokens")]
+    assert generated and generated[0] < 8000  # cut short, not run to max_tokens

@@ -116,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--request-timeout", type=float, default=1800.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--keep-logs", type=Path, default=None, help="copy the engine's log into this folder")
+    p.add_argument("--engine-log-level", default="info", help="debug: every batch step's time in the engine's log")
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args(argv)
     interrupt_on_sigterm()
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     user_turns = [[make_prompt(base + 100 * (i + 1) + n, args.turn_tokens, count) for n in range(args.turns)]
                   for i in range(args.agents)]
     config = one_model_config(model)
-    config["engine"].update(engine_extra(max(8, args.agents)), max_concurrency=args.concurrency or args.agents,
+    config["engine"].update(engine_extra(max(8, args.agents), args.engine_log_level), max_concurrency=args.concurrency or args.agents,
                             max_prompt_tokens=131072)
     if args.prompt_cache_gib is not None:
         config["engine"]["prompt_cache"] = {"memory_gib": args.prompt_cache_gib}
@@ -151,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         threads = [threading.Thread(target=run_agent, args=(i, ways[i], systems[i], user_turns[i], args.max_tokens,
                                                              start, t_origin, turns, args.request_timeout))
                    for i in range(args.agents)]
-        with MemoryWatch(server.proc.pid, baseline) as watch:
+        with MemoryWatch(server.proc.pid, baseline, server.url + "/health") as watch:
             for t in threads:
                 t.start()
             for t in threads:
@@ -160,6 +161,10 @@ def main(argv: list[str] | None = None) -> int:
         mem = {**watch.result(), **{k: health["memory"].get(k) for k in ("mlx_peak_bytes", "mlx_cache_bytes",
                                                                           "budget_bytes", "mlx_memory_limit_bytes")}}
         doc["memory"] = mem
+        doc["memory_at_gpu_peak"] = watch.at_gpu_peak
+        if watch.at_gpu_peak:
+            say("at the GPU peak: " + ", ".join(f"{k} {v / 2**30:.2f} GiB" if isinstance(v, int) and v > 2**20
+                                                 else f"{k} {v}" for k, v in watch.at_gpu_peak.items()))
         doc["summary"] = summarize(turns, args.agents)
     finally:
         stop_child(server.proc)

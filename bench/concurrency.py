@@ -60,6 +60,7 @@ from typing import Any, Callable, Iterable
 import psutil
 import requests
 
+from mlxd.engine.device_memory import parse_compute_apps
 from mlxd.toml_text import dumps, table_lines
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # when imported by path (tests)
@@ -139,22 +140,6 @@ def queue_gaps(reqs: list[Req], lone_ttft: float) -> list[float]:
     `lone_ttft` (what a request alone waits for its first token). Seconds."""
     served = sorted((r for r in reqs if r.t_first is not None), key=lambda r: r.t_first)
     return [cur.t_first - prev.t_end - lone_ttft for prev, cur in zip(served, served[1:])]
-
-
-def parse_compute_apps(text: str) -> dict[int, int]:
-    """`nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits`
-    -> {pid: bytes}; a process on several GPUs is summed; odd lines skipped."""
-    out: dict[int, int] = {}
-    for line in text.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) < 2:
-            continue
-        try:
-            pid, mib = int(parts[0]), float(parts[1])
-        except ValueError:
-            continue
-        out[pid] = out.get(pid, 0) + int(mib * MIB)
-    return out
 
 
 # --- pure parts: the prompts -----------------------------------------------------------------
@@ -425,8 +410,10 @@ class MemoryWatch:
     50 ms) and, where nvidia-smi works, its GPU memory (every 250 ms): the
     process's own figure, else the device's used memory over `gpu_baseline`."""
 
-    def __init__(self, pid: int, gpu_baseline: int | None) -> None:
+    def __init__(self, pid: int, gpu_baseline: int | None, health_url: str | None = None) -> None:
         self.pid, self.gpu_baseline = pid, gpu_baseline
+        self.health_url = health_url  # given: the engine's own memory figures at the GPU peak (`at_gpu_peak`)
+        self.at_gpu_peak: dict[str, Any] | None = None
         self.rss_peak = 0
         self.gpu_peak: int | None = None
         self.gpu_source: str | None = None
@@ -454,6 +441,17 @@ class MemoryWatch:
         except psutil.Error:
             pass
 
+    def _engine_memory(self, gpu_bytes: int) -> dict[str, Any] | None:
+        """What the engine says it holds (its latest sample) when the GPU figure peaked."""
+        try:
+            h = requests.get(self.health_url, timeout=2).json()
+        except (requests.RequestException, ValueError):
+            return None
+        mem, pc = h.get("memory", {}), h.get("prompt_cache", {})
+        return {"gpu_bytes": gpu_bytes, "mlx_active_bytes": mem.get("mlx_active_bytes"),
+                "mlx_cache_bytes": mem.get("mlx_cache_bytes"), "prompt_cache_bytes": pc.get("memory_bytes"),
+                "prompt_cache_writing_bytes": pc.get("writing_bytes"), "running": h.get("batch_size")}
+
     def _gpu(self) -> None:
         while not self._stop.is_set():
             by_pid = parse_compute_apps(nvidia_smi("--query-compute-apps=pid,used_memory") or "")
@@ -465,6 +463,8 @@ class MemoryWatch:
                 source = "GPU, nvidia-smi device used − before start"
             if value is not None and (self.gpu_peak is None or value > self.gpu_peak):
                 self.gpu_peak, self.gpu_source = value, source
+                if self.health_url:
+                    self.at_gpu_peak = self._engine_memory(value)
             self._stop.wait(0.25)
 
     def result(self) -> dict[str, Any]:

@@ -129,12 +129,23 @@ agents)
   # 6 turns, 128-token answers, max_concurrency 4, memory_gib 2, for BUILDS as in `squeeze`.
   install_engine
   [ -d /tmp/site-old/mlxd ] || pip_target /tmp/site-old .whl2/old/*.whl
+  cache_arg="--prompt-cache-gib ${PROMPT_CACHE_GIB:-2}"; [ "${PROMPT_CACHE_GIB:-}" = default ] && cache_arg=""
   for build in ${BUILDS:-old new}; do
     path=$PYTHONPATH; [ "$build" = old ] && path=/tmp/site-old:$PYTHONPATH
     PYTHONPATH=$path $PY bench/agents_load.py --model "$MODEL" --agents "${AGENTS:-4}" \
         --system-tokens "${SYSTEM_TOKENS:-12000}" --turn-tokens "${TURN_TOKENS:-1700}" --turns "${TURNS:-6}" \
-        --max-tokens 128 --prompt-cache-gib "${PROMPT_CACHE_GIB:-2}" --keep-logs "$OUT/logs-agents-$build" \
+        --max-tokens 128 $cache_arg --engine-log-level "${ENGINE_LOG_LEVEL:-info}" --keep-logs "$OUT/logs-agents-$build" \
         --out "$OUT/agents_$build.json" 2> >(tee "$OUT/agents_$build.progress" >&2) | tee "$OUT/agents_$build.md"
+  done
+  ;;
+prefill)
+  # Issue 35, item 5 (a diagnosis): long prompts prefilled alone and batched, mlx-lm's BatchGenerator and
+  # the engine's caches (bench/long_prefill_probe.py): a burst of 12k-token prompts, then turns over cached KV.
+  install_engine
+  for spec in ${PREFILL_SPECS:-12000:0:512 12000:0:2048 1700:14000:512 1700:14000:2048}; do
+    IFS=: read -r new cached step <<< "$spec"
+    $PY bench/long_prefill_probe.py "$MODEL" --rows "${ROWS:-4}" --prompt-tokens "$new" --cached "$cached" \
+        --step "$step" --repeats "${REPEATS:-2}" 2>&1 | tee -a "$OUT/long_prefill_probe_8b.md"
   done
   ;;
 admission)
@@ -164,7 +175,7 @@ profile)
       | tee "$OUT/kv_reuse_profile_8b.txt"
   ;;
 *)
-  echo "usage: $0 stage|engine|gateway|cache|concurrency|squeeze|agents|admission|kv|profile|structured|grammar-probe" >&2
+  echo "usage: $0 stage|engine|gateway|cache|concurrency|squeeze|agents|prefill|admission|kv|profile|structured|grammar-probe" >&2
   exit 64
   ;;
 esac

@@ -50,8 +50,13 @@ class EngineMemory(Report):
     budget_bytes: int = 0
     mlx_active_before_first_load: int | None = None
     mlx_active_after_last_unload: int | None = None
-    # MLX frees its buffer cache before active + cached memory would pass this (the budget; None: MLX's default)
+    # MLX frees its buffer cache before active + cached memory would pass this: the budget less what the
+    # process holds outside MLX (None: MLX's default)
     mlx_memory_limit_bytes: int | None = None
+    # Where nvidia-smi sees the process: its device memory, and the most of it seen outside MLX (CUDA's
+    # context, cuBLAS/cuDNN workspaces), which MLX's limit leaves room for (engine/device_memory.py)
+    device_process_bytes: int | None = None
+    outside_mlx_bytes: int | None = None
 
 
 @dataclass(frozen=True)

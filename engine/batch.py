@@ -1,6 +1,16 @@
 """Batched generation (`max_concurrency` > 1): the running requests decoded
 as one batch by mlx-lm's BatchGenerator, on the worker thread.
 
+A joining request's prompt is prefilled by itself, a paced chunk a step
+(engine/prefill.py, the lone path's prefill), between the batch's decode
+steps, and joins mlx-lm's batch with its last token: alone, attention is
+MLX's fused causal kernel; in mlx-lm's batch, rows are padded and attention
+takes an explicit mask (scores, their softmax and the mask, in float32, over
+the whole context): on the H100 (8B) 4 x 12k tokens prefilled at ~24k tokens/s
+alone against ~11k in mlx-lm's batch, and a turn of 1.7k tokens over 14k
+cached ran at ~1.7k tokens/s in the batch. The decoding rows get a step after
+every chunk, so a long prompt joining does not stop their answers.
+
 A request alone is decoded as mlx-lm decodes one (`generate_step`, `_Solo`):
 a batch of one costs ~40 % of the decode speed on a GPU (measured: 83 against
 139 tok/s on the 8B demo model), and one agent at a time is the common case.
@@ -37,6 +47,18 @@ from .sampling import make_sampling, seeing_context
 from .scheduler import Row, starts_alone
 
 log = logging.getLogger("mlxd.engine.worker")
+
+
+def set_prefill_step(generator: Any, step: int) -> None:
+    """The batch's prefill step from the pace: each joining row's chunk this
+    step (the generator's size) and the forward passes it goes through in (its
+    prompt batch's). mlx-lm gives the prompt batch its size once, when the
+    generator is made; left there, a model's whole time in memory prefilled
+    batched prompts 32 tokens a row per forward (the pace's first step), each
+    forward followed by mx.clear_cache(): 10x slower than mlx-lm's own batch
+    on the H100 (4 x 12k tokens: ~650 against ~11k tokens/s)."""
+    generator.prefill_step_size = step
+    generator._prompt_batch.prefill_step_size = step
 
 
 def batchable_model(model: Any) -> bool:
@@ -86,6 +108,19 @@ class _Solo:
 SOLO = -1  # the lone request's key among the rows
 
 
+@dataclass(eq=False)
+class _Prefilling:
+    """A request whose prompt is being prefilled by itself before it joins the batch."""
+
+    key: int  # its key among the rows until mlx-lm's batch gives it a uid
+    admitted: Admitted
+    kv: list[Any]
+    context: list[int]  # the tokens its KV holds
+    rest: list[int]  # the prompt after them; the last joins the batch as a one-token segment
+    sampler: Any
+    processors: list[Any]
+
+
 @dataclass(frozen=True)
 class Ended:
     """A request that left the batch, with its KV for the prompt cache."""
@@ -108,6 +143,8 @@ class BatchRun:
         self._prefilled: dict[int, int] = {}  # uid -> prompt tokens prefilled so far
         self.rows: dict[int, Admitted] = {}
         self._solo: _Solo | None = None
+        self._prefilling: list[_Prefilling] = []  # in order of admission; the first is prefilled a chunk a step
+        self._next_key = SOLO - 1  # keys of prefilling rows: negative, never a uid of mlx-lm's
         # One sampler object per setting: rows that share it are sampled in one call.
         self._samplers: dict[tuple, Any] = {}
 
@@ -126,7 +163,9 @@ class BatchRun:
         """Into the batch: its prompt after the cached part is prefilled with
         the other joining requests', then it decodes with the rest; alone
         (`starts_alone`), it decodes as mlx-lm decodes one request."""
-        from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
+        from mlx_lm.models.cache import can_trim_prompt_cache
+
+        from mlxd.memory_estimate import KVLayout
 
         from .kv_cache import make_kv
 
@@ -150,10 +189,15 @@ class BatchRun:
         alone = starts_alone(not self.rows, others_waiting)
         if kv is None:  # alone: allocated once at its admitted length (in the batch, the batch's array is)
             kv = (make_kv(self.resident.model, len(prompt) + p.max_tokens, self.resident.kv) if alone
-                  else make_prompt_cache(self.resident.model))
+                  else make_kv(self.resident.model, len(prompt), KVLayout()))  # prefilled alone, then joins
         if alone and can_trim_prompt_cache(kv):
             self._solo = self._start_solo(admitted, kv, rest, sampler, processors, heartbeat)
             self.rows[SOLO] = admitted
+        elif len(rest) > 1:
+            key, self._next_key = self._next_key, self._next_key - 1
+            self._prefilling.append(_Prefilling(key, admitted, kv, prompt[:start], rest, sampler,
+                                                processors + ([grammar] if grammar is not None else [])))
+            self.rows[key] = admitted
         else:
             self._insert(admitted, [rest], kv, prompt[:start], p.max_tokens, sampler,
                          processors + ([grammar] if grammar is not None else []))
@@ -212,12 +256,40 @@ class BatchRun:
         self._insert(a, [generated[-1:]], solo.kv, a.prompt + generated[:-1], a.job.params.max_tokens - solo.yielded,
                      solo.sampler, solo.processors)
 
+    def _prefill_chunk(self) -> None:
+        """One paced chunk of the first joining request's prompt, alone; the
+        request joins mlx-lm's batch once only its last token is left."""
+        p = self._prefilling[0]
+        chunk = p.rest[:min(self.pace.step(), len(p.rest) - 1)]
+        prefill(self.resident.model, p.kv, chunk, self.pace, lambda: None)
+        p.context += chunk
+        p.rest = p.rest[len(chunk):]
+        if len(p.rest) > 1:
+            return
+        self._prefilling.pop(0)
+        a = self.rows.pop(p.key)
+        if a.needs_snapshot:
+            a.snapshot = copy.deepcopy(p.kv)  # the cache holds the prompt's boundary now
+        self._insert(a, [p.rest], p.kv, p.context, a.job.params.max_tokens, p.sampler, p.processors)
+
     def step(self) -> list[Ended]:
-        """One step of the batch: every decoding request gets a token, the
-        joining ones a chunk of prefill. The requests that ended."""
+        """One step of the batch: a chunk of the first joining request's
+        prompt, then a token for every decoding request. The requests that ended."""
         if self._solo is not None:
             return self._solo_step(self._solo)
-        step = self.generator.prefill_step_size = self.pace.step()
+        if self._prefilling:
+            self._prefill_chunk()
+        ended: list[Ended] = []
+        if len(self.rows) > len(self._prefilling):  # rows in mlx-lm's batch
+            ended = self._decode_step()
+        for uid, a in list(self.rows.items()):  # gone before their first token: cancelled in prefill
+            if a.job.cancelled.is_set() and a.first_token_at is None:
+                ended.append(self._remove(uid, "cancelled"))
+        return ended
+
+    def _decode_step(self) -> list[Ended]:
+        step = self.pace.step()
+        set_prefill_step(self.generator, step)
         began = time.perf_counter()
         prompt_responses, responses = self.generator.next()
         prefilled = 0
@@ -250,9 +322,6 @@ class BatchRun:
                 ended.append(Ended(a, finish or r.finish_reason, r.prompt_cache))
             elif finish is not None:
                 ended.append(self._remove(r.uid, finish))
-        for uid, a in list(self.rows.items()):  # gone before their first token: cancelled in prefill
-            if a.job.cancelled.is_set() and a.first_token_at is None:
-                ended.append(self._remove(uid, "cancelled"))
         return ended
 
     def _feed(self, a: Admitted, token: int, model_finish: str | None) -> str | None:
@@ -289,6 +358,9 @@ class BatchRun:
 
     def _remove(self, uid: int, finish: str) -> Ended:
         a = self.rows.pop(uid)
+        if uid < SOLO:  # still prefilling: nothing of it in mlx-lm's batch, nothing partial kept
+            self._prefilling = [p for p in self._prefilling if p.key != uid]
+            return Ended(a, finish, None)
         caches = self.generator.remove([uid], return_prompt_caches=True)
         kv, _ = caches.get(uid, (None, []))
         return Ended(a, finish, kv)

@@ -28,6 +28,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("mlxd.engine.worker")
 
 
+MEMORY_SAMPLE_S = 0.5  # MLX's memory figures are taken at most this often while the batch runs (three C calls)
+
+
 class _Gone(Exception):
     """The client left before its request was served."""
 
@@ -150,6 +153,8 @@ class BatchedTurns:
             self._fatal(exc, batch.jobs)
             return
         self._heartbeat()
+        if time.monotonic() - self.memory.taken_at > MEMORY_SAMPLE_S:  # /health's memory while the batch runs
+            self._sample_memory()
         for e in ended:  # every answer's end goes out before any row's KV is stored (a copy, maybe an eviction)
             self._finish(e)
         for e in ended:

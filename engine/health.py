@@ -88,6 +88,7 @@ class Health:
         status, reason = self.state()
         w = self.worker
         s, mem, queue = w.status, w.memory, self.admission.snapshot()
+        device = w.device_memory.latest if w.device_memory is not None else None
         return EngineHealth(
             status=status,
             reason=reason,
@@ -114,6 +115,8 @@ class Health:
                 mlx_active_before_first_load=w.active_before_first_load,
                 mlx_active_after_last_unload=w.active_after_last_unload,
                 mlx_memory_limit_bytes=w.mlx_memory_limit,
+                device_process_bytes=device.process_bytes if device else None,
+                outside_mlx_bytes=device.outside_bytes if device else None,
             ),
             counters=dict(w.counters),
             prompt_cache=w.cache_stats(),

@@ -67,7 +67,7 @@ class TurnKV:
         cache that cannot be cut back later). `allocate`: the KV gets its
         whole length (prompt + max_tokens) now, once (a lone request; a
         batch keeps its own arrays)."""
-        from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
+        from mlx_lm.models.cache import can_trim_prompt_cache
 
         from .kv_cache import make_kv
 
@@ -84,7 +84,9 @@ class TurnKV:
         if kv is None and allocate:
             kv = make_kv(self._resident.model, len(prompt) + answer_room, self._resident.kv)
         if cache.enabled:
-            kv = kv if kv is not None else make_prompt_cache(self._resident.model)
+            # Allocated once for its prompt: a batch's row is prefilled alone, and a cache grown by
+            # concatenation holds its old and new arrays at once at every step (engine/kv_cache.py).
+            kv = kv if kv is not None else make_kv(self._resident.model, len(prompt), KVLayout())
             needs_snapshot = needs_boundary_snapshot([type(c).__name__ for c in kv], can_trim_prompt_cache(kv))
         return fetched, kv, needs_snapshot
 

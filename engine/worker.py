@@ -35,6 +35,7 @@ from .admission import AdmissionQueue
 from .batch import BatchRun, batchable_model
 from .batched_turns import BatchedTurns, Prepared
 from .lone_turns import LoneTurns
+from .device_memory import DeviceMemoryWatch, mlx_limit
 from .errors import EngineError
 from .events import Failed
 from .faults import FaultInjector
@@ -104,6 +105,7 @@ class ModelWorker(LoneTurns, BatchedTurns, TurnKV, threading.Thread):
         self.active_before_first_load: int | None = None
         self.active_after_last_unload: int | None = None
         self.mlx_memory_limit: int | None = None  # what MLX's allocator keeps active + cached memory under
+        self.device_memory: DeviceMemoryWatch | None = None  # the process's device memory, from outside
         self.ready = threading.Event()  # preload finished (or was skipped)
         self.ready_at: float | None = None  # wall clock, when ready was set
         self.active_generations = 0
@@ -156,11 +158,31 @@ class ModelWorker(LoneTurns, BatchedTurns, TurnKV, threading.Thread):
         its active plus cached memory would pass this limit (Metal's and CUDA's
         allocators check it at every allocation). Left at MLX's default (95 %
         of a CUDA card, 1.5x Metal's recommended working set) the cache grew
-        the process past the budget unseen (issue 35: 72.5 GB against 59.7 GiB)."""
+        the process past the budget unseen (issue 35: 72.5 GB against 59.7 GiB).
+        Where nvidia-smi sees the process, what it holds outside MLX is
+        measured and the limit leaves room for it (`_rebound_mlx_memory`)."""
         import mlx.core as mx
 
         mx.set_memory_limit(self.registry.budget_bytes)
         self.mlx_memory_limit = self.registry.budget_bytes
+        self.device_memory = DeviceMemoryWatch(os.getpid(), lambda: mx.get_active_memory() + mx.get_cache_memory())
+        self.device_memory.start()
+
+    def _rebound_mlx_memory(self) -> None:
+        """MLX's limit (and the batch's admission) lowered by the memory the
+        process holds outside MLX, as last measured (engine/device_memory.py)."""
+        latest = self.device_memory.latest if self.device_memory is not None else None
+        if latest is None:
+            return
+        limit = mlx_limit(self.registry.budget_bytes, latest.outside_bytes)
+        if limit == self.mlx_memory_limit:
+            return
+        import mlx.core as mx
+
+        mx.set_memory_limit(limit)
+        self.mlx_memory_limit = limit
+        if self._batch_memory is not None:
+            self._batch_memory = replace(self._batch_memory, budget_bytes=limit)
 
     def _preload(self) -> None:
         self._sample_memory()
@@ -225,6 +247,7 @@ class ModelWorker(LoneTurns, BatchedTurns, TurnKV, threading.Thread):
 
         self.memory = MemorySnapshot(mx.get_active_memory(), mx.get_peak_memory(), mx.get_cache_memory(),
                                      time.monotonic())
+        self._rebound_mlx_memory()
 
     def cache_stats(self) -> PromptCacheReport:
         """The prompt cache's latest published figures (any thread)."""
@@ -293,7 +316,8 @@ class ModelWorker(LoneTurns, BatchedTurns, TurnKV, threading.Thread):
         self.resident_tools = resident.tools_by
         self.pace = PrefillPace(self.prefill_step_size, self.prefill_step_budget_s)
         self._mergeable = not resident.vision and self.link is None and batchable_model(resident.model)
-        self._batch_memory = Memory(self.registry.budget_bytes, info.footprint.weights_bytes,
+        limit = self.mlx_memory_limit or self.registry.budget_bytes
+        self._batch_memory = Memory(limit, info.footprint.weights_bytes,
                                     kv_cache_bytes(info.config, 1) if info.config else 0,
                                     attention_bytes_per_position(attention_heads(info.config),
                                                                  self.prefill_step_size))

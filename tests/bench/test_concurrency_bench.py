@@ -150,19 +150,6 @@ def test_plan_without_warmup():
     assert [s.warmup for s in cb.plan([8], rounds=2, warmup=0)] == [False, False]
 
 
-# --- nvidia-smi ------------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("text, expected", [
-    ("", {}),
-    ("123, 16384\n", {123: 16384 * cb.MIB}),
-    ("123, 100\n456, 200\n123, 50\n", {123: 150 * cb.MIB, 456: 200 * cb.MIB}),  # one process on two GPUs
-    ("No running processes found\n", {}),
-    ("123, [N/A]\n77, 5\n", {77: 5 * cb.MIB}),
-])
-def test_parse_compute_apps(text, expected):
-    assert cb.parse_compute_apps(text) == expected
-
-
 # --- summary, goals, table -------------------------------------------------------------------------------
 
 def block(agg, ttft_ms, mem=None):

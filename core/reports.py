@@ -60,6 +60,17 @@ class EngineMemory(Report):
 
 
 @dataclass(frozen=True)
+class HeldRequestReport(Report):
+    """One request the engine's worker holds (engine/request_table.py): its
+    status ("waiting" for room in the batch, "prefilling", "decoding") and
+    for how long it has had it."""
+
+    id: str = ""
+    status: str = ""
+    for_s: float = 0.0
+
+
+@dataclass(frozen=True)
 class ReuseLine(Report):
     """One recent conversation's latest turn: how much of its prompt the
     cache reused, and where and why reuse stopped (engine/prompt_cache.py
@@ -125,6 +136,7 @@ class EngineHealth(Report):
     in_flight_fingerprint: str | None = None
     running: list[str] | None = None
     batch_size: int = 0
+    requests: list[HeldRequestReport] = field(default_factory=list)  # every request held, oldest first
     max_concurrency: int | None = None
     queue_depth: int | None = None
     queue_capacity: int | None = None
@@ -139,6 +151,7 @@ class EngineHealth(Report):
     pid: int | None = None
 
     nested: ClassVar[dict[str, type[Record]]] = {"kv_cache": KVCacheLayout, "memory": EngineMemory,
+                                                 "requests": HeldRequestReport,
                                                  "prompt_cache": PromptCacheReport}
 
     @property

@@ -31,6 +31,7 @@ A request in, an answer out
 The worker
   worker.py               the one thread that owns the model and every MLX call
   worker_state.py         what it publishes to other threads: phase, requests held, memory
+  request_table.py        every request it holds, one status each (waiting, prefilling, decoding)
   device_memory.py        the process's device memory from outside (nvidia-smi), what MLX's limit leaves for it
   lone_turns.py           its turns serving one request alone (stream_generate)
   batched_turns.py        its turns with max_concurrency > 1, as scheduler.py decides

@@ -20,6 +20,7 @@ from .events import Failed, Started
 from .generation import Generation, tokenize
 from .jobs import Job
 from .scheduler import Memory, Pending, Row, Step, cache_room, next_step
+from .request_table import RequestStatus
 from .worker_state import Phase
 
 if TYPE_CHECKING:
@@ -87,12 +88,13 @@ class BatchedTurns:
     def _prepare(self: "ModelWorker", job: Job) -> Prepared | None:
         """Tokenize and size a request; None when it was refused (400) or its client is gone."""
         started = time.monotonic()
+        self.table.hold(job, RequestStatus.WAITING)
         try:
             if job.cancelled.is_set():
                 raise _Gone()
             if not self._batch:  # nothing running: its model may be made resident now
                 self.faults.refresh()
-                self._ensure_model(job.model_id, job)
+                self._ensure_model(job.model_id)
                 self._publish(Phase.IDLE)
             if not self._can_batch(job):
                 return Prepared(job, None, Pending(False))
@@ -106,6 +108,8 @@ class BatchedTurns:
         except BaseException as exc:  # noqa: BLE001 - a load that failed inside MLX
             self._fatal(exc, [job])
             return None
+        self.table.release(job)
+        self._publish()
         self.admission.done(job, time.monotonic() - started)
         return None
 
@@ -114,10 +118,10 @@ class BatchedTurns:
         what the running requests leave of the budget."""
         job, tokens = p.job, p.tokens
         assert tokens is not None and p.view.row is not None
-        held = [*(self._batch.jobs if self._batch else []), job]
         # On record before anything of it runs: a request that crashes the engine at
         # its start or in its prefill is named in the crash journal (quarantine).
-        self._record_inflight(held)
+        self.table.hold(job, RequestStatus.PREFILLING)
+        self._record_inflight()
         try:
             self.faults.refresh()
             self.faults.check("start", request_text=job.text)
@@ -134,15 +138,16 @@ class BatchedTurns:
                               others_waiting=self.admission.has_waiting())
         except EngineError as exc:
             job.channel.put(Failed(exc))
+            self.table.release(job)
+            self._publish()
             self.admission.done(job, 0.0)
-            self._record_inflight_batch()
+            self._record_inflight()
             return
         except BaseException as exc:  # noqa: BLE001 - an MLX fault: do not limp on
             self._fatal(exc, [job, *(self._batch.jobs if self._batch else [])])
             return
         self.counters["jobs"] += 1
         self._publish_batch()
-        self._record_inflight_batch()
 
     def _batch_step(self: "ModelWorker") -> None:
         batch = self._batch
@@ -161,7 +166,7 @@ class BatchedTurns:
             self._end(e)
         self._publish_batch()
         if ended:
-            self._record_inflight_batch()
+            self._record_inflight()
 
     def _finish(self: "ModelWorker", e: Ended) -> None:
         """A request left the batch: its answer's end, to its client."""
@@ -180,6 +185,7 @@ class BatchedTurns:
         room = cache_room(self._batch_memory, self._rows(), cache.stats.memory_bytes)
         if room < cache.stats.memory_bytes:
             cache.shrink_to(room)
+        self.table.release(a.job)
         self.admission.done(a.job, time.monotonic() - a.admitted_at)
         if log.isEnabledFor(logging.DEBUG):  # where a batched request's time went (as lone_turns logs a lone one's)
             moments = [("admitted", a.admitted_at), ("joined", a.joined_at), ("first_token", a.first_token_at),
@@ -187,5 +193,11 @@ class BatchedTurns:
             log.debug("request %s (batched): %s", a.job.id,
                       " ".join(f"{k} {1000 * (t - a.taken_at):.1f} ms" for k, t in moments if t is not None))
 
-    def _record_inflight_batch(self: "ModelWorker") -> None:
-        self._record_inflight(self._batch.jobs if self._batch is not None else [])
+    def _publish_batch(self: "ModelWorker") -> None:
+        """The batch's rows in the request table (decoding once a row has its
+        first token), and the worker's state published."""
+        if self._batch is not None:
+            for a in self._batch.rows.values():
+                self.table.hold(a.job, RequestStatus.DECODING if a.first_token_at is not None
+                                else RequestStatus.PREFILLING)
+        self._publish()

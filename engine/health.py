@@ -17,7 +17,7 @@ import time
 import psutil
 
 import mlxd
-from mlxd.reports import EngineHealth, EngineMemory, KVCacheLayout
+from mlxd.reports import EngineHealth, EngineMemory, HeldRequestReport, KVCacheLayout
 
 from .admission import AdmissionQueue
 from .errors import EngineError
@@ -102,6 +102,8 @@ class Health:
             in_flight_fingerprint=s.in_flight_fingerprint,
             running=list(s.in_flight_ids),  # every request generating now (several when batching)
             batch_size=len(s.in_flight_ids),
+            requests=[HeldRequestReport(id=r.id, status=r.status.value, for_s=round(time.monotonic() - r.since, 3))
+                      for r in s.requests],
             max_concurrency=queue["slots"],
             queue_depth=queue["waiting"],
             queue_capacity=queue["capacity"],

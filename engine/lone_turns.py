@@ -17,6 +17,7 @@ from .errors import EngineError
 from .events import Failed, Started
 from .generation import Generation, VisionPrompt, prefill, tokenize, vision_prompt
 from .jobs import Job
+from .request_table import RequestStatus
 from .worker_state import Phase
 
 if TYPE_CHECKING:
@@ -32,15 +33,15 @@ class LoneTurns:
         started = time.monotonic()
         self._timeline = [("taken", started)]
         self.counters["jobs"] += 1
-        self.current_job = job
-        self._record_inflight([job])
+        self.table.hold(job, RequestStatus.PREFILLING)
+        self._record_inflight()
         try:
             if job.cancelled.is_set():
                 return
             self.faults.refresh()
             self.faults.check("start", request_text=job.text)
-            self._ensure_model(job.model_id, job)
-            self._publish(Phase.PREFILL, job)
+            self._ensure_model(job.model_id)
+            self._publish(Phase.PREFILL)
             if self._resident.vision:
                 vision = vision_prompt(self._resident, job, self.max_prompt_tokens)
                 tokens = vision.tokens
@@ -55,10 +56,10 @@ class LoneTurns:
         except BaseException as exc:  # noqa: BLE001 - an MLX fault: do not limp on
             self._fatal(exc, [job])
         finally:
-            self.current_job = None
             if self.status.phase is not Phase.FAILED:
+                self.table.release(job)
                 self._publish(Phase.IDLE)
-                self._record_inflight([])
+                self._record_inflight()
             self._mark("done")
             if log.isEnabledFor(logging.DEBUG):  # where a request's time went, for the queue's dead time
                 log.debug("request %s: %s", job.id, " ".join(f"{k} {1000 * (t - started):.1f} ms"
@@ -75,7 +76,8 @@ class LoneTurns:
         def on_decode() -> None:
             first_token_at.append(time.monotonic())
             self._mark("first_token")
-            self._publish(Phase.DECODE, job)
+            self.table.hold(job, RequestStatus.DECODING)
+            self._publish(Phase.DECODE)
 
         generation = Generation(self._resident, job, self.faults, self.pace, self._heartbeat,
                                 on_decode=on_decode)
@@ -122,12 +124,7 @@ class LoneTurns:
     def _run_generation(self: "ModelWorker", generation: Generation, prompt_tokens: int, cached: int,
                         decode: Callable[[], tuple[str, list[int]]]) -> list[int]:
         """Decode, count, and send the answer's end; the tokens generated."""
-        self.active_generations += 1
-        self.max_observed_concurrency = max(self.max_observed_concurrency, self.active_generations)
-        try:
-            finish, generated = decode()
-        finally:
-            self.active_generations -= 1
+        finish, generated = decode()
         # Counted before the last event: a client that reads /metrics right
         # after its answer sees its tokens.
         self.counters["generated_tokens"] += len(generated)

@@ -49,6 +49,7 @@ from .prompt_tokens import generation_prompt_length
 from .prefill_pace import PrefillPace
 from .scheduler import Memory, attention_bytes_per_position
 from .turn_kv import TurnKV
+from .request_table import RequestStatus, RequestTable
 from .worker_state import MemorySnapshot, Phase, WorkerStatus
 
 log = logging.getLogger("mlxd.engine.worker")
@@ -92,7 +93,7 @@ class ModelWorker(LoneTurns, BatchedTurns, TurnKV, threading.Thread):
         # Built on this thread when it starts (it reads the disk tier's index).
         self._make_prompt_cache = make_prompt_cache or (lambda: PromptCache(False, None, 0.0))
         self.prompt_cache: PromptCache | None = None
-        self.current_job: Job | None = None  # the request served alone, if any
+        self.table = RequestTable()  # every request held, one status each; published in `status`
         self._timeline: list[tuple[str, float]] = []  # moments of the request served alone (debug log)
         self._batch: BatchRun | None = None  # the requests generated together (max_concurrency > 1)
         self._pending: Prepared | None = None  # the next to join the batch, once memory allows
@@ -108,7 +109,6 @@ class ModelWorker(LoneTurns, BatchedTurns, TurnKV, threading.Thread):
         self.device_memory: DeviceMemoryWatch | None = None  # the process's device memory, from outside
         self.ready = threading.Event()  # preload finished (or was skipped)
         self.ready_at: float | None = None  # wall clock, when ready was set
-        self.active_generations = 0
         self.max_observed_concurrency = 0
         self.timings: dict[str, float] = {}  # last_load_s, last_unload_s: for benchmarks and status
         self.counters = {"model_loads": 0, "model_unloads": 0, "generated_tokens": 0, "prompt_tokens": 0,
@@ -208,32 +208,28 @@ class ModelWorker(LoneTurns, BatchedTurns, TurnKV, threading.Thread):
             self._sample_memory()
 
     # --- publishing ------------------------------------------------------
-    def _publish(self, phase: Phase, job: Job | None = None) -> None:
-        self.status = WorkerStatus(phase, self._resident_id, job.id if job else None,
-                                   job.fingerprint if job else None, in_flight_ids=(job.id,) if job else ())
-
-    def _publish_batch(self, phase: Phase | None = None) -> None:
-        """The batch's state: decoding once any request has its first token."""
-        rows = list(self._batch.rows.values()) if self._batch is not None else []
+    def _publish(self, phase: Phase | None = None) -> None:
+        """One snapshot for other threads: the phase and the request table's
+        rows. `phase` None: from the requests held (decoding once any has its
+        first token, prefilling while any runs, else idle)."""
+        requests = self.table.rows()
         if phase is None:
-            phase = Phase.IDLE if not rows else Phase.DECODE if any(a.first_token_at for a in rows) else Phase.PREFILL
-        first = rows[0].job if rows else None
-        ids = tuple(a.job.id for a in rows)
-        if self.status.phase is not phase or self.status.in_flight_ids != ids:
-            self.status = WorkerStatus(phase, self._resident_id, first.id if first else None,
-                                       first.fingerprint if first else None, in_flight_ids=ids)
-        self.active_generations = len(rows)
-        self.max_observed_concurrency = max(self.max_observed_concurrency, len(rows))
+            statuses = {r.status for r in requests}
+            phase = (Phase.DECODE if RequestStatus.DECODING in statuses else
+                     Phase.PREFILL if RequestStatus.PREFILLING in statuses else Phase.IDLE)
+        s = self.status
+        if s.phase is not phase or s.requests != requests or s.resident_model != self._resident_id:
+            self.status = WorkerStatus(phase, self._resident_id, requests)
+        self.max_observed_concurrency = max(self.max_observed_concurrency, len(self.status.running))
+
+    @property
+    def active_generations(self) -> int:
+        """Requests prefilling or decoding now (any thread: a view of `status`)."""
+        return len(self.status.running)
 
     def running_jobs(self) -> list[Job]:
-        """Every request the worker holds (any thread: the drain cancels them)."""
-        jobs = [self.current_job] if self.current_job is not None else []
-        batch, pending = self._batch, self._pending
-        if batch is not None:
-            jobs += batch.jobs
-        if pending is not None:
-            jobs.append(pending.job)
-        return jobs
+        """Every request the worker holds (any thread: the drain cancels them), from the published snapshot."""
+        return [r.job for r in self.status.requests]
 
     def _heartbeat(self, *_: Any) -> None:
         s = self.status
@@ -259,12 +255,12 @@ class ModelWorker(LoneTurns, BatchedTurns, TurnKV, threading.Thread):
     def _resident_id(self) -> str | None:
         return self._resident.model_id if self._resident is not None else None
 
-    def _ensure_model(self, model_id: str, job: Job | None = None) -> None:
+    def _ensure_model(self, model_id: str) -> None:
         for step in plan_switch(self._resident_id, model_id):
             if isinstance(step, Unload):
                 self._unload()
             else:
-                self._publish(Phase.LOADING, job)
+                self._publish(Phase.LOADING)
                 self._load(step.model_id)
 
     def _unload(self) -> None:
@@ -334,10 +330,11 @@ class ModelWorker(LoneTurns, BatchedTurns, TurnKV, threading.Thread):
                  self.memory.active_bytes / 2**20, ", as float32: the CPU's fast path" if info.weights_dtype else "")
 
     # --- serving one job ---------------------------------------------------
-    def _record_inflight(self, jobs: list[Job]) -> None:
-        """The requests the worker holds, oldest first, on disk ([]: none)."""
+    def _record_inflight(self) -> None:
+        """The requests running (prefilling or decoding), oldest first, on disk (none: the file goes)."""
         if self.inflight_path is None:
             return
+        jobs = [r.job for r in self.table.rows() if r.status is not RequestStatus.WAITING]
         try:
             if not jobs:
                 self.inflight_path.unlink(missing_ok=True)
@@ -354,8 +351,11 @@ class ModelWorker(LoneTurns, BatchedTurns, TurnKV, threading.Thread):
     def _fatal(self, exc: BaseException, jobs: list[Job]) -> None:
         """An MLX fault: every request the worker holds gets an explicit
         error, and the engine exits for the supervisor to restart it."""
-        self._publish(Phase.FAILED, jobs[0] if jobs else None)
-        self.status = replace(self.status, in_flight_ids=tuple(j.id for j in jobs))
+        held = {r.id for r in self.table.rows()}
+        for job in jobs:  # every request named in the crash is held as running (one taken just now too)
+            if job.id not in held:
+                self.table.hold(job, RequestStatus.PREFILLING)
+        self._publish(Phase.FAILED)
         error = EngineError(500, f"MLX error: {exc}; the engine is restarting", code="mlx_error", retry_after=5)
         for job in jobs:
             job.channel.put(Failed(error))

@@ -1,5 +1,5 @@
 """What the model worker publishes for other threads: its phase and the
-requests it holds (`WorkerStatus`), MLX's memory (`MemorySnapshot`).
+requests it holds (`WorkerStatus`, its request table's rows), MLX's memory (`MemorySnapshot`).
 Immutable objects, replaced whole by the worker thread."""
 
 from __future__ import annotations
@@ -7,6 +7,8 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+
+from .request_table import HeldRequest, RequestStatus
 
 
 class Phase(enum.Enum):
@@ -23,11 +25,29 @@ class Phase(enum.Enum):
 class WorkerStatus:
     phase: Phase
     resident_model: str | None
-    in_flight: str | None = None  # request id (the oldest, when several run)
-    in_flight_fingerprint: str | None = None
+    requests: tuple[HeldRequest, ...] = ()  # every request the worker holds, oldest first (engine/request_table.py)
     since: float = field(default_factory=time.monotonic)  # phase start
     last_progress: float = field(default_factory=time.monotonic)
-    in_flight_ids: tuple[str, ...] = ()  # every request running
+
+    @property
+    def running(self) -> tuple[HeldRequest, ...]:
+        """The requests prefilling or decoding (not those waiting for room)."""
+        return tuple(r for r in self.requests if r.status is not RequestStatus.WAITING)
+
+    @property
+    def in_flight_ids(self) -> tuple[str, ...]:
+        return tuple(r.id for r in self.running)
+
+    @property
+    def in_flight(self) -> str | None:
+        """The oldest running request's id."""
+        running = self.running
+        return running[0].id if running else None
+
+    @property
+    def in_flight_fingerprint(self) -> str | None:
+        running = self.running
+        return running[0].fingerprint if running else None
 
 
 @dataclass(frozen=True)

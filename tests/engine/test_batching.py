@@ -143,6 +143,32 @@ def test_a_client_gone_leaves_the_batch(start_engine):
     wait_until(lambda: eng.health()["batch_size"] == 0, 20, what="the gone client's request to leave the batch")
 
 
+def test_health_shows_each_request_held_with_its_status(start_engine):
+    """/health lists every request the worker holds, one status each: a
+    seeded request waits (it is served alone once the batch drains) while
+    the batch decodes; it runs once the batch has left."""
+    eng = start_engine({"max_concurrency": 2, "max_tokens_cap": 100_000})
+    r = requests.post(eng.url + "/v1/completions", stream=True, timeout=60,
+                      json={"model": "default", "prompt": "hold", "max_tokens": 100_000, "stream": True,
+                            "temperature": 0})
+    lines = r.iter_lines()
+    wait_until(lambda: next(lines).startswith(b"data: "), 30, interval=0, what="first streamed token")
+    seeded: list = []
+    waiter = threading.Thread(target=lambda: seeded.append(complete(eng.url, PROMPTS[1], max_tokens=8, seed=3)))
+    waiter.start()
+
+    def statuses() -> list[str]:
+        return [q["status"] for q in eng.health()["requests"]]
+
+    wait_until(lambda: statuses() == ["decoding", "waiting"], 30, what="the seeded request waiting behind the batch")
+    h = eng.health()
+    assert len(h["running"]) == 1 and h["running"][0] == h["requests"][0]["id"]  # waiting is not running
+    r.close()
+    waiter.join(60)
+    assert seeded and seeded[0].status_code == 200
+    wait_until(lambda: statuses() == [], 20, what="nothing held")
+
+
 def test_memory_admission_keeps_the_batch_under_the_budget(start_engine, demo_models):
     """A budget with room for the model and the KV of two 512-token requests
     (at their peak), not three: of two long requests and a short one (mlx-lm

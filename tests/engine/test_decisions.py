@@ -192,7 +192,7 @@ def test_answer_finish(finish, called_tools, expected):
 ])
 def test_stuck_reason(phase, since_ago, progress_ago, stuck):
     now = 10_000.0
-    status = WorkerStatus(phase, "m", "req1", None, since=now - since_ago, last_progress=now - progress_ago)
+    status = WorkerStatus(phase, "m", since=now - since_ago, last_progress=now - progress_ago)
     reason = stuck_reason(status, now, stuck_grace_s=30.0)
     assert (reason is not None) == stuck
 

@@ -46,6 +46,17 @@ def at_once(fns: list) -> list:
     return results
 
 
+def endless_stream(url: str) -> tuple[requests.Response, object]:
+    """A streamed completion that goes on until its client leaves, once its first token has come; and
+    its lines (kept by the caller: the iterator's collection would close the stream)."""
+    r = requests.post(url + "/v1/completions", stream=True, timeout=60,
+                      json={"model": "default", "prompt": "hold", "max_tokens": 100_000, "stream": True,
+                            "temperature": 0})
+    lines = r.iter_lines()
+    wait_until(lambda: next(lines).startswith(b"data: "), 30, interval=0, what="first streamed token")
+    return r, lines
+
+
 PROMPTS = [f"Request {i}: " + " ".join(["word"] * (5 + 7 * i)) for i in range(4)]
 
 
@@ -129,11 +140,7 @@ def test_a_client_gone_leaves_the_batch(start_engine):
     """A streamed request whose client disconnects ends within a step; the
     others in the batch go on to their end."""
     eng = start_engine({"max_concurrency": 2, "max_tokens_cap": 100_000})
-    r = requests.post(eng.url + "/v1/completions", stream=True, timeout=60,
-                      json={"model": "default", "prompt": "hold", "max_tokens": 100_000, "stream": True,
-                            "temperature": 0})
-    lines = r.iter_lines()
-    wait_until(lambda: next(lines).startswith(b"data: "), 30, interval=0, what="first streamed token")
+    r, _lines = endless_stream(eng.url)
     other = complete(eng.url, PROMPTS[2], max_tokens=20)  # decoded beside the endless one
     assert other.status_code == 200 and other.json()["usage"]["completion_tokens"] == 20
     # The finished row leaves at the batch's next step, which may come just
@@ -148,11 +155,7 @@ def test_health_shows_each_request_held_with_its_status(start_engine):
     seeded request waits (it is served alone once the batch drains) while
     the batch decodes; it runs once the batch has left."""
     eng = start_engine({"max_concurrency": 2, "max_tokens_cap": 100_000})
-    r = requests.post(eng.url + "/v1/completions", stream=True, timeout=60,
-                      json={"model": "default", "prompt": "hold", "max_tokens": 100_000, "stream": True,
-                            "temperature": 0})
-    lines = r.iter_lines()
-    wait_until(lambda: next(lines).startswith(b"data: "), 30, interval=0, what="first streamed token")
+    r, _lines = endless_stream(eng.url)
     seeded: list = []
     waiter = threading.Thread(target=lambda: seeded.append(complete(eng.url, PROMPTS[1], max_tokens=8, seed=3)))
     waiter.start()

@@ -61,6 +61,12 @@ class BatchedTurns:
     def _batch_turn(self: "ModelWorker") -> None:
         """One turn of the batched loop: what engine/scheduler.py decides."""
         pending = self._pending
+        if pending is not None and pending.job.cancelled.is_set():  # its client left, or it waited too long
+            self._pending = None
+            self.table.release(pending.job)
+            self._publish()
+            self.admission.done(pending.job, time.monotonic() - pending.taken_at)
+            return
         step = next_step(pending.view if pending else None, self.admission.has_waiting(), self._rows(),
                          self._slots(), self._batch_memory or Memory(0, None, 0))
         if step is Step.TAKE or step is Step.WAIT:

@@ -23,6 +23,7 @@ from .admission import AdmissionQueue
 from .errors import EngineError
 from .jobs import Job
 from .lifecycle import Lifecycle
+from .request_table import RequestStatus
 from .worker import Phase, WorkerStatus
 
 LOAD_TIMEOUT_S = 1800.0  # a load (with download) longer than this counts as stuck
@@ -77,6 +78,11 @@ class Health:
             self.unhealthy_reason = f"stuck: {stuck}"
             raise EngineError(503, f"the engine stopped making progress ({stuck}); it will be restarted",
                               code="engine_stuck", retry_after=10)
+
+    def waiting_for_room(self, job_id: str) -> bool:
+        """Whether the worker holds this job waiting for room in the batch
+        (taken from the queue, not yet running): the published snapshot."""
+        return any(r.id == job_id and r.status is RequestStatus.WAITING for r in self.worker.status.requests)
 
     def state(self) -> tuple[str, str | None]:
         w, life = self.worker, self.lifecycle

@@ -224,9 +224,14 @@ class JobFeed:
     async def _check(self, check_disconnect: bool) -> None:
         if check_disconnect and await self.request.is_disconnected():
             raise ClientGone()
+        waited = time.monotonic() - self.queued_at
         if self.admission.position(self.job) is not None:
-            waited = time.monotonic() - self.queued_at
             if waited > self.queue_timeout_s and self.admission.withdraw(self.job):
                 raise self.admission.timeout_error(waited)
             return
+        if waited > self.queue_timeout_s and self.health.waiting_for_room(self.job.id):
+            # Taken from the queue but still waiting for room in the batch: the same timeout,
+            # and the worker drops the job once it sees it cancelled (engine/batched_turns.py).
+            self.job.cancelled.set()
+            raise self.admission.timeout_error(waited)
         self.health.check_progress(self.job.id)

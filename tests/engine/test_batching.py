@@ -172,6 +172,23 @@ def test_health_shows_each_request_held_with_its_status(start_engine):
     wait_until(lambda: statuses() == [], 20, what="nothing held")
 
 
+def test_a_request_waiting_behind_the_batch_gets_the_queue_timeout(start_engine):
+    """Taken from the queue but waiting for room in the batch (here: a
+    seeded request, served alone once the batch drains, behind an endless
+    stream) is still waiting: past queue_timeout_s it gets the queue's 503,
+    and the worker lets it go."""
+    eng = start_engine({"max_concurrency": 2, "max_tokens_cap": 100_000, "queue_timeout_s": 2})
+    r, _lines = endless_stream(eng.url)
+    started = time.monotonic()
+    seeded = complete(eng.url, PROMPTS[1], max_tokens=8, seed=3)
+    assert seeded.status_code == 503, seeded.text
+    assert seeded.json()["error"]["code"] == "queue_timeout"
+    assert 2 <= time.monotonic() - started < 30
+    wait_until(lambda: [q["status"] for q in eng.health()["requests"]] == ["decoding"], 20,
+               what="the worker to let the timed-out request go")
+    r.close()
+
+
 def test_memory_admission_keeps_the_batch_under_the_budget(start_engine, demo_models):
     """A budget with room for the model and the KV of two 512-token requests
     (at their peak), not three: of two long requests and a short one (mlx-lm

@@ -265,13 +265,16 @@ def write(i):
 """, check=_systemd_unit),
     Writer("engine.worker in-flight file", """
 from types import SimpleNamespace
+from mlxd.engine.request_table import RequestStatus, RequestTable
 from mlxd.engine.worker import MemorySnapshot, ModelWorker
 from mlxd.paths import StatePaths
 target = StatePaths(home).inflight
 worker = SimpleNamespace(inflight_path=target, memory=MemorySnapshot())
 def write(i):
     job = SimpleNamespace(id="req-" + big(i), fingerprint="0123456789abcdef", model_id="demo")
-    ModelWorker._record_inflight(worker, [job])
+    worker.table = RequestTable()
+    worker.table.hold(job, RequestStatus.PREFILLING)
+    ModelWorker._record_inflight(worker)
 """, check=_inflight, fixed=False),  # it holds the time and pid
     Writer("supervisor.listener quarantine.json", """
 from types import SimpleNamespace

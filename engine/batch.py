@@ -160,9 +160,9 @@ class BatchRun:
 
     def admit(self, admitted: Admitted, kv: list[Any] | None, heartbeat: Any = None,
               others_waiting: bool = False) -> None:
-        """Into the batch: its prompt after the cached part is prefilled with
-        the other joining requests', then it decodes with the rest; alone
-        (`starts_alone`), it decodes as mlx-lm decodes one request."""
+        """Into the batch: its prompt after the cached part is prefilled by
+        itself, a chunk a step (`_prefill_chunk`), then it decodes with the
+        rest; alone (`starts_alone`), it decodes as mlx-lm decodes one request."""
         from mlx_lm.models.cache import can_trim_prompt_cache
 
         from mlxd.memory_estimate import KVLayout

@@ -9,7 +9,10 @@ takes an explicit mask (scores, their softmax and the mask, in float32, over
 the whole context): on the H100 (8B) 4 x 12k tokens prefilled at ~24k tokens/s
 alone against ~11k in mlx-lm's batch, and a turn of 1.7k tokens over 14k
 cached ran at ~1.7k tokens/s in the batch. The decoding rows get a step after
-every chunk, so a long prompt joining does not stop their answers.
+every chunk, so a long prompt joining does not stop their answers. So
+mlx-lm's batch only decodes: its own prefill, whose step size it fixes when
+it is made (mlxd made it at the pace's first step, 32 tokens: 10x slower
+on the H100 until issue 35), never runs.
 
 A request alone is decoded as mlx-lm decodes one (`generate_step`, `_Solo`):
 a batch of one costs ~40 % of the decode speed on a GPU (measured: 83 against
@@ -47,18 +50,6 @@ from .sampling import make_sampling, seeing_context
 from .scheduler import Row, starts_alone
 
 log = logging.getLogger("mlxd.engine.worker")
-
-
-def set_prefill_step(generator: Any, step: int) -> None:
-    """The batch's prefill step from the pace: each joining row's chunk this
-    step (the generator's size) and the forward passes it goes through in (its
-    prompt batch's). mlx-lm gives the prompt batch its size once, when the
-    generator is made; left there, a model's whole time in memory prefilled
-    batched prompts 32 tokens a row per forward (the pace's first step), each
-    forward followed by mx.clear_cache(): 10x slower than mlx-lm's own batch
-    on the H100 (4 x 12k tokens: ~650 against ~11k tokens/s)."""
-    generator.prefill_step_size = step
-    generator._prompt_batch.prefill_step_size = step
 
 
 def batchable_model(model: Any) -> bool:
@@ -135,12 +126,10 @@ class BatchRun:
         from mlx_lm.generate import BatchGenerator
 
         self.resident = resident
-        self.pace = pace  # the prefill step's size, set before each step from the speed measured
+        self.pace = pace  # the size of each prefill chunk a joining row is given, from the speed measured
         eos = sorted(resident.tokenizer.eos_token_ids)
         self.generator = BatchGenerator(resident.model, stop_tokens=[[t] for t in eos],
-                                        completion_batch_size=slots, prefill_batch_size=slots,
-                                        prefill_step_size=pace.step())
-        self._prefilled: dict[int, int] = {}  # uid -> prompt tokens prefilled so far
+                                        completion_batch_size=slots, prefill_batch_size=slots)
         self.rows: dict[int, Admitted] = {}
         self._solo: _Solo | None = None
         self._prefilling: list[_Prefilling] = []  # in order of admission; the first is prefilled a chunk a step
@@ -288,29 +277,14 @@ class BatchRun:
         return ended
 
     def _decode_step(self) -> list[Ended]:
-        step = self.pace.step()
-        set_prefill_step(self.generator, step)
+        """A token for every row in mlx-lm's batch. Rows join it with their
+        last prompt token only (`_prefill_chunk`), so its own prefill never
+        runs: a joining row's one token goes straight to decoding."""
         began = time.perf_counter()
-        prompt_responses, responses = self.generator.next()
-        prefilled = 0
-        for r in prompt_responses:
-            done = r.progress[0]
-            prefilled += done - self._prefilled.get(r.uid, 0)
-            self._prefilled[r.uid] = done
-            if r.end_of_prompt:
-                self._prefilled.pop(r.uid, None)
-        if log.isEnabledFor(logging.DEBUG):  # where a batch's time goes (the TTFT of requests that join together)
-            log.debug("batch step %.1f ms: %d prompt tokens over %d rows, %d tokens decoded, %d rows in the batch",
-                      1000 * (time.perf_counter() - began), prefilled, len(prompt_responses), len(responses),
-                      len(self.rows))
-        if prefilled >= step:  # a full chunk: a step with a few prompt tokens beside the decode rows is
-            # mostly decode time, and its "speed" (a token or two per step) shrank the next joiners' chunks to a
-            # few tokens each (TTFT 675 against mlx_lm.server's 386 ms at 4 clients on the H100)
-            self.pace.observe(prefilled, time.perf_counter() - began)
-        for r in prompt_responses:
-            a = self.rows.get(r.uid)
-            if a is not None and a.needs_snapshot and r.end_of_segment and not r.end_of_prompt:
-                (a.snapshot, _), = self.generator.extract_cache([r.uid]).values()
+        joined, responses = self.generator.next()
+        if log.isEnabledFor(logging.DEBUG):  # where a batch's time goes
+            log.debug("batch step %.1f ms: %d rows joined, %d tokens decoded, %d rows in the batch",
+                      1000 * (time.perf_counter() - began), len(joined), len(responses), len(self.rows))
         ended: list[Ended] = []
         for r in responses:
             a = self.rows.get(r.uid)

@@ -63,9 +63,7 @@ class BatchedTurns:
         pending = self._pending
         if pending is not None and pending.job.cancelled.is_set():  # its client left, or it waited too long
             self._pending = None
-            self.table.release(pending.job)
-            self._publish()
-            self.admission.done(pending.job, time.monotonic() - pending.taken_at)
+            self._let_go(pending.job, time.monotonic() - pending.taken_at)
             return
         step = next_step(pending.view if pending else None, self.admission.has_waiting(), self._rows(),
                          self._slots(), self._batch_memory or Memory(0, None, 0))
@@ -114,9 +112,7 @@ class BatchedTurns:
         except BaseException as exc:  # noqa: BLE001 - a load that failed inside MLX
             self._fatal(exc, [job])
             return None
-        self.table.release(job)
-        self._publish()
-        self.admission.done(job, time.monotonic() - started)
+        self._let_go(job, time.monotonic() - started)
         return None
 
     def _admit(self: "ModelWorker", p: Prepared) -> None:
@@ -144,9 +140,7 @@ class BatchedTurns:
                               others_waiting=self.admission.has_waiting())
         except EngineError as exc:
             job.channel.put(Failed(exc))
-            self.table.release(job)
-            self._publish()
-            self.admission.done(job, 0.0)
+            self._let_go(job, 0.0)
             self._record_inflight()
             return
         except BaseException as exc:  # noqa: BLE001 - an MLX fault: do not limp on
@@ -191,8 +185,7 @@ class BatchedTurns:
         room = cache_room(self._batch_memory, self._rows(), cache.stats.memory_bytes)
         if room < cache.stats.memory_bytes:
             cache.shrink_to(room)
-        self.table.release(a.job)
-        self.admission.done(a.job, time.monotonic() - a.admitted_at)
+        self._let_go(a.job, time.monotonic() - a.admitted_at)
         if log.isEnabledFor(logging.DEBUG):  # where a batched request's time went (as lone_turns logs a lone one's)
             moments = [("admitted", a.admitted_at), ("joined", a.joined_at), ("first_token", a.first_token_at),
                        ("done", time.monotonic())]

@@ -31,6 +31,11 @@ class HeldRequest:
     job: Any = field(default=None, compare=False, repr=False)  # the Job, for the drain to cancel
 
 
+def running(rows: tuple[HeldRequest, ...]) -> tuple[HeldRequest, ...]:
+    """The rows prefilling or decoding (not those waiting for room)."""
+    return tuple(r for r in rows if r.status is not RequestStatus.WAITING)
+
+
 class RequestTable:
     """The worker's requests in the order it took them (see the module's docstring)."""
 

@@ -49,7 +49,7 @@ from .prompt_tokens import generation_prompt_length
 from .prefill_pace import PrefillPace
 from .scheduler import Memory, attention_bytes_per_position
 from .turn_kv import TurnKV
-from .request_table import RequestStatus, RequestTable
+from .request_table import RequestStatus, RequestTable, running
 from .worker_state import MemorySnapshot, Phase, WorkerStatus
 
 log = logging.getLogger("mlxd.engine.worker")
@@ -222,6 +222,13 @@ class ModelWorker(LoneTurns, BatchedTurns, TurnKV, threading.Thread):
             self.status = WorkerStatus(phase, self._resident_id, requests)
         self.max_observed_concurrency = max(self.max_observed_concurrency, len(self.status.running))
 
+    def _let_go(self, job: Job, held_s: float) -> None:
+        """A request the worker holds no more (answered, refused, or gone):
+        out of the request table, published, its place in admission freed."""
+        self.table.release(job)
+        self._publish()
+        self.admission.done(job, held_s)
+
     @property
     def active_generations(self) -> int:
         """Requests prefilling or decoding now (any thread: a view of `status`)."""
@@ -334,7 +341,7 @@ class ModelWorker(LoneTurns, BatchedTurns, TurnKV, threading.Thread):
         """The requests running (prefilling or decoding), oldest first, on disk (none: the file goes)."""
         if self.inflight_path is None:
             return
-        jobs = [r.job for r in self.table.rows() if r.status is not RequestStatus.WAITING]
+        jobs = [r.job for r in running(self.table.rows())]
         try:
             if not jobs:
                 self.inflight_path.unlink(missing_ok=True)

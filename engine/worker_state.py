@@ -8,7 +8,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
-from .request_table import HeldRequest, RequestStatus
+from .request_table import HeldRequest, running
 
 
 class Phase(enum.Enum):
@@ -32,7 +32,7 @@ class WorkerStatus:
     @property
     def running(self) -> tuple[HeldRequest, ...]:
         """The requests prefilling or decoding (not those waiting for room)."""
-        return tuple(r for r in self.requests if r.status is not RequestStatus.WAITING)
+        return running(self.requests)
 
     @property
     def in_flight_ids(self) -> tuple[str, ...]:

@@ -97,32 +97,3 @@ def test_the_batch_decodes_the_same_tokens_into_an_array_allocated_at_joins(join
     # mlx-lm's own cache grew while the batch decoded.
     assert any(b != a and rb == ra for (_, b, rb), (_, a, ra) in zip(grown_lengths, grown_lengths[1:]))
 
-
-def test_a_batched_prefill_step_goes_through_the_model_in_one_forward_at_the_pace_set():
-    """The pace sets the batch's step after the generator was made (with the
-    pace's first, small, step): each row's chunk goes through in one forward
-    of that size, not in forwards of the size the generator was made with."""
-    from mlxd.engine.batch import set_prefill_step
-
-    model = tiny_model()
-    widths: list[int] = []
-
-    class Counting:
-        def __init__(self, inner):
-            self.inner = inner
-            self.layers = inner.layers
-
-        def __call__(self, inputs, cache=None, **kw):
-            widths.append(inputs.shape[1])
-            return self.inner(inputs, cache=cache, **kw)
-
-    gen = BatchGenerator(Counting(model), stop_tokens=[], completion_batch_size=2, prefill_batch_size=2,
-                         prefill_step_size=16)
-    set_prefill_step(gen, 128)
-    gen.insert_segments([[PROMPTS[1][:257]], [PROMPTS[0][:40] * 6]], max_tokens=[2, 2],
-                        caches=[make_prompt_cache(model), make_prompt_cache(model)])
-    while not any(r for r in gen.next()[1]):
-        assert len(widths) < 50
-    gen.close()
-    prefill = [w for w in widths if w > 1]
-    assert prefill and max(prefill) == 128 and len(prefill) <= 3, prefill

@@ -169,10 +169,17 @@ class PromptCache:
 
     # --- a request ---------------------------------------------------------
     @_never_fatal(NOT_CACHED)
-    def fetch(self, prompt: list[int], answer_room: int = 0) -> Fetched:
+    def fetch(self, prompt: list[int], answer_room: int = 0, read_room: int = 0,
+              keep_bytes: int | None = None) -> Fetched:
         """The KV to continue `prompt` from, taken out of the cache (or a
         copy), with room for the rest of the prompt and `answer_room` more
-        positions (the request's max_tokens: allocated once, engine/kv_cache.py)."""
+        positions (the request's max_tokens: allocated once, engine/kv_cache.py).
+        A disk entry read becomes the request's own KV: it may be as large as
+        the cache's budget or `read_room`, the bytes admission granted the
+        request's KV for its prompt (a conversation larger than a squeezed
+        cache comes back from disk rather than cold); before it is read, the
+        cache gives up all but `keep_bytes` (what it may keep while the
+        request runs), so the read never meets entries the request displaces."""
         if not self.enabled or self.model_key is None:
             return NOT_CACHED
         self._settle()
@@ -181,7 +188,8 @@ class PromptCache:
         self._await_writes_that_serve(tokens, in_memory.reused if in_memory else 0)
         fetched = None
         if self.files is not None and (in_memory is None or in_memory.tokens < len(tokens) - 1):
-            fetched = self._fetch_from_disk(tokens, in_memory.reused if in_memory else 0, answer_room)
+            fetched = self._fetch_from_disk(tokens, in_memory.reused if in_memory else 0, answer_room, read_room,
+                                            keep_bytes)
         if fetched is None and in_memory is not None:
             fetched = self._take(in_memory, tokens, answer_room)
         if fetched is None:
@@ -306,7 +314,8 @@ class PromptCache:
         self._report(ReuseLine(name, len(tokens), reuse.reused, stopped, why, reuse.recomputed, source))
         return Fetched(kv, reuse.tokens, reuse.reused, source, reuse.patches, name, replaces, excerpt)
 
-    def _fetch_from_disk(self, tokens: np.ndarray, memory_tokens: int, answer_room: int) -> Fetched | None:
+    def _fetch_from_disk(self, tokens: np.ndarray, memory_tokens: int, answer_room: int,
+                         read_room: int, keep_bytes: int | None) -> Fetched | None:
         """A disk entry that saves more than memory does, read if worth it."""
         assert self.files is not None
         candidates = self.files.entries(self.model_key)  # type: ignore[arg-type]
@@ -314,14 +323,17 @@ class PromptCache:
         if reuse is None or reuse.reused <= memory_tokens:
             return None
         found = candidates[reuse.index]
-        if not worth_reading(found.nbytes, reuse.reused - memory_tokens, max_bytes=max(self.budget_bytes, 0),
+        room = max(self.budget_bytes, read_room, 0)
+        if not worth_reading(found.nbytes, reuse.reused - memory_tokens, max_bytes=room,
                              max_read_s=self.max_read_s, read_bytes_per_s=self._read_bytes_per_s,
                              read_timed=self._read_measured,
                              prefill_tokens_per_s=prefill_rate_for(self._warm, self._prefill_tokens_per_s,
                                                                    self._first_prefill_tokens_per_s)):
             log.info("prompt cache: not reading %s (%d MiB): slower than the prefill it saves or over the "
-                     "budget", found.path.name, found.nbytes >> 20)
+                     "room for it", found.path.name, found.nbytes >> 20)
             return None
+        if keep_bytes is not None and sum(e.nbytes for e in self._entries) > keep_bytes:
+            self.shrink_to(keep_bytes)
         started = time.monotonic()
         try:
             kv = self.files.load(found)

@@ -73,7 +73,10 @@ class TurnKV:
 
         cache = self.prompt_cache
         answer_room = job.params.max_tokens if allocate else 0
-        fetched = cache.fetch(prompt, answer_room)
+        config = self.registry.info(job.model_id).config
+        # The request's KV for its prompt was admitted (_room_beside): a disk entry that size may be read into it.
+        read_room = self._request_bytes(config, len(prompt)) if config else 0
+        fetched = cache.fetch(prompt, answer_room, read_room, keep_bytes=room)
         self._log_reuse(job, fetched)
         if room < cache.stats.memory_bytes:
             cache.shrink_to(room)

@@ -286,3 +286,17 @@ def test_greedy_answers_are_the_same_with_and_without_the_cache_on_the_real_mode
     assert [t[:2] for t in with_cache] == [t[:2] for t in without]  # same text, same token counts
     assert "Paris" in with_cache[0][0]
     assert all(c > 30 for _, _, c in with_cache[1:]) and all(c == 0 for _, _, c in without)
+
+
+def test_a_conversation_larger_than_the_cache_comes_back_from_disk(start_engine, demo_models):
+    """A cache squeezed below one conversation (as beside a big model on a
+    Mac) keeps none of it in memory; its turn's file is read back into the
+    next turn's own KV, which admission granted: it is not started cold."""
+    ep = start_engine(toml=toml(demo_models, {"memory_gib": 0.0005}))  # ~0.5 MB: this conversation takes ~1.3
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "remember this"}]
+    reply, _ = ask(ep.url, messages)
+    wait_until(lambda: cache_stats(ep.url)["disk_entries"] == 1, 30, what="the entry on disk")
+    pc = cache_stats(ep.url)
+    assert pc["memory_entries"] == 0 and pc["memory_budget_bytes"] < 2**20, pc
+    _, usage = ask(ep.url, messages + [{"role": "assistant", "content": reply}, {"role": "user", "content": "go"}])
+    assert cached(usage) > 300 and cache_stats(ep.url)["disk_hits"] == 1

@@ -38,6 +38,20 @@ class KVCacheLayout(Report):
 
 
 @dataclass(frozen=True)
+class ServingPlanReport(Report):
+    """How the resident model is served, decided at its load (engine/serving_plan.py)."""
+
+    model: str = ""
+    max_concurrency: int = 1
+    decoder: str = "one_row"  # "one_row" or "many_rows"
+    vision: bool = False
+    rank_group: bool = False
+    prompt_cache: bool = True
+    cpu_float32: bool = False
+    reason: str | None = None  # why max_concurrency is below what was configured
+
+
+@dataclass(frozen=True)
 class EngineMemory(Report):
     """MLX's memory as the worker last sampled it, the process's RSS and the
     engine's budget; the active bytes around the first load and the last
@@ -137,7 +151,8 @@ class EngineHealth(Report):
     running: list[str] | None = None
     batch_size: int = 0
     requests: list[HeldRequestReport] = field(default_factory=list)  # every request held, oldest first
-    max_concurrency: int | None = None
+    max_concurrency: int | None = None  # the resident model's (its serving plan's); none resident: the queue's slots
+    serving: ServingPlanReport | None = None
     queue_depth: int | None = None
     queue_capacity: int | None = None
     max_observed_concurrency: int | None = None
@@ -151,6 +166,7 @@ class EngineHealth(Report):
     pid: int | None = None
 
     nested: ClassVar[dict[str, type[Record]]] = {"kv_cache": KVCacheLayout, "memory": EngineMemory,
+                                                 "serving": ServingPlanReport,
                                                  "requests": HeldRequestReport,
                                                  "prompt_cache": PromptCacheReport}
 

@@ -1,8 +1,8 @@
 """The MLX engine: an OpenAI-compatible server over mlx-lm.
 
 Entry point: `mlxd engine` -> mlxd.engine.main.run_engine. One worker thread
-owns the model and every MLX call; HTTP handlers put a job on the admission
-queue and wait on its events. Every file, one line each (a test,
+owns the model and every MLX call, stepping the engine's core; HTTP handlers
+put a job on the admission queue and wait on its events. Every file, one line each (a test,
 tests/layout/test_component_maps.py, keeps this list whole):
 
 HTTP and the process
@@ -28,16 +28,19 @@ A request in, an answer out
   responses_store.py      stored responses for previous_response_id: one file each, bounded
   errors.py               EngineError: status, code, message; rendered in one place
 
-The worker
-  worker.py               the one thread that owns the model and every MLX call
-  worker_state.py         what it publishes to other threads: phase, requests held, memory
-  request_table.py        every request it holds, one status each (waiting, prefilling, decoding)
+The core: one step loop (docs/DESIGN.md, "The engine's core")
+  worker.py               the one thread that owns the model and every MLX call: the loop around the core
+  engine_core.py          EngineCore: a step at a time, the scheduler's decision done; owns the table, ledger, cache
+  scheduler.py            the core's next step and the batch's memory admission (pure)
+  request_table.py        every request the core holds, one status each (waiting, prefilling, decoding)
+  worker_state.py         what the core publishes to other threads: phase, requests held, memory
+  memory_ledger.py        who holds the memory budget: weights, requests' KV, the prompt cache's room
   device_memory.py        the process's device memory from outside (nvidia-smi), what MLX's limit leaves for it
-  lone_turns.py           its turns serving one request alone (stream_generate)
-  batched_turns.py        its turns with max_concurrency > 1, as scheduler.py decides
-  turn_kv.py              a turn's prompt-cache steps, both ways: room, KV taken, KV stored
-  scheduler.py            the batched worker's next step and memory admission (pure)
-  batch.py                the batch: mlx-lm's BatchGenerator; a request alone decodes solo
+  runner.py               the resident model and its decoders: every MLX call the core makes
+  serving_plan.py         how the resident model is served, decided at its load (pure)
+  decoding.py             the two decoders behind one interface: a request admitted, a step, those that ended
+  one_row.py              one request decoded alone, as mlx-lm decodes one (generate_step; mlx-vlm's for images)
+  many_rows.py            many requests decoded as one batch (mlx-lm's BatchGenerator), joining rows prefilled alone
   ranks.py                a rank group: one model sharded over processes (mlx.launch)
 
 The model
@@ -52,7 +55,7 @@ The model
   demo_text.py            their chat templates and tokenizer corpus (data)
 
 Generation
-  generation.py           one job's tokenize and decode on the resident model, as events
+  generation.py           one job's prompt tokenized, and its answer relayed from the tokens a decoder gives
   prompt_tokens.py        chat prompts tokenized piece by piece, not whole every turn
   prefill.py              a prompt into its KV at the engine's pace; recomputed spans
   prefill_pace.py         each prefill step's size from the measured speed (pure)

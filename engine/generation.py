@@ -1,10 +1,11 @@
-"""One job's generation on the resident model: tokenize, sample, relay.
+"""One job's generation on the resident model: its prompt tokenized, its
+tokens relayed.
 
-Runs on the worker thread (every MLX call does). A `Generation` turns
-mlx-lm's token stream into the job's events: stop strings held back until
-decided, tool calls split out, a slow reader pushing back. The worker owns
-the model, its status and its counters; a Generation owns only its job's
-decode. Its prefill is engine/prefill.py's, its sampler engine/sampling.py's.
+Runs on the worker thread (every MLX call does). A `Generation` turns a
+decoder's tokens (engine/decoding.py) into the job's events: stop strings
+held back until decided, tool calls split out, a slow reader pushing back.
+The core owns the model, its status and its counters; a Generation owns
+only its job's answer.
 """
 
 from __future__ import annotations
@@ -21,10 +22,8 @@ from .errors import EngineError, bad_request
 from .events import Delta, Failed, Finished, ToolCalls
 from .faults import FaultInjector
 from .jobs import Job
-from .prefill import cancelled_error, prefill
-from .prefill_pace import PrefillPace
+from .prefill import cancelled_error
 from .prompt_tokens import PieceEncoder, template_tokens
-from .sampling import make_sampling, seeing_context
 from .stop_matcher import StopMatcher
 from .answer_parts import AnswerSplitter, Markers, Part, markers_of, opens_in_reasoning
 from .grammar import MLXD_TOOL_FORMAT, GrammarUnsupported, ToolFormat, answer_grammar, grammar_problem
@@ -239,36 +238,17 @@ def _check_token_ids(ids: Any, vocab: int, param: str) -> None:
         raise bad_request(f"{param} token id {bad} is outside the vocabulary (0..{vocab - 1})", param=param)
 
 
-@dataclass(frozen=True)
-class _Step:
-    text: str
-    token: int | None
-    finish_reason: str | None
-
-
-def _closing_step_holds_no_token(results: Any) -> Any:
-    """mlx-vlm's stream: per token a result, then one closing result that
-    repeats the last token with the detokenizer's rest and the finish reason
-    (mlx-lm's puts the finish reason on the last token's own result)."""
-    for r in results:
-        if r.finish_reason is not None:
-            yield _Step(r.text, None, r.finish_reason)
-            return
-        yield _Step(r.text, int(r.token), None)
-
-
 class Generation:
-    """Decodes one job and sends its events. `heartbeat` reports progress
-    (the worker's stuck detection); `on_decode` marks the first token."""
+    """One job's answer as its tokens come from a decoder (engine/decoding.py):
+    its events sent, its finish decided. `heartbeat` reports progress (the
+    worker's stuck detection)."""
 
-    def __init__(self, resident: ResidentModel, job: Job, faults: FaultInjector, pace: PrefillPace,
-                 heartbeat: Callable[..., None], on_decode: Callable[[], None]) -> None:
+    def __init__(self, resident: ResidentModel, job: Job, faults: FaultInjector,
+                 heartbeat: Callable[..., None]) -> None:
         self.resident = resident
         self.job = job
         self.faults = faults
-        self.pace = pace
         self.heartbeat = heartbeat
-        self.on_decode = on_decode
         self.stops = StopMatcher(list(job.params.stop))
         # A text completion is raw text: only chat answers are split; with
         # tool_choice "none" a call is not parsed (the grammar, where there is one, allows none).
@@ -286,74 +266,10 @@ class Generation:
         self.waits_for_reader = True
         self.tokens: list[int] = []  # generated so far (begin() starts the list)
 
-    def decode(self, prompt: list[int], prompt_cache: list[Any] | None = None,
-               context: list[int] | None = None) -> tuple[str, list[int]]:
-        """Generate until a stop, the end, a cancel or the deadline:
-        (finish, the tokens generated). `prompt` is what is left to prefill
-        after `context`, whose KV `prompt_cache` already holds."""
-        import mlx.core as mx
-        from mlx_lm.generate import stream_generate
-
-        p = self.job.params
-        if p.seed is not None:
-            mx.random.seed(p.seed)
-        context = list(context or [])
-        if len(prompt) > 1:  # prefilled at our pace; mlx-lm decodes from the last token
-            from mlx_lm.models.cache import make_prompt_cache
-
-            prompt_cache = prompt_cache if prompt_cache is not None else make_prompt_cache(self.resident.model)
-            prefill(self.resident.model, prompt_cache, prompt[:-1], self.pace, self.heartbeat, self.faults,
-                    self.resident.kv, cancelled=self.job.cancelled)
-            context, prompt = context + list(prompt[:-1]), prompt[-1:]
-        self.begin(context[-PROMPT_TAIL:] + list(prompt))
-        sampler, processors = make_sampling(p, self.resident.vocab_size())
-        if processors and context:
-            processors = [seeing_context(proc, context) for proc in processors]
-        if self.grammar is not None:
-            sampler, processors = self.grammar.sampling(sampler), processors + [self.grammar]
-        kv = self.resident.kv
-        quantize = {"kv_bits": kv.bits, "kv_group_size": kv.group_size,
-                    "quantized_kv_start": kv.quantized_start} if kv.quantized else {}
-        if self.resident.dequantized_decode and prompt_cache is not None:
-            from .kv_cache import prefill_views
-
-            # Every layer quantised from the first position (the worker made it so): no switch to make.
-            prompt_cache, quantize = prefill_views(prompt_cache), {}
-        steps = stream_generate(self.resident.model, self.resident.tokenizer, prompt, max_tokens=p.max_tokens,
-                                sampler=sampler, logits_processors=processors, prompt_cache=prompt_cache,
-                                prompt_progress_callback=self.heartbeat, **quantize)
-        return self._run(steps)
-
-    def decode_vision(self, prompt: VisionPrompt) -> tuple[str, list[int]]:
-        """decode() for a vision model, through mlx-vlm's generation on the
-        prompt its processor prepared (no prompt cache)."""
-        import mlx.core as mx
-        from mlx_vlm import stream_generate
-
-        p = self.job.params
-        if p.seed is not None:
-            mx.random.seed(p.seed)
-        self.begin(prompt.tokens)
-        sampler, processors = make_sampling(p, self.resident.vocab_size())
-        if self.grammar is not None:
-            sampler, processors = self.grammar.sampling(sampler), processors + [self.grammar]
-        steps = stream_generate(self.resident.model, self.resident.processor, "", max_tokens=p.max_tokens,
-                                sampler=sampler, logits_processors=processors or None,
-                                prefill_step_size=self.pace.step(), **prompt.inputs)
-        return self._run(_closing_step_holds_no_token(steps))
-
-    def _run(self, steps: Any) -> tuple[str, list[int]]:
-        for resp in steps:
-            finish = self.feed(resp.text, resp.token, resp.finish_reason)
-            if finish is not None:
-                return finish, self.tokens
-        return "length", self.tokens
-
     def begin(self, prompt_tail: list[int]) -> None:
         """Before the first token: whether the prompt leaves the model in its
         reasoning (the template opens it at the end of the prompt)."""
         self.tokens = []
-        self._first = True
         self._token_faults = (any(f.point == "token" for f in self.faults.active)
                               and self.faults.applies_to(self.job.text))
         if self.markers.think is not None:
@@ -382,11 +298,7 @@ class Generation:
     def feed(self, text: str, token: int | None, model_finish: str | None) -> str | None:
         """One generated token (None: mlx-vlm's closing step) and its text:
         relayed; the finish when decoding ends here, else None."""
-        if self._first:
-            self.on_decode()
-            self._first = False
-        else:
-            self.heartbeat()
+        self.heartbeat()
         if token is None:  # mlx-vlm's closing step: the last text, no token
             self._relay(text)
             return finish_reason(self.stops.stopped, model_finish, False, False) or "length"

@@ -17,7 +17,7 @@ import time
 import psutil
 
 import mlxd
-from mlxd.reports import EngineHealth, EngineMemory, HeldRequestReport, KVCacheLayout
+from mlxd.reports import EngineHealth, EngineMemory, HeldRequestReport, KVCacheLayout, ServingPlanReport
 
 from .admission import AdmissionQueue
 from .errors import EngineError
@@ -93,7 +93,7 @@ class Health:
         """/health's body, as gathered now."""
         status, reason = self.state()
         w = self.worker
-        s, mem, queue = w.status, w.memory, self.admission.snapshot()
+        s, mem, queue, plan = w.status, w.memory, self.admission.snapshot(), w.plan
         device = w.device_memory.latest if w.device_memory is not None else None
         return EngineHealth(
             status=status,
@@ -110,7 +110,10 @@ class Health:
             batch_size=len(s.in_flight_ids),
             requests=[HeldRequestReport(id=r.id, status=r.status.value, for_s=round(time.monotonic() - r.since, 3))
                       for r in s.requests],
-            max_concurrency=queue["slots"],
+            max_concurrency=plan.max_concurrency if plan is not None else queue["slots"],
+            serving=ServingPlanReport(model=plan.model_id, max_concurrency=plan.max_concurrency, decoder=plan.decoder,
+                                      vision=plan.vision, rank_group=plan.rank_group, prompt_cache=plan.prompt_cache,
+                                      cpu_float32=plan.cpu_float32, reason=plan.reason) if plan is not None else None,
             queue_depth=queue["waiting"],
             queue_capacity=queue["capacity"],
             max_observed_concurrency=w.max_observed_concurrency,

@@ -45,7 +45,8 @@ def register_gauges(metrics: EngineMetrics, worker: ModelWorker, admission: Admi
     m.gauge("mlxd_engine_queue_depth", "Requests waiting for the worker", lambda: admission.snapshot()["waiting"])
     m.gauge("mlxd_engine_in_flight", "Requests generating now: the batch size (up to max_concurrency)",
             lambda: w.active_generations)
-    m.gauge("mlxd_engine_max_concurrency", "Requests the worker may generate at once", lambda: admission.slots)
+    m.gauge("mlxd_engine_max_concurrency", "Requests the resident model is decoded at once (its serving plan)",
+            lambda: w.plan.max_concurrency if w.plan is not None else admission.slots)
     m.gauge("mlxd_engine_max_observed_concurrency", "Most generations ever seen at once",
             lambda: w.max_observed_concurrency)
     m.gauge("mlxd_engine_model_loads", "Models loaded since start", lambda: w.counters["model_loads"])

@@ -129,6 +129,10 @@ class PromptCache:
                  approximate: ApproxPolicy | None = None) -> None:
         self.enabled = enabled
         self.files = files if enabled else None
+        # The bytes it may keep beside the model and the requests running, from
+        # the engine's memory ledger (engine/memory_ledger.py); None: no limit
+        # but its own budget. It keeps within it itself: no caller shrinks it.
+        self.room: Callable[[], int | None] = lambda: None
         self.max_read_s = max_read_s
         self.approximate = approximate  # None: exact reuse only (the default)
         self.model_key: str | None = None
@@ -169,8 +173,7 @@ class PromptCache:
 
     # --- a request ---------------------------------------------------------
     @_never_fatal(NOT_CACHED)
-    def fetch(self, prompt: list[int], answer_room: int = 0, read_room: int = 0,
-              keep_bytes: int | None = None) -> Fetched:
+    def fetch(self, prompt: list[int], answer_room: int = 0, read_room: int = 0) -> Fetched:
         """The KV to continue `prompt` from, taken out of the cache (or a
         copy), with room for the rest of the prompt and `answer_room` more
         positions (the request's max_tokens: allocated once, engine/kv_cache.py).
@@ -178,8 +181,9 @@ class PromptCache:
         the cache's budget or `read_room`, the bytes admission granted the
         request's KV for its prompt (a conversation larger than a squeezed
         cache comes back from disk rather than cold); before it is read, the
-        cache gives up all but `keep_bytes` (what it may keep while the
-        request runs), so the read never meets entries the request displaces."""
+        cache gives up all but its room (what it may keep while the request
+        runs: the ledger has counted the request), so the read never meets
+        entries the request displaces; after the fetch it keeps within it."""
         if not self.enabled or self.model_key is None:
             return NOT_CACHED
         self._settle()
@@ -188,8 +192,7 @@ class PromptCache:
         self._await_writes_that_serve(tokens, in_memory.reused if in_memory else 0)
         fetched = None
         if self.files is not None and (in_memory is None or in_memory.tokens < len(tokens) - 1):
-            fetched = self._fetch_from_disk(tokens, in_memory.reused if in_memory else 0, answer_room, read_room,
-                                            keep_bytes)
+            fetched = self._fetch_from_disk(tokens, in_memory.reused if in_memory else 0, answer_room, read_room)
         if fetched is None and in_memory is not None:
             fetched = self._take(in_memory, tokens, answer_room)
         if fetched is None:
@@ -202,18 +205,29 @@ class PromptCache:
                              prompt_tokens=s.prompt_tokens + len(prompt),
                              cached_tokens=s.cached_tokens + fetched.cached_tokens,
                              recomputed_tokens=s.recomputed_tokens + sum(b - a for a, b in fetched.patches))
+        self._keep_within(self._room_now())
         self._publish()
         return fetched
 
     @_never_fatal()
     def store(self, covered: list[int], prompt_len: int, kv: list[Any], conversation: tuple[str, ...] = (),
-              turn: Fetched = NOT_CACHED, echo: tuple[int, ...] = ()) -> None:
+              turn: Fetched = NOT_CACHED, echo: tuple[int, ...] = (), fit: bool = False) -> None:
         """Keep the KV of `covered` (a prompt, and what was generated after
         it) for later requests, as the latest turn of `turn`'s conversation;
-        older entries leave for the budget."""
+        older entries leave for the budget and the room. `fit`: the KV is
+        copied into arrays of just its length first (a request's were
+        allocated for all its max_tokens); the copy is made while the request's
+        arrays are alive, so the cache first gives up what both take."""
         if not self.enabled or self.model_key is None or not covered:
             return
         self._settle()
+        if fit:
+            from .kv_cache import fitted, fitted_bytes
+
+            room = self._room_now()
+            if room is not None:
+                self._keep_within(max(0, room - kv_nbytes(kv) - fitted_bytes(kv)))
+            kv = fitted(kv)
         tokens = np.asarray(covered, dtype=np.int32)
         entry = Entry(self.model_key, tokens, min(prompt_len, len(tokens)), kv, kv_nbytes(kv), conversation,
                       name=turn.name or self._new_name(), replaces=turn.replaces, echo=echo)
@@ -222,7 +236,9 @@ class PromptCache:
             self.stats = replace(self.stats, superseded=self.stats.superseded + len(self._entries) - len(kept))
         self._entries = kept
         self._entries.append(entry)
-        self._evict(entries_to_evict([e.nbytes for e in self._entries], self.budget_bytes))
+        room = self._room_now()
+        self._evict(entries_to_evict([e.nbytes for e in self._entries],
+                                     self.budget_bytes if room is None else min(room, self.budget_bytes)))
         self._publish()
 
     @_never_fatal()
@@ -237,12 +253,17 @@ class PromptCache:
                 self._first_prefill_tokens_per_s = rate
                 self._warm = True
 
-    @_never_fatal()
-    def shrink_to(self, budget_bytes: int) -> None:
+    def _room_now(self) -> int | None:
+        room = self.room()
+        return None if room is None else max(0, room)
+
+    def _keep_within(self, budget_bytes: int | None) -> None:
         """Least recently used entries leave memory (to disk) until the rest,
         with the entries still being written, take at most `budget_bytes`:
         room for a request's own KV, which must be there before it starts
         (so here, and only here, the worker waits for the writer)."""
+        if budget_bytes is None or sum(e.nbytes for e in self._entries) + self._writing_bytes() <= budget_bytes:
+            return
         self._settle()
         self._evict(entries_to_evict([e.nbytes for e in self._entries], budget_bytes))
         self._wait_for_writes(lambda: sum(e.nbytes for e in self._entries) + self._writing_bytes() > budget_bytes)
@@ -315,7 +336,7 @@ class PromptCache:
         return Fetched(kv, reuse.tokens, reuse.reused, source, reuse.patches, name, replaces, excerpt)
 
     def _fetch_from_disk(self, tokens: np.ndarray, memory_tokens: int, answer_room: int,
-                         read_room: int, keep_bytes: int | None) -> Fetched | None:
+                         read_room: int) -> Fetched | None:
         """A disk entry that saves more than memory does, read if worth it."""
         assert self.files is not None
         candidates = self.files.entries(self.model_key)  # type: ignore[arg-type]
@@ -332,8 +353,7 @@ class PromptCache:
             log.info("prompt cache: not reading %s (%d MiB): slower than the prefill it saves or over the "
                      "room for it", found.path.name, found.nbytes >> 20)
             return None
-        if keep_bytes is not None and sum(e.nbytes for e in self._entries) > keep_bytes:
-            self.shrink_to(keep_bytes)
+        self._keep_within(self._room_now())
         started = time.monotonic()
         try:
             kv = self.files.load(found)

@@ -1,17 +1,17 @@
-"""What the worker does next when it may generate several requests at once
-(`max_concurrency` > 1): pure decisions, table-tested.
+"""What the engine core does next: pure decisions, table-tested.
 
-Each turn of the worker's loop asks `next_step` once:
+Each step of the core (engine/engine_core.py) asks `next_step` once:
 
 - TAKE    the queue's next request, to prepare it (tokenize, size its KV);
 - ADMIT   the prepared request into the running batch: there is a free slot
           and the KV of every running request at its full length, plus its
           own, fits the memory budget beside the model;
-- ALONE   serve the prepared request by itself (an image, a seed, another
-          model, a rank group: what mlx-lm's batch cannot take), once the
-          batch has drained — requests are served in order, nothing overtakes it;
-- DECODE  run one step of the batch (mlx-lm's BatchGenerator decodes every
-          running request by a token and prefills a chunk of the joining ones);
+- ALONE   decode the prepared request by itself (max_concurrency = 1, an
+          image, a seed, another model, a rank group: what mlx-lm's batch
+          cannot take), once the batch has drained — requests are served in
+          order, nothing overtakes it, nothing joins it;
+- DECODE  a token for every running request (the one decoded alone, or the
+          batch's, after a chunk of a joining request's prompt);
 - WAIT    nothing to do: wait for the queue.
 
 Memory is admitted by construction: `batch_kv_tokens` bounds what the batch's
@@ -43,6 +43,7 @@ class Row:
 
     length: int  # positions its KV holds (or will, once its prompt is in): prompt + generated so far
     remaining: int  # tokens it may still generate
+    alone: bool = False  # decoded alone: nobody joins it (a seed, an image, a rank group, max_concurrency 1)
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,8 @@ def cache_room(memory: Memory, rows: Sequence[Row], cache_bytes: int) -> int:
 
 def next_step(pending: Pending | None, waiting: bool, rows: Sequence[Row], slots: int, memory: Memory) -> Step:
     """The worker's next step (pure; the first that holds wins)."""
+    if any(r.alone for r in rows):
+        return Step.DECODE  # a request decoded alone: nobody joins it, nobody is taken meanwhile
     if pending is not None:
         if not pending.batchable or pending.row is None or slots <= 1:
             return Step.DECODE if rows else Step.ALONE

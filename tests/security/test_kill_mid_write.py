@@ -263,18 +263,19 @@ def write(i):
     inputs = shell.Inputs(config, ["/usr/local/bin/mlxd"], "/usr/bin:/bin", {"MLXD_OLLAMA_URL": "http://" + big(i)})
     shell.write_unit(target, systemctl._render(inputs), inputs)
 """, check=_systemd_unit),
-    Writer("engine.worker in-flight file", """
+    Writer("engine core's in-flight file", """
 from types import SimpleNamespace
+from mlxd.engine.engine_core import EngineCore
 from mlxd.engine.request_table import RequestStatus, RequestTable
-from mlxd.engine.worker import MemorySnapshot, ModelWorker
+from mlxd.engine.worker_state import MemorySnapshot
 from mlxd.paths import StatePaths
 target = StatePaths(home).inflight
-worker = SimpleNamespace(inflight_path=target, memory=MemorySnapshot())
+core = SimpleNamespace(inflight_path=target, memory=MemorySnapshot())
 def write(i):
     job = SimpleNamespace(id="req-" + big(i), fingerprint="0123456789abcdef", model_id="demo")
-    worker.table = RequestTable()
-    worker.table.hold(job, RequestStatus.PREFILLING)
-    ModelWorker._record_inflight(worker)
+    core.table = RequestTable()
+    core.table.hold(job, RequestStatus.PREFILLING)
+    EngineCore.record_inflight(core)
 """, check=_inflight, fixed=False),  # it holds the time and pid
     Writer("supervisor.listener quarantine.json", """
 from types import SimpleNamespace

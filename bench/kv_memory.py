@@ -166,7 +166,7 @@ def run_arm(spec: dict) -> dict:
         for _, _ in zip(range(n), generate_step(mx.array(prompt), model, max_tokens=n, prompt_cache=kv, **quantize)):
             samples.append(mx.get_active_memory())
         return {"samples": samples, "weights": weights, "peak": mx.get_peak_memory()}
-    if spec["kind"] == "batch_generation":  # max_concurrency > 1: mlx-lm's BatchGenerator, as engine/batch.py runs it
+    if spec["kind"] == "batch_generation":  # max_concurrency > 1: mlx-lm's BatchGenerator, as engine/many_rows.py runs it
         from mlx_lm.generate import BatchGenerator
 
         from mlxd.engine.batch_kv import rows_for_batch

@@ -7,7 +7,7 @@ Each way prefills the same prompts until every row has its first token:
   alone        one row at a time through the model in steps (engine/prefill.py's way),
                the rows one after another
   mlx-lm       mlx-lm's BatchGenerator, every row a new row, mlx-lm's own caches
-  engine       as mlxd's batch does (engine/batch.py): each row prefilled alone a paced chunk at a time
+  engine       as mlxd's batch does (engine/many_rows.py): each row prefilled alone a paced chunk at a time
                (engine/prefill.py), joining mlx-lm's batch with its last token (engine/batch_kv.py's caches),
                a decode step of the joined rows after every chunk
 

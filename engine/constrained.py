@@ -1,7 +1,7 @@
 """Constrained decoding: a grammar (engine/grammar.py) applied token by
-token, as a logits processor in mlx-lm's decode loops (stream_generate,
-generate_step and BatchGenerator alike: one path for a lone request and a
-batch row).
+token, as a logits processor in both decoders (engine/decoding.py:
+generate_step alone, BatchGenerator's rows: one path for a lone request and
+a batch row).
 
 mlx-lm calls a processor with the tokens so far (ending in the token just
 fed to the model) and that step's logits. The first call of an answer ends

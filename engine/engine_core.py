@@ -48,6 +48,7 @@ from .memory_ledger import MemoryLedger, ModelFigures
 from .model_cache import Unload, plan_release, plan_switch
 from .model_registry import ModelRegistry
 from .prompt_cache import PromptCache, kv_offset
+from .prefill import cancelled_error
 from .prompt_cache_policy import NOT_CACHED, Fetched
 from .request_table import RequestStatus, RequestTable, running
 from .runner import Prompt
@@ -113,8 +114,9 @@ class EngineCore:
     def step(self) -> None:
         """One decision of the scheduler, done."""
         pending = self.pending
-        if pending is not None and pending.job.cancelled.is_set():  # its client left, or it waited too long
+        if pending is not None and pending.job.cancelled.is_set():  # its client left, it waited too long, a drain
             self.pending = None
+            pending.job.channel.put(Failed(cancelled_error()))  # a handler still waiting is told (a drain's)
             self._let_go(pending.job, time.monotonic() - pending.taken_at)
             return
         decision = next_step(pending.view if pending else None, self.admission.has_waiting(), self._rows(),
@@ -171,7 +173,7 @@ class EngineCore:
             self.ledger.check_alone(len(tokens) + job.params.max_tokens)  # the 400 for one that cannot fit even alone
             return Prepared(job, tokens, Pending(True, Row(len(tokens), job.params.max_tokens)))
         except _Gone:
-            pass
+            job.channel.put(Failed(cancelled_error()))
         except EngineError as exc:
             job.channel.put(Failed(exc))
         except BaseException as exc:  # noqa: BLE001 - a load that failed inside MLX
@@ -442,7 +444,10 @@ class EngineCore:
 
     def _fatal(self, exc: BaseException, jobs: list[Job]) -> None:
         """An MLX fault: every request held gets an explicit error, and the
-        engine exits for the supervisor to restart it."""
+        engine exits for the supervisor to restart it. The jobs named first
+        (the one that was running is the crash's culprit), then every other
+        job held (one waiting for the batch too)."""
+        jobs = [*jobs, *(r.job for r in self.table.rows())]
         held = {r.id for r in self.table.rows()}
         for job in jobs:  # every request named in the crash is held as running (one taken just now too)
             if job.id not in held:

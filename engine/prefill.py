@@ -4,8 +4,8 @@ generate loop: `prefill` a step at a time as the engine's pace sizes them
 `recompute`, approximate reuse's changed spans over cached KV
 (engine/reuse.py).
 
-Both ways of serving use them (lone_turns.py through generation.py, batch.py
-for a request alone in the batch), on the worker thread only. MLX is
+Both decoders use them (engine/one_row.py, engine/many_rows.py; recompute
+through engine/runner.py), on the worker thread only. MLX is
 imported inside the functions, after the engine has chosen its BLAS
 (engine/fast_blas.py).
 """

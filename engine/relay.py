@@ -231,7 +231,7 @@ class JobFeed:
             return
         if waited > self.queue_timeout_s and self.health.waiting_for_room(self.job.id):
             # Taken from the queue but still waiting for room in the batch: the same timeout,
-            # and the worker drops the job once it sees it cancelled (engine/batched_turns.py).
+            # and the worker drops the job once it sees it cancelled (engine/engine_core.py).
             self.job.cancelled.set()
             raise self.admission.timeout_error(waited)
         self.health.check_progress(self.job.id)

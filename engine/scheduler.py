@@ -137,7 +137,7 @@ def starts_alone(batch_empty: bool, others_waiting: bool) -> bool:
     """Whether a request may be decoded alone, as mlx-lm decodes one (pure):
     into an empty batch, and only when nobody waits behind it (its cache
     must also be one mlx-lm can cut back when a second request joins:
-    engine/batch.py checks that). A burst (agents started together) joins
+    engine/runner.py checks that). A burst (agents started together) joins
     the batch: the lone start prefills its whole prompt in one go, holding
     the others in the queue (H200, 8B, 4 x 1k tokens in process: the last
     first token 280-390 ms against 215-235 in the batch)."""

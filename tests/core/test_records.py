@@ -12,7 +12,7 @@ from mlxd.records import (CrashRecord, EngineExit, EnginePid, ExitRecord, Inflig
                           SupervisionFile, fits)
 from mlxd.reports import (CrashCounts, EngineHealth, EngineMemory, EngineProbe, ForeignListener, GatewayProbe,
                           HostProbe, KVCacheLayout, LastCrash, OllamaProbe, ProcessInfo, PromptCacheReport, RankGroup,
-                          ReuseLine, StatusReport, SupervisordState)
+                          ReuseLine, ServingPlanReport, StatusReport, SupervisordState)
 
 INFLIGHT = INFLIGHT_ONE = InflightRequest(request_id="r", fingerprint="f", model="m", pid=1, started=2.0,
                                           memory={"a": 1})
@@ -113,13 +113,14 @@ def test_a_crash_record_names_what_was_in_flight(data, in_flight, fingerprints):
 # --- reports: the engine's /health and `mlxd status` ------------------------------
 
 WIRE_KEYS = {"status", "reason", "worker_alive", "phase", "resident_model", "kv_cache", "tools", "in_flight",
-             "in_flight_fingerprint", "running", "batch_size", "requests", "max_concurrency", "queue_depth", "queue_capacity",
+             "in_flight_fingerprint", "running", "batch_size", "requests", "max_concurrency", "serving", "queue_depth", "queue_capacity",
              "max_observed_concurrency", "memory", "counters", "prompt_cache", "timings", "uptime_s",
              "process_started_at", "ready_at", "pid"}
 
 HEALTH = EngineHealth(
     status="ok", worker_alive=True, phase="decode", resident_model="demo", kv_cache=KVCacheLayout(bits=8),
     in_flight="r1", in_flight_fingerprint="f1", running=["r1", "r2"], batch_size=2, max_concurrency=4,
+    serving=ServingPlanReport(model="demo", max_concurrency=4, decoder="many_rows"),
     queue_depth=1, queue_capacity=16, max_observed_concurrency=3,
     memory=EngineMemory(mlx_active_bytes=5, mlx_peak_bytes=6, rss_bytes=7, budget_bytes=8,
                         mlx_active_before_first_load=1),
@@ -159,6 +160,8 @@ def test_health_on_the_wire_keeps_its_keys():
     body = HEALTH.to_json()
     assert set(body) == WIRE_KEYS
     assert body["kv_cache"] == {"bits": 8, "group_size": 64, "quantized_start": 0}
+    assert body["serving"]["decoder"] == "many_rows" and body["serving"]["max_concurrency"] == 4
+    assert EngineHealth.from_json(body).serving == HEALTH.serving  # read back whole
     assert body["prompt_cache"]["recent"][0]["conversation"] == "c1" and body["memory"]["mlx_peak_bytes"] == 6
 
 

@@ -1,0 +1,748 @@
+"""The engine core's turn logic (engine/engine_core.py), in process, as tables.
+
+A real `EngineCore`, a real `AdmissionQueue`, request table, memory ledger
+and (disabled) prompt cache, driven step by step against `FakeRunner`: the
+runner's interface (engine/runner.py) with no MLX behind it. Each fake row
+"generates" one token a step; its end goes out as `Generation.end` sends it
+(engine/generation.py). No thread, no sleep: `run_until` calls `core.step()`
+a bounded number of times. Beside the real-process tests (test_batching.py,
+test_failures.py), which show the same behaviour through HTTP on a real model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.abc
+import inspect
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Callable
+
+import pytest
+
+from mlxd.memory_estimate import KVLayout, attention_heads, kv_cache_bytes
+from mlxd.records import InflightRequest
+
+from mlxd.engine import engine_core
+from mlxd.engine.admission import AdmissionQueue
+from mlxd.engine.decoding import Admitted, Ended
+from mlxd.engine.engine_core import EngineCore
+from mlxd.engine.errors import EngineError, bad_request
+from mlxd.engine.events import Delta, EventChannel, Failed, Finished, Started
+from mlxd.engine.faults import FaultInjector
+from mlxd.engine.generation import answer_finish, finish_reason
+from mlxd.engine.jobs import Job, SamplingParams
+from mlxd.engine.model_registry import ModelRegistry
+from mlxd.engine.prefill import cancelled_error
+from mlxd.engine.request_table import RequestStatus
+from mlxd.engine.runner import ModelRunner, Prompt
+from mlxd.engine.scheduler import Memory, Row, attention_bytes_per_position, batch_kv_bytes, starts_alone
+from mlxd.engine.serving_plan import ServingPlan, serving_plan
+from mlxd.engine.worker_state import MemorySnapshot, Phase, WorkerStatus
+
+W, P, D = RequestStatus.WAITING, RequestStatus.PREFILLING, RequestStatus.DECODING
+MODEL, OTHER = "demo-a", "demo-b"
+PROMPT = [11, 12, 13, 14]  # every job's prompt, unless a test says otherwise
+ANSWER = 3  # tokens a fake row generates before it stops (fewer when max_tokens cuts it: "length")
+MAX_TOKENS = 8
+PREFILL_STEP = 512
+# A model of 1 MB whose KV takes 256 bytes a position (1 layer, 1 KV head of 64, float16).
+WEIGHTS = 1_000_000
+CONFIG = {"hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 1, "num_key_value_heads": 1,
+          "head_dim": 64}
+MLX_PACKAGES = ("mlx", "mlx_lm", "mlx_vlm")
+
+
+# --- no MLX ------------------------------------------------------------------------
+
+
+class _NoMLX(importlib.abc.MetaPathFinder):
+    """Refuses (and records) any import of MLX while a test runs."""
+
+    def __init__(self) -> None:
+        self.tried: list[str] = []
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name.split(".")[0] in MLX_PACKAGES:
+            self.tried.append(name)
+            raise ImportError(f"{name}: the engine core's tests make no MLX call")
+        return None
+
+
+@pytest.fixture(autouse=True)
+def no_mlx(monkeypatch: pytest.MonkeyPatch):
+    """Every test here runs with MLX out of reach: modules other tests loaded
+    are hidden (and put back after), and a new import of one fails and is named."""
+    finder = _NoMLX()
+    for name in [n for n in sys.modules if n.split(".")[0] in MLX_PACKAGES]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(sys, "meta_path", [finder, *sys.meta_path])
+    yield
+    assert finder.tried == [], f"MLX was imported: {finder.tried}"
+
+
+# --- the fakes -----------------------------------------------------------------------
+
+
+@dataclass
+class FakeRegistry:
+    """What the core asks of ModelRegistry: the budget, each model's
+    concurrency, its figures for the memory ledger, its prompt-cache key."""
+
+    concurrency: dict[str, int]
+    budget_bytes: int = 2**40
+    weights_bytes: int | None = None  # None: the model's size is unknown (the ledger counts nothing)
+    config: dict = field(default_factory=dict)
+    too_large: frozenset[str] = frozenset()
+
+    def max_concurrency(self, model_id: str) -> int:
+        return self.concurrency[model_id]
+
+    def check_allowed(self, model_id: str) -> None:
+        if model_id in self.too_large:
+            raise EngineError(400, f"{model_id} does not fit", code="model_too_large", param="model")
+
+    def info(self, model_id: str, *, refresh: bool = False) -> Any:
+        return SimpleNamespace(footprint=SimpleNamespace(weights_bytes=self.weights_bytes), config=self.config,
+                               prompt_cache_bytes=0)
+
+    def build_key(self, model_id: str, target: str) -> str:
+        return f"{model_id}@fake"
+
+    def load_target(self, model_id: str) -> str:
+        return f"/models/{model_id}"
+
+
+class FakeGeneration:
+    """A job's answer as far as the core reads it: the tokens generated."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.grammar = None
+
+
+class FakeRunner:
+    """engine/runner.py's ModelRunner without MLX: one decoder of rows, a
+    token a step each; `answer` tokens make an answer ("stop"), max_tokens
+    cuts it ("length"), a cancelled job ends "cancelled" at its next token.
+    `failures[(stage, job or model id)]` is raised at that stage ("load",
+    "tokenize", "admit", "step"). What the core must never ask of a runner
+    (a row beside one decoded alone, more rows than slots, an unload under
+    running rows) is noted in `broken`: raised here, the core would take it
+    for an MLX fault."""
+
+    def __init__(self, registry: FakeRegistry, answer: int = ANSWER) -> None:
+        self.registry = registry
+        self.answer = answer
+        self.plan: ServingPlan | None = None
+        self._resident: str | None = None
+        self.one: Admitted | None = None  # the row decoded alone (or alone in an empty batch)
+        self.many: list[Admitted] = []  # the batch's rows
+        self.failures: dict[tuple[str, str], BaseException] = {}
+        self.loads: list[str] = []
+        self.unloads = 0
+        self.steps: list[tuple[str, ...]] = []  # the job ids each decode step advanced
+        self.broken: list[str] = []
+        self.memory_limit: int | None = None
+
+    def _fail(self, stage: str, key: str) -> None:
+        exc = self.failures.get((stage, key))
+        if exc is not None:
+            raise exc
+
+    @property
+    def resident_id(self) -> str | None:
+        return self._resident
+
+    # --- the model ------------------------------------------------------------------
+    def load(self, model_id: str) -> ServingPlan:
+        self._fail("load", model_id)
+        if self.rows:
+            self.broken.append(f"load of {model_id} under running rows")
+        self.loads.append(model_id)
+        self._resident = model_id
+        self.plan = serving_plan(model_id, self.registry.max_concurrency(model_id), vision=False, rank_group=False,
+                                 batchable=True, kv=KVLayout(), cpu_float32=False)
+        return self.plan
+
+    def unload(self) -> None:
+        if self.rows:
+            self.broken.append("unload under running rows")
+        self.unloads += 1
+        self._resident = self.plan = None
+
+    def reset_peak(self) -> None:
+        pass
+
+    def generation_prompt_length(self) -> int:
+        return 0
+
+    # --- a request ----------------------------------------------------------------------
+    def can_batch(self, job: Job) -> bool:
+        plan = self.plan
+        return (plan is not None and plan.model_id == job.model_id and plan.max_concurrency > 1
+                and job.params.seed is None and not job.images)
+
+    def tokenize(self, job: Job) -> Prompt:
+        self._fail("tokenize", job.id)
+        return Prompt(list(job.prompt))  # type: ignore[arg-type]
+
+    def decodes_alone(self, alone: bool, others_waiting: bool) -> bool:
+        return alone or self.plan.max_concurrency <= 1 or starts_alone(not self.rows, others_waiting)
+
+    def admit(self, job: Job, prompt: Prompt, fetched: Any, cache_enabled: bool, alone: bool, one_row: bool,
+              taken_at: float) -> Admitted:
+        self._fail("admit", job.id)
+        if any(a.alone for a in self.rows):
+            self.broken.append(f"{job.id} joined a request decoded alone")
+        if len(self.rows) >= self.plan.max_concurrency:
+            self.broken.append(f"{job.id} admitted past {self.plan.max_concurrency} rows")
+        if job.model_id != self._resident:
+            self.broken.append(f"{job.id} admitted on {self._resident}, not its model {job.model_id}")
+        a = Admitted(job, FakeGeneration(), prompt.tokens, fetched, None, False, alone=alone,  # type: ignore[arg-type]
+                     taken_at=taken_at)
+        if one_row:
+            if self.rows:
+                self.broken.append(f"{job.id} decoded alone with others running")
+            self.one = a
+        else:
+            if self.one is not None:  # the lone row moves into the batch where it stands
+                self.many.append(self.one)
+                self.one = None
+            self.many.append(a)
+        a.joined_at = time.monotonic()
+        return a
+
+    def step(self) -> list[Ended]:
+        rows = self.rows
+        for a in rows:
+            self._fail("step", a.job.id)
+        self.steps.append(tuple(a.job.id for a in rows))
+        ended = []
+        for a in rows:
+            if a.first_token_at is None:
+                a.first_token_at = time.monotonic()
+            tokens = a.generation.tokens
+            tokens.append(100 + len(tokens))
+            a.job.channel.put(Delta(f"t{len(tokens)}"))
+            model_finish = ("length" if len(tokens) >= a.job.params.max_tokens else
+                            "stop" if len(tokens) >= self.answer else None)
+            finish = finish_reason(False, model_finish, a.job.cancelled.is_set(), False)
+            if finish is not None:
+                ended.append(Ended(a, finish, None))
+        gone = {id(e.admitted) for e in ended}
+        if self.one is not None and id(self.one) in gone:
+            self.one = None
+        self.many = [a for a in self.many if id(a) not in gone]
+        return ended
+
+    @property
+    def rows(self) -> list[Admitted]:
+        return ([self.one] if self.one is not None else []) + list(self.many)
+
+    @property
+    def batch_rows(self) -> list[Admitted]:
+        return list(self.many)
+
+    def jobs_of_rows(self) -> list[Job]:
+        return [a.job for a in self.rows]
+
+    def finish(self, e: Ended) -> None:
+        """As Generation.end: a cancelled answer is never ended as if complete."""
+        a = e.admitted
+        if e.finish == "cancelled":
+            a.job.channel.put(Failed(cancelled_error()))
+            return
+        a.job.channel.put(Finished(answer_finish(e.finish, False), len(a.prompt), len(a.generation.tokens),
+                                   a.fetched.cached_tokens))
+
+    def echo(self, generated: list[int]) -> tuple[int, ...]:
+        return ()
+
+    def describe_reuse(self, cached: list[int], sent: list[int]) -> tuple[str, str]:
+        return str(cached), str(sent)
+
+    # --- memory ----------------------------------------------------------------------------
+    def memory(self) -> MemorySnapshot:
+        return MemorySnapshot(0, 0, 0, time.monotonic())
+
+    def mlx_bytes(self) -> int:
+        return 0
+
+    def set_memory_limit(self, limit_bytes: int) -> None:
+        self.memory_limit = limit_bytes
+
+
+# --- the harness -----------------------------------------------------------------------
+
+
+class Engine:
+    """A core over the fakes, its jobs and what each job's client received."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, concurrency: int = 1, *, others: dict[str, int] | None = None,
+                 sized: bool = False, budget_bytes: int = 2**40, inflight_path: Path | None = None) -> None:
+        self.loop = loop
+        models = {MODEL: concurrency, **(others or {})}
+        self.registry = FakeRegistry(models, budget_bytes, WEIGHTS if sized else None, CONFIG if sized else {})
+        self.admission: AdmissionQueue[Job] = AdmissionQueue(capacity=16, slots=max(models.values()))
+        self.runner = FakeRunner(self.registry)
+        self.fatal: list[tuple[BaseException, Job | None]] = []
+        self.core = EngineCore(self.registry, self.admission, FaultInjector(None, None),  # type: ignore[arg-type]
+                               self.runner, lambda exc, job: self.fatal.append((exc, job)), inflight_path,
+                               PREFILL_STEP)
+        self.jobs: dict[str, Job] = {}
+        self._received: dict[str, list] = {}
+
+    def submit(self, name: str, *, max_tokens: int = MAX_TOKENS, seed: int | None = None, images: tuple = (),
+               model: str = MODEL, prompt: list[int] = PROMPT) -> Job:
+        job = Job(id=name, kind="completion", model_id=model, params=SamplingParams(max_tokens, seed=seed),
+                  channel=EventChannel(self.loop), deadline_s=600.0, prompt=list(prompt), images=images)
+        assert self.admission.offer(job) is None
+        self.jobs[name] = job
+        return job
+
+    def events(self, name: str) -> list:
+        """Everything the job's client received so far."""
+        got = self.loop.run_until_complete(self.jobs[name].channel.get(0))
+        self._received.setdefault(name, []).extend(got)
+        return self._received[name]
+
+    def kinds(self, name: str) -> list[str]:
+        return [type(e).__name__ for e in self.events(name)]
+
+    def ended(self, name: str) -> bool:
+        return any(isinstance(e, (Finished, Failed)) for e in self.events(name))
+
+    def held(self) -> dict[str, RequestStatus]:
+        """The published request table: id -> status."""
+        return {r.id: r.status for r in self.core.status.requests}
+
+    def run_until(self, done: Callable[[], bool], max_steps: int = 200) -> list[WorkerStatus]:
+        return run_until(self.core, done, max_steps)
+
+    def all_ended(self) -> bool:
+        return all(self.ended(n) for n in self.jobs)
+
+    def idle(self) -> bool:
+        """Nothing held, nothing queued, every slot free."""
+        q = self.admission.snapshot()
+        return not self.core.status.requests and q["running"] == 0 and q["waiting"] == 0
+
+
+def run_until(core: EngineCore, done: Callable[[], bool], max_steps: int = 200) -> list[WorkerStatus]:
+    """`core.step()` until `done()` (at most `max_steps` steps); the status
+    published after each step. The fake runner's contract is checked each step."""
+    seen: list[WorkerStatus] = []
+    for _ in range(max_steps):
+        if done():
+            return seen
+        core.step()
+        seen.append(core.status)
+        assert core.runner.broken == [], core.runner.broken
+        idle = not (core.status.requests or core.pending or core.runner.rows or core.admission.has_waiting())
+        assert not idle or done(), f"the core has nothing left to do, and it is not done: {core.status}"
+    assert done(), f"not done after {max_steps} steps: {core.status}"
+    return seen
+
+
+def running_ids(s: WorkerStatus) -> set[str]:
+    return set(s.in_flight_ids)
+
+
+def room_for(rows: int) -> int:
+    """A budget with room for the model and `rows` rows of PROMPT + MAX_TOKENS
+    at the batch's peak (engine/scheduler.py), and not one row more."""
+    memory = Memory(0, WEIGHTS, kv_cache_bytes(CONFIG, 1),
+                    attention_bytes_per_position(attention_heads(CONFIG), PREFILL_STEP))
+    return WEIGHTS + batch_kv_bytes(memory, [Row(len(PROMPT), MAX_TOKENS)] * rows)
+
+
+def failed_with(events: list) -> EngineError:
+    assert events and isinstance(events[-1], Failed), events
+    return events[-1].error
+
+
+@pytest.fixture
+def loop():
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+@pytest.fixture
+def engine(loop) -> Callable[..., Engine]:
+    return lambda *args, **kwargs: Engine(loop, *args, **kwargs)
+
+
+# --- the fakes keep to the real interfaces ----------------------------------------------
+
+
+def test_the_fakes_offer_what_the_core_uses_with_the_real_signatures():
+    """Every runner and registry member EngineCore uses exists on ModelRunner /
+    ModelRegistry and on the fakes, with the same parameters: the fakes cannot drift."""
+    source = inspect.getsource(engine_core)
+    registry = FakeRegistry({MODEL: 1})
+    for name, real, fake, core_of_it in [("runner", ModelRunner, FakeRunner(registry), {"load", "admit", "step"}),
+                                         ("registry", ModelRegistry, registry, {"info", "max_concurrency"})]:
+        used = set(re.findall(rf"self\.{name}\.(\w+)", source))
+        assert core_of_it <= used, used  # the pattern still finds what the core calls
+        for member in sorted(used):
+            if re.search(rf"self\.{member}(: [^=]+)? = ", inspect.getsource(real.__init__)):  # plan, budget_bytes
+                assert hasattr(fake, member), member
+                continue
+            r, f = inspect.getattr_static(real, member), inspect.getattr_static(type(fake), member)
+            assert isinstance(r, property) == isinstance(f, property), member
+            if not isinstance(r, property):
+                assert list(inspect.signature(r).parameters) == list(inspect.signature(f).parameters), member
+
+
+# --- 1. single concurrency ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("jobs, finishes", [
+    pytest.param({"a": MAX_TOKENS, "b": MAX_TOKENS}, {"a": ("stop", ANSWER), "b": ("stop", ANSWER)},
+                 id="two-jobs"),
+    pytest.param({"a": MAX_TOKENS, "b": 2, "c": MAX_TOKENS},
+                 {"a": ("stop", ANSWER), "b": ("length", 2), "c": ("stop", ANSWER)}, id="three-jobs-one-cut-short"),
+])
+def test_single_concurrency_serves_jobs_one_after_the_other(engine, jobs, finishes):
+    """max_concurrency 1: jobs run one at a time in their order, the next not even taken meanwhile; each ends whole."""
+    e = engine(1)
+    for name, max_tokens in jobs.items():
+        e.submit(name, max_tokens=max_tokens)
+    seen = e.run_until(e.all_ended)
+
+    assert max(len(s.running) for s in seen) == 1 and e.core.max_observed_concurrency == 1
+    assert all(len(s.requests) <= 1 for s in seen)  # the next one stays in the queue: never held beside
+    served = [r.id for s in seen for r in s.running]
+    assert list(dict.fromkeys(served)) == list(jobs)  # in order
+    assert {D} <= {s.requests[0].status for s in seen if s.requests}  # decoding is published
+    assert all(len(rows) == 1 for rows in e.runner.steps)  # one row a step
+    for name, (reason, tokens) in finishes.items():
+        events = e.events(name)
+        assert events[0] == Started(len(PROMPT))
+        assert [type(x) for x in events[1:-1]] == [Delta] * tokens
+        assert events[-1] == Finished(reason, len(PROMPT), tokens)
+    assert e.runner.loads == [MODEL]
+    assert e.core.counters["generated_tokens"] == sum(t for _, t in finishes.values())
+    assert e.idle() and e.core.status.phase is Phase.IDLE
+
+
+# --- 2. batching ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("concurrency, jobs, widest", [
+    pytest.param(4, 4, 4, id="four-slots-four-jobs"),
+    pytest.param(4, 6, 4, id="four-slots-six-jobs"),
+    pytest.param(2, 3, 2, id="two-slots-three-jobs"),
+])
+def test_queued_jobs_are_decoded_together_up_to_the_slots(engine, concurrency, jobs, widest):
+    """max_concurrency n: queued jobs join one batch, at most n rows, and every one ends whole."""
+    e = engine(concurrency)
+    for i in range(jobs):
+        e.submit(f"j{i}")
+    seen = e.run_until(e.all_ended)
+
+    assert max(len(s.running) for s in seen) == widest == e.core.max_observed_concurrency
+    assert max(len(rows) for rows in e.runner.steps) == widest
+    assert tuple(f"j{i}" for i in range(widest)) in e.runner.steps  # the first n decoded in one step
+    for i in range(jobs):
+        assert e.events(f"j{i}")[-1] == Finished("stop", len(PROMPT), ANSWER)
+    assert e.idle()
+
+
+@pytest.mark.parametrize("kind, loads", [
+    pytest.param({"seed": 7}, [MODEL], id="a-seed"),
+    pytest.param({"images": (b"\x89PNG",)}, [MODEL], id="an-image"),
+    pytest.param({"model": OTHER}, [MODEL, OTHER, MODEL], id="another-model"),
+])
+def test_a_job_the_batch_cannot_take_waits_for_it_to_drain_then_runs_alone(engine, kind, loads):
+    """A seed, an image or another model: the job waits (held WAITING) until the
+    batch has drained, then runs with no other row beside it; the rest follow."""
+    e = engine(4, others={OTHER: 4})
+    for name in ("a", "b"):
+        e.submit(name)
+    e.submit("x", **kind)
+    e.submit("c")
+    seen = e.run_until(e.all_ended)
+
+    assert any(running_ids(s) == {"a", "b"} and s.requests[-1].id == "x" and s.requests[-1].status is W
+               for s in seen)  # it waits behind the batch, first in line
+    x_steps = [rows for rows in e.runner.steps if "x" in rows]
+    assert x_steps and all(rows == ("x",) for rows in x_steps)  # nobody beside it
+    assert all(running_ids(s) == {"x"} for s in seen if "x" in running_ids(s))
+    at = [i for i, rows in enumerate(e.runner.steps) if "x" in rows]
+    first_x, last_x = at[0], at[-1]
+    assert at == list(range(first_x, last_x + 1))  # its steps in one run
+    assert all({"a", "b"} & set(rows) for rows in e.runner.steps[:first_x])  # the batch first
+    assert all(rows == ("c",) for rows in e.runner.steps[last_x + 1:])  # c only after it
+    assert e.runner.loads == loads
+    for name in ("a", "b", "x", "c"):
+        assert isinstance(e.events(name)[-1], Finished), name
+    assert e.idle()
+
+
+# --- 3. waiting for memory ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rows_fit, jobs", [
+    pytest.param(1, 2, id="room-for-one-row"),
+    pytest.param(2, 3, id="room-for-two-rows"),
+    pytest.param(3, 4, id="room-for-three-rows"),
+])
+def test_a_job_waits_for_memory_until_a_row_ends(engine, rows_fit, jobs):
+    """The ledger fits `rows_fit` rows: the next job stays WAITING while they
+    run, and runs once the first (shortest) row has ended, beside the others."""
+    e = engine(4, sized=True, budget_bytes=room_for(rows_fit))
+    names = [f"j{i}" for i in range(jobs)]
+    e.submit(names[0], max_tokens=2)  # the first ends first
+    for name in names[1:]:
+        e.submit(name)
+    waiter, before = names[-1], set(names[:-1])
+    e.run_until(lambda: e.held().get(waiter) is W)
+    row = Row(len(PROMPT), MAX_TOKENS)
+    assert e.core.ledger.fits_batch([row] * rows_fit) and not e.core.ledger.fits_batch([row] * (rows_fit + 1))
+    seen = [e.core.status, *e.run_until(e.all_ended)]
+
+    assert max(len(s.running) for s in seen) == rows_fit == e.core.max_observed_concurrency
+    waiting = [s for s in seen if any(r.id == waiter and r.status is W for r in s.requests)]
+    assert any(running_ids(s) == before for s in waiting)  # all the others run meanwhile
+    assert all(running_ids(s) <= before for s in waiting)
+    assert names[0] not in {i for s in seen for i in running_ids(s) if waiter in running_ids(s)}  # after it ended
+    if rows_fit > 1:  # it joined the rows still running
+        assert any(waiter in rows and len(rows) > 1 for rows in e.runner.steps)
+    assert e.events(names[0])[-1] == Finished("length", len(PROMPT), 2)
+    for name in names[1:]:
+        assert e.events(name)[-1] == Finished("stop", len(PROMPT), ANSWER)
+    assert e.idle()
+
+
+# --- 4. cancel, client gone ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("concurrency, victim, cancel_when, answered", [
+    pytest.param(1, {}, None, None, id="cancelled-before-the-core-took-it"),
+    pytest.param(4, {"seed": 7}, W, None, id="taken-and-waiting-behind-the-batch"),
+    pytest.param(4, {}, P, ["Started", "Delta", "Failed"], id="prefilling-in-the-batch"),
+    pytest.param(4, {}, D, ["Started", "Delta", "Delta", "Failed"], id="decoding-in-the-batch"),
+    pytest.param(1, {}, D, ["Started", "Delta", "Delta", "Failed"], id="decoding-alone"),
+])
+def test_a_cancelled_job_is_let_go_and_its_slot_freed(engine, concurrency, victim, cancel_when, answered):
+    """Cancelled (client gone, drain) before it runs: let go, never started; while
+    it runs: ended by a 503 at its next token, never as complete; the others run on."""
+    e = engine(concurrency)
+    e.submit("a")
+    e.submit("v", **victim)
+    e.submit("z")
+    if cancel_when is not None:
+        e.run_until(lambda: e.held().get("v") is cancel_when)
+    e.jobs["v"].cancelled.set()
+    steps_before = len(e.runner.steps)
+    e.run_until(lambda: e.ended("a") and e.ended("z") and e.idle())
+
+    kinds = e.kinds("v")
+    if answered is None:  # it never ran: nothing of an answer went out
+        assert not {"Started", "Delta", "Finished"} & set(kinds), kinds
+        assert "v" not in {i for rows in e.runner.steps for i in rows}
+    else:
+        assert kinds == answered
+        error = failed_with(e.events("v"))
+        assert (error.status, error.code) == (503, "engine_unavailable")
+    after = [rows for rows in e.runner.steps[steps_before:] if "v" in rows]
+    assert len(after) == (0 if answered is None else 1)  # ended at its next token, or never decoded
+    for name in ("a", "z"):
+        assert e.events(name)[-1] == Finished("stop", len(PROMPT), ANSWER)
+    assert e.idle() and not e.core.stopped
+
+
+# --- 5. too large even alone ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("concurrency, kinds", [
+    pytest.param(1, ["Started", "Failed"], id="served-alone-refused-at-admission"),
+    pytest.param(4, ["Failed"], id="batchable-refused-when-prepared"),
+])
+def test_a_job_too_large_even_alone_gets_a_400_and_the_next_is_served(engine, concurrency, kinds):
+    """A prompt + max_tokens whose KV cannot fit beside the model even alone: a 400
+    context_length_exceeded (the gateway falls back), nothing decoded; the next job runs."""
+    e = engine(concurrency, sized=True, budget_bytes=room_for(2))
+    e.submit("big", max_tokens=1_000_000)
+    e.submit("b")
+    e.run_until(lambda: e.ended("big") and e.ended("b"))
+
+    error = failed_with(e.events("big"))
+    assert (error.status, error.code) == (400, "context_length_exceeded")
+    assert e.kinds("big") == kinds
+    assert all(rows == ("b",) for rows in e.runner.steps)
+    assert e.events("b")[-1] == Finished("stop", len(PROMPT), ANSWER)
+    assert e.idle() and not e.core.stopped and e.fatal == []
+
+
+# --- 6. a runner error ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("concurrency, jobs, fails_at, blamed, held", [
+    pytest.param(1, {"a": {}, "b": {}}, ("step", "a"), "a", {"a"}, id="decode-step-one-row-alone"),
+    pytest.param(4, {"a": {}, "b": {}, "c": {}}, ("step", "a"), "a", {"a", "b", "c"},
+                 id="decode-step-batch-of-three"),
+    pytest.param(4, {"a": {}, "b": {}, "x": {}}, ("admit", "x"), "x", {"a", "b", "x"}, id="admit-beside-a-batch"),
+    pytest.param(4, {"a": {}, "b": {}}, ("load", MODEL), "a", {"a"}, id="model-load"),
+    pytest.param(4, {"a": {}, "b": {}, "s": {"seed": 7}}, ("step", "a"), "a", {"a", "b", "s"},
+                 id="decode-step-with-a-job-waiting-for-the-batch"),
+    pytest.param(4, {"a": {}, "x": {}}, ("tokenize", "x"), "x", {"a", "x"}, id="tokenize-beside-a-running-row"),
+])
+def test_a_runner_error_is_fatal_and_every_held_job_gets_a_500(engine, concurrency, jobs, fails_at, blamed, held):
+    """An exception out of the runner (MLX): every job the core holds gets one 500
+    mlx_error, the core stops, on_fatal is called once, the phase is FAILED."""
+    e = engine(concurrency)
+    for name, kw in jobs.items():
+        e.submit(name, **kw)
+    crash = RuntimeError("[METAL] Command buffer execution failed (fake)")
+    e.runner.failures[fails_at] = crash
+    e.run_until(lambda: e.core.stopped)
+
+    assert e.core.status.phase is Phase.FAILED
+    assert [(exc, job.id if job else None) for exc, job in e.fatal] == [(crash, blamed)]
+    assert {r.id for r in e.core.status.requests} == held  # what the crash journal and the drain see
+    for name in sorted(held):
+        events = e.events(name)
+        assert [x for x in events if isinstance(x, (Failed, Finished))] == events[-1:], (name, events)
+        error = failed_with(events)
+        assert (error.status, error.code, error.retry_after) == (500, "mlx_error", 5), name
+    queued = [n for n in jobs if n not in held]  # still the queue's: the Lifecycle fails them (admission.close)
+    assert all(e.events(n) == [] for n in queued)
+    assert e.admission.snapshot()["waiting"] == len(queued)
+
+
+# --- 7. the drain's view -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("concurrency, room, jobs, moment, held, queued", [
+    pytest.param(1, None, {"a": {}, "b": {}}, ("a", D), {"a": D}, ["b"], id="one-alone-one-queued"),
+    pytest.param(4, None, {"a": {}, "b": {}, "c": {}}, ("c", P), {"a": P, "b": P, "c": P}, [],
+                 id="a-batch-prefilling"),
+    pytest.param(4, 2, {"a": {}, "b": {}, "c": {}, "d": {}}, ("a", D), {"a": D, "b": D, "c": W}, ["d"],
+                 id="a-batch-and-one-waiting-for-memory"),
+    pytest.param(4, None, {"a": {}, "s": {"seed": 7}, "b": {}}, ("a", D), {"a": D, "s": W}, ["b"],
+                 id="a-batch-and-a-seeded-job-waiting"),
+])
+def test_the_drain_sees_every_held_job_and_cancelling_them_frees_every_slot(engine, concurrency, room, jobs, moment,
+                                                                           held, queued):
+    """core.status.requests is what the drain cancels: every held job in the order
+    taken, one status each; in-flight ids are exactly the running ones. Cancelled,
+    each is let go, the running ones with a 503, and every slot is freed."""
+    e = engine(concurrency, sized=room is not None, budget_bytes=room_for(room) if room else 2**40)
+    for name, kw in jobs.items():
+        e.submit(name, **kw)
+    name, status = moment
+    e.run_until(lambda: e.held().get(name) is status)
+
+    s = e.core.status
+    assert [(r.id, r.status) for r in s.requests] == list(held.items())
+    running = tuple(i for i, st in held.items() if st is not W)
+    assert s.in_flight_ids == running and s.in_flight == running[0]
+    assert len(s.running) == len(running)
+    # The drain (Lifecycle): the queue closed and its jobs failed, then the held ones cancelled.
+    assert [j.id for j in e.admission.close()] == queued
+    for r in s.requests:
+        r.job.cancelled.set()
+    e.run_until(e.idle)
+
+    for i, st in held.items():
+        kinds = e.kinds(i)
+        assert "Finished" not in kinds, (i, kinds)
+        if st is W:
+            assert "Started" not in kinds, (i, kinds)
+        else:
+            error = failed_with(e.events(i))
+            assert (error.status, error.code) == (503, "engine_unavailable")
+    assert not e.core.stopped and e.core.status.phase is Phase.IDLE
+
+
+def test_a_job_waiting_for_the_batch_cancelled_by_the_drain_is_told(engine):
+    """A job taken but waiting for room when the drain's grace runs out gets the
+    drain's 503, as the running ones do, rather than no answer at all."""
+    e = engine(4)
+    e.submit("a")
+    e.submit("s", seed=7)
+    e.run_until(lambda: e.held().get("s") is W)
+    for r in e.core.status.requests:
+        r.job.cancelled.set()
+    e.run_until(e.idle)
+    error = failed_with(e.events("s"))
+    assert (error.status, error.code) == (503, "engine_unavailable")
+
+
+# --- 8. a job the runner refuses ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("concurrency, x, fails_at, error, kinds, loads", [
+    pytest.param(1, {}, ("tokenize", "x"), bad_request("the prompt is empty", param="prompt"), ["Failed"],
+                 [MODEL], id="tokenize-alone"),
+    pytest.param(4, {}, ("tokenize", "x"), bad_request("the prompt is empty", param="prompt"), ["Failed"],
+                 [MODEL], id="tokenize-beside-a-batch"),
+    pytest.param(4, {}, ("admit", "x"),
+                 EngineError(400, "the grammar cannot be enforced", code="unsupported_parameter"),
+                 ["Started", "Failed"], [MODEL], id="admit-beside-a-batch"),
+    pytest.param(1, {"model": OTHER}, ("load", OTHER),
+                 EngineError(503, "could not load model", code="model_load_failed", retry_after=30), ["Failed"],
+                 [MODEL, MODEL], id="its-model-fails-to-load"),
+])
+def test_an_engine_error_from_the_runner_fails_that_job_only(engine, concurrency, x, fails_at, error, kinds, loads):
+    """An EngineError (a prompt the model cannot take, a model that cannot load):
+    that job gets it, the others are served, the core goes on."""
+    e = engine(concurrency, others={OTHER: concurrency})
+    e.submit("a")
+    e.submit("x", **x)
+    e.submit("z")
+    e.runner.failures[fails_at] = error
+    e.run_until(lambda: e.all_ended() and e.idle())
+
+    assert e.kinds("x") == kinds and failed_with(e.events("x")) is error
+    assert "x" not in {i for rows in e.runner.steps for i in rows}
+    for name in ("a", "z"):
+        assert e.events(name)[-1] == Finished("stop", len(PROMPT), ANSWER)
+    assert e.runner.loads == loads
+    assert not e.core.stopped and e.fatal == []
+
+
+def test_a_model_refused_at_load_fails_its_job_and_the_next_is_served(engine):
+    """A model its registry refuses when it is to load (model_too_large): a 400 to
+    its job; the core goes on, the next job's model resident."""
+    e = engine(1, others={OTHER: 1})
+    e.registry.too_large = frozenset({OTHER})
+    e.submit("a")
+    e.submit("x", model=OTHER)
+    e.submit("z")
+    e.run_until(lambda: e.all_ended() and e.idle())
+
+    error = failed_with(e.events("x"))
+    assert (error.status, error.code) == (400, "model_too_large") and e.kinds("x") == ["Failed"]
+    assert e.events("z")[-1] == Finished("stop", len(PROMPT), ANSWER)
+    assert OTHER not in e.runner.loads and e.runner.resident_id == MODEL
+
+
+# --- the in-flight record --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("concurrency, running", [
+    pytest.param(1, ["a"], id="one-at-a-time"),
+    pytest.param(4, ["a", "b", "c"], id="a-batch"),
+])
+def test_the_inflight_record_names_the_running_jobs_until_they_end(engine, tmp_path, concurrency, running):
+    """The crash journal's record: every running job, oldest first, on disk before it
+    runs; gone once nothing runs."""
+    path = tmp_path / "engine.inflight.json"
+    e = engine(concurrency, inflight_path=path)
+    for name in ("a", "b", "c"):
+        e.submit(name)
+    e.run_until(lambda: e.held().get(running[-1]) is P)
+
+    record = InflightRequest.read(path)
+    assert record is not None and record.model == MODEL
+    assert record.all_requests() == tuple((i, e.jobs[i].fingerprint) for i in running)
+    e.run_until(lambda: e.all_ended() and e.idle())
+    assert not path.exists()

@@ -1,0 +1,104 @@
+"""The serving plan decided at a model's load (engine/serving_plan.py) and
+the memory ledger (engine/memory_ledger.py), as tables."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlxd.engine.errors import EngineError
+from mlxd.engine.memory_ledger import MemoryLedger, ModelFigures
+from mlxd.engine.scheduler import Pending, Row, Step, next_step
+from mlxd.engine.serving_plan import MANY_ROWS, ONE_ROW, serving_plan
+from mlxd.memory_estimate import KVLayout, kv_allocated_tokens, kv_cache_bytes
+
+Q4 = KVLayout(bits=4)
+
+
+@pytest.mark.parametrize("configured, vision, rank_group, batchable, kv, concurrency, decoder, why", [
+    (1, False, False, True, KVLayout(), 1, ONE_ROW, None),
+    (4, False, False, True, KVLayout(), 4, MANY_ROWS, None),
+    (4, True, False, False, KVLayout(), 1, ONE_ROW, "vision"),
+    (4, False, True, True, KVLayout(), 1, ONE_ROW, "rank group"),
+    (4, False, False, True, Q4, 1, ONE_ROW, "quantised"),
+    (4, False, False, False, KVLayout(), 1, ONE_ROW, "merge"),
+    (1, True, False, False, KVLayout(), 1, ONE_ROW, None),  # nothing lowered: no reason to give
+], ids=["single", "batched", "vision", "rank-group", "kv-bits", "unmergeable", "vision-single"])
+def test_serving_plan(configured, vision, rank_group, batchable, kv, concurrency, decoder, why):
+    plan = serving_plan("m", configured, vision=vision, rank_group=rank_group, batchable=batchable, kv=kv,
+                        cpu_float32=False)
+    assert (plan.max_concurrency, plan.decoder) == (concurrency, decoder)
+    assert (plan.reason is None) if why is None else (why in plan.reason)
+    assert plan.prompt_cache is (not vision and not rank_group)  # mlx-vlm's generation and a rank group: none of ours
+
+
+MB = 2**20
+CONFIG = {"num_hidden_layers": 2, "num_key_value_heads": 2, "head_dim": 64, "num_attention_heads": 4,
+          "hidden_size": 256, "torch_dtype": "float16"}
+
+
+def ledger(budget_mb: int = 110, weights_mb: int | None = 100) -> MemoryLedger:
+    out = MemoryLedger(budget_mb * MB)
+    out.set_model(ModelFigures(None if weights_mb is None else weights_mb * MB, CONFIG, KVLayout()))
+    return out
+
+
+def test_a_request_decoded_alone_holds_its_grant_and_the_cache_gets_the_rest():
+    led = ledger()
+    assert led.cache_room() == 10 * MB
+    led.grant_alone("a", 1000)
+    need = kv_cache_bytes(CONFIG, kv_allocated_tokens(1000))
+    assert need > 0 and led.cache_room() == 10 * MB - need
+    led.keep_alone({"b"})  # "a" joined the batch: its grant goes
+    assert led.cache_room() == 10 * MB
+    led.grant_alone("a", 1000)
+    led.release("a")
+    assert led.cache_room() == 10 * MB
+
+
+def test_the_batch_rows_are_counted_at_their_peak():
+    led = ledger(budget_mb=200)
+    led.hold_rows([Row(100, 100), Row(10, 20)])
+    # two rows padded to 256 positions, twice while a join copies them; and a prefill step's attention over each
+    kv = 2 * 2 * 256 * kv_cache_bytes(CONFIG, 1)
+    attention = 2 * 256 * led.memory.attention_bytes_per_position
+    assert led.cache_room() == 100 * MB - kv - attention
+    led.hold_rows([])
+    assert led.cache_room() == 100 * MB
+
+
+@pytest.mark.parametrize("tokens, refused", [(1000, False), (10**6, True)])
+def test_a_request_that_cannot_fit_alone_is_refused_with_a_400(tokens, refused):
+    led = ledger()
+    if refused:
+        with pytest.raises(EngineError) as e:
+            led.grant_alone("a", tokens)
+        assert e.value.status == 400 and e.value.code == "context_length_exceeded"
+        assert led.cache_room() == 10 * MB  # nothing was granted
+    else:
+        led.grant_alone("a", tokens)
+        assert led.cache_room() < 10 * MB
+
+
+@pytest.mark.parametrize("outside_mb, limit_mb", [(0, 110), (10, 100), (80, 55)])  # floor: half the budget
+def test_memory_held_outside_mlx_lowers_the_limit_and_the_room(outside_mb, limit_mb):
+    led = ledger()
+    changed = led.lower_limit(outside_mb * MB)
+    assert led.limit_bytes == limit_mb * MB
+    assert changed == (None if limit_mb == 110 else limit_mb * MB)
+    assert led.memory.budget_bytes == limit_mb * MB  # the batch's admission counts at the limit too
+    assert led.cache_room() == max(0, (limit_mb - 100) * MB)
+
+
+def test_a_model_of_unknown_size_leaves_the_cache_its_own_budget():
+    led = ledger(weights_mb=None)
+    led.grant_alone("a", 10**6)  # nothing to go by: never refused on memory
+    assert led.cache_room() is None
+
+
+@pytest.mark.parametrize("rows, pending, step", [
+    ([Row(10, 10, alone=True)], Pending(True, Row(10, 10)), Step.DECODE),   # nobody joins a request decoded alone
+    ([Row(10, 10, alone=True)], None, Step.DECODE),                         # nor is taken meanwhile
+    ([Row(10, 10)], Pending(True, Row(10, 10)), Step.ADMIT),
+])
+def test_a_request_decoded_alone_is_joined_by_nobody(rows, pending, step):
+    assert next_step(pending, True, rows, 4, ledger(budget_mb=200).memory) is step

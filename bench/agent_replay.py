@@ -118,8 +118,8 @@ SUBAGENTS = {"orchestrator": "You are the orchestrator: plan the change, hand pa
                            "how each one uses the result.",
              "subagent-2": "You are sub-agent 2: read the tests of the prompt cache and list what they do not "
                            "cover yet."}
-FILES = ("engine/worker.py", "engine/prompt_cache.py", "core/config.py", "gateway/main.py", "engine/server.py",
-         "tests/engine/test_worker.py", "docs/DESIGN.md", "supervisor/listener.py", "engine/jobs.py")
+FILES = ("engine/core/worker.py", "engine/cache/prompt_cache.py", "core/config.py", "gateway/main.py", "engine/api/server.py",
+         "tests/engine/test_worker.py", "docs/DESIGN.md", "supervisor/listener.py", "engine/core/jobs.py")
 ASKS = ("what the main loop does", "where the cache is filled", "which settings it reads", "how errors reach the "
         "client", "what happens on shutdown", "which cases are tested", "why it is built this way",
         "when it restarts the engine", "how a request becomes a job")

@@ -1,6 +1,6 @@
 """Approximate reuse's effect on answers: greedy agreement on the real default model.
 
-What. The prompt cache's opt-in approximate reuse (engine/reuse.py) keeps a
+What. The prompt cache's opt-in approximate reuse (engine/cache/reuse.py) keeps a
 cached conversation's KV past a small same-length change (a clock, a date, a
 session id, a request counter in the system prompt): only the changed spans,
 and `recompute_after` tokens after each, are recomputed; every later token
@@ -452,14 +452,14 @@ class Runner:
 
     def pace(self) -> Any:
         """Steps of `step` tokens each: the engine's chunking, without its pacing."""
-        from mlxd.engine.prefill_pace import PrefillPace
+        from mlxd.engine.model.prefill_pace import PrefillPace
 
         return PrefillPace(self.step, 1e9, first=self.step)
 
     def cold(self, tokens: list[int]) -> list[Any]:
         from mlx_lm.models.cache import make_prompt_cache
 
-        from mlxd.engine.prefill import prefill
+        from mlxd.engine.model.prefill import prefill
 
         kv = make_prompt_cache(self.model)
         prefill(self.model, kv, tokens, self.pace(), lambda: None)
@@ -472,7 +472,7 @@ class Runner:
         as it was for the next arm)."""
         from mlx_lm.models.cache import KVCache, trim_prompt_cache
 
-        from mlxd.engine.kv_cache import packed
+        from mlxd.engine.cache.kv_cache import packed
 
         kv = [copy.copy(c) if type(c) is KVCache else copy.deepcopy(c) for c in entry]
         if covered > keep:
@@ -492,7 +492,7 @@ class Runner:
         from mlx_lm.generate import generate_step
         from mlx_lm.models.cache import trim_prompt_cache
 
-        from mlxd.engine.prefill import prefill
+        from mlxd.engine.model.prefill import prefill
 
         rest = prompt[start:]
         prefill(self.model, kv, rest[:-1], self.pace(), lambda: None)  # = generate_step's own prefill of rest[:-1]
@@ -525,8 +525,8 @@ def measure(runner: Runner, pair: Pair, recompute_after: Sequence[int],
     tokens and text in each)."""
     import numpy as np
 
-    from mlxd.engine.prefill import recompute
-    from mlxd.engine.reuse import ApproxPolicy, common_prefix, patch_plan
+    from mlxd.engine.model.prefill import recompute
+    from mlxd.engine.cache.reuse import ApproxPolicy, common_prefix, patch_plan
 
     a, b = pair.tokens_a, pair.tokens_b
     length = len(b)
@@ -602,7 +602,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     model, tokenizer, model_info = opened
 
-    from mlxd.engine.prompt_tokens import template_tokens
+    from mlxd.engine.model.prompt_tokens import template_tokens
 
     encode = lambda messages: template_tokens(tokenizer, messages)  # noqa: E731 - the engine's own tokenization
     pairs: list[Pair] = []

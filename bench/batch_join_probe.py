@@ -8,7 +8,7 @@ token, four ways, each R times after a warm-up, the ways rotated:
   engine       as mlxd's batched worker serves a burst: the first request
                prefilled alone (its KV in a KVCache), joining the batch with
                its last token; the others as new rows; the engine's caches
-               (engine/batch_kv.py: rows allocated for their grants)
+               (engine/cache/batch_kv.py: rows allocated for their grants)
   engine-flat  the same caches, every request a new row (no lone start)
   mlx-lm-solo  the lone start with mlx-lm's own caches
   mlx-lm       mlx-lm's caches, every request a new row (mlx_lm.server)
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     if args.as_engine:
-        from mlxd.engine import fast_blas
+        from mlxd.engine.cpu import fast_blas
 
         print(fast_blas.activate().why)
     import mlx.core as mx
@@ -61,13 +61,13 @@ def main(argv: list[str] | None = None) -> int:
     from mlx_lm.generate import BatchGenerator
     from mlx_lm.models.cache import make_prompt_cache
 
-    from mlxd.engine.batch_kv import rows_for_batch
+    from mlxd.engine.cache.batch_kv import rows_for_batch
 
     loaded: dict[str, Any] = {}
 
     def load_model() -> None:
         if args.as_engine:
-            from mlxd.engine.model_load import load_resident
+            from mlxd.engine.model.model_load import load_resident
 
             resident = load_resident("probe", args.model)
             loaded["model"], loaded["tokenizer"] = resident.model, resident.tokenizer
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         for i, prompt in enumerate(prompts):
             kv = make_prompt_cache(model)
             segment = prompt
-            if solo and i == 0:  # prefilled alone in steps, as engine/prefill.py does
+            if solo and i == 0:  # prefilled alone in steps, as engine/model/prefill.py does
                 for a in range(0, len(prompt) - 1, args.step):
                     model(mx.array(prompt[a:min(a + args.step, len(prompt) - 1)])[None], cache=kv)
                     mx.eval([c.state for c in kv])

@@ -406,15 +406,15 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 def variants() -> list[str]:
-    """The demo model variants (mlxd.engine.demo_model), for --variant."""
-    from mlxd.engine.demo_model import VARIANTS
+    """The demo model variants (mlxd.engine.model.demo_model), for --variant."""
+    from mlxd.engine.model.demo_model import VARIANTS
 
     return list(VARIANTS)
 
 
 def demo_model(variant: str, cache_dir: Path = DEFAULT_CACHE) -> tuple[str, Path]:
     """(label with its shape, folder) of a demo model, built once into `cache_dir`."""
-    from mlxd.engine.demo_model import VARIANTS, build_demo_model
+    from mlxd.engine.model.demo_model import VARIANTS, build_demo_model
 
     dest = cache_dir / f"demo-{variant}"
     say(f"demo model {variant}: {dest}")
@@ -481,7 +481,7 @@ def open_real_model(gguf: Path, weights: str) -> tuple[Any, Any, dict[str, Any]]
     (before MLX is imported), SIGTERM as an interrupt, and the real default
     model's GGUF loaded (load_gguf_model), said on stderr; None, having said
     why, when set-up has not fetched the GGUF."""
-    from mlxd.engine.fast_blas import activate
+    from mlxd.engine.cpu.fast_blas import activate
 
     activate()
     interrupt_on_sigterm()
@@ -498,14 +498,14 @@ def open_real_model(gguf: Path, weights: str) -> tuple[Any, Any, dict[str, Any]]
 def load_gguf_model(gguf: Path, weights: str) -> tuple[Any, Any, dict[str, Any]]:
     """The GGUF converted as the engine converts it, loaded with mlx-lm;
     with weights="float32" every quantized layer dequantized to float32.
-    engine/fast_blas.py's activate() must have run (main does it first)."""
+    engine/cpu/fast_blas.py's activate() must have run (main does it first)."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_lm import load
     from mlx_lm.utils import dequantize_model
 
-    from mlxd.engine import fast_blas
-    from mlxd.engine.gguf_convert import convert_gguf
+    from mlxd.engine.cpu import fast_blas
+    from mlxd.engine.model.gguf_convert import convert_gguf
 
     folder = convert_gguf(gguf, DEFAULT_CACHE / "gguf", say=lambda m: say(f"   {m}"))
     model, tokenizer = load(str(folder))

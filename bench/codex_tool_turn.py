@@ -11,7 +11,7 @@ position of two scripted answers, the scripted token is the model's choice
 with probability >= 0.999 (Codex samples at temperature 1):
 
   turn 1  Codex's request for SHELL_PROMPT       -> an `exec_command` call of `echo mlxd-ok`,
-          in the format mlxd renders tools in (engine/tool_prompt.py)
+          in the format mlxd renders tools in (engine/model/tool_prompt.py)
   turn 2  the same, with the command's output    -> "The command printed mlxd-ok."
 
 Only the last block's MLP learns: what feeds it (every earlier layer, and
@@ -19,7 +19,7 @@ the last layer's attention over the whole prompt) is fixed, so its inputs
 are computed once, and training is a few seconds of Adam on ~40 rows.
 The prompts are Codex's real requests, as the relay of
 bench/agent_clients.py recorded them, turned into tokens by the engine's
-own code (engine/responses_api.py -> engine/generation.py `tokenize`); the
+own code (engine/api/responses_api.py -> engine/model/generation.py `tokenize`); the
 second request (with the command's output) is only known once Codex has
 run the command, so the copy is tuned twice. Every step is real: a fresh
 stack (`mlxd up`) per run, Codex CLI from npm in a loopback-only network
@@ -85,12 +85,12 @@ def engine_prompt(body: dict, tokenizer: Any) -> list[int]:
     from types import SimpleNamespace
 
     from mlxd.config_sections import EngineConfig
-    from mlxd.engine.generation import ResidentModel, tokenize
-    from mlxd.engine.grammar import OutputRules
-    from mlxd.engine.prompt_tokens import PieceEncoder
-    from mlxd.engine.request_metadata import without_metadata
-    from mlxd.engine.responses_api import ResponsesRequest, to_chat_request
-    from mlxd.engine.tool_prompt import tool_support
+    from mlxd.engine.model.generation import ResidentModel, tokenize
+    from mlxd.engine.model.grammar import OutputRules
+    from mlxd.engine.model.prompt_tokens import PieceEncoder
+    from mlxd.engine.api.request_metadata import without_metadata
+    from mlxd.engine.api.responses_api import ResponsesRequest, to_chat_request
+    from mlxd.engine.model.tool_prompt import tool_support
 
     chat = to_chat_request(ResponsesRequest.model_validate(body))
     limits = EngineConfig()
@@ -110,7 +110,7 @@ def engine_prompt(body: dict, tokenizer: Any) -> list[int]:
 
 def call_text(command: str) -> str:
     """The exec_command call as mlxd's rendering writes a call (what its parser reads back)."""
-    from mlxd.engine.tool_prompt import tool_call_block
+    from mlxd.engine.model.tool_prompt import tool_call_block
 
     return tool_call_block(TOOL, {"cmd": command})
 
@@ -322,7 +322,7 @@ def verdict(record: dict) -> dict:
 
 def inner(args: argparse.Namespace) -> int:
     interrupt_on_sigterm()
-    from mlxd.engine.fast_blas import activate
+    from mlxd.engine.cpu.fast_blas import activate
 
     activate()  # before MLX is imported: the tuning's prefill on OpenBLAS, as the engine's (~15x the reference BLAS)
     run_dir = Path(args.run_dir)
@@ -338,7 +338,7 @@ def inner(args: argparse.Namespace) -> int:
         if not first["bodies"]:
             raise RuntimeError("Codex sent no /v1/responses request")
 
-        from mlxd.engine.gguf_convert import convert_gguf
+        from mlxd.engine.model.gguf_convert import convert_gguf
 
         converted = convert_gguf(gguf, run_dir / "converted", say=say)
         _model, tokenizer = load_float32(converted)

@@ -60,7 +60,7 @@ from typing import Any, Callable, Iterable
 import psutil
 import requests
 
-from mlxd.engine.device_memory import parse_compute_apps
+from mlxd.engine.core.device_memory import parse_compute_apps
 from mlxd.toml_text import dumps, table_lines
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # when imported by path (tests)

@@ -5,14 +5,14 @@ Each arm is a real `mlxd engine` process serving the default model's GGUF
 (SmolLM2-135M-Instruct, Q4_1; `gguf = PATH` in its config, alias default):
 
   before     MLXD_CPU_BLAS=reference, [engine] cpu_float32 = false: MLX's reference BLAS, Q4_1 as stored
-  blas-only  OpenBLAS under MLX (engine/fast_blas.py), cpu_float32 = false: Q4_1 with a fast BLAS
+  blas-only  OpenBLAS under MLX (engine/cpu/fast_blas.py), cpu_float32 = false: Q4_1 with a fast BLAS
              (quantised matmuls are MLX's own kernels, not BLAS: this shows it)
   after      the defaults: OpenBLAS and the weights loaded as float32
   after-1t   (only with --arms) the defaults with OPENBLAS_NUM_THREADS=1
   after-stored  (only with --arms) the defaults with MLXD_CPU_LAYOUT=stored: mlx-lm's
              model as it is (Linear weights as MLX lays them out, MLX's ops for every step)
   after-transposed  (only with --arms) MLXD_CPU_LAYOUT=transposed: weights transposed
-             (engine/cpu_linear.py) and the one-token shortcuts (engine/cpu_decode.py), on
+             (engine/cpu/cpu_linear.py) and the one-token shortcuts (engine/cpu/cpu_decode.py), on
              one stream (the default's layout, named)
   after-split  (only with --arms) MLXD_CPU_LAYOUT=split: the same with wide layers in
              column blocks on 2 CPU streams
@@ -30,7 +30,7 @@ and once per arm a ~2,000-token chat prompt (non-streamed), with the
 default stuck_grace_s (30 s): answered 200 by the engine or not (503
 engine_stuck is what the gateway answers with the fallback), its time, and
 the engine's /health polled all along. The engine's own log says which BLAS
-it used (engine/fast_blas.py) and whether it loaded the weights as float32.
+it used (engine/cpu/fast_blas.py) and whether it loaded the weights as float32.
 `--profile` adds a micro-profile of one decode step at float32 (lm_head,
 layers, memory read speed) in a child process, for "what limits decode".
 
@@ -73,7 +73,7 @@ from benchkit import (RESULTS, BenchError, HttpWay, Server, busy_cpu_s, child_en
 DEFAULT_OUT = RESULTS / "cpu_path.json"
 GOAL_PREFILL_TOK_S = 120.0
 GOAL_DECODE_TOK_S = 12.0
-BLAS_ENV = "MLXD_CPU_BLAS"  # engine/fast_blas.py's OPT_OUT_ENV
+BLAS_ENV = "MLXD_CPU_BLAS"  # engine/cpu/fast_blas.py's OPT_OUT_ENV
 BLAS_LOG_MARK = "MLX's CPU backend uses"  # the start of BlasChoice.why, logged at start
 FLOAT32_LOG_MARK = "as float32"  # in the worker's "loaded ... in Xs (...)" line
 LOADED_LOG = re.compile(r"\bloaded \S+ in ([0-9.]+)s \(MLX active")
@@ -348,14 +348,14 @@ def profile_child(folder: str, dtype: str, steps: int) -> dict[str, Any]:
     gives a matrix-vector product (x @ W.T, mlx's Linear, and x @ W)."""
     import statistics
 
-    from mlxd.engine.fast_blas import activate
+    from mlxd.engine.cpu.fast_blas import activate
 
     blas = activate()  # before MLX is imported
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_lm.models.cache import make_prompt_cache
 
-    from mlxd.engine.model_load import load_resident
+    from mlxd.engine.model.model_load import load_resident
 
     resident = load_resident("profile", folder, None if dtype == "stored" else dtype)
     model, tokenizer = resident.model, resident.tokenizer
@@ -619,9 +619,9 @@ def markdown(doc: dict) -> str:
 # --- the benchmark --------------------------------------------------------------------------------
 
 def fast_path_probe() -> dict[str, Any]:
-    """What engine/fast_blas.py's activate() chooses here, in a fresh
+    """What engine/cpu/fast_blas.py's activate() chooses here, in a fresh
     process without the opt-out (the machine's fast path, if it has one)."""
-    code = ("import json; from mlxd.engine.fast_blas import activate; c = activate(); "
+    code = ("import json; from mlxd.engine.cpu.fast_blas import activate; c = activate(); "
             "print(json.dumps({'name': c.name, 'path': c.path, 'fast': c.fast, 'why': c.why}))")
     env = arm_env(ARMS["after"])
     try:

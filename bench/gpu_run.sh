@@ -48,7 +48,7 @@ install_engine() {  # once per machine: MLX (CUDA), mlx-lm, the engine's web sta
   $PY -c 'import mlx.core as mx; print("mlx", mx.__version__, mx.default_device(), mx.cuda.is_available())'
   $PY -c "
 from pathlib import Path
-from mlxd.engine.demo_model import build_demo_model
+from mlxd.engine.model.demo_model import build_demo_model
 build_demo_model(Path('$MODEL'), '8b', progress=print)"
   du -sh "$MODEL"
 }
@@ -116,7 +116,7 @@ squeeze)
   [ -d /tmp/site-old/mlxd ] || pip_target /tmp/site-old .whl2/old/*.whl
   for build in ${BUILDS:-old new}; do
     path=$PYTHONPATH; [ "$build" = old ] && path=/tmp/site-old:$PYTHONPATH
-    PYTHONPATH=$path $PY -c 'import mlxd.engine.worker as w; print("mlxd", w.__file__)'
+    PYTHONPATH=$path $PY -c 'import mlxd.engine as e; print("mlxd", e.__file__)'
     PYTHONPATH=$path $PY bench/concurrency.py --model "$MODEL" --arms "${ARMS:-single,batched}" \
         --clients "${CLIENTS:-1,4,8}" --rounds "${ROUNDS:-2}" --warmup 1 --max-tokens "${MAX_TOKENS:-128}" \
         --prompt-tokens "${PROMPT_TOKENS:-4000}" --prompt-cache-gib "${PROMPT_CACHE_GIB:-2}" --startup-timeout 300 \

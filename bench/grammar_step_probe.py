@@ -6,11 +6,11 @@ processors that add one piece at a time of what the grammar processor does:
   none         no processor (mlx-lm skips its token bookkeeping)
   identity     a processor that returns the logits (mlx-lm concatenates the tokens each step)
   read         identity + reading the last token on the host (.item(): a sync)
-  read-early   read, after starting this step's forward pass (what engine/constrained.py does)
+  read-early   read, after starting this step's forward pass (what engine/model/constrained.py does)
   mask         a constant mask applied with mx.where (no sync)
   sampler-tap  read-early, the last token taken from a wrapped sampler (scheduled before the forward pass)
                instead of the end of the growing token list (scheduled after it)
-  grammar      engine/constrained.py's GrammarProcessor on a JSON-string grammar, as the engine runs it
+  grammar      engine/model/constrained.py's GrammarProcessor on a JSON-string grammar, as the engine runs it
 
 Arms alternate over rounds; tok/s per arm (median). Usage:
   python bench/grammar_step_probe.py MODEL_DIR [--tokens 200] [--rounds 3]
@@ -38,8 +38,8 @@ def main() -> None:
     from mlx_lm.generate import generate_step
     from mlx_lm.sample_utils import make_sampler
 
-    from mlxd.engine.constrained import GrammarProcessor, grammar_tokenizer
-    from mlxd.engine.grammar import OutputRules, answer_grammar
+    from mlxd.engine.model.constrained import GrammarProcessor, grammar_tokenizer
+    from mlxd.engine.model.grammar import OutputRules, answer_grammar
 
     model, tok = load(str(a.model))
     vocab = int(getattr(model.args, "vocab_size", 0) or len(tok.vocab))

@@ -22,7 +22,7 @@ restarted engine answering /health to its first request through the gateway.
     .venv/bin/python bench/hosts.py                 # ~3 min on 2 cores
     .venv/bin/python bench/hosts.py --engines 1,2 --seconds 10
 Ranks (`--ranks`): the same model in one engine process and in a rank
-group of two (mlx.launch, ring backend, loopback; engine/ranks.py), one
+group of two (mlx.launch, ring backend, loopback; engine/model/ranks.py), one
 streamed request at a time, alternating: decode tok/s of each, and the
 ratio. On CPU both ranks share this machine's cores.
 

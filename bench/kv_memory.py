@@ -1,8 +1,8 @@
 """KV memory: quantised KV (kv_bits 16 / 8 / 4) at long contexts, and memory
 during a long generation with and without allocation at admission (issue 25).
 
-What. In-process with the engine's own KV pieces (engine/kv_cache.py:
-make_kv, the paced prefill of engine/prefill.py with its dequantised view
+What. In-process with the engine's own KV pieces (engine/cache/kv_cache.py:
+make_kv, the paced prefill of engine/model/prefill.py with its dequantised view
 of a quantised layer, mlx-lm's generate_step for decoding), each arm in a
 fresh subprocess so MLX's peak memory is the arm's own:
 
@@ -21,9 +21,9 @@ fresh subprocess so MLX's peak memory is the arm's own:
                  every token, its growth after the first token, and an SVG
                  plot of both (--plot); the same for a batch of --batch-rows
                  requests (max_concurrency > 1) in mlx-lm's BatchKVCache and
-                 in mlxd's, allocated when rows join (engine/batch_kv.py).
+                 in mlxd's, allocated when rows join (engine/cache/batch_kv.py).
 
-The model: --model-dir, or the demo model built from engine/demo_model.py's
+The model: --model-dir, or the demo model built from engine/model/demo_model.py's
 variant --demo (default "a" on the CPU; "8b" on the GPU, bench/gpu_run.sh).
 Random weights: quality is measured elsewhere (bench/kv_quality.py).
 
@@ -128,7 +128,7 @@ def _prompt(vocab: int, n: int) -> list[int]:
 
 
 def run_arm(spec: dict) -> dict:
-    from mlxd.engine import fast_blas
+    from mlxd.engine.cpu import fast_blas
 
     fast_blas.activate()
     import mlx.core as mx
@@ -136,9 +136,9 @@ def run_arm(spec: dict) -> dict:
     from mlx_lm.models.cache import make_prompt_cache
     from mlx_lm.utils import load
 
-    from mlxd.engine.prefill import prefill
-    from mlxd.engine.kv_cache import make_kv, prefill_views, quantized_decode_works
-    from mlxd.engine.prefill_pace import PrefillPace
+    from mlxd.engine.model.prefill import prefill
+    from mlxd.engine.cache.kv_cache import make_kv, prefill_views, quantized_decode_works
+    from mlxd.engine.model.prefill_pace import PrefillPace
     from mlxd.memory_estimate import KVLayout, kv_cache_bytes
 
     model, tokenizer = load(spec["model_dir"])
@@ -166,10 +166,10 @@ def run_arm(spec: dict) -> dict:
         for _, _ in zip(range(n), generate_step(mx.array(prompt), model, max_tokens=n, prompt_cache=kv, **quantize)):
             samples.append(mx.get_active_memory())
         return {"samples": samples, "weights": weights, "peak": mx.get_peak_memory()}
-    if spec["kind"] == "batch_generation":  # max_concurrency > 1: mlx-lm's BatchGenerator, as engine/many_rows.py runs it
+    if spec["kind"] == "batch_generation":  # max_concurrency > 1: mlx-lm's BatchGenerator, as engine/model/many_rows.py runs it
         from mlx_lm.generate import BatchGenerator
 
-        from mlxd.engine.batch_kv import rows_for_batch
+        from mlxd.engine.cache.batch_kv import rows_for_batch
 
         n, rows = spec["tokens"], spec["rows"]
         gen = BatchGenerator(model, stop_tokens=[], completion_batch_size=rows, prefill_batch_size=rows)
@@ -192,7 +192,7 @@ def run_arm(spec: dict) -> dict:
     began = time.perf_counter()
     prefill(model, kv, prompt[:-1], PrefillPace(spec["prefill_step"], 1e9, first=spec["prefill_step"]),
             lambda: None, None, layout)
-    # As the engine decodes (engine/generation.py): over the quantised KV where
+    # As the engine decodes (engine/model/generation.py): over the quantised KV where
     # this MLX can, else over it dequantised a layer at a time.
     steps = generate_step(mx.array(prompt[-1:]), model, max_tokens=decode,
                           prompt_cache=prefill_views(kv) if dequantized else kv, **({} if dequantized else quantize))
@@ -221,7 +221,7 @@ def in_subprocess(spec: dict, timeout: float) -> dict:
 def model_folder(args: argparse.Namespace) -> str:
     if args.model_dir:
         return args.model_dir
-    from mlxd.engine.demo_model import build_demo_model
+    from mlxd.engine.model.demo_model import build_demo_model
 
     return str(build_demo_model(Path(tempfile.gettempdir()) / f"mlxd-bench-demo-{args.demo}", args.demo,
                                 progress=bk.say))

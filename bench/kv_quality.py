@@ -46,7 +46,7 @@ setting against the unquantised reference:
              speed through it.
 
 Why on float32 by default. MLX's Linux CPU wheel brings a reference BLAS;
-the engine puts OpenBLAS under MLX (engine/fast_blas.py: the system's
+the engine puts OpenBLAS under MLX (engine/cpu/fast_blas.py: the system's
 libopenblas or set-up's shim to the scipy-openblas32 wheel) and runs small
 models as float32 there, ~15x faster than the Q4_1 kernels. This does the
 same: fast_blas.activate() before MLX is imported, the Q4_1 weights
@@ -782,7 +782,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     kv_dtype = model_info["kv_dtype"]
 
-    from mlxd.engine.prompt_tokens import template_tokens
+    from mlxd.engine.model.prompt_tokens import template_tokens
 
     rows: list[dict[str, Any]] = []
     prompts = prompt_set(args.prompts) if args.greedy else []

@@ -4,11 +4,11 @@ in a batch, on one model, in process, no server (issue 35, item 5).
 
 Each way prefills the same prompts until every row has its first token:
 
-  alone        one row at a time through the model in steps (engine/prefill.py's way),
+  alone        one row at a time through the model in steps (engine/model/prefill.py's way),
                the rows one after another
   mlx-lm       mlx-lm's BatchGenerator, every row a new row, mlx-lm's own caches
-  engine       as mlxd's batch does (engine/many_rows.py): each row prefilled alone a paced chunk at a time
-               (engine/prefill.py), joining mlx-lm's batch with its last token (engine/batch_kv.py's caches),
+  engine       as mlxd's batch does (engine/model/many_rows.py): each row prefilled alone a paced chunk at a time
+               (engine/model/prefill.py), joining mlx-lm's batch with its last token (engine/cache/batch_kv.py's caches),
                a decode step of the joined rows after every chunk
 
 With --cached C every row's KV first holds C tokens of its own (prefilled
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def main_with(args: argparse.Namespace) -> int:
     if args.as_engine:
-        from mlxd.engine import fast_blas
+        from mlxd.engine.cpu import fast_blas
 
         print(fast_blas.activate().why)
 
@@ -70,12 +70,12 @@ def main_with(args: argparse.Namespace) -> int:
     from mlx_lm.generate import BatchGenerator
     from mlx_lm.models.cache import make_prompt_cache
 
-    from mlxd.engine.batch_kv import rows_for_batch
+    from mlxd.engine.cache.batch_kv import rows_for_batch
 
     if args.memory_limit_gib:
         mx.set_memory_limit(int(args.memory_limit_gib * 2**30))
     if args.as_engine:
-        from mlxd.engine.model_load import load_resident
+        from mlxd.engine.model.model_load import load_resident
 
         resident = load_resident("probe", args.model)
         model, tokenizer = resident.model, resident.tokenizer
@@ -115,8 +115,8 @@ def main_with(args: argparse.Namespace) -> int:
         uids: list[int] = []
         firsts: set[int] = set()
         if way == "engine":
-            from mlxd.engine.prefill import prefill
-            from mlxd.engine.prefill_pace import PrefillPace
+            from mlxd.engine.model.prefill import prefill
+            from mlxd.engine.model.prefill_pace import PrefillPace
 
             pace = PrefillPace(args.step, 100.0)
             for kv, context, prompt in zip(caches, contexts, prompts):

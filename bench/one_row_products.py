@@ -3,13 +3,13 @@
 
 A decoded token goes through each layer as a one-row product, x (1 x in)
 times the layer's weights. MLX's CPU backend calls `cblas_sgemm` for every
-float32 product; engine/fast_blas.py's shim sends the one-row ones to
+float32 product; engine/cpu/fast_blas.py's shim sends the one-row ones to
 `cblas_sgemv` instead. This measures why, straight on the
 `scipy-openblas32` wheel the shim forwards to (ctypes, no MLX), per shape of
 the default model (SmolLM2-135M: hidden 576, MLP 1536, k/v 192, vocabulary
 49,152), each as weight bytes read per second:
 
-  sgemm            x @ W through sgemm (M = 1), W held in x out (engine/cpu_linear.py's layout)
+  sgemm            x @ W through sgemm (M = 1), W held in x out (engine/cpu/cpu_linear.py's layout)
   sgemv, in x out  the same product through sgemv (what the shim calls)
   sgemv, out x in  sgemv on W as stored (mlx-lm's nn.Linear layout)
 

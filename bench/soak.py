@@ -32,7 +32,7 @@ hits several at once: use more clients than N (e.g. `--max-concurrency 4
 report counts the crashes whose journal line names more than one request in
 flight. Whether a journal line names every request in flight is checked
 from the client side: each soak request's fingerprint is computed the way
-the engine computes it (engine/jobs.py: its model id and messages), and a
+the engine computes it (engine/core/jobs.py: its model id and messages), and a
 stream that got engine content and then an explicit error belongs to the
 crash nearest its end, which should name it (the exception: a stream whose
 tokens were all generated but not yet sent when the engine died is cut but no
@@ -292,11 +292,11 @@ def _mask(text: str) -> str:
 
 
 def request_fingerprint(s: Settings, i: int, model_id: str = MODEL_ID) -> str:
-    """The engine's fingerprint of soak request i, as engine/jobs.py's
+    """The engine's fingerprint of soak request i, as engine/core/jobs.py's
     Job.fingerprint makes it: the model id and the messages as the chat
     template gets them (no tools, prompt, template arguments or images).
     A journal fingerprint that matches no request shows a drift here."""
-    from mlxd.engine.request_schema import ChatCompletionRequest
+    from mlxd.engine.api.request_schema import ChatCompletionRequest
 
     _, max_tokens, prompt = request_shape(s.seed, i, s)
     req = ChatCompletionRequest(model="default", messages=[{"role": "user", "content": prompt}],

@@ -162,8 +162,8 @@ def mask_cost(model_dir: Path, tokens: int = 200) -> dict:
     import mlx.core as mx
     from mlx_lm.utils import load_tokenizer
 
-    from mlxd.engine.constrained import GrammarProcessor, grammar_tokenizer
-    from mlxd.engine.grammar import OutputRules, answer_grammar
+    from mlxd.engine.model.constrained import GrammarProcessor, grammar_tokenizer
+    from mlxd.engine.model.grammar import OutputRules, answer_grammar
 
     tok = load_tokenizer(model_dir)
     vocab = len(tok.vocab)

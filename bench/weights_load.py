@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Lazy weight loading (issue 25, item 3): what mlx-lm's `lazy=True` changes
 in load time, the first request's time to first token and memory, against
-the default the engine uses today (`engine/model_load.py` `load_resident()`:
+the default the engine uses today (`engine/model/model_load.py` `load_resident()`:
 `mlx_lm.utils.load(folder)`, lazy=False, every parameter evaluated at load).
 
 Arms, each in a fresh subprocess (its own allocator, nothing imported yet):
@@ -345,7 +345,7 @@ def one_request(model, tokenizer, max_tokens: int, now) -> dict[str, Any]:
 
 
 def load_arm(arm: str, folder: Path, float32: bool):
-    """The arm's load, as `engine/model_load.py` `load_resident()` does it (with
+    """The arm's load, as `engine/model/model_load.py` `load_resident()` does it (with
     `float32`: its CPU fast path, dequantised and cast to float32) but for
     `lazy`: nothing evaluated (the lazy arms: mlx-lm's lazy=True)."""
     import mlx.core as mx
@@ -362,7 +362,7 @@ def load_arm(arm: str, folder: Path, float32: bool):
     elif arm == "lazy_eval":
         mx.eval(model.parameters())
     if arm == "lazy_chunks":
-        from mlxd.engine.model_load import evaluate_in_chunks  # what the engine's load does
+        from mlxd.engine.model.model_load import evaluate_in_chunks  # what the engine's load does
 
         evaluate_in_chunks(model.parameters())
     return model, tokenizer
@@ -371,8 +371,8 @@ def load_arm(arm: str, folder: Path, float32: bool):
 def run_child(arm: str, folder: Path, max_tokens: int, float32: bool = False) -> dict[str, Any]:
     now, cpu = time.perf_counter, time.process_time
     t_start = now()
-    try:  # the engine's fast CPU path (engine/fast_blas.py), before MLX is imported
-        from mlxd.engine.fast_blas import activate
+    try:  # the engine's fast CPU path (engine/cpu/fast_blas.py), before MLX is imported
+        from mlxd.engine.cpu.fast_blas import activate
 
         blas = activate().name
     except Exception as e:  # noqa: BLE001 -- not the subject here; say which

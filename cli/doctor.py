@@ -67,7 +67,7 @@ def check_backend(config: Config) -> Check:
 
 def blas_check(platform_name: str, choice: dict | None, error: str = "") -> Check | None:
     """The CPU's BLAS line (pure): only on Linux, where MLX's CPU wheel
-    brings the slow reference BLAS (engine/fast_blas.py)."""
+    brings the slow reference BLAS (engine/cpu/fast_blas.py)."""
     if not platform_name.startswith("linux"):
         return None
     if choice is None:
@@ -89,7 +89,7 @@ def check_cpu_blas() -> Check | None:
         return None
     import subprocess
 
-    code = ("import json; from dataclasses import asdict; from mlxd.engine.fast_blas import activate; "
+    code = ("import json; from dataclasses import asdict; from mlxd.engine.cpu.fast_blas import activate; "
             "print(json.dumps(asdict(activate())))")
     try:
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

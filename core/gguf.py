@@ -4,7 +4,7 @@ can load of it, and the mlx-lm model config it maps to (pure, stdlib only).
 GGUF (llama.cpp's format): magic "GGUF", a version, the tensor and metadata
 counts, the metadata key/values (typed), then one entry per tensor (name,
 dims, ggml type, offset). The engine converts a supported file into an MLX
-model folder (engine/gguf_convert.py); the heavy-model estimate and the
+model folder (engine/model/gguf_convert.py); the heavy-model estimate and the
 gateway read the header only, here.
 """
 

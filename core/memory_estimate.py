@@ -232,7 +232,7 @@ def kv_cache_bytes(config: dict[str, Any], context_tokens: int, bytes_per_value:
 
 def kv_prefill_transient_bytes(config: dict[str, Any], context_tokens: int, layout: KVLayout) -> int:
     """What a prefill step holds beside a quantised cache (pure): the layer
-    it attends over dequantised to the model's dtype (engine/kv_cache.py's
+    it attends over dequantised to the model's dtype (engine/cache/kv_cache.py's
     DequantizedView), two layers' worth, as MLX may free one while it
     computes the next. 0 at 16 bits (attention reads the cache itself)."""
     shape = _kv_shape(config)

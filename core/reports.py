@@ -2,7 +2,7 @@
 frozen Record each, so that a key has one name and one type on both sides:
 
   report         where                     writer                readers
-  EngineHealth   the engine's GET /health  engine/health.py      listener, journal, status, benchmarks
+  EngineHealth   the engine's GET /health  engine/api/health.py      listener, journal, status, benchmarks
   StatusReport   `mlxd status [--json]`    supervisor/status.py  cli/operate.py (table or JSON)
 
 Reports are lenient (see mlxd.records.Record): the engine on another host
@@ -39,7 +39,7 @@ class KVCacheLayout(Report):
 
 @dataclass(frozen=True)
 class ServingPlanReport(Report):
-    """How the resident model is served, decided at its load (engine/serving_plan.py)."""
+    """How the resident model is served, decided at its load (engine/model/serving_plan.py)."""
 
     model: str = ""
     max_concurrency: int = 1
@@ -68,14 +68,14 @@ class EngineMemory(Report):
     # process holds outside MLX (None: MLX's default)
     mlx_memory_limit_bytes: int | None = None
     # Where nvidia-smi sees the process: its device memory, and the most of it seen outside MLX (CUDA's
-    # context, cuBLAS/cuDNN workspaces), which MLX's limit leaves room for (engine/device_memory.py)
+    # context, cuBLAS/cuDNN workspaces), which MLX's limit leaves room for (engine/core/device_memory.py)
     device_process_bytes: int | None = None
     outside_mlx_bytes: int | None = None
 
 
 @dataclass(frozen=True)
 class HeldRequestReport(Report):
-    """One request the engine's worker holds (engine/request_table.py): its
+    """One request the engine's worker holds (engine/core/request_table.py): its
     status ("waiting" for room in the batch, "prefilling", "decoding") and
     for how long it has had it."""
 
@@ -87,7 +87,7 @@ class HeldRequestReport(Report):
 @dataclass(frozen=True)
 class ReuseLine(Report):
     """One recent conversation's latest turn: how much of its prompt the
-    cache reused, and where and why reuse stopped (engine/prompt_cache.py
+    cache reused, and where and why reuse stopped (engine/cache/prompt_cache.py
     writes it)."""
 
     conversation: str
@@ -101,7 +101,7 @@ class ReuseLine(Report):
 
 @dataclass(frozen=True)
 class PromptCacheReport(Report):
-    """The prompt cache's figures, published by engine/prompt_cache.py after every change."""
+    """The prompt cache's figures, published by engine/cache/prompt_cache.py after every change."""
 
     enabled: bool = False
     disk_enabled: bool = False

@@ -102,7 +102,7 @@ def _fine_tune(model: Any, examples: list[tuple[list[int], int]], say: Callable[
 
 
 def _stamp() -> dict:
-    from mlxd.engine.demo_model import _stamp as demo_stamp, VARIANTS
+    from mlxd.engine.model.demo_model import _stamp as demo_stamp, VARIANTS
 
     return {"agent_build": BUILD_VERSION, "demo": demo_stamp("agent", VARIANTS["agent"]),
             "script": [[s.messages, s.reply, s.tools, s.template_kwargs] for s in SCRIPT]}
@@ -116,7 +116,7 @@ def build_agent_model(dest: Path, progress: Callable[[str], None] | None = None)
         import mlx.core as mx
         from mlx_lm.utils import load
 
-        from mlxd.engine.demo_model import build_demo_model
+        from mlxd.engine.model.demo_model import build_demo_model
 
         build_demo_model(folder, "agent")
         model, tokenizer = load(str(folder))

@@ -103,8 +103,8 @@ def _fine_tune(model: Any, examples: list[tuple[Any, ...]], say: Callable[[str],
 
 
 def _stamp() -> dict:
-    from mlxd.engine.demo_model import VARIANTS
-    from mlxd.engine.demo_model import _stamp as demo_stamp
+    from mlxd.engine.model.demo_model import VARIANTS
+    from mlxd.engine.model.demo_model import _stamp as demo_stamp
 
     return {"vision_build": BUILD_VERSION, "demo": demo_stamp("vision", VARIANTS["vision"]),
             "colours": COLOURS, "question": QUESTION, "sizes": SIZES}
@@ -118,7 +118,7 @@ def build_vision_model(dest: Path, progress: Callable[[str], None] | None = None
         import mlx.core as mx
         from mlx_vlm import load
 
-        from mlxd.engine.demo_model import build_demo_model
+        from mlxd.engine.model.demo_model import build_demo_model
 
         build_demo_model(folder, "vision")
         model, processor = load(str(folder))

@@ -23,11 +23,11 @@ from mlxd.config import Config
 from mlxd.keyfile import ENGINE_KEY_PREFIX, ensure_key_file
 from mlxd.models import demo_model_dir, system_memory_budget
 
-from .fast_blas import activate as activate_fast_blas
-from .faults import FaultInjector
-from .lifecycle import Lifecycle
-from .model_registry import ModelRegistry
-from .server import Engine, create_app
+from .cpu.fast_blas import activate as activate_fast_blas
+from .core.faults import FaultInjector
+from .api.lifecycle import Lifecycle
+from .model.model_registry import ModelRegistry
+from .api.server import Engine, create_app
 
 log = logging.getLogger("mlxd.engine")
 
@@ -51,7 +51,7 @@ class EngineServer(uvicorn.Server):
 
 
 def build_demo_models(config: Config) -> None:
-    from .demo_model import build_demo_model
+    from .model.demo_model import build_demo_model
 
     for model_id, spec in config.models.items():
         if spec.demo is not None:
@@ -61,12 +61,12 @@ def build_demo_models(config: Config) -> None:
 
 def rank_link(config: Config):
     """This process's RankLink when it is one rank of a rank group started by
-    mlx.launch (engine/ranks.py); None for a one-process engine."""
+    mlx.launch (engine/model/ranks.py); None for a one-process engine."""
     if not config.engine.ranks.enabled:
         return None
     import mlx.core as mx
 
-    from .ranks import RankLink
+    from .model.ranks import RankLink
 
     group = mx.distributed.init()
     if group.size() == 1:
@@ -92,8 +92,8 @@ def runs_on_cpu() -> bool:
 
 
 def run_follower(config: Config, link) -> int:
-    """Ranks above 0: no HTTP; load and run what rank 0 says (engine/ranks.py)."""
-    from .ranks import follow, sharded
+    """Ranks above 0: no HTTP; load and run what rank 0 says (engine/model/ranks.py)."""
+    from .model.ranks import follow, sharded
 
     registry = ModelRegistry(config, 0)
     log.info("rank %d of %d: following rank 0 (pid %d)", link.rank, link.size, os.getpid())

@@ -27,7 +27,7 @@ from .keys import matches, read_key
 # users, UI, spend...) are not reachable even with the key.
 SERVED_PATHS = frozenset({"/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions",
                           "/v1/models", "/models",
-                          # OpenAI's Responses API: the engine's own route (engine/responses_api.py).
+                          # OpenAI's Responses API: the engine's own route (engine/api/responses_api.py).
                           "/v1/responses", "/responses",
                           # Anthropic's Messages API, for coding agents: LiteLLM's own route.
                           "/v1/messages", "/v1/messages/count_tokens"})

@@ -9,8 +9,8 @@ for a POST it reads the body, hands it to the app (`ClientLink`, the app's
 `receive`), and keeps reading the client's side itself; when the client
 disconnects before the answer is complete it cancels the app's task. The
 cancelled upstream request closes its connection to the engine, which
-cancels the job there (engine/relay.py), and the engine's prefill stops
-between two steps (engine/prefill.py).
+cancels the job there (engine/api/relay.py), and the engine's prefill stops
+between two steps (engine/model/prefill.py).
 """
 
 from __future__ import annotations

@@ -71,8 +71,8 @@ def invalid_for_any_backend(path: str, req: dict) -> tuple[str, str, str | None]
     drops without a word (measured on 1.108.7), so those are refused here."""
     from pydantic import ValidationError
 
-    from mlxd.engine.request_schema import ChatCompletionRequest, CompletionRequest, describe_validation_errors
-    from mlxd.engine.responses_api import ResponsesRequest
+    from mlxd.engine.api.request_schema import ChatCompletionRequest, CompletionRequest, describe_validation_errors
+    from mlxd.engine.api.responses_api import ResponsesRequest
 
     model = {"/v1/chat/completions": ChatCompletionRequest, "/v1/responses": ResponsesRequest}.get(path,
                                                                                                  CompletionRequest)

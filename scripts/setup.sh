@@ -257,12 +257,12 @@ else
   fi
 fi
 
-# The fast CPU path on Linux (engine/fast_blas.py): OpenBLAS under MLX, through a
+# The fast CPU path on Linux (engine/cpu/fast_blas.py): OpenBLAS under MLX, through a
 # shim to the scipy-openblas32 wheel built once per shim version (a C compiler is
 # needed; without one the system's OpenBLAS or MLX's slow reference BLAS serves,
 # and `mlxd doctor` says how to fix it).
 if [ "$(uname -s)" = Linux ]; then
-  "$venv/bin/python" -m mlxd.engine.fast_blas build
+  "$venv/bin/python" -m mlxd.engine.cpu.fast_blas build
 fi
 
 # The real default model, once (see core/default_model.py); offline, the demo model serves.

@@ -10,12 +10,12 @@ from typing import Callable, Iterator
 
 import pytest
 
-from mlxd.engine.fast_blas import activate as activate_fast_blas
+from mlxd.engine.cpu.fast_blas import activate as activate_fast_blas
 
 activate_fast_blas()  # before anything imports MLX: in-process tests get the engine's fast CPU path too
 
 from mlxd.devkit.stack import Stack  # noqa: E402
-from mlxd.engine.demo_model import build_demo_model, write_heavy_model_description  # noqa: E402
+from mlxd.engine.model.demo_model import build_demo_model, write_heavy_model_description  # noqa: E402
 from mlxd.toml_text import dumps  # noqa: E402
 from testkit import EngineProcess, spawn_engine, wait_healthy  # noqa: E402
 

@@ -66,11 +66,11 @@ def test_default_arms_are_before_blas_only_after():
 LOG_FAST = """\
 2026-11-25 14:38:07,604 INFO mlxd.engine: MLX's CPU backend uses openblas (system) (libopenblas.so.0)
 2026-11-25 14:38:10,978 INFO mlxd.engine.gguf: converted m.gguf in 1.5s into /h/models/gguf/m-1
-2026-11-25 14:38:21,334 INFO mlxd.engine.worker: loaded smollm2 in 10.3s (MLX active 513 MiB, as float32: the CPU's fast path)
+2026-11-25 14:38:21,334 INFO mlxd.engine.core.worker: loaded smollm2 in 10.3s (MLX active 513 MiB, as float32: the CPU's fast path)
 """
 LOG_REFERENCE = """\
 2026-11-25 14:38:07,604 WARNING mlxd.engine: MLX's CPU backend uses its reference BLAS (MLXD_CPU_BLAS=reference): prompts are ~15x slower; fix: install OpenBLAS
-2026-11-25 14:38:21,334 INFO mlxd.engine.worker: loaded smollm2 in 7.4s (MLX active 94 MiB)
+2026-11-25 14:38:21,334 INFO mlxd.engine.core.worker: loaded smollm2 in 7.4s (MLX active 94 MiB)
 """
 
 
@@ -222,10 +222,10 @@ def test_suite_figures_report_after_and_blas_only_against_before():
 # --- the benchmark, run on the real default model -----------------------------------------------------
 
 def fast_path_here() -> dict:
-    """What engine/fast_blas.py's activate() picks on this machine (a fresh
+    """What engine/cpu/fast_blas.py's activate() picks on this machine (a fresh
     process: this one's choice was made by conftest)."""
     env = {k: v for k, v in os.environ.items() if k not in ("MLXD_CPU_BLAS", "OPENBLAS_NUM_THREADS")}
-    code = ("import json; from mlxd.engine.fast_blas import activate; c = activate(); "
+    code = ("import json; from mlxd.engine.cpu.fast_blas import activate; c = activate(); "
             "print(json.dumps({'name': c.name, 'fast': c.fast}))")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])

@@ -1,4 +1,4 @@
-"""doctor's line for the CPU's BLAS (engine/fast_blas.py), as a table."""
+"""doctor's line for the CPU's BLAS (engine/cpu/fast_blas.py), as a table."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ import pytest
 from mlxd.cli.preflight import model_problems, port_problems
 from mlxd.config import parse_config
 from mlxd.devkit.gguf_fixture import write_header_only
-from mlxd.engine.demo_model import write_heavy_model_description
+from mlxd.engine.model.demo_model import write_heavy_model_description
 from mlxd.supervisor.control import kill_all, supervisord_pid
 from mlxd.paths import StatePaths
 from mlxd.toml_text import dumps

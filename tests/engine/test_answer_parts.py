@@ -1,4 +1,4 @@
-"""The answer splitter (engine/answer_parts.py, on mlx-lm's TextStateMachine):
+"""The answer splitter (engine/model/answer_parts.py, on mlx-lm's TextStateMachine):
 reasoning, content and tool calls as tables, and a property test that any
 chunking of a text gives the same parts as the text in one piece (so the
 streamed answer, concatenated, is the non-streamed one)."""
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlxd.engine.answer_parts import AnswerSplitter, Markers, Part, opens_in_reasoning, transitions_for
+from mlxd.engine.model.answer_parts import AnswerSplitter, Markers, Part, opens_in_reasoning, transitions_for
 
 THINK = ("<think>", "</think>")
 TOOL = ("<tool_call>", "</tool_call>")

@@ -1,5 +1,5 @@
 """The batch's KV is allocated when rows join, at the length they were
-admitted to (engine/batch_kv.py): its bookkeeping as tables (pure), and
+admitted to (engine/cache/batch_kv.py): its bookkeeping as tables (pure), and
 mlx-lm's BatchGenerator on a small model decoding the same tokens with it as
 with mlx-lm's own growing cache, its array reallocated only when rows join."""
 
@@ -11,7 +11,7 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models import llama
 from mlx_lm.models.cache import make_prompt_cache
 
-from mlxd.engine.batch_kv import AllocatedBatchKVCache, batch_capacity, rows_for_batch, spend
+from mlxd.engine.cache.batch_kv import AllocatedBatchKVCache, batch_capacity, rows_for_batch, spend
 
 
 @pytest.mark.parametrize("prompt_left, answer_left, n, expected", [

@@ -198,7 +198,7 @@ def test_memory_admission_keeps_the_batch_under_the_budget(start_engine, demo_mo
 
     from mlxd.memory_estimate import kv_cache_bytes
 
-    from mlxd.engine.scheduler import Memory, Row, attention_bytes_per_position, batch_kv_bytes
+    from mlxd.engine.core.scheduler import Memory, Row, attention_bytes_per_position, batch_kv_bytes
 
     config = json.loads((demo_models.a / "config.json").read_text())
     weights = sum(f.stat().st_size for f in demo_models.a.glob("*.safetensors"))

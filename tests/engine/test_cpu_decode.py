@@ -1,5 +1,5 @@
 """A decoded token in fewer MLX ops on the CPU's float32 path
-(engine/cpu_decode.py): the rotation matrix is RoPE, and a model with the
+(engine/cpu/cpu_decode.py): the rotation matrix is RoPE, and a model with the
 shortcuts gives the logits it gave without them, token after token, with
 mlx-lm's caches and the engine's, taking the shortcut for one token and
 MLX's own ops for a prompt or a quantised cache."""
@@ -15,10 +15,10 @@ from mlx.utils import tree_flatten
 from mlx_lm.models import llama, qwen2
 from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
-from mlxd.engine.cpu_decode import (BlockedLlamaMLP, BlockedQwen2MLP, CompiledRMSNorm, FoldedLlamaAttention,
+from mlxd.engine.cpu.cpu_decode import (BlockedLlamaMLP, BlockedQwen2MLP, CompiledRMSNorm, FoldedLlamaAttention,
                                     FoldedQwen2Attention, RotationRoPE, rotation_matrix, shorten_decode)
-from mlxd.engine.cpu_linear import SharedColumns, StoredLinear, transpose_linears
-from mlxd.engine.kv_cache import AllocatedKVCache
+from mlxd.engine.cpu.cpu_linear import SharedColumns, StoredLinear, transpose_linears
+from mlxd.engine.cache.kv_cache import AllocatedKVCache
 
 
 @pytest.mark.parametrize("dims, head_dim, traditional, base, scale, position", [

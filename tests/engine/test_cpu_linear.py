@@ -1,5 +1,5 @@
 """The CPU float32 path keeps Linear weights transposed, wide ones in column
-blocks on parallel CPU streams (engine/cpu_linear.py): the model computes
+blocks on parallel CPU streams (engine/cpu/cpu_linear.py): the model computes
 what it did, every plain Linear is replaced, and code that reads a layer's
 `weight` still sees the stored orientation."""
 
@@ -10,8 +10,8 @@ import mlx.nn as nn
 import pytest
 from mlx_lm.models import llama
 
-from mlxd.engine import cpu_linear
-from mlxd.engine.cpu_linear import (SPLIT_MIN_OUTPUTS, TransposedEmbedding, TransposedLinear, column_blocks,
+from mlxd.engine.cpu import cpu_linear
+from mlxd.engine.cpu.cpu_linear import (SPLIT_MIN_OUTPUTS, TransposedEmbedding, TransposedLinear, column_blocks,
                                      cpu_layout, transpose_linears)
 
 

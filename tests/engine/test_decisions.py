@@ -7,17 +7,17 @@ import pytest
 from pydantic import ValidationError
 
 from mlxd.api_errors import INVALID_REQUEST, UNSUPPORTED_PARAMETER
-from mlxd.engine.admission import AdmissionQueue, AdmissionState, decide_admission, retry_after_s
-from mlxd.engine.errors import EngineError
-from mlxd.engine.faults import Fault, parse_faults
-from mlxd.engine.generation import answer_finish, finish_reason
-from mlxd.engine.health import LOAD_TIMEOUT_S, health_state, stuck_reason
-from mlxd.engine.jobs import MAX_CHARS_PER_TOKEN, check_prompt_size
-from mlxd.engine.model_cache import Load, Unload, plan_release, plan_switch
-from mlxd.engine.request_schema import (ChatCompletionRequest, CompletionRequest, Unsupported,
+from mlxd.engine.core.admission import AdmissionQueue, AdmissionState, decide_admission, retry_after_s
+from mlxd.engine.core.errors import EngineError
+from mlxd.engine.core.faults import Fault, parse_faults
+from mlxd.engine.model.generation import answer_finish, finish_reason
+from mlxd.engine.api.health import LOAD_TIMEOUT_S, health_state, stuck_reason
+from mlxd.engine.core.jobs import MAX_CHARS_PER_TOKEN, check_prompt_size
+from mlxd.engine.model.model_cache import Load, Unload, plan_release, plan_switch
+from mlxd.engine.api.request_schema import (ChatCompletionRequest, CompletionRequest, Unsupported,
                                         describe_validation_errors)
-from mlxd.engine.stop_matcher import StopMatcher
-from mlxd.engine.worker import Phase, WorkerStatus
+from mlxd.engine.model.stop_matcher import StopMatcher
+from mlxd.engine.core.worker import Phase, WorkerStatus
 
 
 @pytest.mark.parametrize("waiting, running, capacity, accepting, slots, expected", [
@@ -268,6 +268,6 @@ def test_the_code_follows_the_errors_type_not_its_wording(raised, code):
     ({"max_position_embeddings": "8192"}, None),
 ])
 def test_a_models_context_from_its_config(config, expected):
-    from mlxd.engine.model_load import context_tokens
+    from mlxd.engine.model.model_load import context_tokens
 
     assert context_tokens(config) == expected

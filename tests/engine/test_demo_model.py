@@ -1,4 +1,4 @@
-"""Tests of the self-built demo models (mlxd.engine.demo_model)."""
+"""Tests of the self-built demo models (mlxd.engine.model.demo_model)."""
 from __future__ import annotations
 
 import json
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from mlxd.engine import demo_model
-from mlxd.engine.demo_model import (
+from mlxd.engine.model import demo_model
+from mlxd.engine.model.demo_model import (
     STAMP,
     VARIANTS,
     build_demo_model,
@@ -80,7 +80,7 @@ def test_same_variant_builds_byte_identical_and_variants_differ(tmp_path, built)
 
 def test_tokenizer_training_is_deterministic_across_processes(tmp_path):
     # Rust hash maps are seeded per process, so train in a fresh interpreter.
-    code = ("import sys; from mlxd.engine.demo_model import _train_tokenizer; "
+    code = ("import sys; from mlxd.engine.model.demo_model import _train_tokenizer; "
             "_train_tokenizer(1024).save(sys.argv[1])")
     subprocess.run([sys.executable, "-c", code, str(tmp_path / "t.json")], check=True)
     ours = tmp_path / "ours.json"
@@ -136,7 +136,7 @@ def test_other_variant_replaces_build_but_foreign_folder_is_refused(tmp_path):
 
 def test_concurrent_builders_do_not_corrupt_each_other(tmp_path, built):
     dest = tmp_path / "shared"
-    code = "import sys; from mlxd.engine.demo_model import build_demo_model; build_demo_model(sys.argv[1])"
+    code = "import sys; from mlxd.engine.model.demo_model import build_demo_model; build_demo_model(sys.argv[1])"
     procs = [subprocess.Popen([sys.executable, "-c", code, str(dest)],
                               stderr=subprocess.PIPE, text=True) for _ in range(3)]
     for p in procs:

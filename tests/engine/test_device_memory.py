@@ -1,5 +1,5 @@
 """The process's device memory measured from outside (nvidia-smi), and MLX's
-limit lowered by what the process holds outside MLX (engine/device_memory.py)."""
+limit lowered by what the process holds outside MLX (engine/core/device_memory.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from testkit import chat
 
-from mlxd.engine.device_memory import DeviceMemoryWatch, mlx_limit, parse_compute_apps
+from mlxd.engine.core.device_memory import DeviceMemoryWatch, mlx_limit, parse_compute_apps
 
 GIB = 2**30
 MIB = 2**20

@@ -1,10 +1,10 @@
-"""The engine core's turn logic (engine/engine_core.py), in process, as tables.
+"""The engine core's turn logic (engine/core/engine_core.py), in process, as tables.
 
 A real `EngineCore`, a real `AdmissionQueue`, request table, memory ledger
 and (disabled) prompt cache, driven step by step against `FakeRunner`: the
-runner's interface (engine/runner.py) with no MLX behind it. Each fake row
+runner's interface (engine/model/runner.py) with no MLX behind it. Each fake row
 "generates" one token a step; its end goes out as `Generation.end` sends it
-(engine/generation.py). No thread, no sleep: `run_until` calls `core.step()`
+(engine/model/generation.py). No thread, no sleep: `run_until` calls `core.step()`
 a bounded number of times. Beside the real-process tests (test_batching.py,
 test_failures.py), which show the same behaviour through HTTP on a real model.
 """
@@ -27,22 +27,22 @@ import pytest
 from mlxd.memory_estimate import KVLayout, attention_heads, kv_cache_bytes
 from mlxd.records import InflightRequest
 
-from mlxd.engine import engine_core
-from mlxd.engine.admission import AdmissionQueue
-from mlxd.engine.decoding import Admitted, Ended
-from mlxd.engine.engine_core import EngineCore
-from mlxd.engine.errors import EngineError, bad_request
-from mlxd.engine.events import Delta, EventChannel, Failed, Finished, Started
-from mlxd.engine.faults import FaultInjector
-from mlxd.engine.generation import answer_finish, finish_reason
-from mlxd.engine.jobs import Job, SamplingParams
-from mlxd.engine.model_registry import ModelRegistry
-from mlxd.engine.prefill import cancelled_error
-from mlxd.engine.request_table import RequestStatus
-from mlxd.engine.runner import ModelRunner, Prompt
-from mlxd.engine.scheduler import Memory, Row, attention_bytes_per_position, batch_kv_bytes, starts_alone
-from mlxd.engine.serving_plan import ServingPlan, serving_plan
-from mlxd.engine.worker_state import MemorySnapshot, Phase, WorkerStatus
+from mlxd.engine.core import engine_core
+from mlxd.engine.core.admission import AdmissionQueue
+from mlxd.engine.model.decoding import Admitted, Ended
+from mlxd.engine.core.engine_core import EngineCore
+from mlxd.engine.core.errors import EngineError, bad_request
+from mlxd.engine.core.events import Delta, EventChannel, Failed, Finished, Started
+from mlxd.engine.core.faults import FaultInjector
+from mlxd.engine.model.generation import answer_finish, finish_reason
+from mlxd.engine.core.jobs import Job, SamplingParams
+from mlxd.engine.model.model_registry import ModelRegistry
+from mlxd.engine.model.prefill import cancelled_error
+from mlxd.engine.core.request_table import RequestStatus
+from mlxd.engine.model.runner import ModelRunner, Prompt
+from mlxd.engine.core.scheduler import Memory, Row, attention_bytes_per_position, batch_kv_bytes, starts_alone
+from mlxd.engine.model.serving_plan import ServingPlan, serving_plan
+from mlxd.engine.core.worker_state import MemorySnapshot, Phase, WorkerStatus
 
 W, P, D = RequestStatus.WAITING, RequestStatus.PREFILLING, RequestStatus.DECODING
 MODEL, OTHER = "demo-a", "demo-b"
@@ -126,7 +126,7 @@ class FakeGeneration:
 
 
 class FakeRunner:
-    """engine/runner.py's ModelRunner without MLX: one decoder of rows, a
+    """engine/model/runner.py's ModelRunner without MLX: one decoder of rows, a
     token a step each; `answer` tokens make an answer ("stop"), max_tokens
     cuts it ("length"), a cancelled job ends "cancelled" at its next token.
     `failures[(stage, job or model id)]` is raised at that stage ("load",
@@ -355,7 +355,7 @@ def running_ids(s: WorkerStatus) -> set[str]:
 
 def room_for(rows: int) -> int:
     """A budget with room for the model and `rows` rows of PROMPT + MAX_TOKENS
-    at the batch's peak (engine/scheduler.py), and not one row more."""
+    at the batch's peak (engine/core/scheduler.py), and not one row more."""
     memory = Memory(0, WEIGHTS, kv_cache_bytes(CONFIG, 1),
                     attention_bytes_per_position(attention_heads(CONFIG), PREFILL_STEP))
     return WEIGHTS + batch_kv_bytes(memory, [Row(len(PROMPT), MAX_TOKENS)] * rows)

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from mlxd.devkit.gguf_fixture import write_gguf, write_header_only
-from mlxd.engine.errors import EngineError
-from mlxd.engine.gguf_convert import cached_model_dir, convert_gguf, quantization_config
+from mlxd.engine.core.errors import EngineError
+from mlxd.engine.model.gguf_convert import cached_model_dir, convert_gguf, quantization_config
 from mlxd.toml_text import dumps
 from testkit import chat, wait_until
 
@@ -97,7 +97,7 @@ def test_the_engine_serves_a_gguf_as_it_serves_the_original(start_engine, demo_m
 CONVERT = """
 import sys
 from pathlib import Path
-from mlxd.engine.gguf_convert import convert_gguf
+from mlxd.engine.model.gguf_convert import convert_gguf
 convert_gguf(Path(sys.argv[1]), Path(sys.argv[2]))
 """
 

@@ -1,5 +1,5 @@
-"""What binds an answer (engine/grammar.py), mlxd's tool rendering
-(engine/tool_prompt.py) and the request fields behind them: pure tables.
+"""What binds an answer (engine/model/grammar.py), mlxd's tool rendering
+(engine/model/tool_prompt.py) and the request fields behind them: pure tables.
 Grammars are checked with llguidance on a byte-level tokenizer (one token a
 byte), so every text can be fed as it is written."""
 
@@ -12,11 +12,11 @@ import pytest
 from pydantic import ValidationError
 
 from mlxd.api_errors import INVALID_REQUEST, UNSUPPORTED_PARAMETER
-from mlxd.engine.grammar import (ANY_OBJECT, MAX_PARALLEL_CALLS, MLXD_TOOL_FORMAT, GrammarUnsupported, OutputRules,
+from mlxd.engine.model.grammar import (ANY_OBJECT, MAX_PARALLEL_CALLS, MLXD_TOOL_FORMAT, GrammarUnsupported, OutputRules,
                                  ToolFormat, ToolSpec, answer_grammar, closed, grammar_problem, schema_problem,
                                  tool_format_of)
-from mlxd.engine.request_schema import ChatCompletionRequest, describe_validation_errors
-from mlxd.engine.tool_prompt import with_rendered_tools
+from mlxd.engine.api.request_schema import ChatCompletionRequest, describe_validation_errors
+from mlxd.engine.model.tool_prompt import with_rendered_tools
 
 EOS = 256
 
@@ -400,7 +400,7 @@ def test_a_name_the_parser_would_misread_cannot_be_bound():
 
 
 # The markers as special tokens, as in the models' vocabularies ([TOOL_CALLS] and [ARGS] are control tokens in
-# Mistral's tekken, GLM's tags added tokens): the grammar names them by id (engine/constrained.py's marker_literal).
+# Mistral's tekken, GLM's tags added tokens): the grammar names them by id (engine/model/constrained.py's marker_literal).
 SPECIALS = ("[TOOL_CALLS]", "[ARGS]", "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>",
             "</arg_value>")
 
@@ -458,11 +458,11 @@ def steered(marker_tokenizer, grammar: str, wish: str, max_tokens: int = 300) ->
 
 def read_back(text: str, fmt: ToolFormat, tools: tuple[ToolSpec, ...]) -> tuple[list[dict], str]:
     """(the calls, the content) as mlxd reads the answer: split at the markers
-    (engine/answer_parts.py), each call parsed by the model's own mlx-lm parser."""
+    (engine/model/answer_parts.py), each call parsed by the model's own mlx-lm parser."""
     import importlib
 
-    from mlxd.engine.answer_parts import AnswerSplitter, Markers
-    from mlxd.engine.tool_calls import format_tool_calls
+    from mlxd.engine.model.answer_parts import AnswerSplitter, Markers
+    from mlxd.engine.model.tool_calls import format_tool_calls
 
     splitter = AnswerSplitter(Markers(None, (fmt.start, fmt.end or None)))
     parts = splitter.feed(text) + splitter.flush()
@@ -495,7 +495,7 @@ def test_a_bound_call_reads_back_with_the_models_parser(marker_tokenizer, fmt, r
     a call of an allowed tool with arguments valid against its schema."""
     import jsonschema
 
-    from mlxd.engine.constrained import marker_literal
+    from mlxd.engine.model.constrained import marker_literal
 
     grammar = answer_grammar(rules, fmt, literal=marker_literal(marker_tokenizer[0], _Encoder(marker_tokenizer[1])))
     assert "<[" in grammar and '""' not in grammar  # markers by id; no end marker is written where there is none
@@ -533,7 +533,7 @@ WISHES = {
 def test_a_glm_string_never_spells_its_closing_tag(marker_tokenizer, value, ok):
     """Where `</arg_value>` is a special token, a value's text may not spell
     it in plain bytes either: the parser would cut the value there."""
-    from mlxd.engine.constrained import marker_literal
+    from mlxd.engine.model.constrained import marker_literal
 
     ll, tok = marker_tokenizer
     grammar = answer_grammar(OutputRules(tool_choice="get_weather", tools=(WEATHER,)), GLM,

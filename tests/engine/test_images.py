@@ -9,10 +9,10 @@ import io
 
 import pytest
 
-from mlxd.engine.errors import EngineError
-from mlxd.engine.images import (DataUrl, ImagePolicy, LocalFile, RemoteUrl, Unreadable, allowed_path, check_image,
+from mlxd.engine.core.errors import EngineError
+from mlxd.engine.api.images import (DataUrl, ImagePolicy, LocalFile, RemoteUrl, Unreadable, allowed_path, check_image,
                                 classify, read_image_bytes)
-from mlxd.engine.request_schema import ChatCompletionRequest
+from mlxd.engine.api.request_schema import ChatCompletionRequest
 from mlxd.memory_estimate import vision_encoder_bytes
 from mlxd.models import is_vision_config
 

@@ -1,4 +1,4 @@
-"""The engine chooses MLX's CPU BLAS before MLX loads (engine/fast_blas.py):
+"""The engine chooses MLX's CPU BLAS before MLX loads (engine/cpu/fast_blas.py):
 importing the engine's entry point must not import MLX, or the Linux CPU
 path silently falls back to the reference BLAS (~15x slower prompts)."""
 

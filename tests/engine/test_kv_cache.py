@@ -1,4 +1,4 @@
-"""The KV cache a request decodes into (engine/kv_cache.py), in-process on
+"""The KV cache a request decodes into (engine/cache/kv_cache.py), in-process on
 demo model a: allocated once at the admitted length (memory flat while it
 generates, where mlx-lm's growing cache climbs a staircase), quantised at
 kv_bits 8 and 4 from the first position or from quantized_kv_start, and
@@ -45,7 +45,7 @@ def test_a_request_allocated_at_admission_holds_its_memory_flat(demo):
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 
-    from mlxd.engine.kv_cache import make_kv
+    from mlxd.engine.cache.kv_cache import make_kv
     from mlxd.memory_estimate import KVLayout
 
     model, tokenizer = demo
@@ -78,9 +78,9 @@ def test_quantised_kv_takes_its_share_of_the_memory(demo, bits, start):
     for its own."""
     from mlx_lm.models.cache import QuantizedKVCache
 
-    from mlxd.engine.prefill import prefill
-    from mlxd.engine.kv_cache import fitted, fitted_bytes, make_kv, packed
-    from mlxd.engine.prefill_pace import PrefillPace
+    from mlxd.engine.model.prefill import prefill
+    from mlxd.engine.cache.kv_cache import fitted, fitted_bytes, make_kv, packed
+    from mlxd.engine.model.prefill_pace import PrefillPace
     from mlxd.memory_estimate import KVLayout, kv_allocated_tokens, kv_cache_bytes
 
     model, tokenizer = demo
@@ -112,7 +112,7 @@ def test_kv_at_16_bits_is_fitted_and_packed_as_mlx_lm_holds_it(demo):
     import mlx.core as mx
     from mlx_lm.models.cache import KVCache
 
-    from mlxd.engine.kv_cache import fitted, make_kv, packed
+    from mlxd.engine.cache.kv_cache import fitted, make_kv, packed
     from mlxd.memory_estimate import KVLayout
 
     model, tokenizer = demo
@@ -131,9 +131,9 @@ def test_decoding_through_the_dequantised_view_matches_quantised_attention(demo)
     """Where MLX has no kernel for attention over quantised KV (its CUDA
     backend), the engine decodes through DequantizedView: the same KV, the
     same answer as mlx-lm's quantised attention where that runs (here)."""
-    from mlxd.engine.prefill import prefill
-    from mlxd.engine.kv_cache import make_kv, prefill_views, quantized_decode_works
-    from mlxd.engine.prefill_pace import PrefillPace
+    from mlxd.engine.model.prefill import prefill
+    from mlxd.engine.cache.kv_cache import make_kv, prefill_views, quantized_decode_works
+    from mlxd.engine.model.prefill_pace import PrefillPace
     from mlxd.memory_estimate import KVLayout
 
     model, tokenizer = demo

@@ -1,4 +1,4 @@
-"""The prompt cache's writer (engine/kv_writer.py): the file it stages is
+"""The prompt cache's writer (engine/cache/kv_writer.py): the file it stages is
 what mlx-lm's save_prompt_cache writes, array for array and every
 metadata string (mlx-lm reads it back
 with load_prompt_cache), and its thread reports a failed write instead of
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from mlxd.engine.faults import FaultInjector, parse_faults
-from mlxd.engine.kv_writer import KVWriter, safetensors_header, stage_file, write_file
+from mlxd.engine.core.faults import FaultInjector, parse_faults
+from mlxd.engine.cache.kv_writer import KVWriter, safetensors_header, stage_file, write_file
 
 
 def caches(kind: str) -> list:

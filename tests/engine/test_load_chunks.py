@@ -1,11 +1,11 @@
-"""The engine's weight load reads a model a chunk at a time (engine/model_load.py
+"""The engine's weight load reads a model a chunk at a time (engine/model/model_load.py
 `evaluate_in_chunks`): how parameters are grouped, as a table (pure)."""
 
 from __future__ import annotations
 
 import pytest
 
-from mlxd.engine.model_load import load_chunks
+from mlxd.engine.model.model_load import load_chunks
 
 
 @pytest.mark.parametrize("sizes, limit, expected", [

@@ -1,5 +1,5 @@
 """MLX's float32 products through the BLAS the engine puts under it
-(engine/fast_blas.py): the shim sends one-row products (a decoded token) to
+(engine/cpu/fast_blas.py): the shim sends one-row products (a decoded token) to
 sgemv, every other shape to sgemm. Each form MLX can hand to cblas_sgemm --
 either operand transposed, a strided row, a bias folded in (addmm, beta 1),
 an output over uninitialised memory (beta 0) -- must equal numpy's answer."""
@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from mlxd.engine import fast_blas
+from mlxd.engine.cpu import fast_blas
 
 mx = pytest.importorskip("mlx.core")
 
@@ -22,7 +22,7 @@ def _arrays(seed: int, *shapes: tuple[int, ...]) -> list[np.ndarray]:
 
 
 @pytest.mark.parametrize("k, n, a_transposed, b_transposed", [
-    (576, 1536, False, False),   # a transposed layer (in x out), as engine/cpu_linear.py lays them out
+    (576, 1536, False, False),   # a transposed layer (in x out), as engine/cpu/cpu_linear.py lays them out
     (1536, 576, False, True),    # a stored layer (out x in), as mlx-lm's nn.Linear computes x @ W.T
     (64, 7, True, False),        # the row is a column of a larger matrix (lda > 1)
     (64, 7, True, True),

@@ -218,7 +218,7 @@ def test_corrupt_and_partial_entry_files_are_removed_and_requests_still_answer(t
 
 
 def test_a_slow_disk_write_holds_up_no_request(start_engine, demo_models):
-    """Files are written by the writer's thread (engine/kv_writer.py): with
+    """Files are written by the writer's thread (engine/cache/kv_writer.py): with
     every write taking 8 s (a slow disk), three requests that each evict the
     one before are all answered before the first file is even written, and
     the files land afterwards."""

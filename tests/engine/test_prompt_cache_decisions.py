@@ -9,10 +9,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from mlxd.engine.cache_keys import continues, conversation_keys, normalize
-from mlxd.engine.kv_cache import needs_repack, packed_length
-from mlxd.engine.prompt_cache_policy import entries_to_evict, needs_boundary_snapshot, prefill_rate_for, worth_reading
-from mlxd.engine.reuse import (ApproxPolicy, Candidate, choose_reuse, common_prefix, continues_conversation, explain,
+from mlxd.engine.cache.cache_keys import continues, conversation_keys, normalize
+from mlxd.engine.cache.kv_cache import needs_repack, packed_length
+from mlxd.engine.cache.prompt_cache_policy import entries_to_evict, needs_boundary_snapshot, prefill_rate_for, worth_reading
+from mlxd.engine.cache.reuse import (ApproxPolicy, Candidate, choose_reuse, common_prefix, continues_conversation, explain,
                               find_tokens, max_changed, patch_plan, supersedes, walk_changes)
 from mlxd.memory_estimate import GIB, prompt_cache_budget, request_fits
 

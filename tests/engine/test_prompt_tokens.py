@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mlxd.engine.prompt_tokens import PieceEncoder, split_pattern, splittable, template_tokens
+from mlxd.engine.model.prompt_tokens import PieceEncoder, split_pattern, splittable, template_tokens
 from testkit import real_default_model
 
 # Text an agent sends: words, whitespace runs, digits, punctuation, unicode, JSON, and the
@@ -27,7 +27,7 @@ CONVERSATION = st.lists(MESSAGE, min_size=1, max_size=6)
 def tokenizers(demo_models, tmp_path_factory):
     from mlx_lm.utils import load
 
-    from mlxd.engine.gguf_convert import convert_gguf
+    from mlxd.engine.model.gguf_convert import convert_gguf
 
     return {"demo": lambda: load(str(demo_models.a))[1],  # the real model's byte-level BPE too:
             "smollm2": lambda: load(str(convert_gguf(real_default_model(), tmp_path_factory.mktemp("gguf"))))[1]}

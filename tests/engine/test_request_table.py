@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from mlxd.engine.request_table import RequestStatus, RequestTable
-from mlxd.engine.worker_state import Phase, WorkerStatus
+from mlxd.engine.core.request_table import RequestStatus, RequestTable
+from mlxd.engine.core.worker_state import Phase, WorkerStatus
 
 W, P, D = RequestStatus.WAITING, RequestStatus.PREFILLING, RequestStatus.DECODING
 

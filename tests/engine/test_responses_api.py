@@ -1,8 +1,8 @@
 """The Responses API's pure parts, as tables: what a request becomes as our
-chat request (engine/responses_api.py), what is refused and how, the
-response object and the streamed events (engine/responses_builder.py), read
+chat request (engine/api/responses_api.py), what is refused and how, the
+response object and the streamed events (engine/api/responses_builder.py), read
 back by the real `openai` package (its bytes through an httpx transport: no
-process), and the bounded store (engine/responses_store.py)."""
+process), and the bounded store (engine/api/responses_store.py)."""
 
 from __future__ import annotations
 
@@ -14,13 +14,13 @@ import pytest
 from pydantic import ValidationError
 
 from mlxd.api_errors import INVALID_REQUEST, PREVIOUS_RESPONSE_NOT_FOUND, UNSUPPORTED_PARAMETER
-from mlxd.engine.errors import EngineError
-from mlxd.engine.request_schema import describe_validation_errors
-from mlxd.engine.response_builder import Usage
-from mlxd.engine.responses_api import (ResponsesRequest, TranslationError, assistant_message, chat_body,
+from mlxd.engine.core.errors import EngineError
+from mlxd.engine.api.request_schema import describe_validation_errors
+from mlxd.engine.api.response_builder import Usage
+from mlxd.engine.api.responses_api import (ResponsesRequest, TranslationError, assistant_message, chat_body,
                                        input_messages, to_chat_request)
-from mlxd.engine.responses_builder import ResponsesBuilder
-from mlxd.engine.responses_store import ResponseStore
+from mlxd.engine.api.responses_builder import ResponsesBuilder
+from mlxd.engine.api.responses_store import ResponseStore
 
 CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
 TOOL = {"type": "function", "name": "get_weather", "description": "the weather",
@@ -110,7 +110,7 @@ def test_text_format_becomes_response_format(fmt, response_format):
 
 def test_text_format_is_enforced_by_the_chat_schema():
     """Depends on the chat schema accepting a structured response_format
-    (enforced by the grammar, engine/grammar.py)."""
+    (enforced by the grammar, engine/model/grammar.py)."""
     chat = to_chat_request(req(input="x", text={"format": {"type": "json_schema", "name": "city", "strict": True,
                                                            "schema": {"type": "object",
                                                                       "properties": {"c": {"type": "string"}}}}}))

@@ -1,10 +1,10 @@
-"""The batched worker's decisions (engine/scheduler.py), as tables."""
+"""The batched worker's decisions (engine/core/scheduler.py), as tables."""
 
 from __future__ import annotations
 
 import pytest
 
-from mlxd.engine.scheduler import (Memory, Pending, Row, Step, batch_kv_tokens, cache_room, fits, next_step,
+from mlxd.engine.core.scheduler import (Memory, Pending, Row, Step, batch_kv_tokens, cache_room, fits, next_step,
                                    starts_alone)
 
 MB = 2**20

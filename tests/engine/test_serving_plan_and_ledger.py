@@ -1,14 +1,14 @@
-"""The serving plan decided at a model's load (engine/serving_plan.py) and
-the memory ledger (engine/memory_ledger.py), as tables."""
+"""The serving plan decided at a model's load (engine/model/serving_plan.py) and
+the memory ledger (engine/core/memory_ledger.py), as tables."""
 
 from __future__ import annotations
 
 import pytest
 
-from mlxd.engine.errors import EngineError
-from mlxd.engine.memory_ledger import MemoryLedger, ModelFigures
-from mlxd.engine.scheduler import Pending, Row, Step, next_step
-from mlxd.engine.serving_plan import MANY_ROWS, ONE_ROW, serving_plan
+from mlxd.engine.core.errors import EngineError
+from mlxd.engine.core.memory_ledger import MemoryLedger, ModelFigures
+from mlxd.engine.core.scheduler import Pending, Row, Step, next_step
+from mlxd.engine.model.serving_plan import MANY_ROWS, ONE_ROW, serving_plan
 from mlxd.memory_estimate import KVLayout, kv_allocated_tokens, kv_cache_bytes
 
 Q4 = KVLayout(bits=4)

@@ -1,6 +1,6 @@
 import json
 
-from mlxd.engine.tool_calls import format_tool_calls
+from mlxd.engine.model.tool_calls import format_tool_calls
 
 
 def parse_json(text, tools=None):

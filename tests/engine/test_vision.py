@@ -140,7 +140,7 @@ def test_images_count_in_the_memory_check(start_engine, demo_models, tmp_path):
     the vision tower's activations (7 KiB a token for this tower) must fit
     beside the model, so a small image is served and a 448x448 one (256
     image tokens, ~1.9 MiB) is refused before MLX could run out of memory."""
-    from mlxd.engine.demo_model import build_demo_model
+    from mlxd.engine.model.demo_model import build_demo_model
     from mlxd.memory_estimate import read_weight_bytes
 
     weights, _ = read_weight_bytes(build_demo_model(tmp_path / "demo-vision", "vision"))  # the same bytes

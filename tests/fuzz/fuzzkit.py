@@ -328,7 +328,7 @@ def invalid_request(path: str, body: Any) -> bool:
     client's fault: a 400 is the right answer). Classifies gateway 500s."""
     from pydantic import ValidationError
 
-    from mlxd.engine.request_schema import ChatCompletionRequest, CompletionRequest
+    from mlxd.engine.api.request_schema import ChatCompletionRequest, CompletionRequest
 
     if isinstance(body, (bytes, bytearray)):
         try:

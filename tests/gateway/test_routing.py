@@ -130,8 +130,8 @@ def test_which_invalid_requests_fall_back(extra, at_the_gateway, after_the_engin
     for that limit then sends it on to Ollama."""
     from pydantic import ValidationError
 
-    from mlxd.engine.errors import EngineError
-    from mlxd.engine.request_schema import ChatCompletionRequest, describe_validation_errors
+    from mlxd.engine.core.errors import EngineError
+    from mlxd.engine.api.request_schema import ChatCompletionRequest, describe_validation_errors
 
     body = {"model": "small", "messages": HI, **extra}
     assert error_code(route_request(CHAT, json.dumps(body).encode(), ROUTES)) == at_the_gateway

@@ -14,8 +14,11 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 # Every component is an installed package: the folders pyproject.toml maps to mlxd.*.
-FOLDERS = sorted(tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
-                 ["tool"]["setuptools"]["package-dir"].values())
+COMPONENTS = sorted(tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+                    ["tool"]["setuptools"]["package-dir"].values())
+# ... and their subpackages (engine/core/, engine/model/...): each keeps its own map.
+FOLDERS = sorted(COMPONENTS + [str(p.parent.relative_to(REPO)) for c in COMPONENTS
+                               for p in (REPO / c).glob("*/__init__.py")])
 # A map's entry: an indented line starting with the file's name (a docstring),
 # or a table row whose first cell is the name in backticks (a README).
 DOCSTRING_ENTRY = re.compile(r"^ {2,}([\w.]+\.py)\s", re.MULTILINE)
@@ -42,6 +45,18 @@ def files_of(folder: Path) -> set[str]:
 
 def test_every_installed_component_is_checked():
     assert {"core", "engine", "gateway", "supervisor", "cli", "devkit", "launchd"} <= set(FOLDERS)
+    assert {"engine/api", "engine/core", "engine/model", "engine/cache", "engine/cpu"} <= set(FOLDERS)
+
+
+def test_every_subpackage_is_installed():
+    """A folder with an __init__.py under a component is a package pyproject.toml lists."""
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]["packages"])
+    package_of = {folder: package for package, folder in
+                  tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
+                  ["package-dir"].items()}
+    for folder in FOLDERS:
+        top, _, sub = folder.partition("/")
+        assert package_of[top] + ("." + sub.replace("/", ".") if sub else "") in listed, folder
 
 
 @pytest.mark.parametrize("folder", FOLDERS)

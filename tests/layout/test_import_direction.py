@@ -20,7 +20,7 @@ ALLOWED = {
     "engine": set(),
     "supervisor": set(),
     # the OpenAI request schemas only (chat and completions, the Responses API): pydantic, no MLX
-    "gateway": {"engine.request_schema", "engine.responses_api"},
+    "gateway": {"engine.api.request_schema", "engine.api.responses_api"},
     "launchd": {"supervisor"},       # the stop timeout supervisord's config defines
     "cli": {"engine", "gateway", "supervisor", "launchd"},
     "devkit": {"engine", "gateway", "supervisor", "launchd", "cli"},
@@ -54,11 +54,12 @@ def imports_of(path: Path, package: str) -> set[str]:
 def edges() -> list[tuple[str, str, str]]:
     out = []
     for folder, package in COMPONENT.items():
-        for path in sorted((REPO / folder).glob("*.py")):
-            for module in sorted(imports_of(path, package)):  # one order in every process (pytest-xdist)
+        for path in sorted((REPO / folder).rglob("*.py")):  # subpackages too (engine/core/...)
+            sub = path.parent.relative_to(REPO / folder).parts
+            for module in sorted(imports_of(path, ".".join((package, *sub)))):  # one order in every process
                 target = component_of(module)
                 if target is not None and target != folder:
-                    out.append((folder, f"{folder}/{path.name}", module))
+                    out.append((folder, str(path.relative_to(REPO)), module))
     return out
 
 
@@ -79,4 +80,4 @@ def test_the_product_never_imports_the_devkit():
 
 def test_the_gateway_reaches_the_engine_only_for_its_request_schemas():
     uses = {module for folder, _, module in edges() if folder == "gateway" and component_of(module) == "engine"}
-    assert uses <= {"mlxd.engine.request_schema", "mlxd.engine.responses_api"}
+    assert uses <= {"mlxd.engine.api.request_schema", "mlxd.engine.api.responses_api"}

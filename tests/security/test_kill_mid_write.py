@@ -35,8 +35,8 @@ import pytest
 import yaml
 
 from mlxd.config import load_config
-from mlxd.engine.errors import EngineError
-from mlxd.engine.quarantine import QuarantineList
+from mlxd.engine.core.errors import EngineError
+from mlxd.engine.api.quarantine import QuarantineList
 from mlxd.gateway.keys import PREFIX, read_key
 from mlxd.paths import read_json, remove_stale_temps, write_atomic
 from mlxd.supervisor.policy import State
@@ -265,9 +265,9 @@ def write(i):
 """, check=_systemd_unit),
     Writer("engine core's in-flight file", """
 from types import SimpleNamespace
-from mlxd.engine.engine_core import EngineCore
-from mlxd.engine.request_table import RequestStatus, RequestTable
-from mlxd.engine.worker_state import MemorySnapshot
+from mlxd.engine.core.engine_core import EngineCore
+from mlxd.engine.core.request_table import RequestStatus, RequestTable
+from mlxd.engine.core.worker_state import MemorySnapshot
 from mlxd.paths import StatePaths
 target = StatePaths(home).inflight
 core = SimpleNamespace(inflight_path=target, memory=MemorySnapshot())

@@ -1,0 +1,19 @@
+"""The engine's HTTP side: the FastAPI app, one request's relay, the answers in OpenAI's shape.
+
+It puts a job on the core's admission queue (engine/core/) and turns the job's events into
+JSON or SSE; it never touches MLX. Every file, one line each:
+
+  server.py               the FastAPI app and `Engine`, which wires the parts below
+  relay.py                one request: admit, wait for the worker, answer as JSON or SSE
+  lifecycle.py            start the worker, drain on SIGTERM, exit on an MLX error
+  health.py               GET /health: the engine's state and the stuck verdict
+  metrics.py              GET /metrics (Prometheus, read from published snapshots)
+  request_schema.py       the OpenAI request models (pydantic; shared with the gateway)
+  request_metadata.py     agents' per-request metadata removed before the chat template (pure)
+  images.py               where an image_url may come from (pure), and its bytes
+  quarantine.py           refuses requests the crash listener quarantined
+  response_builder.py     the answers in OpenAI's shape: whole bodies, SSE chunks, usage
+  responses_api.py        the Responses API's request and its chat translation (pure; shared with the gateway)
+  responses_builder.py    the Responses API's answers: the response object and its streamed events
+  responses_store.py      stored responses for previous_response_id: one file each, bounded
+"""

@@ -1,0 +1,440 @@
+"""The OpenAI request contract: the request models (validated by pydantic),
+shared with the gateway, which checks bodies with them before routing (no
+MLX here). The answers are built by engine/api/response_builder.py.
+
+Unknown request fields are ignored, as OpenAI-compatible servers do, so that
+clients sending `user`, `metadata`... keep working. Everything we accept is
+honoured (`response_format` and `tool_choice` are enforced by a grammar,
+engine/model/grammar.py); what we cannot honour (n > 1, logprobs, a JSON schema
+feature the grammar engine cannot enforce) raises `Unsupported`, which becomes
+a 400 with the code unsupported_parameter, naming the field, so the gateway
+can fall back to Ollama.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+
+from mlxd.api_errors import INVALID_REQUEST, UNSUPPORTED_PARAMETER
+
+from ..model.grammar import ANY_OBJECT, OutputRules, ToolSpec, schema_problem
+
+# A generous bound on max_tokens: values up to it are clamped to the engine's
+# cap; beyond it the request is nonsense and gets a 400.
+MAX_TOKENS_SANITY = 1_000_000
+MAX_STOP_SEQUENCES = 4
+
+ModelName = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+
+
+class Unsupported(ValueError):
+    """A valid request this engine cannot honour (n > 1, logprobs...), as
+    opposed to a malformed one: its type, not its wording, makes the 400's
+    code unsupported_parameter, on which the gateway falls back to Ollama."""
+
+
+def clean_text(text: str) -> str:
+    """Replace lone surrogates (valid JSON, invalid Unicode) with U+FFFD so
+    tokenizers never see them."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+
+
+class Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class TextPart(Lenient):
+    type: Literal["text"]
+    text: str
+
+
+class ImageUrl(Lenient):
+    url: str = Field(min_length=1)
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ImagePart(Lenient):
+    """An image for a vision model (engine/api/images.py reads its URL)."""
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
+ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+
+
+class FunctionCall(Lenient):
+    name: str
+    arguments: str | dict[str, Any] = "{}"
+
+
+class ToolCall(Lenient):
+    id: str | None = None
+    type: Literal["function"]  # required, as in OpenAI's API (LiteLLM's Ollama path reads it)
+    function: FunctionCall
+
+
+class FunctionDefinition(Lenient):
+    name: str = Field(min_length=1, max_length=256)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDefinition(Lenient):
+    """OpenAI's tool shape; anything else would reach the chat template (or
+    LiteLLM's Ollama provider, which answers 500) unchecked."""
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedToolChoice(Lenient):
+    class _Name(Lenient):
+        name: str = Field(min_length=1)
+
+    type: Literal["function"]
+    function: _Name
+
+
+class ChatMessage(Lenient):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None  # an earlier answer's reasoning, sent back
+
+    @model_validator(mode="after")
+    def _content_required(self) -> "ChatMessage":
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError(f"a {self.role} message needs content")
+        if self.role != "user" and self.image_urls():
+            raise ValueError(f"images are accepted in user messages only, not in a {self.role} message")
+        return self
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return clean_text("".join(part.text for part in self.content if isinstance(part, TextPart)))
+        return clean_text(self.content or "")
+
+    def image_urls(self) -> list[str]:
+        if not isinstance(self.content, list):
+            return []
+        return [part.image_url.url for part in self.content if isinstance(part, ImagePart)]
+
+    def template_content(self) -> str | list[dict[str, str]]:
+        """The text, or, where the message has images, its parts in order
+        with each image as {"type": "image"} (the form chat templates and
+        mlx-vlm count images by)."""
+        if not self.image_urls():
+            return self.text()
+        return [{"type": "text", "text": clean_text(part.text)} if isinstance(part, TextPart) else {"type": "image"}
+                for part in self.content]  # type: ignore[union-attr]
+
+    def for_template(self) -> dict[str, Any]:
+        """The message as chat templates expect it (tool-call arguments as dicts,
+        the 'developer' role as 'system')."""
+        out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role,
+                               "content": self.template_content()}
+        if self.name:
+            out["name"] = self.name
+        if self.tool_call_id:
+            out["tool_call_id"] = self.tool_call_id
+        if self.tool_calls:
+            out["tool_calls"] = [_template_tool_call(tc) for tc in self.tool_calls]
+        if self.reasoning_content:  # templates that keep reasoning render it (Qwen3's)
+            out["reasoning_content"] = clean_text(self.reasoning_content)
+        return out
+
+
+def _template_tool_call(tc: ToolCall) -> dict[str, Any]:
+    args = tc.function.arguments
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except json.JSONDecodeError:
+            pass  # keep the raw string; templates render it as given
+    return {"id": tc.id, "type": "function", "function": {"name": tc.function.name, "arguments": args}}
+
+
+class StreamOptions(Lenient):
+    include_usage: bool = False
+
+
+class JsonSchemaFormat(Lenient):
+    name: str = Field(default="response", max_length=256)
+    description: str | None = None
+    schema_: dict[str, Any] = Field(default_factory=lambda: dict(ANY_OBJECT), alias="schema")
+    strict: bool | None = None
+
+    @field_validator("schema_")
+    @classmethod
+    def _enforceable(cls, v: dict[str, Any]) -> dict[str, Any]:
+        problem = schema_problem(v)
+        if problem:
+            raise Unsupported(f"the MLX engine cannot enforce this JSON schema: {problem}")
+        return v
+
+
+class ResponseFormat(Lenient):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> "ResponseFormat":
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("response_format of type json_schema needs a json_schema object")
+        return self
+
+    def schema(self) -> dict[str, Any] | None:
+        """The JSON schema the answer must match; None for free text."""
+        if self.type == "json_object":
+            return dict(ANY_OBJECT)
+        if self.type == "json_schema" and self.json_schema is not None:
+            return self.json_schema.schema_
+        return None
+
+
+class SamplingFields(Lenient):
+    """Fields shared by /v1/chat/completions and /v1/completions."""
+
+    model: ModelName
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_SANITY)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=0, le=100_000)
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
+    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    stop: str | list[str] | None = Field(default=None, validate_default=True)
+    n: int = Field(default=1, ge=1, le=128)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0)
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
+    logprobs: bool | int | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _check_stop(cls, v: str | list[str] | None) -> list[str]:
+        stops = [v] if isinstance(v, str) else list(v or [])
+        if len(stops) > MAX_STOP_SEQUENCES:
+            raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences")
+        if any(not s or len(s) > 256 for s in stops):
+            raise ValueError("stop sequences must be 1 to 256 characters")
+        return stops
+
+    @field_validator("n")
+    @classmethod
+    def _single_choice(cls, v: int) -> int:
+        if v != 1:
+            raise Unsupported("only n=1 is supported (the engine generates one sequence at a time)")
+        return v
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, v: bool | int | None) -> bool | int | None:
+        if v:
+            raise Unsupported("logprobs are not supported by this engine")
+        return v
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_ids(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for key in v or {}:
+            if not key.isdigit() or len(key) > 9:
+                raise ValueError(f"logit_bias keys must be token ids, got {key[:40]!r}")
+        return v
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+
+# Template arguments a client may not set through chat_template_kwargs: the
+# engine passes them itself.
+RESERVED_TEMPLATE_ARGS = frozenset({"messages", "conversation", "tools", "documents", "add_generation_prompt",
+                                    "tokenize", "continue_final_message", "return_dict", "chat_template"})
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
+
+
+class ReasoningControl(Lenient):
+    """`reasoning: {...}` (OpenRouter's and the Responses API's shape)."""
+
+    effort: ReasoningEffort | None = None
+    enabled: bool | None = None
+
+
+class ThinkingControl(Lenient):
+    """`thinking: {...}` (Anthropic's shape)."""
+
+    type: Literal["enabled", "disabled", "adaptive"]
+    budget_tokens: int | None = Field(default=None, ge=0)
+
+
+def thinking_switch(template_kwargs: dict[str, Any] | None, enable_thinking: bool | None,
+                    thinking: ThinkingControl | None, reasoning: ReasoningControl | None,
+                    reasoning_effort: str | None) -> bool | None:
+    """Whether the client asked for reasoning on (True), off (False) or said
+    nothing (None: the model's own default), from whichever of the controls
+    clients send; the most specific one wins (pure)."""
+    if template_kwargs and isinstance(template_kwargs.get("enable_thinking"), bool):
+        return template_kwargs["enable_thinking"]
+    if enable_thinking is not None:
+        return enable_thinking
+    if thinking is not None:
+        return thinking.type != "disabled"
+    if reasoning is not None:
+        if reasoning.enabled is not None:
+            return reasoning.enabled
+        if reasoning.effort is not None:
+            return reasoning.effort != "none"
+    if reasoning_effort is not None:
+        return reasoning_effort != "none"
+    return None
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_SANITY)
+    tools: list[ToolDefinition] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    # Reasoning controls, mapped to the chat template's switch where the model has
+    # one (mlx-lm renames `enable_thinking` to the model's own argument) and
+    # harmless where it has none.
+    chat_template_kwargs: dict[str, Any] | None = None
+    enable_thinking: bool | None = None
+    thinking: ThinkingControl | None = None
+    reasoning: ReasoningControl | None = None
+    reasoning_effort: ReasoningEffort | None = None
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _not_reserved(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        taken = sorted(RESERVED_TEMPLATE_ARGS & set(v or {}))
+        if taken:
+            raise ValueError(f"chat_template_kwargs may not set {', '.join(taken)}")
+        return v
+
+    def template_kwargs(self) -> dict[str, Any]:
+        """Extra arguments for the chat template: the client's own, and the
+        reasoning switch when any control set it."""
+        out = dict(self.chat_template_kwargs or {})
+        switch = thinking_switch(self.chat_template_kwargs, self.enable_thinking, self.thinking, self.reasoning,
+                                 self.reasoning_effort)
+        if switch is not None:
+            out["enable_thinking"] = switch
+        return out
+
+    @model_validator(mode="after")
+    def _tool_choice_names_a_tool(self) -> "ChatCompletionRequest":
+        names = [t.function.name for t in self.tools or []]
+        choice = self.tool_choice
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise ValueError(f"tool_choice names the function {choice.function.name!r}, which is not among the "
+                             f"request's tools ({', '.join(names) or 'none given'})")
+        if choice == "required" and not names:
+            raise ValueError("tool_choice 'required' needs at least one tool in `tools`")
+        forced = choice == "required" or isinstance(choice, NamedToolChoice)
+        # with a response schema the answer may be a call to any tool instead: every tool's schema is bound then
+        bound_calls = choice != "none" and self.response_format is not None and self.response_format.schema() is not None
+        for i, tool in enumerate(self.tools or []):
+            f = tool.function
+            if (forced and (not isinstance(choice, NamedToolChoice) or choice.function.name == f.name)) or f.strict \
+                    or bound_calls:
+                problem = schema_problem(f.parameters or dict(ANY_OBJECT))
+                if problem:
+                    raise Unsupported(f"tools[{i}].function.parameters: the MLX engine cannot enforce this tool's "
+                                      f"schema: {problem}")
+        return self
+
+    def output_rules(self) -> OutputRules:
+        """How the answer is bound (engine/model/grammar.py): the response format's
+        schema and the tool choice."""
+        choice = self.tool_choice
+        return OutputRules(
+            schema=self.response_format.schema() if self.response_format else None,
+            tool_choice=choice.function.name if isinstance(choice, NamedToolChoice) else (choice or "auto"),
+            parallel_tool_calls=self.parallel_tool_calls is not False,
+            tools=tuple(ToolSpec(t.function.name, t.function.parameters or dict(ANY_OBJECT), bool(t.function.strict))
+                        for t in self.tools or []))
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    def image_parts(self) -> list[tuple[str, str]]:
+        """(where, url) of every image part, in the messages' order."""
+        return [(f"messages[{i}].content[{j}]", part.image_url.url)
+                for i, m in enumerate(self.messages) if isinstance(m.content, list)
+                for j, part in enumerate(m.content) if isinstance(part, ImagePart)]
+
+    def tools_for_template(self) -> list[dict[str, Any]] | None:
+        return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[str] | list[int]
+    echo: bool = False
+    suffix: str | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _single_prompt(cls, v: str | list[str] | list[int]) -> str | list[int]:
+        if isinstance(v, list) and v and isinstance(v[0], str):
+            if len(v) != 1:  # not Unsupported: Ollama takes one prompt too, so no fallback
+                raise ValueError("only one prompt per request is supported")
+            return clean_text(v[0])
+        if isinstance(v, list) and not v:
+            raise ValueError("prompt must not be empty")
+        return clean_text(v) if isinstance(v, str) else v
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, v: bool) -> bool:
+        if v:
+            raise Unsupported("echo is not supported")
+        return v
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, v: str | None) -> str | None:
+        if v:
+            raise Unsupported("suffix (fill-in-the-middle) is not supported")
+        return v
+
+
+_UNION_MEMBER = re.compile(r"^(str|int|float|bool|none|.*\[.*\]|function-.*)$")
+
+
+def is_unsupported(error: dict) -> bool:
+    """A pydantic error raised as `Unsupported` (an engine limit, not a
+    mistake); pydantic keeps the raised exception in the error's ctx."""
+    return isinstance((error.get("ctx") or {}).get("error"), Unsupported)
+
+
+def describe_validation_errors(errors: list[dict]) -> tuple[str, str | None, str]:
+    """pydantic/FastAPI validation errors -> (message, param, code) (pure).
+    code is unsupported_parameter when every problem is an engine limit
+    (Ollama may do better), else invalid_request."""
+    if not errors:
+        return "invalid request", None, INVALID_REQUEST
+    first = errors[0]
+    # pydantic names union members in the location ("content.str"): a client
+    # wants the field's path only.
+    loc = [str(p) for p in first.get("loc", ()) if p != "body" and not _UNION_MEMBER.match(str(p))]
+    param = ".".join(loc) or None
+    code = UNSUPPORTED_PARAMETER if all(is_unsupported(e) for e in errors) else INVALID_REQUEST
+    if first.get("type") == "json_invalid":
+        return "the request body is not valid JSON", None, INVALID_REQUEST
+    msg = str(first.get("msg", "invalid value"))
+    more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
+    return (f"{param}: {msg}{more}" if param else f"{msg}{more}"), param, code

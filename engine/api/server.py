@@ -1,0 +1,243 @@
+"""The engine's HTTP app: FastAPI routes over the engine's parts.
+
+`Engine` wires the parts once, each the one owner of its state: the
+AdmissionQueue owns the line, the Lifecycle the process (start, drain,
+fatal exit) and with it the model worker, which owns the model; Health
+owns the unhealthy verdict; the RequestRelay answers requests. Handlers
+validate, then hand over to the relay; they never touch MLX.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncio
+import logging
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from mlxd.config import Config
+from mlxd.keyfile import bearer, matches
+from mlxd.memory_estimate import GIB
+
+from ..core.admission import AdmissionQueue
+from ..core.errors import EngineError
+from ..core.faults import FaultInjector
+from .health import Health
+from ..core.jobs import Job
+from ..cache.kv_files import KVFiles
+from .lifecycle import Lifecycle
+from .metrics import CONTENT_TYPE, EngineMetrics, register_gauges
+from ..model.model_registry import ModelRegistry
+from ..cache.prompt_cache import PromptCache
+from .quarantine import QuarantineList
+from .relay import ClientGone, RequestRelay
+from .request_schema import ChatCompletionRequest, CompletionRequest, describe_validation_errors
+from .responses_api import ResponsesRequest, TranslationError, input_messages, to_chat_request
+from .responses_builder import ResponsesBuilder
+from .responses_store import ResponseStore
+from ..cache.reuse import ApproxPolicy
+from ..core.worker import ModelWorker
+
+log = logging.getLogger("mlxd.engine")
+
+
+def make_prompt_cache(config: Config, faults: FaultInjector) -> PromptCache:
+    """The prompt cache as configured (built on the worker thread)."""
+    pc = config.engine.prompt_cache
+    files = (KVFiles(config.paths.kv, int(pc.disk_gib * GIB), config.models, lambda: faults.check("kv_write"))
+             if pc.enabled and pc.disk else None)
+    return PromptCache(pc.enabled, files, pc.max_read_s, ApproxPolicy() if pc.approximate else None)
+
+
+class Engine:
+    """The engine's parts, wired once."""
+
+    def __init__(self, config: Config, registry: ModelRegistry, faults: FaultInjector, link: Any = None) -> None:
+        """`link`: rank 0's RankLink in a rank group (engine/model/ranks.py), else None."""
+        limits, paths = config.engine, config.paths
+        paths.run.mkdir(parents=True, exist_ok=True)
+        self.registry = registry
+        # busy_spill: a busy engine answers 429 at once, and the gateway sends
+        # the request to Ollama instead of letting it wait here.
+        self.admission: AdmissionQueue[Job] = AdmissionQueue(0 if config.gateway.busy_spill else limits.max_queue,
+                                                             slots=1 if link is not None else registry.most_concurrency())
+        default = config.resolve(limits.default_model)
+        self.lifecycle = Lifecycle(self.admission, limits.shutdown_grace_s, lambda on_fatal: ModelWorker(
+            registry, self.admission, faults, on_fatal, limits.max_prompt_tokens, default, paths.inflight,
+            limits.prefill_step_size,
+            # A rank group keeps no prompt cache: rank 0's KV is only its shard of it.
+            (lambda: make_prompt_cache(config, faults)) if link is None else None, link, limits.stuck_grace_s))
+        self.health = Health(self.lifecycle, self.admission, registry.budget_bytes, limits.stuck_grace_s)
+        self.metrics = EngineMetrics()
+        register_gauges(self.metrics, self.lifecycle.worker, self.admission, lambda: self.health.state()[0] == "ok")
+        self.relay = RequestRelay(limits, registry, QuarantineList(paths.quarantine), self.admission,
+                                  self.lifecycle, self.health, self.metrics)
+        self.responses = ResponseStore(paths.responses)
+
+    async def respond(self, request: Request, body: ResponsesRequest) -> Response:
+        """POST /v1/responses: the request as a chat job, after the stored
+        conversation it continues; its answer stored unless store is false."""
+        history = self.responses.conversation(body.previous_response_id) if body.previous_response_id else []
+        try:
+            chat = to_chat_request(body, history)
+        except TranslationError as exc:
+            raise EngineError(400, exc.message, code=exc.code, param=exc.param) from None
+
+        def store(response: dict, answer: dict) -> None:
+            self.responses.put(response, [*history, *input_messages(body.input), answer])
+
+        return await self.relay.answer(request, chat, "chat",
+                                       lambda: ResponsesBuilder(body, on_complete=store if body.store else None))
+
+
+# --- the FastAPI app -----------------------------------------------------------
+
+def error_response(err: EngineError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers())
+
+
+class RequestCounter:
+    """Counts answers by route and status. A plain ASGI middleware: starlette's
+    BaseHTTPMiddleware would hide client disconnects from the handlers."""
+
+    ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models", "/health", "/metrics")
+
+    def __init__(self, app, metrics: EngineMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = [499]  # unless a response starts, the client went away
+
+        async def send_and_note(message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_note)
+        finally:
+            route = scope["path"] if scope["path"] in self.ROUTES else "other"
+            self.metrics.requests.labels(route, str(status[0])).inc()
+
+
+class KeyCheck:
+    """engine.require_key: every request but GET /health (the supervisor's
+    and status's probe) must carry the engine key as `Authorization:
+    Bearer`; else 401 in OpenAI's shape. A plain ASGI middleware, as above."""
+
+    OPEN = ("/health",)
+
+    def __init__(self, app, key: str) -> None:
+        self.app = app
+        self.key = key
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["path"] not in self.OPEN:
+            headers = dict(scope.get("headers") or [])
+            given = bearer(headers.get(b"authorization", b"").decode("latin-1"))
+            if not matches(given, self.key):
+                response = error_response(EngineError(401, "this engine requires its key: send 'Authorization: "
+                                                           "Bearer <key>' with the key in $MLXD_HOME/engine.key",
+                                                      code="invalid_api_key"))
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def create_app(engine: Engine, key: str | None = None) -> FastAPI:
+    """The app; with `key`, requests must carry it (KeyCheck)."""
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        engine.lifecycle.start()
+        yield
+        await asyncio.to_thread(engine.lifecycle.stop, 5.0)
+
+    app = FastAPI(title="mlxd engine", version="0.1.0", lifespan=lifespan)
+    if key is not None:
+        app.add_middleware(KeyCheck, key=key)
+    app.add_middleware(RequestCounter, metrics=engine.metrics)  # added last: runs first, so 401s count too
+
+    @app.exception_handler(EngineError)
+    async def _engine_error(request: Request, exc: EngineError) -> JSONResponse:
+        engine.metrics.rejections.labels(exc.code).inc()
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # An engine limit (request_schema.Unsupported) is not the client's
+        # mistake: its code sends the gateway on to Ollama (malformed input's does not).
+        message, param, code = describe_validation_errors(exc.errors())
+        return error_response(EngineError(400, message, code=code, param=param))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "invalid_request")
+        status = exc.status_code if 400 <= exc.status_code < 500 else 400
+        return error_response(EngineError(status, str(exc.detail), code=code))
+
+    @app.exception_handler(Exception)
+    async def _bug(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error answering %s", request.url.path)
+        return error_response(EngineError(500, f"internal error: {type(exc).__name__}", code="internal_error"))
+
+    @app.exception_handler(ClientGone)
+    async def _gone(request: Request, exc: ClientGone) -> Response:
+        return Response(status_code=499)  # nobody reads it; nginx's "client closed request"
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        return await engine.relay.answer(request, body, "chat")
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        return await engine.relay.answer(request, body, "completion")
+
+    @app.post("/v1/responses")
+    async def responses(body: ResponsesRequest, request: Request) -> Response:
+        return await engine.respond(request, body)
+
+    @app.get("/v1/responses/{response_id}")
+    async def stored_response(response_id: str) -> dict:
+        found = engine.responses.response(response_id)
+        if found is None:
+            raise not_stored(response_id)
+        return found
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str) -> dict:
+        if not engine.responses.delete(response_id):
+            raise not_stored(response_id)
+        return {"id": response_id, "object": "response.deleted", "deleted": True}
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        # The resident model says who renders its tools: the chat template, or mlxd where the template drops them.
+        worker = engine.lifecycle.worker
+        resident, tools = worker.status.resident_model, worker.resident_tools
+        rows = [row | {"tools": tools} if tools and (row.get("alias_of") or row["id"]) == resident else row
+                for row in engine.registry.listing()]
+        return {"object": "list", "data": rows}
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        status, body = engine.health.report()
+        return JSONResponse(body, status_code=status)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(engine.metrics.render(), media_type=CONTENT_TYPE)
+
+    return app
+
+
+def not_stored(response_id: str) -> EngineError:
+    return EngineError(404, f"no stored response with id {response_id[:120]!r}", code="not_found", param="response_id")

@@ -1,0 +1,495 @@
+"""The prompt cache: an agent's next turn reuses the KV of the conversation so far.
+
+Agents resend the whole conversation every turn; prefilling all of it again
+costs seconds to minutes on a long prompt. The cache keeps the KV of earlier
+requests (mlx-lm's cache objects, as `make_prompt_cache` builds them) keyed by
+the tokens they cover; a new prompt reuses the longest cached prefix and only
+the rest is prefilled (`trim_prompt_cache` cuts an entry back to the shared
+part).
+
+An entry covers a request's prompt and, for caches that can be trimmed, the
+answer generated after it: the next turn usually carries that answer back,
+and where the template renders it differently (a `<think>` block dropped),
+the entry is cut back to the shared prefix, which still holds the whole
+earlier prompt. Caches that cannot be trimmed (recurrent layers, a rotating
+window that wrapped) are stored at the prompt's boundary instead and reused
+only where all of an entry is a prefix of the new prompt.
+
+Two tiers. Memory: a byte budget counted from the real arrays (beside the
+model's estimate, so the cache never pushes a model that fits over the line),
+least recently used out first. Disk (engine/cache/kv_files.py): what leaves memory,
+and the latest entry when the engine goes idle, so an engine restarted after a
+Metal abort still answers the next turn from its cache.
+
+The decisions, and the value the cache hands out (Fetched), are
+pure and live in engine/cache/prompt_cache_policy.py; its figures are mlxd.reports'
+PromptCacheReport, what /health reports; `PromptCache` is their I/O
+shell. The worker thread owns it: every MLX array here is created, read and
+freed on that thread, between or inside its own jobs. Files are written by
+engine/cache/kv_writer.py's thread from views of an entry's arrays, which stay
+alive (counted as `writing_bytes`) until the worker collects the write.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import itertools
+import logging
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from mlxd.reports import PromptCacheReport, ReuseLine
+
+from .kv_files import DiskEntry, KVFileError, KVFiles, is_patchable, kv_nbytes
+from .kv_writer import KVWriter
+from .prompt_cache_policy import (MIN_PREFILL_SAMPLE, MIN_REUSE_TOKENS, NOT_CACHED, Fetched,
+                                  entries_to_evict, prefill_rate_for, worth_reading)
+from .reuse import ApproxPolicy, Candidate, Reuse, choose_reuse, explain, supersedes
+
+log = logging.getLogger("mlxd.engine.cache.prompt_cache")
+
+RECENT_CONVERSATIONS = 8  # reports kept for status and /metrics
+EXCERPT_TOKENS = 12  # each side of where reuse stopped, in the debug log
+
+
+@dataclass(eq=False)
+class Entry:
+    model_key: str
+    tokens: np.ndarray
+    prompt_len: int
+    kv: list[Any]  # mlx-lm cache objects, one per layer
+    nbytes: int
+    conversation: tuple[str, ...] = ()  # agent-safe keys of the request (engine/cache/cache_keys.py)
+    file: DiskEntry | None = None  # its copy on disk, once written
+    name: str = ""  # the cache's name for its conversation (kept by the turns that continue it)
+    replaces: tuple[DiskEntry, ...] = ()  # earlier turns' files, deleted once this one is on disk
+    echo: tuple[int, ...] = ()  # its answer's first tokens as the next prompt will hold them (engine/cache/reuse.py)
+
+    @property
+    def trimmable(self) -> bool:
+        return _trimmable(self.kv)
+
+    @property
+    def patchable(self) -> bool:
+        return is_patchable(self.kv)
+
+
+@dataclass(eq=False)
+class Writing:
+    """An entry whose file the writer is writing: it holds the arrays the
+    writer reads until the worker collects the write."""
+
+    entry: Entry
+    started: float
+    leaving: bool  # evicted: its arrays are freed once written (else it stays in memory, an idle write)
+
+
+def _trimmable(kv: list[Any]) -> bool:
+    from mlx_lm.models.cache import can_trim_prompt_cache
+
+    return bool(kv) and can_trim_prompt_cache(kv)
+
+
+def kv_offset(kv: list[Any]) -> int | None:
+    """Tokens an attention cache holds (None for caches that do not say)."""
+    offsets = [c.offset for c in kv if hasattr(c, "offset")]
+    return min(offsets) if offsets else None
+
+
+def _never_fatal(default: Any = None):
+    """A fault in the cache's own bookkeeping costs the cache, never the
+    engine: it is logged, memory entries are dropped (they may be
+    inconsistent) and the request goes on cold. A real MLX fault shows
+    again in the generation itself, which is fatal there."""
+
+    def wrap(method):
+        @functools.wraps(method)
+        def guarded(self: "PromptCache", *args: Any, **kwargs: Any) -> Any:
+            try:
+                return method(self, *args, **kwargs)
+            except Exception:  # noqa: BLE001
+                log.exception("prompt cache: %s failed; dropping the memory entries", method.__name__)
+                self._entries.clear()
+                self.stats = replace(self.stats, errors=self.stats.errors + 1)
+                self._publish()
+                return default
+        return guarded
+    return wrap
+
+
+class PromptCache:
+    """Both tiers for the resident model; used from the worker thread only."""
+
+    def __init__(self, enabled: bool, files: KVFiles | None, max_read_s: float,
+                 approximate: ApproxPolicy | None = None) -> None:
+        self.enabled = enabled
+        self.files = files if enabled else None
+        # The bytes it may keep beside the model and the requests running, from
+        # the engine's memory ledger (engine/core/memory_ledger.py); None: no limit
+        # but its own budget. It keeps within it itself: no caller shrinks it.
+        self.room: Callable[[], int | None] = lambda: None
+        self.max_read_s = max_read_s
+        self.approximate = approximate  # None: exact reuse only (the default)
+        self.model_key: str | None = None
+        self.budget_bytes = 0
+        self.generation_prompt = 0  # tokens the resident model's template adds to open an answer
+        self._entries: list[Entry] = []  # least recently used first
+        self._writer = KVWriter(self.files.before_commit) if self.files is not None else None
+        self._writing: dict[int, Writing] = {}  # by id(entry): writes under way
+        self._names = itertools.count(1)
+        self._recent: OrderedDict[str, ReuseLine] = OrderedDict()  # by conversation, newest last
+        # Measured speeds for the disk-read decision, kept beside the entries:
+        # an engine restarted after a crash judges its first read by them.
+        rates = self.files.load_rates() if self.files is not None else {}
+        self._read_bytes_per_s = float(rates.get("read_bytes_per_s") or 1e9)  # until measured
+        self._prefill_tokens_per_s: float | None = rates.get("prefill_tokens_per_s")  # fastest seen
+        self._first_prefill_tokens_per_s: float | None = rates.get("first_prefill_tokens_per_s")
+        self._warm = False  # this process has prefilled a long prompt
+        self._read_measured = bool(rates.get("read_measured"))
+        self._rates_saved = dict(rates)
+        self.stats = PromptCacheReport(enabled=enabled, disk_enabled=self.files is not None)
+        self._publish()
+
+    # --- the resident model ---------------------------------------------
+    @_never_fatal()
+    def set_model(self, model_key: str | None, budget_bytes: int, generation_prompt: int = 0) -> None:
+        """The resident model changed: other models' entries leave memory
+        (to disk), and this one's budget applies."""
+        self.generation_prompt = generation_prompt
+        if model_key == self.model_key:
+            self.budget_bytes = budget_bytes
+            return
+        self._evict(len(self._entries))
+        self.model_key = model_key
+        self.budget_bytes = budget_bytes
+        if self.files is not None and model_key is not None:
+            self.files.forget_other_builds(model_key)
+        self._publish()
+
+    # --- a request ---------------------------------------------------------
+    @_never_fatal(NOT_CACHED)
+    def fetch(self, prompt: list[int], answer_room: int = 0, read_room: int = 0) -> Fetched:
+        """The KV to continue `prompt` from, taken out of the cache (or a
+        copy), with room for the rest of the prompt and `answer_room` more
+        positions (the request's max_tokens: allocated once, engine/cache/kv_cache.py).
+        A disk entry read becomes the request's own KV: it may be as large as
+        the cache's budget or `read_room`, the bytes admission granted the
+        request's KV for its prompt (a conversation larger than a squeezed
+        cache comes back from disk rather than cold); before it is read, the
+        cache gives up all but its room (what it may keep while the request
+        runs: the ledger has counted the request), so the read never meets
+        entries the request displaces; after the fetch it keeps within it."""
+        if not self.enabled or self.model_key is None:
+            return NOT_CACHED
+        self._settle()
+        tokens = np.asarray(prompt, dtype=np.int32)
+        in_memory = self._plan(self._entries, tokens)
+        self._await_writes_that_serve(tokens, in_memory.reused if in_memory else 0)
+        fetched = None
+        if self.files is not None and (in_memory is None or in_memory.tokens < len(tokens) - 1):
+            fetched = self._fetch_from_disk(tokens, in_memory.reused if in_memory else 0, answer_room, read_room)
+        if fetched is None and in_memory is not None:
+            fetched = self._take(in_memory, tokens, answer_room)
+        if fetched is None:
+            fetched = Fetched(None, 0, 0, "none", name=self._new_name())
+            stopped, why = explain(None, None, len(tokens), len(self._entries) + self._disk_entries())
+            self._report(ReuseLine(fetched.name, len(tokens), 0, stopped, why))
+        s = self.stats
+        self.stats = replace(s, requests=s.requests + 1, hits=s.hits + (fetched.cached_tokens > 0),
+                             disk_hits=s.disk_hits + (fetched.source == "disk"),
+                             prompt_tokens=s.prompt_tokens + len(prompt),
+                             cached_tokens=s.cached_tokens + fetched.cached_tokens,
+                             recomputed_tokens=s.recomputed_tokens + sum(b - a for a, b in fetched.patches))
+        self._keep_within(self._room_now())
+        self._publish()
+        return fetched
+
+    @_never_fatal()
+    def store(self, covered: list[int], prompt_len: int, kv: list[Any], conversation: tuple[str, ...] = (),
+              turn: Fetched = NOT_CACHED, echo: tuple[int, ...] = (), fit: bool = False) -> None:
+        """Keep the KV of `covered` (a prompt, and what was generated after
+        it) for later requests, as the latest turn of `turn`'s conversation;
+        older entries leave for the budget and the room. `fit`: the KV is
+        copied into arrays of just its length first (a request's were
+        allocated for all its max_tokens); the copy is made while the request's
+        arrays are alive, so the cache first gives up what both take."""
+        if not self.enabled or self.model_key is None or not covered:
+            return
+        self._settle()
+        if fit:
+            from .kv_cache import fitted, fitted_bytes
+
+            room = self._room_now()
+            if room is not None:
+                self._keep_within(max(0, room - kv_nbytes(kv) - fitted_bytes(kv)))
+            kv = fitted(kv)
+        tokens = np.asarray(covered, dtype=np.int32)
+        entry = Entry(self.model_key, tokens, min(prompt_len, len(tokens)), kv, kv_nbytes(kv), conversation,
+                      name=turn.name or self._new_name(), replaces=turn.replaces, echo=echo)
+        kept = [e for e in self._entries if not supersedes(entry, e)]
+        if len(kept) < len(self._entries):
+            self.stats = replace(self.stats, superseded=self.stats.superseded + len(self._entries) - len(kept))
+        self._entries = kept
+        self._entries.append(entry)
+        room = self._room_now()
+        self._evict(entries_to_evict([e.nbytes for e in self._entries],
+                                     self.budget_bytes if room is None else min(room, self.budget_bytes)))
+        self._publish()
+
+    @_never_fatal()
+    def note_prefill(self, tokens: int, seconds: float) -> None:
+        """A measured prefill, for the disk-read decision: the fastest seen
+        over long prompts (short ones are mostly fixed costs), so a read is
+        chosen only where it beats the prefill at its best."""
+        if tokens >= MIN_PREFILL_SAMPLE and seconds > 0:
+            rate = tokens / seconds
+            self._prefill_tokens_per_s = max(self._prefill_tokens_per_s or 0.0, rate)
+            if not self._warm:  # this process's first: what a restarted engine's prefill costs
+                self._first_prefill_tokens_per_s = rate
+                self._warm = True
+
+    def _room_now(self) -> int | None:
+        room = self.room()
+        return None if room is None else max(0, room)
+
+    def _keep_within(self, budget_bytes: int | None) -> None:
+        """Least recently used entries leave memory (to disk) until the rest,
+        with the entries still being written, take at most `budget_bytes`:
+        room for a request's own KV, which must be there before it starts
+        (so here, and only here, the worker waits for the writer)."""
+        if budget_bytes is None or sum(e.nbytes for e in self._entries) + self._writing_bytes() <= budget_bytes:
+            return
+        self._settle()
+        self._evict(entries_to_evict([e.nbytes for e in self._entries], budget_bytes))
+        self._wait_for_writes(lambda: sum(e.nbytes for e in self._entries) + self._writing_bytes() > budget_bytes)
+        self._publish()
+
+    @_never_fatal()
+    def flush(self) -> None:
+        """Every write under way finished and collected, and the writer's thread
+        ended (the engine stops: no thread is left writing as the process exits)."""
+        self._wait_for_writes(lambda: True)
+        if self._writer is not None:
+            self._writer.close()
+
+    # --- between requests ----------------------------------------------------
+    @_never_fatal()
+    def idle(self) -> None:
+        """The engine has nothing to do: write the latest entry to disk, so an
+        engine restart does not lose the conversation in progress."""
+        if self.files is None:
+            return
+        self._settle()
+        if self._entries and self._entries[-1].file is None and id(self._entries[-1]) not in self._writing:
+            self._write(self._entries[-1], leaving=False)
+            self._publish()
+        # After the write, which may have measured the disk: the speeds go with the entries.
+        rates = {"read_bytes_per_s": self._read_bytes_per_s, "prefill_tokens_per_s": self._prefill_tokens_per_s,
+                 "first_prefill_tokens_per_s": self._first_prefill_tokens_per_s,
+                 "read_measured": 1.0 if self._read_measured else None}
+        if rates != self._rates_saved:
+            self.files.save_rates(rates)
+            self._rates_saved = rates
+
+    # --- internals -------------------------------------------------------------
+    def _plan(self, candidates: Sequence[Candidate], tokens: np.ndarray) -> Reuse | None:
+        return choose_reuse(candidates, tokens, MIN_REUSE_TOKENS, self.generation_prompt, self.approximate)
+
+    def _take(self, reuse: Reuse, tokens: np.ndarray, answer_room: int) -> Fetched:
+        from mlx_lm.models.cache import KVCache, QuantizedKVCache, trim_prompt_cache
+
+        from .kv_cache import packed
+
+        entry = self._entries[reuse.index]
+        if reuse.copy:
+            # Cut a copy, not the entry. A plain KVCache's trim only moves its offset,
+            # so a shallow copy can be cut and then packed into arrays of its own;
+            # other layers write into their arrays in place and are deep-copied.
+            kv = [copy.copy(c) if isinstance(c, (KVCache, QuantizedKVCache)) else copy.deepcopy(c) for c in entry.kv]
+            self._entries.remove(entry)
+            self._entries.append(entry)  # used: most recent now
+            name, replaces = self._new_name(), ()
+        else:
+            kv = entry.kv
+            self._entries.remove(entry)  # continued by this turn, which replaces it
+            self.stats = replace(self.stats, superseded=self.stats.superseded + 1)
+            name, replaces = entry.name, entry.replaces + ((entry.file,) if entry.file is not None else ())
+        fetched = self._fetched(reuse, entry, tokens, kv, "memory", name, replaces)
+        if reuse.trim:
+            trim_prompt_cache(kv, reuse.trim)
+        return replace(fetched, kv=packed(kv, len(tokens) - reuse.tokens + answer_room, shared=reuse.copy))
+
+    def _fetched(self, reuse: Reuse, found: Candidate, tokens: np.ndarray, kv: list[Any], source: str, name: str,
+                 replaces: tuple[DiskEntry, ...]) -> Fetched:
+        """The turn's Fetched and its report (before the entry is trimmed)."""
+        stopped, why = explain(reuse, found, len(tokens), 0)
+        excerpt = None
+        if stopped is not None:
+            lo = max(stopped - EXCERPT_TOKENS, 0)
+            excerpt = (found.tokens[lo:stopped + EXCERPT_TOKENS].tolist(), tokens[lo:stopped + EXCERPT_TOKENS].tolist())
+        self._report(ReuseLine(name, len(tokens), reuse.reused, stopped, why, reuse.recomputed, source))
+        return Fetched(kv, reuse.tokens, reuse.reused, source, reuse.patches, name, replaces, excerpt)
+
+    def _fetch_from_disk(self, tokens: np.ndarray, memory_tokens: int, answer_room: int,
+                         read_room: int) -> Fetched | None:
+        """A disk entry that saves more than memory does, read if worth it."""
+        assert self.files is not None
+        candidates = self.files.entries(self.model_key)  # type: ignore[arg-type]
+        reuse = self._plan(candidates, tokens)
+        if reuse is None or reuse.reused <= memory_tokens:
+            return None
+        found = candidates[reuse.index]
+        room = max(self.budget_bytes, read_room, 0)
+        if not worth_reading(found.nbytes, reuse.reused - memory_tokens, max_bytes=room,
+                             max_read_s=self.max_read_s, read_bytes_per_s=self._read_bytes_per_s,
+                             read_timed=self._read_measured,
+                             prefill_tokens_per_s=prefill_rate_for(self._warm, self._prefill_tokens_per_s,
+                                                                   self._first_prefill_tokens_per_s)):
+            log.info("prompt cache: not reading %s (%d MiB): slower than the prefill it saves or over the "
+                     "room for it", found.path.name, found.nbytes >> 20)
+            return None
+        self._keep_within(self._room_now())
+        started = time.monotonic()
+        try:
+            kv = self.files.load(found)
+        except KVFileError as exc:
+            log.warning("prompt cache: %s; removed", exc)
+            return None
+        # Every read is timed (a fast one too: otherwise the estimate only ever learns from slow reads).
+        elapsed = max(time.monotonic() - started, 1e-6)
+        measured = found.nbytes / elapsed
+        self._read_bytes_per_s = (0.7 * self._read_bytes_per_s + 0.3 * measured) if self._read_measured \
+            else measured
+        self._read_measured = True
+        log.info("prompt cache: read %d tokens from disk in %.3fs", len(found.tokens), elapsed)
+        # A disk entry is read into memory: the file stays for other branches unless this turn continues it.
+        fetched = self._fetched(reuse, found, tokens, kv, "disk", self._new_name(), () if reuse.copy else (found,))
+        if reuse.trim:
+            from mlx_lm.models.cache import trim_prompt_cache
+
+            trim_prompt_cache(kv, reuse.trim)
+        from .kv_cache import packed
+
+        return replace(fetched, kv=packed(kv, len(tokens) - reuse.tokens + answer_room))
+
+    def _new_name(self) -> str:
+        return f"c{next(self._names)}"
+
+    def _disk_entries(self) -> int:
+        return len(self.files.entries(self.model_key)) if self.files is not None else 0  # type: ignore[arg-type]
+
+    def _report(self, report: ReuseLine) -> None:
+        self._recent.pop(report.conversation, None)
+        self._recent[report.conversation] = report
+        while len(self._recent) > RECENT_CONVERSATIONS:
+            self._recent.popitem(last=False)
+
+    def _evict(self, n: int) -> None:
+        """The n least recently used entries leave memory, to disk first."""
+        if n <= 0:
+            return
+        # The arrays are freed with the last reference (here, or once written: _settle). Their buffers go
+        # back to MLX's cache, which the worker bounds to the budget (worker._bound_mlx_memory): no
+        # clear_cache() here, which cost ~0.3 s a request on a CUDA card (a sync, and every buffer
+        # allocated again).
+        leaving, self._entries = self._entries[:n], self._entries[n:]
+        for entry in leaving:
+            if id(entry) in self._writing:  # an idle write under way: its arrays go once it is done
+                self._writing[id(entry)].leaving = True
+            elif self.files is not None and entry.file is None:
+                self._write(entry, leaving=True)
+        self.stats = replace(self.stats, evictions=self.stats.evictions + len(leaving))
+
+    def _write(self, entry: Entry, leaving: bool) -> None:
+        """The entry's file staged and handed to the writer (the I/O is its
+        thread's: the worker goes on at once)."""
+        assert self.files is not None and self._writer is not None
+        started = time.perf_counter()
+        try:
+            staged = self.files.stage(entry.model_key, entry.tokens, entry.prompt_len, entry.kv, entry.conversation,
+                                      entry.echo)
+        except OSError as exc:
+            log.warning("prompt cache: cannot write an entry: %s", exc)
+            self.stats = replace(self.stats, disk_write_failures=self.stats.disk_write_failures + 1)
+            return
+        if staged is None:  # over the disk budget
+            return
+        writing = Writing(entry, time.monotonic(), leaving)
+        staged.token = writing
+        self._writing[id(entry)] = writing
+        self._writer.submit(staged)
+        log.debug("prompt cache: staged a file of %d MiB in %.1f ms", staged.nbytes >> 20,
+                  1000 * (time.perf_counter() - started))
+
+    def _settle(self, block: bool = False, timeout: float = 60.0) -> None:
+        """Collects the writes the writer has finished: their files into the
+        index, the arrays of evicted entries freed (here, on the worker)."""
+        if self._writer is None or not self._writer.pending:
+            return
+        done = self._writer.finished(block=block, timeout=timeout)
+        for staged in done:
+            staged.parts = []  # the views of MLX arrays, dropped on this thread
+            writing: Writing = staged.token
+            del self._writing[id(writing.entry)]
+            if staged.error is not None:  # a full disk costs the disk tier, never a request
+                log.warning("prompt cache: cannot write an entry: %s", staged.error)
+                self.stats = replace(self.stats, disk_write_failures=self.stats.disk_write_failures + 1)
+                continue
+            self._written(writing, self.files.commit(staged))  # type: ignore[union-attr]
+        if done:
+            self._publish()
+
+    def _written(self, writing: Writing, written: DiskEntry) -> None:
+        assert self.files is not None
+        entry = writing.entry
+        if not writing.leaving:
+            entry.file = written
+        self.stats = replace(self.stats, disk_writes=self.stats.disk_writes + 1)
+        # Earlier turns of its conversation only take room now (a file of the same tokens is this one).
+        self.files.delete(d for d in entry.replaces if d.path != written.path)
+        entry.replaces = ()
+        # Files this one extends (or, with agent-safe keys, a later turn of) only take room now.
+        self.files.delete_where(lambda d: d is not written and d.model_key == written.model_key
+                                and supersedes(written, d))
+        elapsed = time.monotonic() - writing.started
+        if not self._read_measured and elapsed > 0.01:
+            # No read timed yet: this disk's write speed is the best guess (a slow
+            # or virtualised disk reads slowly too), not an optimistic default.
+            self._read_bytes_per_s = written.nbytes / elapsed
+
+    def _writing_bytes(self) -> int:
+        return sum(w.entry.nbytes for w in self._writing.values() if w.leaving)
+
+    def _await_writes_that_serve(self, tokens: np.ndarray, reused: int) -> None:
+        """An evicted entry still being written that would serve this prompt
+        better than memory does: wait for its file (then read as any other)."""
+        leaving = [w.entry for w in self._writing.values() if w.leaving]
+        if not leaving:
+            return
+        best = self._plan(leaving, tokens)
+        if best is not None and best.reused > reused:
+            wanted = leaving[best.index]
+            self._wait_for_writes(lambda: id(wanted) in self._writing)
+
+    def _wait_for_writes(self, still: Callable[[], bool], limit_s: float = 120.0) -> None:
+        """Collect finished writes, waiting for them, while `still()` holds
+        and writes are under way (at most `limit_s`: a disk that hangs costs
+        the disk tier, not the engine)."""
+        deadline = time.monotonic() + limit_s
+        while self._writer is not None and self._writer.pending and still() and time.monotonic() < deadline:
+            self._settle(block=True, timeout=max(0.0, deadline - time.monotonic()))
+
+    def _publish(self) -> None:
+        s = replace(self.stats, model=self.model_key, memory_entries=len(self._entries), recent=list(self._recent.values()),
+                    hit_rate=round(self.stats.cached_tokens / self.stats.prompt_tokens, 4) if self.stats.prompt_tokens else 0.0,
+                    memory_bytes=sum(e.nbytes for e in self._entries), memory_budget_bytes=self.budget_bytes,
+                    writing_bytes=self._writing_bytes(), disk_writes_pending=len(self._writing))
+        if self.files is not None:
+            s = replace(s, disk_entries=self.files.count, disk_bytes=self.files.total_bytes,
+                        disk_budget_bytes=self.files.budget_bytes, disk_rejects=self.files.rejected)
+        self.stats = s

@@ -1,0 +1,19 @@
+"""The engine's core: one step loop (docs/DESIGN.md, "The engine's core").
+
+The worker thread steps `EngineCore`, which owns the request table, the memory ledger,
+the prompt cache and a runner (engine/model/runner.py); what a request is (a job), what
+it is told (events, errors) and the queue in front of it live here too. Every file, one line each:
+
+  worker.py               the one thread that owns the model and every MLX call: the loop around the core
+  engine_core.py          EngineCore: a step at a time, the scheduler's decision done; owns the table, ledger, cache
+  scheduler.py            the core's next step and the batch's memory admission (pure)
+  request_table.py        every request the core holds, one status each (waiting, prefilling, decoding)
+  worker_state.py         what the core publishes to other threads: phase, requests held, memory
+  memory_ledger.py        who holds the memory budget: weights, requests' KV, the prompt cache's room
+  device_memory.py        the process's device memory from outside (nvidia-smi), what MLX's limit leaves for it
+  admission.py            the bounded FIFO in front of the worker (429, 503; pure policy)
+  jobs.py                 a request turned into a job: what to generate, where its events go
+  events.py               what the worker tells a job's handler, and the channel it goes through
+  errors.py               EngineError: status, code, message; rendered in one place
+  faults.py               fault injection (crash, hang, MLX error) for tests; off by default
+"""

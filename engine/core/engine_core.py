@@ -1,0 +1,463 @@
+"""The engine's core: one step loop, in the shape of vLLM's EngineCore.
+
+`EngineCore` has no thread of its own: the worker thread (engine/core/worker.py)
+calls `step()` until it stops. It owns the request table (every request it
+holds, one status each), the memory ledger, the prompt cache and a runner
+(engine/model/runner.py: the resident model and its two decoders; every MLX call).
+Each step asks the pure scheduler (engine/core/scheduler.py) what to do, makes
+one runner call, updates the table and publishes one snapshot
+(`WorkerStatus`): the phase, the in-flight ids and record, the counts,
+/health, /metrics and the drain are views of it.
+
+A step is one of:
+- TAKE / WAIT  the queue's next request, prepared (tokenized and sized when
+               it may join the batch), or the idle work when there is none;
+- ADMIT        the prepared request into the running batch (its KV from the
+               prompt cache, then a chunk of prefill a step);
+- ALONE        the prepared request decoded by itself (max_concurrency = 1,
+               a seed, an image, another model, a rank group), once the
+               batch has drained; nobody joins it;
+- DECODE       a token for every running request; those that ended get their
+               answer's end, their KV goes to the prompt cache, their place is freed.
+
+An exception out of MLX is fatal by design: every request held gets a 500
+and `on_fatal` (the engine's Lifecycle) exits with exit_codes.MLX_ERROR, so
+the supervisor restarts the engine clean rather than let it limp on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+from mlxd.records import InflightRequest
+from mlxd.reports import PromptCacheReport
+
+from .admission import AdmissionQueue
+from ..model.decoding import Admitted, Ended
+from .device_memory import DeviceMemoryWatch
+from .errors import EngineError
+from .events import Failed, Started
+from .faults import FaultInjector
+from .jobs import Job
+from .memory_ledger import MemoryLedger, ModelFigures
+from ..model.model_cache import Unload, plan_release, plan_switch
+from ..model.model_registry import ModelRegistry
+from ..cache.prompt_cache import PromptCache, kv_offset
+from ..model.prefill import cancelled_error
+from ..cache.prompt_cache_policy import NOT_CACHED, Fetched
+from .request_table import RequestStatus, RequestTable, running
+from ..model.runner import Prompt
+from .scheduler import Pending, Row, Step, next_step
+from .worker_state import MemorySnapshot, Phase, WorkerStatus
+
+log = logging.getLogger("mlxd.engine.core.worker")
+
+HEARTBEAT_S = 0.05  # progress is published at most this often
+MEMORY_SAMPLE_S = 0.5  # MLX's memory figures are taken at most this often while requests run (three C calls)
+WAIT_S = 0.25  # the longest a step waits on an empty queue (the idle work runs between)
+
+
+class _Gone(Exception):
+    """The client left before its request was served."""
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A request taken from the queue, not admitted yet: tokenized when it
+    may join the batch (else when it is decoded alone)."""
+
+    job: Job
+    tokens: list[int] | None
+    view: Pending  # what the scheduler sees of it
+    taken_at: float = field(default_factory=time.monotonic)
+
+
+class EngineCore:
+    def __init__(self, registry: ModelRegistry, admission: AdmissionQueue[Job], faults: FaultInjector, runner: Any,
+                 on_fatal: Callable[[BaseException, Job | None], None], inflight_path: Path | None = None,
+                 prefill_step_size: int = 512) -> None:
+        self.registry = registry
+        self.admission = admission
+        self.faults = faults
+        self.runner = runner
+        self.on_fatal = on_fatal
+        # The requests running, on disk: after a crash the listener reads it
+        # to journal (and eventually quarantine) them.
+        self.inflight_path = inflight_path
+        self.table = RequestTable()
+        self.ledger = MemoryLedger(registry.budget_bytes, prefill_step_size)
+        self.prompt_cache = PromptCache(False, None, 0.0)  # the worker gives it the real one on its thread
+        self.pending: Prepared | None = None
+        self.stopped = False  # an MLX fault: the loop ends
+        # Published for other threads (immutable, replaced whole).
+        self.status = WorkerStatus(Phase.STARTING, None)
+        self.memory = MemorySnapshot()
+        self.max_observed_concurrency = 0
+        self.mlx_memory_limit: int | None = None
+        self.device_memory: DeviceMemoryWatch | None = None
+        self.active_before_first_load: int | None = None
+        self.active_after_last_unload: int | None = None
+        self.timings: dict[str, float] = {}  # last_load_s, last_unload_s: for benchmarks and status
+        self.counters = {"model_loads": 0, "model_unloads": 0, "generated_tokens": 0, "prompt_tokens": 0,
+                         "jobs": 0}
+
+    def use_prompt_cache(self, cache: PromptCache) -> None:
+        self.prompt_cache = cache
+        cache.room = self.ledger.cache_room  # the cache keeps within what the ledger leaves it
+
+    # --- the step loop ----------------------------------------------------------
+    def step(self) -> None:
+        """One decision of the scheduler, done."""
+        pending = self.pending
+        if pending is not None and pending.job.cancelled.is_set():  # its client left, it waited too long, a drain
+            self.pending = None
+            pending.job.channel.put(Failed(cancelled_error()))  # a handler still waiting is told (a drain's)
+            self._let_go(pending.job, time.monotonic() - pending.taken_at)
+            return
+        decision = next_step(pending.view if pending else None, self.admission.has_waiting(), self._rows(),
+                             self.slots(), self.ledger.memory)
+        if decision is Step.TAKE or decision is Step.WAIT:
+            job = self.admission.take(timeout=0 if decision is Step.TAKE else WAIT_S)
+            if job is not None:
+                self.pending = self._prepare(job)
+            elif decision is Step.WAIT:
+                self.idle()
+        elif decision is Step.ADMIT or decision is Step.ALONE:
+            self.pending = None
+            self._admit(pending, alone=decision is Step.ALONE)
+        else:
+            self._decode()
+
+    def slots(self) -> int:
+        """Requests decoded at once: the resident model's plan (engine/model/serving_plan.py)."""
+        plan = self.runner.plan
+        return plan.max_concurrency if plan is not None else self.admission.slots
+
+    def _rows(self) -> list[Row]:
+        return [a.row for a in self.runner.rows]
+
+    def idle(self) -> None:
+        if self.faults.enabled:
+            self.faults.refresh()
+            self.faults.check("idle")
+        self.prompt_cache.idle()
+        if time.monotonic() - self.memory.taken_at > 1.0:
+            self.sample_memory()
+
+    # --- a request in ----------------------------------------------------------------
+    def _may_batch(self, job: Job) -> bool:
+        return (self.slots() > 1 and self.registry.max_concurrency(job.model_id) > 1 and job.params.seed is None
+                and not job.images)
+
+    def _prepare(self, job: Job) -> Prepared | None:
+        """Held while it waits; tokenized and sized when it may join the
+        batch; None when it was refused (400) or its client is gone."""
+        started = time.monotonic()
+        self.table.hold(job, RequestStatus.WAITING)
+        self.publish()
+        try:
+            if job.cancelled.is_set():
+                raise _Gone()
+            if self._may_batch(job) and not self.runner.rows:  # nothing running: its model may be made resident
+                self.faults.refresh()
+                self.ensure_model(job.model_id)
+                self.publish(Phase.IDLE)
+            if not self.runner.can_batch(job):
+                return Prepared(job, None, Pending(False))
+            tokens = self.runner.tokenize(job).tokens
+            self.ledger.check_alone(len(tokens) + job.params.max_tokens)  # the 400 for one that cannot fit even alone
+            return Prepared(job, tokens, Pending(True, Row(len(tokens), job.params.max_tokens)))
+        except _Gone:
+            job.channel.put(Failed(cancelled_error()))
+        except EngineError as exc:
+            job.channel.put(Failed(exc))
+        except BaseException as exc:  # noqa: BLE001 - a load that failed inside MLX
+            self._fatal(exc, [job])
+            return None
+        self._let_go(job, time.monotonic() - started)
+        return None
+
+    def _admit(self, p: Prepared, alone: bool) -> None:
+        """Into a decoder with its cached prefix: decoded alone (`alone`), or
+        into the batch. The prompt cache keeps only what the ledger leaves."""
+        job = p.job
+        # On record before anything of it runs: a request that crashes the engine at
+        # its start, its load or its prefill is named in the crash journal (quarantine).
+        self.table.hold(job, RequestStatus.PREFILLING)
+        self.publish()
+        self.record_inflight()
+        try:
+            self.faults.refresh()
+            self.faults.check("start", request_text=job.text)
+            if alone:
+                self.ensure_model(job.model_id)
+                self.publish(Phase.PREFILL)
+            prompt = self.runner.tokenize(job) if p.tokens is None else Prompt(p.tokens)
+            self.heartbeat()  # tokenizing a long prompt is progress, not a hang
+            job.channel.put(Started(len(prompt.tokens)))
+            one_row = self.runner.decodes_alone(alone or self.slots() <= 1, self.admission.has_waiting())
+            tokens = len(prompt.tokens)
+            if one_row:
+                self.ledger.grant_alone(job.id, tokens + job.params.max_tokens, prompt.image_tokens)
+            else:
+                self.ledger.hold_rows([*(a.row for a in self.runner.batch_rows), Row(tokens, job.params.max_tokens)])
+            fetched = NOT_CACHED
+            if self.runner.plan.prompt_cache:
+                fetched = self.prompt_cache.fetch(prompt.tokens, job.params.max_tokens if one_row else 0,
+                                                  self.ledger.request_bytes(tokens))
+                self._log_reuse(job, fetched)
+            self.runner.admit(job, prompt, fetched, self.prompt_cache.enabled, alone or self.slots() <= 1,
+                              one_row, p.taken_at)
+        except EngineError as exc:
+            job.channel.put(Failed(exc))
+            self.ledger.release(job.id)
+            self._sync_ledger()
+            self._let_go(job, time.monotonic() - p.taken_at)
+            self.record_inflight()
+            return
+        except BaseException as exc:  # noqa: BLE001 - an MLX fault: do not limp on
+            self._fatal(exc, [job, *self.runner.jobs_of_rows()])
+            return
+        self.counters["jobs"] += 1
+        self._sync_ledger()
+        self._publish_rows()
+
+    # --- decoding -------------------------------------------------------------------
+    def _decode(self) -> None:
+        try:
+            ended = self.runner.step()
+        except BaseException as exc:  # noqa: BLE001 - an MLX fault mid-step: every request is told
+            self._fatal(exc, self.runner.jobs_of_rows())
+            return
+        self.heartbeat()
+        if time.monotonic() - self.memory.taken_at > MEMORY_SAMPLE_S:  # /health's memory while requests run
+            self.sample_memory()
+        for e in ended:  # every answer's end goes out before any row's KV is stored (a copy, maybe an eviction)
+            self._finish(e)
+        for e in ended:
+            self._end(e)
+        self._sync_ledger()
+        self._publish_rows()
+        if ended:
+            self.record_inflight()
+            self.sample_memory()
+
+    def _finish(self, e: Ended) -> None:
+        """A request ended: its answer's end, to its client. Counted before the
+        last event: a client that reads /metrics right after sees its tokens."""
+        a = e.admitted
+        self.counters["generated_tokens"] += len(a.generation.tokens)
+        self.counters["prompt_tokens"] += len(a.prompt)
+        self.runner.finish(e)
+
+    def _end(self, e: Ended) -> None:
+        """After its answer's end: its memory back to the ledger, its KV to
+        the prompt cache, its place freed."""
+        a = e.admitted
+        self.ledger.release(a.job.id)
+        self._sync_ledger()
+        if self.runner.plan is not None and self.runner.plan.prompt_cache:
+            self._store_turn(a, e.kv)
+        self._let_go(a.job, time.monotonic() - a.taken_at)
+        if log.isEnabledFor(logging.DEBUG):  # where a request's time went, for the queue's dead time
+            moments = [("admitted", a.admitted_at), ("joined", a.joined_at), ("first_token", a.first_token_at),
+                       ("done", time.monotonic())]
+            log.debug("request %s (%s): %s", a.job.id, "alone" if a.alone else "batched",
+                      " ".join(f"{k} {1000 * (t - a.taken_at):.1f} ms" for k, t in moments if t is not None))
+
+    def _store_turn(self, a: Admitted, kv: list[Any] | None) -> None:
+        """The turn's KV back to the prompt cache: at the prompt's boundary
+        (its snapshot) where it cannot be cut back, else all it covers, fitted
+        to its length by the cache (engine/cache/prompt_cache.py)."""
+        cache = self.prompt_cache
+        if not cache.enabled:
+            return
+        job, prompt, fetched, generated = a.job, a.prompt, a.fetched, a.generation.tokens
+        if a.first_token_at is not None:
+            recomputed = sum(end - start for start, end in fetched.patches)
+            cache.note_prefill(len(prompt) - fetched.start + recomputed, a.first_token_at - a.admitted_at)
+        echo = self.runner.echo(generated)
+        if a.needs_snapshot:
+            if a.snapshot is not None:
+                cache.store(prompt[:-1], len(prompt) - 1, a.snapshot, job.conversation, fetched, echo)
+        elif kv is not None:
+            cache.store((prompt + generated)[:kv_offset(kv) or 0], len(prompt), kv, job.conversation, fetched, echo,
+                        fit=True)
+
+    def _sync_ledger(self) -> None:
+        """The ledger's view of who holds KV: the batch's rows, and grants only
+        for requests still decoded alone (one that joined the batch is a row now)."""
+        alone = {a.job.id for a in self.runner.rows} - {a.job.id for a in self.runner.batch_rows}
+        self.ledger.keep_alone(alone)
+        self.ledger.hold_rows([a.row for a in self.runner.batch_rows])
+
+    def _log_reuse(self, job: Job, fetched: Fetched) -> None:
+        """At debug level, what the prompt and the cached conversation hold
+        where reuse stopped: which agent field broke the cache."""
+        if fetched.excerpt is None or not log.isEnabledFor(logging.DEBUG):
+            return
+        cached, sent = self.runner.describe_reuse(*fetched.excerpt)
+        log.debug("prompt cache: request %s (conversation %s) reused %d tokens; where it stopped the cache holds "
+                  "%r and the prompt has %r", job.id, fetched.name, fetched.cached_tokens, cached, sent)
+
+    # --- the model cache ---------------------------------------------------------------
+    def preload(self, default_model: str | None) -> None:
+        self.sample_memory()
+        self.active_before_first_load = self.memory.active_bytes
+        if default_model:
+            try:
+                self.registry.check_allowed(default_model)
+            except EngineError as refusal:
+                log.warning("not preloading %s: %s", default_model, refusal.message)
+            else:
+                self.ensure_model(default_model)  # an error here is fatal: exit_codes.PRELOAD_FAILED
+        self.publish(Phase.IDLE)
+
+    def ensure_model(self, model_id: str) -> None:
+        for change in plan_switch(self.runner.resident_id, model_id):
+            if isinstance(change, Unload):
+                self.unload()
+            else:
+                self.publish(Phase.LOADING)
+                self._load(change.model_id)
+
+    def unload(self) -> None:
+        started = time.monotonic()
+        self.runner.unload()
+        self.ledger.set_model(None)
+        self.prompt_cache.set_model(None, 0)  # entries never cross models: to disk, out of memory
+        self.counters["model_unloads"] += 1
+        self.sample_memory()
+        self.timings["last_unload_s"] = round(time.monotonic() - started, 4)
+        self.active_after_last_unload = self.memory.active_bytes
+        # Peak memory from here on covers the next model alone: with it a
+        # test (and an operator) can see that two models never coexisted.
+        self.runner.reset_peak()
+
+    def _load(self, model_id: str) -> None:
+        self.registry.check_allowed(model_id)  # re-checked: files may have changed
+        self.faults.check("load")
+        started = time.monotonic()
+        try:
+            plan = self.runner.load(model_id)
+        except EngineError:
+            for _ in plan_release(self.runner.resident_id):
+                self.unload()
+            raise
+        info = self.registry.info(model_id)
+        self.ledger.set_model(ModelFigures(info.footprint.weights_bytes, info.config or {}, plan.kv))
+        if plan.prompt_cache:
+            self.prompt_cache.set_model(self.registry.build_key(model_id, self.registry.load_target(model_id)),
+                                        info.prompt_cache_bytes, self.runner.generation_prompt_length())
+        else:  # mlx-vlm's generation, a rank group: no prompt cache of ours
+            self.prompt_cache.set_model(None, 0)
+        self.counters["model_loads"] += 1
+        self.sample_memory()
+        self.timings["last_load_s"] = round(time.monotonic() - started, 4)
+        log.info("loaded %s in %.1fs (MLX active %.0f MiB%s; %s)", model_id, time.monotonic() - started,
+                 self.memory.active_bytes / 2**20, ", as float32: the CPU's fast path" if plan.cpu_float32 else "",
+                 f"up to {plan.max_concurrency} requests at once" if plan.max_concurrency > 1 else "one request at a time")
+
+    # --- memory ----------------------------------------------------------------------
+    def bound_mlx_memory(self) -> None:
+        """MLX's buffer cache within the budget: MLX frees cached buffers before
+        its active plus cached memory would pass this limit (Metal's and CUDA's
+        allocators check it at every allocation). Left at MLX's default (95 %
+        of a CUDA card, 1.5x Metal's recommended working set) the cache grew
+        the process past the budget unseen. Where nvidia-smi sees the process,
+        what it holds outside MLX is measured and the limit leaves room for it."""
+        self.runner.set_memory_limit(self.ledger.limit_bytes)
+        self.mlx_memory_limit = self.ledger.limit_bytes
+        self.device_memory = DeviceMemoryWatch(os.getpid(), self.runner.mlx_bytes)
+        self.device_memory.start()
+
+    def sample_memory(self) -> None:
+        self.memory = self.runner.memory()
+        latest = self.device_memory.latest if self.device_memory is not None else None
+        if latest is not None:
+            limit = self.ledger.lower_limit(latest.outside_bytes)
+            if limit is not None:
+                self.runner.set_memory_limit(limit)
+                self.mlx_memory_limit = limit
+
+    # --- publishing --------------------------------------------------------------------
+    def publish(self, phase: Phase | None = None) -> None:
+        """One snapshot for other threads: the phase and the request table's
+        rows. `phase` None: from the requests held (decoding once any has its
+        first token, prefilling while any runs, else idle)."""
+        requests = self.table.rows()
+        if phase is None:
+            statuses = {r.status for r in requests}
+            phase = (Phase.DECODE if RequestStatus.DECODING in statuses else
+                     Phase.PREFILL if RequestStatus.PREFILLING in statuses else Phase.IDLE)
+        s, resident = self.status, self.runner.resident_id
+        if s.phase is not phase or s.requests != requests or s.resident_model != resident:
+            self.status = WorkerStatus(phase, resident, requests)
+        self.max_observed_concurrency = max(self.max_observed_concurrency, len(self.status.running))
+
+    def _publish_rows(self) -> None:
+        """The decoders' rows in the request table (decoding once a row has its first token), published."""
+        for a in self.runner.rows:
+            self.table.hold(a.job, RequestStatus.DECODING if a.first_token_at is not None else RequestStatus.PREFILLING)
+        self.publish()
+
+    def heartbeat(self, *_: Any) -> None:
+        s = self.status
+        now = time.monotonic()
+        if now - s.last_progress < HEARTBEAT_S:
+            return
+        self.status = replace(s, last_progress=now)
+
+    def cache_stats(self) -> PromptCacheReport:
+        """The prompt cache's latest published figures (any thread)."""
+        return self.prompt_cache.stats
+
+    def _let_go(self, job: Job, held_s: float) -> None:
+        """A request the core holds no more (answered, refused, or gone): out
+        of the request table, published, its place in admission freed."""
+        self.table.release(job)
+        self.publish()
+        self.admission.done(job, held_s)
+
+    def record_inflight(self) -> None:
+        """The requests running (prefilling or decoding), oldest first, on disk (none: the file goes)."""
+        if self.inflight_path is None:
+            return
+        jobs = [r.job for r in running(self.table.rows())]
+        try:
+            if not jobs:
+                self.inflight_path.unlink(missing_ok=True)
+            else:
+                m, job = self.memory, jobs[0]
+                InflightRequest(request_id=job.id, fingerprint=job.fingerprint, model=job.model_id, pid=os.getpid(),
+                                started=time.time(),
+                                requests=[{"request_id": j.id, "fingerprint": j.fingerprint} for j in jobs],
+                                memory={"mlx_active_bytes": m.active_bytes, "mlx_peak_bytes": m.peak_bytes,
+                                        "mlx_cache_bytes": m.cache_bytes}).write(self.inflight_path, durable=False)
+        except OSError as exc:  # a full disk must not take requests down
+            log.warning("cannot record the in-flight request: %s", exc)
+
+    def _fatal(self, exc: BaseException, jobs: list[Job]) -> None:
+        """An MLX fault: every request held gets an explicit error, and the
+        engine exits for the supervisor to restart it. The jobs named first
+        (the one that was running is the crash's culprit), then every other
+        job held (one waiting for the batch too)."""
+        jobs = [*jobs, *(r.job for r in self.table.rows())]
+        held = {r.id for r in self.table.rows()}
+        for job in jobs:  # every request named in the crash is held as running (one taken just now too)
+            if job.id not in held:
+                self.table.hold(job, RequestStatus.PREFILLING)
+        self.publish(Phase.FAILED)
+        error = EngineError(500, f"MLX error: {exc}; the engine is restarting", code="mlx_error", retry_after=5)
+        seen: set[str] = set()
+        for job in jobs:
+            if job.id not in seen:
+                seen.add(job.id)
+                job.channel.put(Failed(error))
+        self.stopped = True
+        self.on_fatal(exc, jobs[0] if jobs else None)

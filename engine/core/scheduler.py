@@ -1,0 +1,144 @@
+"""What the engine core does next: pure decisions, table-tested.
+
+Each step of the core (engine/core/engine_core.py) asks `next_step` once:
+
+- TAKE    the queue's next request, to prepare it (tokenize, size its KV);
+- ADMIT   the prepared request into the running batch: there is a free slot
+          and the KV of every running request at its full length, plus its
+          own, fits the memory budget beside the model;
+- ALONE   decode the prepared request by itself (max_concurrency = 1, an
+          image, a seed, another model, a rank group: what mlx-lm's batch
+          cannot take), once the batch has drained — requests are served in
+          order, nothing overtakes it, nothing joins it;
+- DECODE  a token for every running request (the one decoded alone, or the
+          batch's, after a chunk of a joining request's prompt);
+- WAIT    nothing to do: wait for the queue.
+
+Memory is admitted by construction: `batch_kv_tokens` bounds what the batch's
+KV can grow to before any of it is allocated, and the prompt cache gets only
+what the running requests leave (`cache_room`) — it yields to them, never the
+other way round.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Sequence
+
+STEP_TOKENS = 256  # mlx-lm's KV caches are allocated in whole steps of this many positions
+
+
+class Step(enum.Enum):
+    TAKE = "take"
+    ADMIT = "admit"
+    ALONE = "alone"
+    DECODE = "decode"
+    WAIT = "wait"
+
+
+@dataclass(frozen=True)
+class Row:
+    """A request in the batch, as memory sees it."""
+
+    length: int  # positions its KV holds (or will, once its prompt is in): prompt + generated so far
+    remaining: int  # tokens it may still generate
+    alone: bool = False  # decoded alone: nobody joins it (a seed, an image, a rank group, max_concurrency 1)
+
+
+@dataclass(frozen=True)
+class Memory:
+    budget_bytes: int
+    weights_bytes: int | None  # None: the model's size is unknown, so slots alone limit the batch
+    kv_bytes_per_token: int  # every layer's K and V for one position; 0 when unknown
+    # A row's attention while it prefills a step: mlx-lm's batch passes an
+    # explicit mask (rows are padded), so attention is not fused: scores, their
+    # softmax and the broadcast mask, in float32, for every head, over each
+    # position of the row's context. At long contexts larger than the KV itself:
+    # uncounted, 3 rows of 60k tokens ran an 80 GB card out of memory in
+    # prefill, and 2 counted at 8 bytes a head-position still did.
+    attention_bytes_per_position: int = 0
+
+
+@dataclass(frozen=True)
+class Pending:
+    """The request taken from the queue, prepared."""
+
+    batchable: bool
+    row: Row | None = None  # None when it is served alone
+
+
+def attention_bytes_per_position(heads: int, prefill_step: int) -> int:
+    return heads * prefill_step * 3 * 4
+
+
+def round_up(n: int, step: int) -> int:
+    return -(-n // step) * step
+
+
+def batch_context(rows: Sequence[Row]) -> int:
+    """Positions every row of the batch reaches: the longest row's length
+    plus the most any row may still generate (mlx-lm pads every row to the
+    longest), in whole steps."""
+    if not rows:
+        return 0
+    return round_up(max(r.length for r in rows) + max(r.remaining for r in rows), STEP_TOKENS)
+
+
+def batch_kv_tokens(rows: Sequence[Row]) -> int:
+    """KV positions the batch can come to hold at its peak. mlx-lm's batch
+    keeps every row as long as the longest (shorter ones are padded on the
+    left); its array is allocated when rows join, at `batch_context`, and
+    does not grow while they decode (engine/cache/batch_kv.py). A join or a leave
+    copies the rows into a new array, the old one alive until the copy is
+    done: past one row both count. One row alone is allocated once."""
+    longest = batch_context(rows)
+    return len(rows) * longest * (2 if len(rows) > 1 else 1)
+
+
+def batch_kv_bytes(memory: Memory, rows: Sequence[Row]) -> int:
+    """The batch's KV at its peak, and its rows' attention during a prefill step."""
+    attention = len(rows) * batch_context(rows) * memory.attention_bytes_per_position
+    return batch_kv_tokens(rows) * memory.kv_bytes_per_token + attention
+
+
+def fits(memory: Memory, rows: Sequence[Row]) -> bool:
+    """Whether these rows' KV at full length fits beside the model."""
+    if memory.weights_bytes is None or memory.kv_bytes_per_token <= 0:
+        return True  # size unknown: nothing to go by (as for a single request)
+    return memory.weights_bytes + batch_kv_bytes(memory, rows) <= memory.budget_bytes
+
+
+def cache_room(memory: Memory, rows: Sequence[Row], cache_bytes: int) -> int:
+    """Bytes the prompt cache may keep beside the model and these rows."""
+    if memory.weights_bytes is None or memory.kv_bytes_per_token <= 0:
+        return cache_bytes
+    return max(0, min(cache_bytes, memory.budget_bytes - memory.weights_bytes - batch_kv_bytes(memory, rows)))
+
+
+def next_step(pending: Pending | None, waiting: bool, rows: Sequence[Row], slots: int, memory: Memory) -> Step:
+    """The worker's next step (pure; the first that holds wins)."""
+    if any(r.alone for r in rows):
+        return Step.DECODE  # a request decoded alone: nobody joins it, nobody is taken meanwhile
+    if pending is not None:
+        if not pending.batchable or pending.row is None or slots <= 1:
+            return Step.DECODE if rows else Step.ALONE
+        if not rows:
+            return Step.ADMIT  # alone it fits: that was checked when it was prepared
+        if len(rows) < slots and fits(memory, [*rows, pending.row]):
+            return Step.ADMIT
+        return Step.DECODE  # it waits, first in line, until running requests end
+    if waiting and len(rows) < slots:
+        return Step.TAKE
+    return Step.DECODE if rows else Step.WAIT
+
+
+def starts_alone(batch_empty: bool, others_waiting: bool) -> bool:
+    """Whether a request may be decoded alone, as mlx-lm decodes one (pure):
+    into an empty batch, and only when nobody waits behind it (its cache
+    must also be one mlx-lm can cut back when a second request joins:
+    engine/model/runner.py checks that). A burst (agents started together) joins
+    the batch: the lone start prefills its whole prompt in one go, holding
+    the others in the queue (H200, 8B, 4 x 1k tokens in process: the last
+    first token 280-390 ms against 215-235 in the batch)."""
+    return batch_empty and not others_waiting

@@ -1,0 +1,159 @@
+"""The model worker: the one thread that owns the model and every MLX call.
+
+It is the loop around the engine's core (engine/core/engine_core.py): boot (the
+prompt cache's index, MLX's memory limit, the default model), then
+`core.step()` until it is stopped or an MLX fault ends it. The core owns the
+request table, the memory ledger, the prompt cache and the runner
+(engine/model/runner.py: the resident model and its decoders). HTTP handlers never
+touch MLX; they read what the core publishes (`status`, `memory`:
+worker_state.py), through the views below.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from mlxd.memory_estimate import KVLayout
+from mlxd.reports import PromptCacheReport
+
+from .admission import AdmissionQueue
+from .device_memory import DeviceMemoryWatch
+from .engine_core import EngineCore
+from .faults import FaultInjector
+from .jobs import Job
+from ..model.model_registry import ModelRegistry
+from ..cache.prompt_cache import PromptCache
+from ..model.runner import ModelRunner
+from ..model.serving_plan import ServingPlan
+from .worker_state import MemorySnapshot, Phase, WorkerStatus
+
+
+class ModelWorker(threading.Thread):
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        admission: AdmissionQueue[Job],
+        faults: FaultInjector,
+        on_fatal: Callable[[BaseException, Job | None], None],
+        max_prompt_tokens: int,
+        default_model: str | None,
+        inflight_path: Path | None = None,
+        prefill_step_size: int = 512,
+        make_prompt_cache: Callable[[], PromptCache] | None = None,
+        link: Any = None,
+        stuck_grace_s: float = 30.0,
+    ) -> None:
+        super().__init__(name="mlxd-model-worker", daemon=True)
+        self.default_model = default_model
+        self.link = link
+        self._stop_event = threading.Event()
+        # Built on this thread when it starts (it reads the disk tier's index).
+        self._make_prompt_cache = make_prompt_cache or (lambda: PromptCache(False, None, 0.0))
+        # A prefill step's share of the stuck grace: the pace sizes steps to a sixth of it.
+        runner = ModelRunner(registry, faults, max_prompt_tokens, prefill_step_size, stuck_grace_s / 6,
+                             heartbeat=lambda *_: self.core.heartbeat(), link=link)
+        self.core = EngineCore(registry, admission, faults, runner, on_fatal, inflight_path, prefill_step_size)
+        self.ready = threading.Event()  # preload finished (or was skipped)
+        self.ready_at: float | None = None  # wall clock, when ready was set
+
+    # --- the loop ----------------------------------------------------------------
+    def stop(self) -> None:
+        self._stop_event.set()
+
+    def run(self) -> None:
+        core = self.core
+        try:
+            if core.inflight_path is not None:
+                core.inflight_path.unlink(missing_ok=True)  # the listener has read it by now
+            core.faults.refresh()
+            core.faults.check("boot")
+            core.use_prompt_cache(self._make_prompt_cache())
+            core.bound_mlx_memory()
+            core.preload(self.default_model)
+            self.ready_at = time.time()
+            self.ready.set()
+            while not self._stop_event.is_set() and not core.stopped:
+                core.step()
+            if core.stopped:  # an MLX fault: the engine exits (Lifecycle)
+                return
+            if self.link is not None:
+                from ..model.ranks import STOP
+
+                self.link.share((STOP,))  # the other ranks exit 0 with us
+            core.prompt_cache.idle()  # a clean stop keeps the conversation in progress on disk
+            core.prompt_cache.flush()  # and every file the writer had under way
+        except BaseException as exc:  # noqa: BLE001 - anything escaping is fatal
+            core.publish(Phase.FAILED)
+            self.ready.set()
+            core.on_fatal(exc, None)
+            return
+        core.publish(Phase.STOPPED)
+
+    # --- views for other threads (what the core published) ------------------------
+    @property
+    def status(self) -> WorkerStatus:
+        return self.core.status
+
+    @property
+    def memory(self) -> MemorySnapshot:
+        return self.core.memory
+
+    @property
+    def counters(self) -> dict[str, int]:
+        return self.core.counters
+
+    @property
+    def timings(self) -> dict[str, float]:
+        return self.core.timings
+
+    @property
+    def max_observed_concurrency(self) -> int:
+        return self.core.max_observed_concurrency
+
+    @property
+    def mlx_memory_limit(self) -> int | None:
+        return self.core.mlx_memory_limit
+
+    @property
+    def device_memory(self) -> DeviceMemoryWatch | None:
+        return self.core.device_memory
+
+    @property
+    def active_before_first_load(self) -> int | None:
+        return self.core.active_before_first_load
+
+    @property
+    def active_after_last_unload(self) -> int | None:
+        return self.core.active_after_last_unload
+
+    @property
+    def plan(self) -> ServingPlan | None:
+        """The resident model's serving plan (engine/model/serving_plan.py)."""
+        return self.core.runner.plan
+
+    @property
+    def resident_kv(self) -> KVLayout | None:
+        """The resident model's KV layout as served (for /health)."""
+        plan = self.plan
+        return plan.kv if plan is not None else None
+
+    @property
+    def resident_tools(self) -> str | None:
+        """Who renders the resident model's tools: "template" or "mlxd" (for /health)."""
+        resident = self.core.runner.resident
+        return resident.tools_by if resident is not None else None
+
+    @property
+    def active_generations(self) -> int:
+        """Requests prefilling or decoding now."""
+        return len(self.status.running)
+
+    def running_jobs(self) -> list[Job]:
+        """Every request held (the drain cancels them), from the published snapshot."""
+        return [r.job for r in self.status.requests]
+
+    def cache_stats(self) -> PromptCacheReport:
+        return self.core.cache_stats()

@@ -1,0 +1,28 @@
+"""The resident model: its load, its serving plan, its two decoders and a request's generation.
+
+The runner (runner.py) is the core's one way to MLX. Every file, one line each:
+
+  runner.py               the resident model and its decoders: every MLX call the core makes
+  serving_plan.py         how the resident model is served, decided at its load (pure)
+  decoding.py             the two decoders behind one interface: a request admitted, a step, those that ended
+  one_row.py              one request decoded alone, as mlx-lm decodes one (generate_step; mlx-vlm's for images)
+  many_rows.py            many requests decoded as one batch (mlx-lm's BatchGenerator), joining rows prefilled alone
+  generation.py           one job's prompt tokenized, and its answer relayed from the tokens a decoder gives
+  model_registry.py       which models exist and where they live (configured names only)
+  model_cache.py          one model resident: which to unload, then load (pure)
+  model_load.py           a model into memory: mlx-lm, mlx-vlm, a rank's shard; its KV layout
+  ranks.py                a rank group: one model sharded over processes (mlx.launch)
+  prompt_tokens.py        chat prompts tokenized piece by piece, not whole every turn
+  prefill.py              a prompt into its KV at the engine's pace; recomputed spans
+  prefill_pace.py         each prefill step's size from the measured speed (pure)
+  sampling.py             a request's sampler and logits processors
+  grammar.py              what binds an answer: a JSON schema, a forced tool call, as a grammar (pure)
+  constrained.py          that grammar applied token by token (llguidance), a logits processor
+  tool_prompt.py          tools written into the prompt where the chat template drops them
+  stop_matcher.py         stop strings over streamed text (pure)
+  answer_parts.py         an answer split into reasoning, content and tool calls
+  tool_calls.py           tool-call bodies in OpenAI's shape
+  gguf_convert.py         a GGUF file -> an MLX model folder, converted once
+  demo_model.py           the tiny random-weight demo models, built locally
+  demo_text.py            their chat templates and tokenizer corpus (data)
+"""

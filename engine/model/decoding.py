@@ -1,0 +1,185 @@
+"""The two decoders behind one interface, as the runner drives them.
+
+- one row (engine/model/one_row.py): a request decoded by itself, as mlx-lm decodes
+  one (`generate_step`; mlx-vlm's generation for a vision prompt). Every
+  request when `max_concurrency` = 1, and what a batch cannot take (a seed,
+  an image, a rank group); in a batch, the first request into an empty one
+  while nobody waits (a batch of one costs ~40 % of the decode speed on a GPU).
+- many rows (engine/model/many_rows.py): mlx-lm's BatchGenerator decoding every
+  running request by a token a step; a joining request is prefilled by
+  itself, a paced chunk between the decode steps.
+
+`Decoders.admit` puts a request in (a lone request moves into the batch
+where it stands when a second joins); `step` advances every running request
+by one token and returns those that ended, each with its KV for the prompt
+cache. A row carries its own sampler and logits processors (penalties, a
+grammar: engine/model/constrained.py). Speculative decoding fits the one-row
+decoder's step source: mlx-lm's `speculative_generate_step` yields what
+`generate_step` does, several tokens verified in one forward.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .generation import Generation
+from ..core.jobs import Job
+from ..cache.prompt_cache_policy import Fetched
+from ..core.scheduler import Row, starts_alone
+
+
+@dataclass(eq=False)
+class Admitted:
+    """A request in a decoder."""
+
+    job: Job
+    generation: Generation
+    prompt: list[int]
+    fetched: Fetched
+    detokenizer: Any
+    needs_snapshot: bool  # its KV cannot be cut back: kept at the prompt's boundary for the prompt cache
+    alone: bool = False  # decoded alone and nobody joins it (a seed, an image, a rank group, max_concurrency 1)
+    taken_at: float = field(default_factory=time.monotonic)  # from the queue
+    admitted_at: float = field(default_factory=time.monotonic)
+    joined_at: float | None = None  # decoding (its cached prefix fetched and its prompt prefilled, or joining)
+    snapshot: list[Any] | None = None
+    first_token_at: float | None = None
+
+    @property
+    def row(self) -> Row:
+        generated = len(self.generation.tokens)
+        return Row(len(self.prompt) + generated, self.job.params.max_tokens - generated, self.alone)
+
+    def feed(self, token: int | None, text: str | None, model_finish: str | None) -> str | None:
+        """A token to its request: detokenized (as mlx_lm.server does; mlx-vlm's
+        stream brings its text) and relayed. The finish, or None to go on."""
+        if self.first_token_at is None:
+            self.first_token_at = time.monotonic()
+        if text is None:
+            detok = self.detokenizer
+            if model_finish != "stop":
+                detok.add_token(token)
+            if model_finish is not None:
+                detok.finalize()
+            text = detok.last_segment
+        return self.generation.feed(text, token, model_finish)
+
+
+@dataclass(frozen=True)
+class Ended:
+    """A request that left its decoder, with its KV for the prompt cache."""
+
+    admitted: Admitted
+    finish: str
+    kv: list[Any] | None  # the KV of its prompt and what it generated (all but the last token)
+
+
+@dataclass(frozen=True)
+class RowSampling:
+    """A row's sampler (None: greedy) and logits processors, the grammar's last."""
+
+    sampler: Any
+    processors: list[Any]
+
+
+class Decoders:
+    """The one-row and many-row decoders of the resident model (see the module's docstring)."""
+
+    def __init__(self, resident: Any, slots: int, pace: Any, faults: Any, link: Any = None) -> None:
+        self.resident = resident
+        self.slots = slots
+        self.pace = pace
+        self.faults = faults
+        self.link = link
+        self.one: Any = None  # OneRow: the request decoded alone
+        self.many: Any = None  # ManyRows: made when a second request joins
+        self._samplers: dict[tuple, Any] = {}  # one sampler object per setting: rows that share it sample in one call
+
+    @property
+    def rows(self) -> list[Admitted]:
+        rows = [self.one.admitted] if self.one is not None else []
+        return rows + (list(self.many.rows.values()) if self.many is not None else [])
+
+    @property
+    def batch_rows(self) -> list[Admitted]:
+        """The rows in mlx-lm's batch (and joining it): the memory they hold is the batch's."""
+        return list(self.many.rows.values()) if self.many is not None else []
+
+    @property
+    def jobs(self) -> list[Job]:
+        return [a.job for a in self.rows]
+
+    def decodes_alone(self, alone: bool, others_waiting: bool, trimmable: bool = True) -> bool:
+        """Whether the next request starts in the one-row decoder: alone by
+        need, or into an empty batch with nobody behind it (starts_alone) when
+        its cache can be cut back to join the batch later."""
+        return alone or self.slots <= 1 or (starts_alone(not self.rows, others_waiting) and trimmable)
+
+    def sampling(self, admitted: Admitted) -> RowSampling:
+        from mlx_lm.sample_utils import make_sampler
+
+        from .sampling import make_sampling
+
+        p = admitted.job.params
+        sampler, processors = make_sampling(p, self.resident.vocab_size())
+        key = (p.temperature, p.top_p, p.min_p, p.top_k)
+        sampler = None if p.temperature == 0 else self._samplers.setdefault(key, sampler)
+        grammar = admitted.generation.grammar  # applied last, after penalties: it needs only the last token
+        if grammar is not None:  # its own sampler, tapped for the token it draws (engine/model/constrained.py)
+            sampler = grammar.sampling(sampler or make_sampler(0.0))
+            processors = processors + [grammar]
+        return RowSampling(sampler, processors)
+
+    def admit(self, admitted: Admitted, kv: list[Any] | None, heartbeat: Any, one_row: bool,
+              vision: Any = None) -> None:
+        """Into a decoder: the one-row decoder (`one_row`, decodes_alone), or
+        the batch, which a request decoding alone joins first."""
+        from .generation import PROMPT_TAIL
+        from .one_row import OneRow
+
+        admitted.generation.waits_for_reader = admitted.alone  # a slow reader holds nobody else up
+        admitted.generation.begin(vision.tokens if vision is not None else admitted.prompt[-PROMPT_TAIL:])
+        sampling = self.sampling(admitted)
+        if one_row:
+            assert self.one is None and self.many_empty, "a request decoded alone with others running"
+            self.one = OneRow(self.resident, admitted, kv, sampling, self.pace, self.faults, heartbeat,
+                              vision=vision, link=self.link)
+            admitted.joined_at = time.monotonic()
+            return
+        many = self._many()
+        if self.one is not None:
+            one, self.one = self.one, None
+            many.take_over(one.hand_over())
+        many.admit(admitted, kv, sampling)
+        admitted.joined_at = time.monotonic()
+
+    @property
+    def many_empty(self) -> bool:
+        return self.many is None or not self.many.rows
+
+    def _many(self) -> Any:
+        from .many_rows import ManyRows
+
+        if self.many is None:
+            self.many = ManyRows(self.resident, self.slots, self.pace, self.faults)
+        return self.many
+
+    def step(self) -> list[Ended]:
+        """One step: a token for every decoding request (the one alone, or the
+        batch's, after a chunk of a joining request's prompt). Those that ended."""
+        if self.one is not None:
+            ended = self.one.step()
+            if ended:
+                self.one = None
+            return ended
+        return self.many.step() if self.many is not None else []
+
+    def close(self) -> None:
+        if self.one is not None:
+            self.one.close()
+            self.one = None
+        if self.many is not None:
+            self.many.close()
+            self.many = None

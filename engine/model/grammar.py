@@ -1,0 +1,443 @@
+"""What an answer must look like, as a grammar (pure; no MLX).
+
+A request can bind its answer: `response_format` json_object / json_schema
+(and the Responses API's `text.format`), `tool_choice` "required" or a named
+function, `parallel_tool_calls: false`. `OutputRules` is that binding, read
+from the request once; `answer_grammar` turns it into a Lark grammar for
+llguidance (engine/model/constrained.py applies it token by token), in the model's
+own tool-call format (`ToolFormat`) and after its reasoning, where it thinks.
+
+Why llguidance: it is already installed (LiteLLM depends on it), computes a
+mask in ~25 us on a 49k vocabulary (measured on the default model), compiles
+JSON schemas lazily (no up-front index as outlines-core builds, which takes
+seconds for large schemas), embeds JSON schemas in Lark grammars (a tool call
+is markers around a schema) and names what it cannot enforce ("Unimplemented
+keys: [\"if\"]"), which becomes the 400 `unsupported_parameter`. xgrammar
+needs PyTorch to install; outlines-core has no Lark grammars.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+# The schema of "any JSON object" (response_format json_object).
+ANY_OBJECT: dict[str, Any] = {"type": "object"}
+# Whitespace between JSON tokens: a newline and an indent, or a space or two.
+# llguidance's default ([ \t\n\r]+) lets a small model write whitespace
+# until max_tokens (seen on the default model: a forced call never closed);
+# bounded slots keep the answer finite and still allow pretty-printed JSON.
+# The most calls a bound answer may make at once (parallel_tool_calls).
+MAX_PARALLEL_CALLS = 8
+JSON_OPTIONS = {"whitespace_pattern": "\n[ \t]{0,24}|[ ]{1,2}"}
+
+
+def json_rule(schema: dict[str, Any]) -> str:
+    """A Lark rule body: `schema` as llguidance's %json, with mlxd's whitespace,
+    its objects closed (`closed`)."""
+    return "%json " + json.dumps({"x-guidance": JSON_OPTIONS, **closed(schema)}, separators=(",", ":"))
+
+
+# Where a JSON schema holds schemas: a map of them, a list of them, or one.
+SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+SCHEMA_ONE = ("items", "additionalItems", "contains", "not", "if", "then", "else", "propertyNames",
+              "additionalProperties", "unevaluatedProperties", "unevaluatedItems")
+
+
+def closed(schema: Any) -> Any:
+    """`schema` with every object that lists its properties and says nothing
+    of others closed (`additionalProperties: false`), as xgrammar's strict
+    mode and llama.cpp's converter do (pure). Every answer is still valid
+    against the schema; open, a small model added keys until max_tokens
+    (instructor's and pydantic's schemas leave them open)."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in SCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: closed(sub) for name, sub in out[key].items()}
+    for key in SCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [closed(sub) for sub in out[key]]
+    for key in SCHEMA_ONE:
+        if key in out:
+            out[key] = closed(out[key])
+    if "properties" in out and "additionalProperties" not in out and "patternProperties" not in out \
+            and "unevaluatedProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
+class GrammarUnsupported(ValueError):
+    """A schema or format the grammar engine cannot enforce; the message names the feature."""
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    parameters: dict[str, Any]  # the arguments' JSON schema ({"type": "object"} when the tool gave none)
+    strict: bool = False
+
+
+@dataclass(frozen=True)
+class OutputRules:
+    """How a request binds its answer (pure data, read from the request).
+    `schema`: the JSON schema the content must match, None for free text.
+    `tool_choice`: "auto", "none", "required" or the one function's name."""
+
+    schema: dict[str, Any] | None = None
+    tool_choice: str = "auto"
+    parallel_tool_calls: bool = True
+    tools: tuple[ToolSpec, ...] = field(default=())
+
+    @property
+    def forces_tool(self) -> bool:
+        return bool(self.tools) and self.tool_choice not in ("auto", "none")
+
+    @property
+    def constrained(self) -> bool:
+        """Whether decoding needs a grammar at all ("none" with tools offered:
+        the answer may not open a call)."""
+        if self.tool_choice == "none":
+            return self.schema is not None or bool(self.tools)
+        return self.schema is not None or self.forces_tool or any(t.strict for t in self.tools)
+
+    def describe(self) -> str:
+        """For the log: what binds the answer."""
+        parts = []
+        if self.schema is not None:
+            parts.append("a JSON schema" if self.schema != ANY_OBJECT else "a JSON object")
+        if self.forces_tool:
+            parts.append(f"tool_choice {self.tool_choice}" + ("" if self.parallel_tool_calls else ", one call"))
+        elif any(t.strict for t in self.tools) and self.tool_choice != "none":
+            parts.append("strict tools")
+        return ", ".join(parts) or "nothing"
+
+    def forced_tools(self) -> tuple[ToolSpec, ...]:
+        if self.tool_choice in ("auto", "none", "required"):
+            return self.tools
+        return tuple(t for t in self.tools if t.name == self.tool_choice)
+
+
+@dataclass(frozen=True)
+class CallLayout:
+    """Where a format puts newlines around its calls, as Lark expressions ("" for
+    none): after the start marker, before the end marker, between two calls,
+    after the last one."""
+
+    opened: str
+    closing: str
+    between: str
+    after: str
+
+
+NEWLINES = CallLayout('"\\n"', '"\\n"', '"\\n"', '"\\n"?')
+LAYOUTS = {
+    "json": NEWLINES,
+    "xml": NEWLINES,
+    # No end marker and no separators: `[TOOL_CALLS]a[ARGS]{..}[TOOL_CALLS]b[ARGS]{..}`, as Mistral's templates
+    # render calls; the last call runs to the end of the answer.
+    "mistral": CallLayout("", "", "", ""),
+    # GLM-4.7 writes calls back to back, GLM-4.5 a newline before each: the parser reads either.
+    "glm": CallLayout("", "", '"\\n"?', '"\\n"?'),
+}
+
+
+@dataclass(frozen=True)
+class ToolFormat:
+    """How a model writes a tool call: `start`, the body, `end` (empty where
+    a call runs to the end of the answer), with the body kind's newlines
+    (`layout`). `body` "json": `\\n{"name": ..., "arguments": {...}}\\n`
+    (Hermes / Qwen's format, which mlx-lm's json_tools parser reads, and the
+    one mlxd renders for a template without tools); "xml": Qwen3-Coder's
+    `<function=NAME>` with a `<parameter=NAME>` block per argument (its
+    qwen3_coder parser); "mistral": `NAME[ARGS]{arguments}` after
+    `[TOOL_CALLS]`, no end marker (mistral parser); "glm": `NAME` then
+    `<arg_key>K</arg_key><arg_value>V</arg_value>` per argument (GLM-4.5 /
+    4.7, glm47 parser). `source`: "template" (the model's own) or "mlxd"."""
+
+    start: str = "<tool_call>"
+    end: str = "</tool_call>"
+    source: str = "template"
+    body: str = "json"
+
+    @property
+    def layout(self) -> CallLayout:
+        return LAYOUTS[self.body]
+
+
+# mlx-lm's tool parsers whose calls a grammar can bind here, and their bodies.
+BOUND_PARSERS = {"mlx_lm.tool_parsers.json_tools": "json", "mlx_lm.tool_parsers.qwen3_coder": "xml",
+                 "mlx_lm.tool_parsers.mistral": "mistral", "mlx_lm.tool_parsers.glm47": "glm"}
+ENDLESS_BODIES = frozenset({"mistral"})  # bodies whose parser reads a call to the end of the answer (no end marker)
+UNBOUND_FORMAT = ("this model's tool-call format cannot be bound by mlxd; bound are mlx-lm's json_tools (Qwen, "
+                  "Hermes), qwen3_coder, mistral and glm47 formats, not yet Kimi, Gemma, pythonic, MiniMax, "
+                  "LongCat, MiniCPM or others")
+MLXD_TOOL_FORMAT = ToolFormat(source="mlxd")
+
+
+def tool_format_of(parser_module: str | None, start: str | None, end: str | None,
+                   renders_tools: bool) -> ToolFormat | None:
+    """The tool-call format a grammar can bind for this model (pure): mlxd's
+    own where the chat template does not render tools, the model's where its
+    parser is one of BOUND_PARSERS, else None (its format is not one we can bind)."""
+    if not renders_tools:
+        return MLXD_TOOL_FORMAT
+    body = BOUND_PARSERS.get(parser_module or "")
+    if body and start and (end or body in ENDLESS_BODIES):
+        return ToolFormat(start, end or "", "template", body)
+    return None
+
+
+def schema_problem(schema: Any) -> str | None:
+    """Why llguidance cannot enforce this JSON schema, or None."""
+    import llguidance
+
+    if not isinstance(schema, dict):
+        return "a JSON schema must be an object"
+    try:
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema)
+        failed, warnings = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
+    except (ValueError, TypeError, RuntimeError) as exc:
+        return str(exc)
+    if failed or warnings:  # a warning is a part of the schema that would be ignored: never silently
+        return "; ".join(" ".join(w.split()) for w in warnings) or "not enforceable"  # one line each
+    return None
+
+
+def grammar_problem(lark: str) -> str | None:
+    """Why llguidance cannot compile this Lark grammar, or None."""
+    import llguidance
+
+    try:
+        failed, warnings = llguidance.LLMatcher.validate_grammar_with_warnings(
+            llguidance.LLMatcher.grammar_from_lark(lark))
+    except (ValueError, TypeError, RuntimeError) as exc:
+        return str(exc)
+    return "; ".join(" ".join(w.split()) for w in warnings) or "not enforceable" if failed else None
+
+
+def call_schema(tools: tuple[ToolSpec, ...]) -> dict[str, Any]:
+    """The JSON schema of one call's body: {"name": one of the tools, "arguments": its schema}."""
+    options = [{"type": "object", "properties": {"name": {"const": t.name}, "arguments": t.parameters},
+                "required": ["name", "arguments"], "additionalProperties": False} for t in tools]
+    return options[0] if len(options) == 1 else {"anyOf": options}
+
+
+Literal_ = Callable[[str], str]  # a text as a Lark literal: quoted text, or a special token's <[id]>
+
+
+def quoted(text: str) -> str:
+    return json.dumps(text)
+
+
+def _lazy(marker: str) -> str:
+    """A rule of text up to `marker` ends at its first match (lazy) where the
+    marker is text; text never holds a special token, so there it needs no
+    laziness (and llguidance allows none)."""
+    return "" if marker.startswith("<[") else "[lazy]"
+
+
+REGEX_META = frozenset("\\.+*?()|[]{}^$#&-~/")  # escaped in a regex (the Rust regex crate's; a letter never is)
+
+
+def _regex_escape(text: str) -> str:
+    """`text` as a literal inside a Lark /regex/ (no slash unescaped)."""
+    return "".join("\\" + c if c in REGEX_META else c for c in text)
+
+
+def call_body_rules(tools: tuple[ToolSpec, ...], fmt: ToolFormat, literal: Literal_ = quoted) -> list[str]:
+    """The rules of `call_body`: one call of one of `tools` in the format's body."""
+    return BODY_RULES[fmt.body](tools, literal)
+
+
+def _json_body(tools: tuple[ToolSpec, ...], literal: Literal_) -> list[str]:
+    return ["call_body: " + json_rule(call_schema(tools))]
+
+
+def _xml_body(tools: tuple[ToolSpec, ...], literal: Literal_) -> list[str]:
+    lines = ["call_body: " + " | ".join(f"function_{i}" for i in range(len(tools))),
+             "VALUE_TEXT: /(.|\\n)*/"]
+    for i, tool in enumerate(tools):
+        props = tool.parameters.get("properties") or {}
+        required = set(tool.parameters.get("required") or [])
+        params = []
+        for j, (name, schema) in enumerate(props.items()):
+            rule = f"parameter_{i}_{j}"
+            head = json.dumps(f"<parameter={name}>\n")
+            if not isinstance(schema, dict) or _is_plain_string(schema):
+                # the parser takes a string's text as it stands: up to the first closing tag
+                lines.append(f"{rule}_text[lazy]: VALUE_TEXT {json.dumps(PARAMETER_END)}")
+                lines.append(f"{rule}: {head} {rule}_text")
+            elif schema.get("type") == "string" and isinstance(schema.get("enum"), list):
+                options = " | ".join(json.dumps(str(v)) for v in schema["enum"])
+                lines.append(f"{rule}: {head} ({options}) {json.dumps(PARAMETER_END)}")
+            else:  # numbers, booleans, objects, arrays: JSON, which the parser converts by the schema's type
+                lines.append(f"{rule}_value: {json_rule(schema)}")
+                lines.append(f"{rule}: {head} {rule}_value {json.dumps(PARAMETER_END)}")
+            params.append(rule if name in required else f"{rule}?")
+        lines.append(f"function_{i}: {json.dumps(f'<function={tool.name}>' + chr(10))} {' '.join(params)} "
+                     f"{json.dumps('</function>')}")
+    return lines
+
+
+PARAMETER_END = "\n</parameter>\n"
+
+
+def _is_plain_string(schema: dict[str, Any]) -> bool:
+    """A string argument without an enum (the XML body holds it as raw text)."""
+    return schema.get("type") == "string" and "enum" not in schema
+
+
+# Mistral's separator of a call's name and its JSON arguments (a control token in its tekken vocabulary).
+MISTRAL_ARGS = "[ARGS]"
+
+
+def _mistral_body(tools: tuple[ToolSpec, ...], literal: Literal_) -> list[str]:
+    """`NAME[ARGS]{arguments}`: the parser reads a `[\\w-]+` name before `[ARGS]`
+    and the one JSON value after it."""
+    lines = ["call_body: " + " | ".join(f"mistral_{i}" for i in range(len(tools)))]
+    for i, tool in enumerate(tools):
+        _check_name(tool.name, r"[\w-]+", "Mistral")
+        lines.append(f"mistral_{i}_args: {json_rule(tool.parameters)}")
+        lines.append(f"mistral_{i}: {quoted(tool.name)} {literal(MISTRAL_ARGS)} mistral_{i}_args")
+    return lines
+
+
+OPTIONAL_NEWLINE = '"\\n"?'
+GLM_TAGS = ("<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")  # special tokens in GLM's vocabulary
+
+
+def _glm_body(tools: tuple[ToolSpec, ...], literal: Literal_) -> list[str]:
+    """`NAME` then `<arg_key>K</arg_key><arg_value>V</arg_value>` per argument.
+    The glm47 parser strips names, keys and values, keeps a value whose schema
+    says `"type": "string"` as raw text and reads any other as JSON; a newline
+    where GLM-4.5 writes one (after the name, between the tags) is allowed."""
+    key_open, key_close, value_open, value_close = (literal(t) for t in GLM_TAGS)
+    lines = ["call_body: " + " | ".join(f"glm_{i}" for i in range(len(tools)))]
+    if value_close.startswith('"'):  # text: a raw value ends at its first closing tag (lazy), as the parser's does
+        lines.append("GLM_TEXT: /(.|\\n)*/")
+    else:  # a special token: the value's text may not spell it either, or the parser would cut the value there
+        lines.append(f"GLM_TEXT: /(?s:.*)/ & ~/(?s:.*{_regex_escape(GLM_TAGS[3])}.*)/")
+    for i, tool in enumerate(tools):
+        _check_name(tool.name, r"[^\s<]+", "GLM")  # the parser strips a name, and splits one at a space
+        props = tool.parameters.get("properties") or {}
+        required = set(tool.parameters.get("required") or [])
+        args = []
+        for j, (name, schema) in enumerate(props.items()):
+            rule = f"glm_{i}_{j}"
+            schema = schema if isinstance(schema, dict) else {}
+            if schema.get("type") == "string" and isinstance(schema.get("enum"), list):
+                value = "(" + " | ".join(quoted(str(v)) for v in schema["enum"]) + f") {value_close}"
+            elif schema.get("type") == "string":  # raw text, exactly where the parser keeps it raw
+                lines.append(f"{rule}_text{_lazy(value_close)}: GLM_TEXT {value_close}")
+                value = f"{rule}_text"
+            else:  # JSON, which the parser decodes
+                lines.append(f"{rule}_value: {json_rule(schema)}")
+                value = f"{rule}_value {value_close}"
+            lines.append(f"{rule}: {key_open} {quoted(name)} {key_close} {OPTIONAL_NEWLINE} {value_open} {value} "
+                         f"{OPTIONAL_NEWLINE}")
+            args.append(rule if name in required else f"{rule}?")
+        lines.append(f"glm_{i}: " + _seq(quoted(tool.name), OPTIONAL_NEWLINE, *args))
+    return lines
+
+
+def _check_name(name: str, pattern: str, model: str) -> None:
+    """A tool name the model's parser would read back differently cannot be bound."""
+    if not re.fullmatch(pattern, name):
+        raise GrammarUnsupported(f"the tool name {name!r} cannot be read back from {model}'s tool-call format")
+
+
+def _seq(*parts: str) -> str:
+    """Lark expressions in sequence, the empty ones left out."""
+    return " ".join(p for p in parts if p)
+
+
+BODY_RULES: dict[str, Callable[[tuple[ToolSpec, ...], Literal_], list[str]]] = {
+    "json": _json_body, "xml": _xml_body, "mistral": _mistral_body, "glm": _glm_body}
+
+
+def answer_grammar(rules: OutputRules, tool_format: ToolFormat | None, think_end: str | None = None,
+                   in_reasoning: bool = False, think_start: str | None = None,
+                   literal: Literal_ = quoted) -> str | None:
+    """The Lark grammar (llguidance's dialect) the answer must follow, or
+    None for free text (pure). `think_end`: the model's end-of-reasoning
+    marker where it reasons (the grammar lets it think first, freely);
+    `in_reasoning`: the prompt already opened the block. `literal` writes a
+    marker (a special token must be named by id, not spelled as text)."""
+    if not rules.constrained:
+        return None
+    if rules.tool_choice == "none" and rules.schema is None and tool_format is None:
+        return None  # a call format we do not know cannot be excluded; the answer is not parsed for calls either
+    if rules.tool_choice != "none" and rules.tools and (rules.forces_tool or any(t.strict for t in rules.tools)):
+        if tool_format is None:
+            raise GrammarUnsupported(UNBOUND_FORMAT)
+    lines = ["%llguidance {}"]
+    body = _body_rules(rules, tool_format, literal, lines)
+    if think_end is not None and (in_reasoning or think_start is not None):
+        lines.append("THINK_TEXT: /(.|\\n)*/")
+        lines.append(f"think{_lazy(literal(think_end))}: THINK_TEXT {literal(think_end)}")
+        if in_reasoning:
+            lines.insert(1, f"start: think WS? {body}")
+        else:  # the model may open a block of its own first
+            lines.insert(1, f"start: ({literal(think_start)} think WS?)? {body}")  # type: ignore[arg-type]
+        lines.append("WS: /[ \\t\\n]+/")
+    else:
+        lines.insert(1, f"start: {body}")
+    return "\n".join(lines) + "\n"
+
+
+def _body_rules(rules: OutputRules, fmt: ToolFormat | None, literal: Literal_, lines: list[str]) -> str:
+    """Adds the answer's rules to `lines`; returns the expression of the answer itself."""
+    def call_rule() -> str:
+        assert fmt is not None
+        lines.append("call: " + _seq(literal(fmt.start), fmt.layout.opened, "call_body", fmt.layout.closing,
+                                     _end(fmt, literal)))
+        lines.extend(call_body_rules(rules.forced_tools(), fmt, literal))
+        # A named function is called once (as OpenAI's API answers it); "required" allows several unless
+        # parallel_tool_calls is false. Between several calls a newline may end the answer, so that a model
+        # that writes one after a call is not forced into another call by it.
+        # Several calls are capped: a small model may repeat its call until max_tokens (the default model does).
+        one = not rules.parallel_tool_calls or rules.tool_choice not in ("required", "auto")
+        return "call" if one else _seq("call", more_calls(), fmt.layout.after)
+
+    def more_calls() -> str:
+        assert fmt is not None
+        return f"({_seq(fmt.layout.between, 'call')}){{0,{MAX_PARALLEL_CALLS - 1}}}"
+
+    if rules.forces_tool:
+        return call_rule()
+    if rules.schema is not None:
+        lines.append("json_answer: " + json_rule(rules.schema))
+        if rules.tools and rules.tool_choice != "none" and fmt is not None:
+            return f"(json_answer | {call_rule()})"  # the model may call a tool instead of answering
+        return "json_answer"
+    if rules.tool_choice == "none":  # free text that never opens a call
+        assert fmt is not None
+        start = literal(fmt.start)
+        if start.startswith('"'):  # text: excluded from the text (a special token never matches text anyway)
+            lines.append(f"TEXT: /(?s:.*)/ & ~/(?s:.*{_regex_escape(fmt.start)}.*)/")
+        else:
+            lines.append("TEXT: /(?s:.*)/")
+        return "TEXT"
+    # only strict tools under "auto": free text until the model opens a call
+    # (a lazy lexeme ends at the first start marker), then the call is bound
+    assert fmt is not None
+    lines.append("TEXT: /(.|\\n)*/")
+    lines.append(f"call_opened{_lazy(literal(fmt.start))}: TEXT {literal(fmt.start)}")
+    lines.append("bound_call: " + _seq("call_opened", fmt.layout.opened, "call_body", fmt.layout.closing,
+                                       _end(fmt, literal)))
+    if fmt.end or not rules.parallel_tool_calls:
+        lines.extend(call_body_rules(rules.forced_tools(), fmt, literal))
+        return "bound_call* TEXT" if rules.parallel_tool_calls else "(bound_call | TEXT)"
+    # No end marker: text after a call would be read as part of it, so only further calls may follow.
+    call_rule()
+    return f"(bound_call {more_calls()} | TEXT)"
+
+
+def _end(fmt: ToolFormat, literal: Literal_) -> str:
+    """The end marker as a Lark literal; nothing where the format has none."""
+    return literal(fmt.end) if fmt.end else ""

@@ -1,0 +1,154 @@
+"""The many-row decoder (`max_concurrency` > 1): the running requests decoded
+as one batch by mlx-lm's BatchGenerator.
+
+A joining request's prompt is prefilled by itself, a paced chunk a step
+(engine/model/prefill.py, the one-row decoder's prefill), between the batch's
+decode steps, and joins mlx-lm's batch with its last token: alone, attention
+is MLX's fused causal kernel; in mlx-lm's batch, rows are padded and
+attention takes an explicit mask (scores, their softmax and the mask, in
+float32, over the whole context). So mlx-lm's batch only decodes: its own
+prefill, whose step size it fixes when it is made, never runs. The decoding
+rows get a step after every chunk, so a long prompt joining does not stop
+their answers. (Figures: docs/BENCHMARKS.md, "Batched prefill at full speed".)
+
+Each request keeps all it has alone: its sampler and penalties, its
+Generation (stop strings, reasoning and tool-call parsing, deadline,
+cancellation), its detokenizer. A request's KV is the batch's array, sized
+when rows join for the length admission granted them (engine/cache/batch_kv.py).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from .decoding import Admitted, Ended, RowSampling
+from .one_row import Joining
+from .prefill import prefill
+
+log = logging.getLogger("mlxd.engine.core.worker")
+
+
+def batchable_model(model: Any) -> bool:
+    """Whether mlx-lm can batch this model: every layer's cache can be merged
+    (mlx_lm.server asks the same)."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    return all(hasattr(c, "merge") for c in make_prompt_cache(model))
+
+
+@dataclass(eq=False)
+class _Prefilling:
+    """A request whose prompt is being prefilled by itself before it joins the batch."""
+
+    key: int  # its key among the rows until mlx-lm's batch gives it a uid (negative)
+    admitted: Admitted
+    kv: list[Any]
+    context: list[int]  # the tokens its KV holds
+    rest: list[int]  # the prompt after them; the last joins the batch as a one-token segment
+    sampling: RowSampling
+
+
+class ManyRows:
+    def __init__(self, resident: Any, slots: int, pace: Any, faults: Any = None) -> None:
+        from mlx_lm.generate import BatchGenerator
+
+        self.resident = resident
+        self.pace = pace  # the size of each prefill chunk a joining row is given, from the speed measured
+        self.faults = faults
+        eos = sorted(resident.tokenizer.eos_token_ids)
+        self.generator = BatchGenerator(resident.model, stop_tokens=[[t] for t in eos],
+                                        completion_batch_size=slots, prefill_batch_size=slots)
+        self.rows: dict[int, Admitted] = {}
+        self._prefilling: list[_Prefilling] = []  # in order of admission; the first is prefilled a chunk a step
+        self._next_key = -2
+
+    def close(self) -> None:
+        self.generator.close()
+
+    def admit(self, admitted: Admitted, kv: list[Any], sampling: RowSampling) -> None:
+        """Into the batch: its prompt after the cached part is prefilled by
+        itself, a chunk a step (`_prefill_chunk`), then it decodes with the rest."""
+        prompt, start = admitted.prompt, admitted.fetched.start
+        rest = prompt[start:]
+        if admitted.needs_snapshot and len(rest) == 1:
+            admitted.snapshot = copy.deepcopy(kv)  # the cache already holds the prompt's boundary
+        if len(rest) > 1:
+            key, self._next_key = self._next_key, self._next_key - 1
+            self._prefilling.append(_Prefilling(key, admitted, kv, prompt[:start], rest, sampling))
+            self.rows[key] = admitted
+        else:
+            self.take_over(Joining(admitted, rest, kv, prompt[:start], admitted.job.params.max_tokens, sampling))
+
+    def take_over(self, j: Joining) -> None:
+        """A request into mlx-lm's batch, with its KV and the tokens still to run."""
+        from ..cache.batch_kv import rows_for_batch  # MLX: imported after the engine chose its BLAS
+
+        kv = rows_for_batch(j.kv, len(j.segment), j.max_tokens)  # the batch's array sized for its grant
+        (uid,) = self.generator.insert_segments([[j.segment]], max_tokens=[j.max_tokens], caches=[kv],
+                                                all_tokens=[list(j.context)], samplers=[j.sampling.sampler],
+                                                logits_processors=[j.sampling.processors])
+        self.rows[uid] = j.admitted
+
+    def _prefill_chunk(self) -> None:
+        """One paced chunk of the first joining request's prompt, alone; the
+        request joins mlx-lm's batch once only its last token is left."""
+        p = self._prefilling[0]
+        chunk = p.rest[:min(self.pace.step(), len(p.rest) - 1)]
+        prefill(self.resident.model, p.kv, chunk, self.pace, lambda: None, self.faults)
+        p.context += chunk
+        p.rest = p.rest[len(chunk):]
+        if len(p.rest) > 1:
+            return
+        self._prefilling.pop(0)
+        a = self.rows.pop(p.key)
+        if a.needs_snapshot:
+            a.snapshot = copy.deepcopy(p.kv)  # the cache holds the prompt's boundary now
+        self.take_over(Joining(a, p.rest, p.kv, p.context, a.job.params.max_tokens, p.sampling))
+
+    def step(self) -> list[Ended]:
+        """One step of the batch: a chunk of the first joining request's
+        prompt, then a token for every decoding request. The requests that ended."""
+        if self._prefilling:
+            self._prefill_chunk()
+        ended: list[Ended] = []
+        if len(self.rows) > len(self._prefilling):  # rows in mlx-lm's batch
+            ended = self._decode_step()
+        for uid, a in list(self.rows.items()):  # gone before their first token: cancelled in prefill
+            if a.job.cancelled.is_set() and a.first_token_at is None:
+                ended.append(self._remove(uid, "cancelled"))
+        return ended
+
+    def _decode_step(self) -> list[Ended]:
+        """A token for every row in mlx-lm's batch. Rows join it with their
+        last prompt token only (`_prefill_chunk`), so its own prefill never
+        runs: a joining row's one token goes straight to decoding."""
+        began = time.perf_counter()
+        joined, responses = self.generator.next()
+        if log.isEnabledFor(logging.DEBUG):  # where a batch's time goes
+            log.debug("batch step %.1f ms: %d rows joined, %d tokens decoded, %d rows in the batch",
+                      1000 * (time.perf_counter() - began), len(joined), len(responses), len(self.rows))
+        ended: list[Ended] = []
+        for r in responses:
+            a = self.rows.get(r.uid)
+            if a is None:
+                continue
+            finish = a.feed(r.token, None, r.finish_reason)
+            if r.finish_reason is not None:  # mlx-lm ended it (and took it out of the batch)
+                del self.rows[r.uid]
+                ended.append(Ended(a, finish or r.finish_reason, r.prompt_cache))
+            elif finish is not None:
+                ended.append(self._remove(r.uid, finish))
+        return ended
+
+    def _remove(self, uid: int, finish: str) -> Ended:
+        a = self.rows.pop(uid)
+        if uid < 0:  # still prefilling: nothing of it in mlx-lm's batch, nothing partial kept
+            self._prefilling = [p for p in self._prefilling if p.key != uid]
+            return Ended(a, finish, None)
+        caches = self.generator.remove([uid], return_prompt_caches=True)
+        kv, _ = caches.get(uid, (None, []))
+        return Ended(a, finish, kv)

@@ -1,0 +1,151 @@
+"""Loading a model into memory: the worker's load, apart from its bookkeeping.
+
+A text model through mlx-lm, read a chunk at a time so that every weight is
+resident before the engine says ready; a vision-language model through
+mlx-vlm; a rank group's shard through mlx-lm's tensor parallelism
+(engine/model/ranks.py); and the resident model's KV layout (kv_bits) as this MLX
+can serve it. Called on the worker thread only (every MLX call is there);
+MLX is imported inside the functions, after the engine has chosen its BLAS
+(engine/cpu/fast_blas.py).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import replace
+from typing import Any
+
+from mlxd.memory_estimate import KVLayout
+from mlxd.models import is_vision_config
+
+from .generation import ResidentModel
+from .prompt_tokens import PieceEncoder
+from .tool_prompt import tool_support
+
+log = logging.getLogger("mlxd.engine.core.worker")  # it runs on the worker thread, and logs as the worker
+
+LOAD_CHUNK_BYTES = 256 * 2**20  # weights read (and converted) per mx.eval at load
+
+
+def load_chunks(sizes: list[int], limit: int) -> list[list[int]]:
+    """Indices of consecutive items grouped until a group reaches `limit`
+    bytes (an item larger than `limit` is a group of its own) (pure)."""
+    out: list[list[int]] = []
+    group: list[int] = []
+    total = 0
+    for i, size in enumerate(sizes):
+        group.append(i)
+        total += size
+        if total >= limit:
+            out.append(group)
+            group, total = [], 0
+    if group:
+        out.append(group)
+    return out
+
+
+def evaluate_in_chunks(params: Any, chunk_bytes: int = LOAD_CHUNK_BYTES) -> int:
+    """mx.eval over a model's parameters, about `chunk_bytes` of them at a
+    time (load_chunks); the number of chunks."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    arrays = [a for _, a in tree_flatten(params)]
+    groups = load_chunks([a.nbytes for a in arrays], chunk_bytes)
+    for group in groups:
+        mx.eval([arrays[i] for i in group])
+    return len(groups)
+
+
+def context_tokens(config: dict[str, Any]) -> int | None:
+    """The longest sequence a model's config says it was made for (pure)."""
+    value = config.get("max_position_embeddings")
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def load_resident(model_id: str, target: str, weights_dtype: str | None = None) -> ResidentModel:
+    """Loads a model folder or repo (downloading it first, as mlx-lm does):
+    a vision-language model through mlx-vlm, any other through mlx-lm.
+    `weights_dtype` "float32": dequantised and cast (the CPU's fast path)."""
+    from mlx_lm.utils import _download, load, load_tokenizer
+
+    folder = _download(target)
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    if not is_vision_config(config):
+        # Lazily, then read a chunk at a time: every weight is resident before
+        # the engine says ready (a first request that read them would take the
+        # whole read into its first prefill step), and a float32 load never
+        # holds the stored and the converted copy of every weight at once
+        # (peak -23 % on the default model; bench/weights_load.py).
+        model, tokenizer = load(str(folder), lazy=True)
+        if weights_dtype == "float32":
+            import mlx.core as mx
+            from mlx_lm.utils import dequantize_model
+
+            from ..cpu.cpu_decode import shorten_decode
+            from ..cpu.cpu_linear import LAYOUT_ENV, cpu_layout, transpose_linears, usable_cores
+
+            model = dequantize_model(model)
+            model.set_dtype(mx.float32)
+            transpose, blocks, prompt_streams = cpu_layout(os.environ.get(LAYOUT_ENV), usable_cores())
+            if transpose:  # OpenBLAS's matrix-vector product is faster that way round (engine/cpu/cpu_linear.py)
+                transpose_linears(model, blocks, prompt_streams)
+                shorten_decode(model)  # a decoded token in a quarter of the MLX ops
+            log.info("CPU weights: %s", "as stored" if not transpose else
+                     f"transposed, wide layers in {blocks} column blocks on parallel CPU streams" if blocks > 1
+                     else f"transposed, a prompt's rows on {prompt_streams} CPU stream(s)")
+        evaluate_in_chunks(model.parameters())
+        renders_tools, tool_format = tool_support(tokenizer)
+        if not renders_tools:
+            log.info("the chat template of %s does not render tools: mlxd writes them into the prompt", model_id)
+        return ResidentModel(model_id, model, tokenizer, PieceEncoder(tokenizer), renders_tools=renders_tools,
+                             tool_format=tool_format, context_tokens=context_tokens(config))
+    from mlx_vlm import load as load_vlm
+
+    model, processor = load_vlm(str(folder))
+    # mlx-lm's wrapper on the same tokenizer finds the reasoning and tool-call markers.
+    tokenizer = load_tokenizer(folder, eos_token_ids=getattr(model.config, "eos_token_id", None))
+    # mlx-vlm's own chat template renders the prompt: tools are its to render
+    renders_tools, tool_format = tool_support(tokenizer)
+    return ResidentModel(model_id, model, tokenizer, None, processor, tool_format=tool_format if renders_tools else None)
+
+
+def load_shard(model_id: str, target: str, link: Any) -> ResidentModel:
+    """A rank group's load: every rank loads its shard at once (mlx-lm's
+    tensor parallelism); rank 0's forward passes are mirrored over `link`."""
+    from mlx_lm.utils import _download
+
+    from .ranks import LOAD, MirroredModel, sharded
+
+    folder = _download(target)
+    if is_vision_config(json.loads((folder / "config.json").read_text(encoding="utf-8"))):
+        raise ValueError("a vision model cannot be served by a rank group")
+    link.share((LOAD, model_id))
+    model, tokenizer = sharded(str(folder), link)
+    renders_tools, tool_format = tool_support(tokenizer)
+    return ResidentModel(model_id, MirroredModel(model, link), tokenizer, PieceEncoder(tokenizer),
+                         renders_tools=renders_tools, tool_format=tool_format)
+
+
+def with_kv_layout(resident: ResidentModel, kv: KVLayout) -> ResidentModel:
+    """The resident model with its KV layout, said in the log: which layers
+    stay as they are, and whether this MLX decodes over quantised KV or over
+    it dequantised (then quantised from the first position: the estimate
+    counted at least that)."""
+    if not kv.quantized:
+        return resident
+    from ..cache.kv_cache import quantized_decode_works, unquantised_kinds
+
+    dequantized = not quantized_decode_works(resident.model, kv)
+    if dequantized:
+        kv = replace(kv, quantized_start=0)
+    kept = unquantised_kinds(resident.model)
+    log.info("KV cache of %s: %d-bit, groups of %d, from position %d%s%s", resident.model_id, kv.bits,
+             kv.group_size, kv.quantized_start,
+             f"; layers of kind {', '.join(kept)} keep the model's dtype (mlx-lm cannot quantise them)"
+             if kept else "",
+             "; this MLX has no kernel for attention over quantised KV, so decoding dequantises it"
+             " a layer at a time" if dequantized else "")
+    return replace(resident, kv=kv, dequantized_decode=dequantized)

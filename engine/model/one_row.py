@@ -1,0 +1,188 @@
+"""The one-row decoder: a request decoded by itself, as mlx-lm decodes one.
+
+Its prompt, after the cached part, is prefilled at the engine's pace
+(engine/model/prefill.py: each step a heartbeat, quantised past kv_bits' start,
+cancellable), kept at the prompt's boundary where its cache cannot be cut
+back (for the prompt cache), then mlx-lm's `generate_step` decodes from the
+last prompt token over the request's KV, allocated once at its admitted
+length. A vision prompt goes through mlx-vlm's generation instead (its
+processor's tensors, no prompt cache); a rank group's forward passes are
+mirrored by the other ranks between BEGIN and END (engine/model/ranks.py).
+
+In a batch, the request decoding alone moves into mlx-lm's batch where it
+stands when a second one joins (`hand_over`): its KV, cut back by the token
+whose forward pass mlx-lm has already queued, and its last token go in as a
+one-token prompt; its sampler, detokenizer and Generation carry on (greedy
+answers are the same tokens; tested).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .decoding import Admitted, Ended, RowSampling
+from .sampling import seeing_context
+
+
+@dataclass(frozen=True)
+class Joining:
+    """A request handed from one decoder to the batch: what mlx-lm's insert takes."""
+
+    admitted: Admitted
+    segment: list[int]  # the tokens still to run through the model (its last prompt token, or last token)
+    kv: list[Any]
+    context: list[int]  # the tokens its KV holds
+    max_tokens: int  # tokens it may still generate
+    sampling: RowSampling
+
+
+@dataclass(frozen=True)
+class _Step:
+    text: str
+    token: int | None
+    finish_reason: str | None
+
+
+def _closing_step_holds_no_token(results: Any) -> Any:
+    """mlx-vlm's stream: per token a result, then one closing result that
+    repeats the last token with the detokenizer's rest and the finish reason
+    (mlx-lm's puts the finish reason on the last token's own result)."""
+    for r in results:
+        if r.finish_reason is not None:
+            yield _Step(r.text, None, r.finish_reason)
+            return
+        yield _Step(r.text, int(r.token), None)
+
+
+class OneRow:
+    def __init__(self, resident: Any, admitted: Admitted, kv: list[Any] | None, sampling: RowSampling, pace: Any,
+                 faults: Any, heartbeat: Callable[..., None], vision: Any = None, link: Any = None) -> None:
+        import mlx.core as mx
+
+        self.resident = resident
+        self.admitted = admitted
+        self.sampling = sampling
+        self.link = link
+        self.yielded = 0
+        self.vision = vision is not None
+        job = admitted.job
+        if job.params.seed is not None:  # served alone: its answer is the same every time
+            mx.random.seed(job.params.seed)
+        if vision is not None:
+            self.kv, self.context, self.rest = None, [], []
+            self.steps = self._vision_steps(vision, pace)
+            return
+        if link is not None:
+            from .ranks import BEGIN
+
+            link.share((BEGIN,))  # the other ranks keep a KV cache of their own shard until END
+        self.steps: Any = iter(())
+        try:
+            self._start(kv, pace, faults, heartbeat)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, kv: list[Any] | None, pace: Any, faults: Any, heartbeat: Callable[..., None]) -> None:
+        resident, admitted = self.resident, self.admitted
+        job = admitted.job
+        if kv is None:  # a rank group's shard: no prompt cache of ours
+            from mlx_lm.models.cache import make_prompt_cache
+
+            kv = make_prompt_cache(resident.model)
+        start, rest = admitted.fetched.start, admitted.prompt[admitted.fetched.start:]
+        if len(rest) > 1:  # at the engine's pace (generate_step's one step size would be the first step's)
+            from .prefill import prefill
+
+            prefill(resident.model, kv, rest[:-1], pace, heartbeat, faults, resident.kv, cancelled=job.cancelled)
+            start, rest = start + len(rest) - 1, rest[-1:]
+        if admitted.needs_snapshot:
+            from ..cache.kv_cache import fitted
+
+            admitted.snapshot = fitted(kv, copy_others=True)  # the cache holds the prompt's boundary now
+        self.kv, self.context, self.rest = kv, admitted.prompt[:start], rest
+        self.steps = self._text_steps(heartbeat)
+
+    def _text_steps(self, heartbeat: Callable[..., None]) -> Any:
+        import mlx.core as mx
+        from mlx_lm.generate import generate_step
+        from mlx_lm.sample_utils import make_sampler
+
+        s, context = self.sampling, self.context
+        processors = [p if p is self.admitted.generation.grammar else seeing_context(p, context)
+                      for p in s.processors] if context else s.processors
+        layout, kv = self.resident.kv, self.kv
+        quantize = {"kv_bits": layout.bits, "kv_group_size": layout.group_size,
+                    "quantized_kv_start": layout.quantized_start} if layout.quantized else {}
+        if self.resident.dequantized_decode:
+            from ..cache.kv_cache import prefill_views
+
+            # Every layer quantised from the first position (the runner made it so): no switch to make.
+            kv, quantize = prefill_views(kv), {}
+        return generate_step(mx.array(self.rest, dtype=mx.int32), self.resident.model,
+                             max_tokens=self.admitted.job.params.max_tokens, sampler=s.sampler or make_sampler(0.0),
+                             logits_processors=processors, prompt_cache=kv, prompt_progress_callback=heartbeat,
+                             **quantize)
+
+    def _vision_steps(self, vision: Any, pace: Any) -> Any:
+        from mlx_lm.sample_utils import make_sampler
+        from mlx_vlm import stream_generate
+
+        s = self.sampling
+        return _closing_step_holds_no_token(stream_generate(
+            self.resident.model, self.resident.processor, "", max_tokens=self.admitted.job.params.max_tokens,
+            sampler=s.sampler or make_sampler(0.0), logits_processors=s.processors or None, prefill_step_size=pace.step(),
+            **vision.inputs))
+
+    def step(self) -> list[Ended]:
+        """One token (none: the request ended before its first, its client gone)."""
+        a = self.admitted
+        if a.job.cancelled.is_set() and a.first_token_at is None:
+            return [self._end("cancelled")]
+        try:
+            out = next(self.steps)
+        except StopIteration:
+            return [self._end("length")]
+        if self.vision:
+            finish = a.feed(out.token, out.text, out.finish_reason)
+            if out.finish_reason is not None:
+                finish = finish or "length"
+        else:
+            token = int(out[0])
+            self.yielded += 1
+            model_finish = ("stop" if token in self.resident.tokenizer.eos_token_ids
+                            else "length" if self.yielded >= a.job.params.max_tokens else None)
+            finish = a.feed(token, None, model_finish)
+        return [self._end(finish)] if finish is not None else []
+
+    def hand_over(self) -> Joining:
+        """Out of this decoder, to join the batch where it stands (see the module's docstring)."""
+        from mlx_lm.models.cache import trim_prompt_cache
+
+        self.steps.close()
+        a = self.admitted
+        if self.yielded == 0:  # not started: it joins as any request does
+            return Joining(a, self.rest, self.kv, self.context, a.job.params.max_tokens, self.sampling)
+        # mlx-lm has already run the last token through the model: its KV goes,
+        # and the token comes back as a one-token prompt (which its grammar has already consumed).
+        trim_prompt_cache(self.kv, 1)
+        if a.generation.grammar is not None:
+            a.generation.grammar.repeat_last()
+        generated = a.generation.tokens
+        return Joining(a, generated[-1:], self.kv, a.prompt + generated[:-1],
+                       a.job.params.max_tokens - self.yielded, self.sampling)
+
+    def _end(self, finish: str) -> Ended:
+        self.close()
+        return Ended(self.admitted, finish, None if self.vision or self.link is not None else self.kv)
+
+    def close(self) -> None:
+        close = getattr(self.steps, "close", None)
+        if close is not None:
+            close()
+        if self.link is not None:
+            from .ranks import END
+
+            self.link.share((END,))
+            self.link = None

@@ -1,0 +1,217 @@
+"""The runner: the resident model and its decoders, the engine core's one
+way to MLX. Every MLX call the core needs goes through it: load and unload
+(with the serving plan decided at load), a request's tokens, its KV from the
+prompt cache's fetch (recomputed spans, allocation), admission into a
+decoder, one decode step, MLX's memory figures and limit.
+
+The core (engine/core/engine_core.py) decides; the runner does. A test drives the
+core with a runner of its own that makes no MLX call (tests/engine/test_engine_core.py).
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from mlxd.memory_estimate import KVLayout
+
+from .decoding import Admitted, Decoders, Ended
+from ..core.errors import EngineError
+from ..core.faults import FaultInjector
+from .generation import Generation, ResidentModel, VisionPrompt, tokenize, vision_prompt
+from ..core.jobs import Job
+from .model_registry import ModelRegistry
+from .prefill_pace import PrefillPace
+from ..cache.prompt_cache_policy import Fetched
+from .serving_plan import ServingPlan, serving_plan
+from ..core.worker_state import MemorySnapshot
+
+log = logging.getLogger("mlxd.engine.core.worker")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A request's prompt as the model takes it."""
+
+    tokens: list[int]
+    vision: VisionPrompt | None = None
+
+    @property
+    def image_tokens(self) -> int:
+        return self.vision.image_tokens if self.vision is not None else 0
+
+
+class ModelRunner:
+    def __init__(self, registry: ModelRegistry, faults: FaultInjector, max_prompt_tokens: int,
+                 prefill_step_size: int, prefill_step_budget_s: float, heartbeat: Callable[..., None],
+                 link: Any = None) -> None:
+        self.registry = registry
+        self.faults = faults
+        self.max_prompt_tokens = max_prompt_tokens
+        self.prefill_step_size = prefill_step_size
+        self.prefill_step_budget_s = prefill_step_budget_s
+        self.heartbeat = heartbeat
+        self.link = link  # rank 0 of a rank group (engine/model/ranks.py): loads and forward passes are mirrored
+        self.pace = PrefillPace(prefill_step_size, prefill_step_budget_s)  # measured anew per model
+        self.resident: ResidentModel | None = None
+        self.plan: ServingPlan | None = None
+        self.decoders: Decoders | None = None
+        self._wired_before: int | None = None
+
+    @property
+    def resident_id(self) -> str | None:
+        return self.resident.model_id if self.resident is not None else None
+
+    # --- the model --------------------------------------------------------------
+    def load(self, model_id: str) -> ServingPlan:
+        """The model into memory and its serving plan; an EngineError (503)
+        for a load that failed outside MLX (missing files, no network)."""
+        from .many_rows import batchable_model
+        from .model_load import load_resident, load_shard, with_kv_layout
+
+        info = self.registry.info(model_id)
+        target = self.registry.load_target(model_id)
+        log.info("loading model %s from %s", model_id, target)
+        try:
+            resident = (load_resident(model_id, target, info.weights_dtype) if self.link is None
+                        else load_shard(model_id, target, self.link))
+        except (OSError, ValueError, KeyError, ImportError) as exc:
+            raise EngineError(503, f"could not load model {model_id!r}: {exc}", code="model_load_failed",
+                              param="model", retry_after=30) from exc
+        if not resident.vision and self.link is None:
+            resident = with_kv_layout(resident, info.kv)
+        self.resident = resident
+        self.pace = PrefillPace(self.prefill_step_size, self.prefill_step_budget_s)
+        batchable = not resident.vision and self.link is None and batchable_model(resident.model)
+        self.plan = serving_plan(model_id, self.registry.max_concurrency(model_id), vision=resident.vision,
+                                 rank_group=self.link is not None, batchable=batchable, kv=resident.kv,
+                                 cpu_float32=info.weights_dtype == "float32")
+        if self.plan.reason and self.registry.max_concurrency(model_id) > 1:
+            log.info("%s is served one request at a time: %s", model_id, self.plan.reason)
+        self.decoders = Decoders(resident, self.plan.max_concurrency, self.pace, self.faults, self.link)
+        from mlx_lm.utils import maybe_set_recommended_wired_limit  # Metal: the weights stay wired, as mlx-lm does
+
+        self._wired_before = maybe_set_recommended_wired_limit()
+        return self.plan
+
+    def unload(self) -> None:
+        import mlx.core as mx
+
+        if self.decoders is not None:
+            self.decoders.close()
+        self.resident = self.plan = self.decoders = None
+        if self._wired_before is not None:
+            mx.set_wired_limit(self._wired_before)
+            self._wired_before = None
+        if self.link is not None:
+            from .ranks import UNLOAD
+
+            self.link.share((UNLOAD,))
+        gc.collect()
+        mx.clear_cache()
+
+    def reset_peak(self) -> None:
+        import mlx.core as mx
+
+        mx.reset_peak_memory()
+
+    def generation_prompt_length(self) -> int:
+        from .prompt_tokens import generation_prompt_length
+
+        return generation_prompt_length(self.resident.tokenizer)
+
+    # --- a request ----------------------------------------------------------------
+    def can_batch(self, job: Job) -> bool:
+        """What mlx-lm's batch can take: the resident model's plan allows it,
+        no seed and no image; the rest is decoded alone."""
+        plan = self.plan
+        return (plan is not None and plan.model_id == job.model_id and plan.max_concurrency > 1
+                and job.params.seed is None and not job.images)
+
+    def tokenize(self, job: Job) -> Prompt:
+        """The request's prompt on the resident model; the 400 for one it cannot take."""
+        if self.resident.vision:
+            vision = vision_prompt(self.resident, job, self.max_prompt_tokens)
+            return Prompt(vision.tokens, vision)
+        return Prompt(tokenize(self.resident, job, self.max_prompt_tokens))
+
+    def decodes_alone(self, alone: bool, others_waiting: bool) -> bool:
+        return self.decoders.decodes_alone(alone, others_waiting)
+
+    def admit(self, job: Job, prompt: Prompt, fetched: Fetched, cache_enabled: bool, alone: bool, one_row: bool,
+              taken_at: float) -> Admitted:
+        """Its KV from what the prompt cache fetched (spans recomputed; else
+        allocated once: for prompt and answer when decoded alone, for the
+        prompt when it joins the batch), then into its decoder."""
+        from mlx_lm.models.cache import can_trim_prompt_cache
+
+        from ..cache.kv_cache import make_kv
+        from .prefill import recompute
+        from ..cache.prompt_cache_policy import needs_boundary_snapshot
+
+        r = self.resident
+        kv = fetched.kv
+        if fetched.patches:
+            recompute(r.model, kv, prompt.tokens, fetched.patches, fetched.start, self.pace, self.heartbeat,
+                      cancelled=job.cancelled)
+        needs_snapshot = False
+        if prompt.vision is None and self.link is None:
+            if kv is None:
+                kv = (make_kv(r.model, len(prompt.tokens) + job.params.max_tokens, r.kv) if one_row
+                      else make_kv(r.model, len(prompt.tokens), KVLayout()))
+            needs_snapshot = cache_enabled and needs_boundary_snapshot([type(c).__name__ for c in kv],
+                                                                       can_trim_prompt_cache(kv))
+            if one_row and not alone and not can_trim_prompt_cache(kv):
+                one_row = False  # it could not be cut back to join a batch later: it starts in the batch
+        generation = Generation(r, job, self.faults, self.heartbeat)
+        admitted = Admitted(job, generation, prompt.tokens, fetched, r.tokenizer.detokenizer, needs_snapshot,
+                            alone=alone, taken_at=taken_at)
+        self.decoders.admit(admitted, kv, self.heartbeat, one_row, prompt.vision)
+        return admitted
+
+    def step(self) -> list[Ended]:
+        return self.decoders.step() if self.decoders is not None else []
+
+    @property
+    def rows(self) -> list[Admitted]:
+        return self.decoders.rows if self.decoders is not None else []
+
+    def jobs_of_rows(self) -> list[Job]:
+        return [a.job for a in self.rows]
+
+    @property
+    def batch_rows(self) -> list[Admitted]:
+        return self.decoders.batch_rows if self.decoders is not None else []
+
+    def finish(self, e: Ended) -> None:
+        """The answer's end, to its client."""
+        a = e.admitted
+        a.generation.end(e.finish, len(a.prompt), len(a.generation.tokens), a.fetched.cached_tokens)
+
+    def echo(self, generated: list[int]) -> tuple[int, ...]:
+        from .prompt_tokens import answer_echo
+
+        return answer_echo(self.resident.tokenizer, generated)
+
+    def describe_reuse(self, cached: list[int], sent: list[int]) -> tuple[str, str]:
+        decode = self.resident.tokenizer.decode
+        return decode(cached), decode(sent)
+
+    # --- MLX's memory ----------------------------------------------------------------
+    def memory(self) -> MemorySnapshot:
+        import mlx.core as mx
+
+        return MemorySnapshot(mx.get_active_memory(), mx.get_peak_memory(), mx.get_cache_memory(), time.monotonic())
+
+    def mlx_bytes(self) -> int:
+        import mlx.core as mx
+
+        return mx.get_active_memory() + mx.get_cache_memory()
+
+    def set_memory_limit(self, limit_bytes: int) -> None:
+        import mlx.core as mx
+
+        mx.set_memory_limit(limit_bytes)

@@ -1,0 +1,50 @@
+"""How the resident model is served, decided once when it loads (pure,
+table-tested): how many requests its decoder takes at once, whether mlxd's
+prompt cache serves it, how its KV holds values and whether it runs on the
+CPU's float32 path. The runner (engine/model/runner.py) makes the plan at load;
+the core reads its `max_concurrency`; /health and /metrics report it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mlxd.memory_estimate import KVLayout
+
+ONE_ROW = "one_row"  # engine/model/one_row.py: one request at a time, as mlx-lm decodes one
+MANY_ROWS = "many_rows"  # engine/model/many_rows.py: mlx-lm's BatchGenerator, joined by a lone start
+
+
+@dataclass(frozen=True)
+class ServingPlan:
+    model_id: str
+    max_concurrency: int  # requests decoded at once: 1 is the one-row decoder alone
+    vision: bool  # mlx-vlm's model: a request's images go through its processor
+    rank_group: bool  # sharded over processes (engine/model/ranks.py): every forward pass mirrored
+    prompt_cache: bool  # mlxd's prompt cache serves it (not mlx-vlm's generation, not a rank group)
+    kv: KVLayout  # how its requests' KV holds values (kv_bits), as this MLX can serve it
+    cpu_float32: bool  # the CPU's float32 path (engine/cpu/cpu_linear.py, engine/cpu/cpu_decode.py)
+    reason: str | None = None  # why max_concurrency is below what was configured
+
+    @property
+    def decoder(self) -> str:
+        return MANY_ROWS if self.max_concurrency > 1 else ONE_ROW
+
+
+def serving_plan(model_id: str, configured_concurrency: int, *, vision: bool, rank_group: bool,
+                 batchable: bool, kv: KVLayout, cpu_float32: bool) -> ServingPlan:
+    """The plan for a model just loaded (pure; the first reason that holds
+    limits it to one request at a time). `batchable`: every layer's cache
+    can be merged into mlx-lm's batch."""
+    reason = None
+    if configured_concurrency > 1:
+        if rank_group:
+            reason = "a rank group serves one request at a time"
+        elif vision:
+            reason = "a vision model is served by mlx-vlm, one request at a time"
+        elif kv.quantized:
+            reason = "mlx-lm's batch has no quantised KV cache"
+        elif not batchable:
+            reason = "mlx-lm cannot merge this model's cache into a batch"
+    return ServingPlan(model_id, 1 if reason else configured_concurrency, vision, rank_group,
+                       not vision and not rank_group, kv, cpu_float32, reason)

@@ -9,13 +9,18 @@ Each arm is a real `mlxd engine` process serving the default model's GGUF
              (quantised matmuls are MLX's own kernels, not BLAS: this shows it)
   after      the defaults: OpenBLAS and the weights loaded as float32
   after-1t   (only with --arms) the defaults with OPENBLAS_NUM_THREADS=1
-  after-stored  (only with --arms) the defaults with MLXD_CPU_LAYOUT=stored: mlx-lm's
-             model as it is (Linear weights as MLX lays them out, MLX's ops for every step)
-  after-transposed  (only with --arms) MLXD_CPU_LAYOUT=transposed: weights transposed
-             (engine/cpu/cpu_linear.py) and the one-token shortcuts (engine/cpu/cpu_decode.py), on
-             one stream (the default's layout, named)
-  after-split  (only with --arms) MLXD_CPU_LAYOUT=split: the same with wide layers in
-             column blocks on 2 CPU streams
+  after-stored  (only with --arms) the defaults with bench/cpu_arms.py's layout stored:
+             mlx-lm's model as it is (Linear weights as MLX lays them out, MLX's ops for every step)
+  after-transposed  (only with --arms) layout transposed: weights transposed where they widen
+             (engine/cpu/cpu_linear.py) and the one-token shortcuts (engine/cpu/cpu_decode.py), a
+             token on one stream (the default's layout, named)
+  after-split  (only with --arms) layout split: every layer transposed, wide ones in
+             column blocks on 2 CPU streams, a token's MLP a chain per stream
+
+An arm with a layout runs its engine through this script (`--engine-layout
+LAYOUT -- COMMAND`): the engine's BLAS chosen first, then bench/cpu_arms.py's
+layout put in place of the engine's own float32 layout, then `mlxd engine`
+in the same process. The engine itself has no setting for it.
 
 Per arm, in rounds that alternate the arms (the first arm rotates each
 round), medians over the rounds:
@@ -87,6 +92,7 @@ class Arm:
     fast_blas: bool  # False: MLXD_CPU_BLAS=reference
     cpu_float32: bool
     env: tuple[tuple[str, str], ...] = ()
+    layout: str | None = None  # bench/cpu_arms.py's layout in place of the engine's (None: the engine's own)
 
 
 ARMS = {
@@ -95,12 +101,13 @@ ARMS = {
     "after": Arm("after", "OpenBLAS, float32 (the defaults)", True, True),
     "after-1t": Arm("after-1t", "OpenBLAS 1 thread, float32", True, True, (("OPENBLAS_NUM_THREADS", "1"),)),
     "after-stored": Arm("after-stored", "OpenBLAS, float32, mlx-lm's model as it is (x @ W.T)", True, True,
-                        (("MLXD_CPU_LAYOUT", "stored"),)),
+                        layout="stored"),
     "after-transposed": Arm("after-transposed", "OpenBLAS, float32, transposed + shortcuts, one stream", True, True,
-                            (("MLXD_CPU_LAYOUT", "transposed"),)),
+                            layout="transposed"),
     "after-split": Arm("after-split", "OpenBLAS, float32, transposed + shortcuts, wide layers on 2 streams", True,
-                       True, (("MLXD_CPU_LAYOUT", "split"),)),
+                       True, layout="split"),
 }
+ENGINE_LAYOUT = "--engine-layout"  # main()'s mode for an arm's engine: `--engine-layout LAYOUT -- COMMAND`
 DEFAULT_ARMS = ("before", "blas-only", "after")
 
 
@@ -114,6 +121,35 @@ def arm_env(arm: Arm, base: dict[str, str] | None = None) -> dict[str, str]:
     """The engine's environment: `base` (this process's) with the arm's changes."""
     env = {**(child_env() if base is None else base), **arm_env_changes(arm)}
     return {k: v for k, v in env.items() if v is not None}
+
+
+def engine_launcher(arm: Arm) -> list[str]:
+    """What goes before `python -m mlxd.cli engine ...` (benchkit's
+    start_engine): this script's --engine-layout mode for an arm with a
+    layout, nothing for the others."""
+    if arm.layout is None:
+        return []
+    return [sys.executable, str(Path(__file__).resolve()), ENGINE_LAYOUT, arm.layout, "--"]
+
+
+def engine_with_layout(layout: str, command: list[str]) -> int:
+    """`mlxd engine` in this process (command: `PYTHON -m mlxd.cli engine
+    ...`, what start_engine runs) with bench/cpu_arms.py's `layout` in place
+    of the engine's own float32 layout. The BLAS is chosen first, as the
+    engine does, since bench/cpu_arms.py imports MLX."""
+    if command[1:3] != ["-m", "mlxd.cli"] or len(command) < 4:
+        raise SystemExit(f"{ENGINE_LAYOUT}: expected LAYOUT -- PYTHON -m mlxd.cli ..., got {command}")
+    from mlxd.engine.cpu.fast_blas import activate
+
+    activate()  # before MLX is imported (the engine's own call later returns this choice)
+    import cpu_arms
+
+    cpu_arms.install(layout)
+    here = str(Path(__file__).resolve().parent)
+    sys.path[:] = [p for p in sys.path if not p or Path(p).resolve() != Path(here)]  # no benchmark shadows a module
+    from mlxd.cli.main import main as mlxd_main
+
+    return mlxd_main(command[3:])
 
 
 def engine_toml(gguf: Path, arm: Arm) -> str:
@@ -219,7 +255,7 @@ def start_arm(arm: Arm, gguf: Path, workdir: Path) -> ArmRun:
     config in a fresh MLXD_HOME) with the arm's environment."""
     home = workdir / arm.name / "home"
     srv = start_engine(home, engine_toml(gguf, arm), workdir / arm.name / "engine.log", f"engine ({arm.name})",
-                       env=arm_env_changes(arm))
+                       env=arm_env_changes(arm), launcher=engine_launcher(arm))
     return ArmRun(arm, srv, home, HttpWay(arm.name, srv.url, "default", srv))
 
 
@@ -726,6 +762,7 @@ def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     for name, r in runs.items():
         result["arms"][name] = {"label": r.arm.label, "fast_blas": r.arm.fast_blas, "cpu_float32": r.arm.cpu_float32,
                                 "env": dict(r.arm.env) | ({BLAS_ENV: "reference"} if not r.arm.fast_blas else {}),
+                                "layout": r.arm.layout,
                                 "engine": r.engine, "warmup": r.warmup, "prefill": r.prefill, "decode": r.decode,
                                 "long": r.long, "errors": r.errors, "log": str(r.server.log_path)}
     return result
@@ -780,6 +817,8 @@ def main(argv: list[str] | None = None) -> int:
         folder, dtype, steps = argv[1], argv[2], int(argv[3])
         print(json.dumps(profile_child(folder, dtype, steps)))
         return 0
+    if argv[:1] == [ENGINE_LAYOUT] and argv[2:3] == ["--"]:  # an arm's engine (engine_launcher)
+        return engine_with_layout(argv[1], argv[3:])
     args = parse_args(argv)
     interrupt_on_sigterm()
     if not args.gguf.is_file():

@@ -6,7 +6,8 @@ Anthropic's billing, `x-anthropic-billing-header: cc_version=2.1.120.cf9;
 cc_entrypoint=cli; cch=71fea;`, whose `cch` is a hash of the request and
 changes every turn. Anthropic's servers lift it out; to any other server it is
 the prompt's first tokens, so exact prefix reuse stops at token ~10 and every
-turn prefills the whole conversation again (1 % reused instead of 95 %+).
+turn prefills the whole conversation again (docs/BENCHMARKS.md, "Why the
+engine is built as it is").
 Removing it is what Claude Code does itself with
 `CLAUDE_CODE_ATTRIBUTION_HEADER=0`, and what proxies in front of other
 providers do.

@@ -3,13 +3,13 @@ length they were admitted to, not grown in steps while they decode.
 
 mlx-lm's BatchKVCache keeps every row of the batch in one array, as long as
 the longest row (shorter ones padded on the left), and grows it by 256
-positions at a time by concatenating a longer copy: a batch of 4 agents at
-8k tokens copied all of its KV every 256 tokens, and memory climbed a
-staircase. Here each row joins with what admission granted it (the rest of
-its prompt and max_tokens), and the batch's array is allocated, once per
-join, at the longest row plus the most any row has still to prefill plus the
-most any row may generate (engine/core/scheduler.py `batch_context`, which is
-what admission counts). While the batch decodes, nothing is allocated.
+positions at a time by concatenating a longer copy: the batch copies all of
+its KV every 256 tokens, and memory climbs a staircase (docs/BENCHMARKS.md,
+"Why the engine is built as it is"). Here each row joins with what admission
+granted it (the rest of its prompt and max_tokens), and the batch's array is
+allocated, once per join, at the longest row plus the most any row has still
+to prefill plus the most any row may generate (engine/core/scheduler.py
+`batch_context`, which is what admission counts). While the batch decodes, nothing is allocated.
 
 Two small subclasses, not a fork: `RowKVCache` is a request's KVCache on its
 way into the batch (mlx-lm merges caches by the class of the first row's),

@@ -189,9 +189,9 @@ def packed_length(offset: int, room: int, step: int) -> int:
     new ones (its prompt's rest and max_tokens), rounded up to mlx-lm's
     growth step. A cache mlx-lm grows from a fresh start always has such a
     buffer; one continued from an odd offset does not (KVCache.update_and_fetch
-    cuts it back there before growing), and decoding on those ran 25 % slower
-    on MLX CUDA (8B model, 12-14k tokens: 9.7 vs 7.4 ms per token,
-    bench/kv_reuse_profile.py)."""
+    cuts it back there before growing), and decoding on such a buffer is
+    slower on MLX CUDA (docs/BENCHMARKS.md, "Why the engine is built as it
+    is")."""
     return -(-(offset + room) // step) * step
 
 

@@ -3,11 +3,11 @@
 An evicted entry used to be written to disk on the worker thread, between
 two steps: with a prompt cache squeezed by a big model every new turn
 evicts one, and the write (hundreds of MB, then fsync) stalled the batch's
-other rows and the next queued request for up to a second. Now the worker
-only stages the file (`stage_file`: the safetensors header, and numpy views
-of the entry's arrays -- no copy; only the worker thread touches MLX
-arrays) and `KVWriter`'s thread does the I/O: a temporary file, fsync, the
-rename into place, fsync of the folder. The entry's arrays stay alive (the
+other rows and the next queued request (docs/BENCHMARKS.md, "Why the engine
+is built as it is"). Now the worker only stages the file (`stage_file`: the
+safetensors header, and numpy views of the entry's arrays -- no copy; only
+the worker thread touches MLX arrays) and `KVWriter`'s thread does the I/O:
+a temporary file, fsync, the rename into place, fsync of the folder. The entry's arrays stay alive (the
 worker holds them) until the worker collects the finished write, so the
 views stay valid and MLX never reuses their buffers meanwhile.
 

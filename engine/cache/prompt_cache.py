@@ -395,8 +395,8 @@ class PromptCache:
             return
         # The arrays are freed with the last reference (here, or once written: _settle). Their buffers go
         # back to MLX's cache, which the worker bounds to the budget (worker._bound_mlx_memory): no
-        # clear_cache() here, which cost ~0.3 s a request on a CUDA card (a sync, and every buffer
-        # allocated again).
+        # clear_cache() here, which is slow on a CUDA card (a sync, and every buffer allocated again;
+        # docs/BENCHMARKS.md, "Why the engine is built as it is").
         leaving, self._entries = self._entries[:n], self._entries[n:]
         for entry in leaving:
             if id(entry) in self._writing:  # an idle write under way: its arrays go once it is done

@@ -57,9 +57,9 @@ def worth_reading(file_bytes: int, tokens_saved: int, *, max_bytes: int, max_rea
 def prefill_rate_for(warm: bool, fastest: float | None, first_in_process: float | None) -> float | None:
     """The prefill speed a disk read competes with (pure). An engine that has
     not prefilled a long prompt yet pays for its kernels' first compilation
-    too (on MLX CUDA a restarted engine's first 12k-token prefill took 2.4 s,
-    later ones 0.7 s): judged by earlier engines' first prefills, it reads
-    where a read really is quicker for it."""
+    too (on MLX CUDA several times a warm prefill: docs/BENCHMARKS.md, "Why
+    the engine is built as it is"): judged by earlier engines' first
+    prefills, it reads where a read really is quicker for it."""
     if warm:
         return fastest
     return first_in_process or fastest

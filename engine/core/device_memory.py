@@ -3,15 +3,15 @@
 MLX bounds what it allocates (its active buffers plus its buffer cache) by
 `mx.set_memory_limit`; the process holds more than that on a CUDA card: the
 CUDA context and the libraries' workspaces (cuBLAS, cuDNN), which MLX does
-not count. Measured on the H100 (8B demo model, four agents): nvidia-smi
-showed the process at 64.1 GiB against a 59.7 GiB budget while MLX's active
-and cached memory summed to its limit, 59.7 GiB: 4.4 GiB outside MLX.
+not count: with MLX at its limit (the budget), the process stood gigabytes
+over it (docs/BENCHMARKS.md, "Why the engine is built as it is").
 
 So where nvidia-smi can see the process, a watch thread measures it every
-few seconds, takes what MLX does not account for (the largest seen: such
-memory grows with the shapes run and is rarely given back) and the worker
-lowers MLX's limit by it (`mlx_limit`), so the process as nvidia-smi sees it
-stays within the budget. On Metal and the CPU nothing is outside MLX worth
+few seconds, takes what MLX does not account for (the largest seen, once a
+second reading confirms it: such memory grows with the shapes run and is
+rarely given back, while nvidia-smi lags MLX giving buffers back) and the
+core lowers MLX's limit by it and room for it to grow (`mlx_limit`), so the
+process as nvidia-smi sees it stays within the budget. On Metal and the CPU nothing is outside MLX worth
 counting (no such tool either): the limit is the budget.
 
 The thread reads MLX's memory counters (plain getters; it never allocates or
@@ -32,8 +32,15 @@ from typing import Callable
 log = logging.getLogger("mlxd.engine.core.worker")
 
 MIB = 2**20
-INTERVAL_S = 5.0  # between measurements
+INTERVAL_S = 2.0  # between measurements
 LIMIT_FLOOR = 0.5  # MLX keeps at least this share of the budget, whatever is measured outside it
+# Memory outside MLX grows with new shapes (cuBLAS workspaces, kernels) between two measurements:
+# room is left for this share more (four agents on an H100 grew it 0.3-0.4 GiB a step from 3.2 GiB).
+OUTSIDE_GROWTH = 0.25
+# A reading counts once the next one confirms it (the least of the two): nvidia-smi lags MLX's counters when MLX
+# gives buffers back, which once read as 18.9 GiB outside MLX for a moment (four agents, H100) and took MLX's
+# limit, and the prompt cache with it, down by as much.
+CONFIRMATIONS = 2
 
 
 def parse_compute_apps(text: str) -> dict[int, int]:
@@ -54,9 +61,17 @@ def parse_compute_apps(text: str) -> dict[int, int]:
 
 def mlx_limit(budget_bytes: int, outside_bytes: int) -> int:
     """MLX's memory limit (pure): the budget less what the process holds
-    outside MLX, never below LIMIT_FLOOR of the budget (a wild measurement
+    outside MLX and room for it to grow by OUTSIDE_GROWTH before the next
+    measurement, never below LIMIT_FLOOR of the budget (a wild measurement
     must not starve the model)."""
-    return max(int(budget_bytes * LIMIT_FLOOR), budget_bytes - max(0, outside_bytes))
+    outside = max(0, outside_bytes)
+    return max(int(budget_bytes * LIMIT_FLOOR), budget_bytes - outside - int(outside * OUTSIDE_GROWTH))
+
+
+def confirmed_outside(recent: list[int]) -> int:
+    """What the latest readings of memory outside MLX show for certain (pure):
+    the least of the last CONFIRMATIONS, so one stale reading never counts."""
+    return max(0, min(recent[-CONFIRMATIONS:])) if recent else 0
 
 
 def process_device_bytes(pid: int, timeout_s: float = 10.0) -> int | None:
@@ -78,7 +93,7 @@ class DeviceMemory:
 
     process_bytes: int  # the process on the device, as nvidia-smi sees it
     mlx_bytes: int  # MLX's active + cached memory at that moment
-    outside_bytes: int  # the most seen of process - MLX: what MLX's limit must leave
+    outside_bytes: int  # the most seen of process - MLX (each confirmed): what MLX's limit must leave
     taken_at: float
 
 
@@ -101,13 +116,16 @@ class DeviceMemoryWatch(threading.Thread):
         self._stop_event.set()
 
     def run(self) -> None:
+        recent: list[int] = []
         while not self._stop_event.is_set():
+            mlx_before = self.mlx_bytes()
             process = self.measure(self.pid)
             if process is None:
                 return  # no nvidia-smi, or it does not list us: nothing to measure here
-            mlx = self.mlx_bytes()
+            mlx = max(mlx_before, self.mlx_bytes())  # MLX may have given buffers back while nvidia-smi ran
+            recent = [*recent[-(CONFIRMATIONS - 1):], process - mlx] if CONFIRMATIONS > 1 else [process - mlx]
             before = self.latest.outside_bytes if self.latest is not None else 0
-            self.latest = DeviceMemory(process, mlx, max(before, process - mlx), time.monotonic())
+            self.latest = DeviceMemory(process, mlx, max(before, confirmed_outside(recent)), time.monotonic())
             if self.latest.outside_bytes > before + 256 * MIB:
                 log.info("device memory: the process holds %.2f GiB outside MLX (nvidia-smi %.2f GiB, MLX %.2f GiB)",
                          self.latest.outside_bytes / 2**30, process / 2**30, mlx / 2**30)

@@ -186,6 +186,7 @@ class EngineCore:
         """Into a decoder with its cached prefix: decoded alone (`alone`), or
         into the batch. The prompt cache keeps only what the ledger leaves."""
         job = p.job
+        alone = alone or self.slots() <= 1  # max_concurrency = 1: every request is decoded alone
         # On record before anything of it runs: a request that crashes the engine at
         # its start, its load or its prefill is named in the crash journal (quarantine).
         self.table.hold(job, RequestStatus.PREFILLING)
@@ -200,7 +201,7 @@ class EngineCore:
             prompt = self.runner.tokenize(job) if p.tokens is None else Prompt(p.tokens)
             self.heartbeat()  # tokenizing a long prompt is progress, not a hang
             job.channel.put(Started(len(prompt.tokens)))
-            one_row = self.runner.decodes_alone(alone or self.slots() <= 1, self.admission.has_waiting())
+            one_row = self.runner.decodes_alone(alone, self.admission.has_waiting())
             tokens = len(prompt.tokens)
             if one_row:
                 self.ledger.grant_alone(job.id, tokens + job.params.max_tokens, prompt.image_tokens)
@@ -211,8 +212,7 @@ class EngineCore:
                 fetched = self.prompt_cache.fetch(prompt.tokens, job.params.max_tokens if one_row else 0,
                                                   self.ledger.request_bytes(tokens))
                 self._log_reuse(job, fetched)
-            self.runner.admit(job, prompt, fetched, self.prompt_cache.enabled, alone or self.slots() <= 1,
-                              one_row, p.taken_at)
+            self.runner.admit(job, prompt, fetched, self.prompt_cache.enabled, alone, one_row, p.taken_at)
         except EngineError as exc:
             job.channel.put(Failed(exc))
             self.ledger.release(job.id)

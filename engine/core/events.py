@@ -58,11 +58,12 @@ class EventChannel:
     """Worker thread -> asyncio handler.
 
     Waking the event loop from the worker costs a GIL handoff that sits on
-    the decode's critical path (measured: ~130 us a token on 2 cores, about
-    8% of the tiny demo model's decode). So once tokens flow, Deltas do not
-    wake the loop: the handler collects them every FLUSH_S. Everything else
-    (Started, the first Delta, tool calls, the end, errors) wakes it at once,
-    so time to first token and the end of a stream are not delayed."""
+    the decode's critical path, a share of a small model's decode worth
+    saving (docs/BENCHMARKS.md, "Why the engine is built as it is"). So once
+    tokens flow, Deltas do not wake the loop: the handler collects them every
+    FLUSH_S. Everything else (Started, the first Delta, tool calls, the end,
+    errors) wakes it at once, so time to first token and the end of a stream
+    are not delayed."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop

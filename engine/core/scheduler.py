@@ -55,8 +55,8 @@ class Memory:
     # explicit mask (rows are padded), so attention is not fused: scores, their
     # softmax and the broadcast mask, in float32, for every head, over each
     # position of the row's context. At long contexts larger than the KV itself:
-    # uncounted, 3 rows of 60k tokens ran an 80 GB card out of memory in
-    # prefill, and 2 counted at 8 bytes a head-position still did.
+    # left uncounted, or undercounted, it ran a GPU out of memory in the batch's
+    # prefill (docs/BENCHMARKS.md, "Why the engine is built as it is").
     attention_bytes_per_position: int = 0
 
 
@@ -139,6 +139,6 @@ def starts_alone(batch_empty: bool, others_waiting: bool) -> bool:
     must also be one mlx-lm can cut back when a second request joins:
     engine/model/runner.py checks that). A burst (agents started together) joins
     the batch: the lone start prefills its whole prompt in one go, holding
-    the others in the queue (H200, 8B, 4 x 1k tokens in process: the last
-    first token 280-390 ms against 215-235 in the batch)."""
+    the others in the queue, and the burst's last first token comes later
+    (docs/BENCHMARKS.md, "Why the engine is built as it is")."""
     return batch_empty and not others_waiting

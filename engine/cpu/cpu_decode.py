@@ -1,31 +1,27 @@
-"""The CPU's float32 path, third part: a decoded token in fewer MLX ops.
+"""The CPU's float32 path, third part: a decoded token in fewer MLX ops,
+and the path's one entry, `prepare_float32`, which the model load calls.
 
 On the CPU every MLX op costs its dispatch (building the array, the
 scheduler's hand-off to the stream's thread, an allocation) whatever its
-size, and a one-token step of the default model was 4,247 ops: MLX's CPU
-fallbacks of `fast.rope` (~20 ops: the frequencies recomputed every call),
-`fast.rms_norm` (~8) and `fast.scaled_dot_product_attention` (~12, the
-query heads repeated over the KV heads). On 2 cores that overhead took as
-much time as reading the weights. Three replacements for one token cut it to
-972 (with the transposed layout: docs/BENCHMARKS.md), each falling back to
-MLX's own op for a prompt (many tokens: compute-bound, the dispatch
-negligible) and for what it does not know:
+size, and a one-token step spent most of its ops in MLX's CPU fallbacks of
+`fast.rope` (the frequencies recomputed every call), `fast.rms_norm` and
+`fast.scaled_dot_product_attention` (the query heads repeated over the KV
+heads); on 2 cores that overhead took as much time as reading the weights
+(docs/BENCHMARKS.md, "The CPU path's layouts"). Three replacements for one
+token cut the step's ops to about a quarter, each falling back to MLX's own
+op for a prompt (many tokens: compute-bound, the dispatch negligible) and
+for what it does not know:
 - `RotationRoPE`: a token at position p is rotated by one matrix product,
   the matrix built once per position (numpy) and shared by every layer;
 - `CompiledRMSNorm`: the norm as one compiled kernel and a sum;
 - `FoldedLlamaAttention`, `FoldedQwen2Attention`: mlx-lm's attention, whose
   one-token step folds the query heads that share a KV head into rows of one
   product (3 matmuls of 3 rows instead of 9 of 1) with no mask or repeat;
-  its query, key and value projections one product where they are in one
-  block (`share_qkv`, engine/cpu/cpu_linear.py's SharedInputProduct: a prompt
-  through mlx-lm's own code shares it too);
-- `BlockedLlamaMLP`, `BlockedQwen2MLP`: with the weights in column blocks on
-  two streams (engine/cpu/cpu_linear.py's split layout, `MLXD_CPU_LAYOUT=split`),
-  a token's MLP as one chain per stream,
-  joined once (the step 7 % faster in process than joining after each
-  projection; 1,289 -> 1,259 ops).
-Only the CPU's float32 path (engine/model/model_load.py) uses them, with the
-transposed layout (`MLXD_CPU_LAYOUT=stored` keeps mlx-lm's model as it is).
+  its query, key and value projections one product (`share_qkv`,
+  engine/cpu/cpu_linear.py's SharedInputProduct: a prompt through mlx-lm's
+  own code shares it too).
+Only the CPU's float32 path uses them (engine/model/model_load.py, through
+`prepare_float32`), with engine/cpu/cpu_linear.py's transposed layout.
 """
 
 from __future__ import annotations
@@ -39,10 +35,10 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_unflatten
 from mlx_lm.models import llama, qwen2
-from mlx_lm.models.activations import swiglu
 from mlx_lm.models.cache import KVCache
 
-from .cpu_linear import SharedInputProduct, StoredLinear, TransposedLinear, column_blocks, on_block_stream
+from .cpu_linear import (SharedInputProduct, StoredLinear, TransposedLinear, prompt_streams, transpose_linears,
+                         usable_cores)
 
 
 def rotation_matrix(position: int, dims: int, head_dim: int, base: float, scale: float,
@@ -158,50 +154,11 @@ class FoldedQwen2Attention(_FoldedCall, qwen2.Attention):
 FOLDED = {llama.Attention: FoldedLlamaAttention, qwen2.Attention: FoldedQwen2Attention}
 
 
-class _BlockedCall:
-    """mlx-lm's SwiGLU MLP, a token at a time as one chain per stream: block
-    i of the gate and up projections, its SwiGLU, and row block i of the
-    down projection, on stream i; the partial outputs summed (the streams
-    join once, not after each projection)."""
-
-    def __call__(self, x: Any) -> Any:
-        if x.ndim != 3 or x.shape[:2] != (1, 1):
-            return super().__call__(x)  # type: ignore[misc]
-        gate, up, down = (self[k]["parts"] for k in ("gate_proj", "up_proj", "down_proj"))  # type: ignore[index]
-        partial_sums = []
-        for i, (g, u, d) in enumerate(zip(gate, up, down)):
-            with on_block_stream(i):  # block 0: the caller's own stream
-                partial_sums.append(swiglu(x @ g, x @ u) @ d)
-        return sum(partial_sums[1:], partial_sums[0])
-
-
-class BlockedLlamaMLP(_BlockedCall, llama.MLP):
-    pass
-
-
-class BlockedQwen2MLP(_BlockedCall, qwen2.MLP):
-    pass
-
-
-BLOCKED = {llama.MLP: BlockedLlamaMLP, qwen2.MLP: BlockedQwen2MLP}
-
-
-def _blockable(mlp: Any) -> bool:
-    """Gate and up in the same column blocks (2 or more), no biases."""
-    layers = (mlp.gate_proj, mlp.up_proj, mlp.down_proj)
-    if not all(type(m) is TransposedLinear and not m.rows and "bias" not in m for m in layers):
-        return False
-    gate, up = mlp.gate_proj["parts"], mlp.up_proj["parts"]
-    return len(gate) > 1 and [p.shape for p in gate] == [p.shape for p in up] == [
-        (1, gate[0].shape[1], b - a) for a, b in column_blocks(mlp.down_proj.weight.shape[1], len(gate))]
-
-
 def _shareable(attn: Any) -> bool:
-    """Query, key and value projections as stored or transposed in one
-    block (not split over streams), with biases on all three or none."""
+    """Query, key and value projections as stored or transposed (the
+    product's own kinds), with biases on all three or none."""
     layers = (attn.q_proj, attn.k_proj, attn.v_proj)
-    return (all(type(m) in (nn.Linear, StoredLinear) or (type(m) is TransposedLinear and not m.rows
-                                                          and len(m["parts"]) == 1) for m in layers)
+    return (all(type(m) in (nn.Linear, StoredLinear, TransposedLinear) for m in layers)
             and len({"bias" in m for m in layers}) == 1)
 
 
@@ -216,8 +173,7 @@ def share_qkv(attn: Any) -> None:
 def shorten_decode(model: Any) -> int:
     """The model's RoPE, RMSNorm and Llama / Qwen2 attention modules given
     their one-token shortcuts (the attention's projections as one product
-    where they are transposed in one block), and their MLPs (in column
-    blocks) a chain per stream. The number of modules changed."""
+    where `_shareable`). The number of modules changed."""
     replaced, changed = [], 0
     for name, m in model.named_modules():
         if type(m) is nn.RoPE:
@@ -229,10 +185,19 @@ def shorten_decode(model: Any) -> int:
             if _shareable(m):
                 share_qkv(m)
             changed += 1
-        elif type(m) in BLOCKED and _blockable(m):
-            m.down_proj = m.down_proj.by_rows(len(m.gate_proj["parts"]))  # as the gate's and up's column blocks
-            m.__class__ = BLOCKED[type(m)]
-            changed += 1
     if replaced:
         model.update_modules(tree_unflatten(replaced))
     return len(replaced) + changed
+
+
+def prepare_float32(model: Any) -> str:
+    """The CPU's float32 path on a model already cast to float32 (the one
+    call engine/model/model_load.py makes into it): the weights laid out as
+    OpenBLAS reads them fastest (engine/cpu/cpu_linear.py: a layer held
+    transposed where it widens, a prompt's rows on a stream per core, at
+    most two) and a decoded token's shortcuts (shorten_decode). What it did,
+    for the log."""
+    streams = prompt_streams(usable_cores())
+    transpose_linears(model, streams)
+    shorten_decode(model)  # a decoded token in a quarter of the MLX ops
+    return f"transposed, a prompt's rows on {streams} CPU stream(s)"

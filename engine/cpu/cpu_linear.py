@@ -1,34 +1,28 @@
 """The CPU's float32 path, second half: Linear and Embedding layers keep
-their weight transposed (optionally in column blocks on parallel CPU streams).
+their weight transposed where OpenBLAS reads it faster so.
 
 A decoded token reads every weight once through a matrix-vector product, so
-memory bandwidth sets the decode speed. What pays:
-- **Transposed** (the default). MLX's `Linear` computes `x @ W.T`;
-  OpenBLAS's product in that layout ran at 6.3 GB/s on 2 cores where `x @ W`
-  ran at 13.0 (bench/cpu_path.py, docs/BENCHMARKS.md): the default model in
-  process, 8.5 -> 10.5 tok/s. Through sgemv (engine/cpu/fast_blas.py's shim) the
-  layout still pays on the wide layers and the output head (one thread:
-  11-14 GB/s against 7-8). A tied output head (`embed_tokens.as_linear`, 21 % of
-  the default model's weights) is the same product, so the embedding is held
-  transposed too, its lookup reading a column per token (no second copy).
-- **Split** (`MLXD_CPU_LAYOUT=split`). A wide layer cut into column blocks,
-  each multiplied on its own MLX CPU stream (a thread) and joined (exact:
-  each output is the same dot product). Through sgemm, which packs the
-  weights first, one core read ~6 GB/s and two streams made the default
-  model's decode step 1.25-1.4x faster on 2 idle cores. Through sgemv one
-  core reads 11-14 GB/s, what memory gives two here: split served 14.7
-  tok/s where one stream served 15.3, with 1.54 cores busy against 1.26 --
-  so one stream is the default, and split stays to compare on other
-  machines.
+memory bandwidth sets the decode speed, and the layout decides how fast
+OpenBLAS reads (docs/BENCHMARKS.md, "The CPU path's layouts"):
+- **Transposed where a layer widens.** MLX's `Linear` computes `x @ W.T`;
+  through sgemv (engine/cpu/fast_blas.py's shim) `x @ W` reads faster on a
+  layer at least as wide as its inputs (the MLP's gate and up projections,
+  the output head), `x @ W.T` on one that narrows (the down projection): a
+  widening layer is held transposed (TransposedLinear), a narrowing one as
+  stored (StoredLinear). A tied output head (`embed_tokens.as_linear`) is
+  the same product, so the embedding is held transposed too, its lookup
+  reading a column per token (no second copy).
+- **Query, key and value as one product** (SharedInputProduct): the narrow
+  key and value projections read slowly alone.
 - **A prompt's rows on two streams.** A prompt's products compute rather
   than read (sgemm, one OpenBLAS thread: the engine keeps OpenBLAS's own
   threads at half the cores, since they spin on busy cores), so the rows of
-  a prompt (64 or more) are cut over two streams: prefilling 512 tokens of
-  the default model in process, 121 -> 138 tok/s side by side.
-Only the float32 CPU path uses it (engine/model/model_load.py load_resident): on
+  a prompt (64 or more) are cut over two MLX CPU streams; a token's product
+  stays on one (one core's sgemv reads what memory gives).
+Only the float32 CPU path uses it (engine/cpu/cpu_decode.py's
+prepare_float32, called by engine/model/model_load.py load_resident): on
 Metal and CUDA, and for quantised weights, MLX's own kernels read `W` as
-stored. `MLXD_CPU_LAYOUT` = stored | transposed | split picks one to compare
-(bench/cpu_path.py's arms); unset, transposed.
+stored.
 """
 
 from __future__ import annotations
@@ -43,41 +37,21 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_unflatten
 
-LAYOUT_ENV = "MLXD_CPU_LAYOUT"
-SPLIT_MIN_OUTPUTS = 512  # narrower layers (a small model's k/v projections) lose more to the join than they gain
-MAX_BLOCKS = 2  # one stream per core of a 2-core machine (more blocks were not measured)
+MAX_PROMPT_STREAMS = 2  # one stream per core of a 2-core machine
+PROMPT_SPLIT_MIN_ROWS = 64  # fewer rows (a token, a batch's decode step) read memory: one stream
 
 
-def cpu_layout(setting: str | None, cores: int) -> tuple[bool, int, int]:
-    """(transpose the weights, column blocks per wide layer, streams a
-    prompt's rows are cut over) for an `MLXD_CPU_LAYOUT` value and the cores
-    this process may use (pure). An unknown value is the default (the
-    engine logs what it chose)."""
-    value = (setting or "").strip().lower()
-    if value == "stored":
-        return False, 1, 1
-    if value == "split" and cores >= 2:
-        return True, min(MAX_BLOCKS, cores), 1  # a prompt's products already run on the blocks' streams
-    return True, 1, min(MAX_BLOCKS, max(1, cores))
+def prompt_streams(cores: int) -> int:
+    """The streams a prompt's rows are cut over, for the cores this process
+    may use (pure): one per core, at most MAX_PROMPT_STREAMS."""
+    return min(MAX_PROMPT_STREAMS, max(1, cores))
 
 
-def transposes(inputs: int, outputs: int, blocks: int) -> bool:
-    """Whether a Linear layer is held transposed (pure). On one stream, a
-    layer at least as wide as its inputs: through sgemv a narrowing one (an
-    MLP's down projection) reads faster as stored, 1536 -> 576 at 11.7 GB/s
-    against 8.3, where 576 -> 1536 reads 12.7 transposed against 7.7
-    (bench/one_row_products.py). Split, every one: the MLP's chains per
-    stream take the down projection in row blocks (engine/cpu/cpu_decode.py)."""
-    return blocks > 1 or outputs >= inputs
-
-
-def column_blocks(outputs: int, blocks: int) -> list[tuple[int, int]]:
-    """[start, stop) of each block of a layer's `outputs` columns (pure):
-    one block below SPLIT_MIN_OUTPUTS, else `blocks` near-equal ones."""
-    if blocks < 2 or outputs < SPLIT_MIN_OUTPUTS:
-        return [(0, outputs)]
-    bounds = [outputs * i // blocks for i in range(blocks + 1)]
-    return list(zip(bounds, bounds[1:]))
+def transposes(inputs: int, outputs: int) -> bool:
+    """Whether a Linear layer is held transposed (pure): a layer at least as
+    wide as its inputs; through sgemv a narrowing one (an MLP's down
+    projection) reads faster as stored (bench/one_row_products.py)."""
+    return outputs >= inputs
 
 
 def usable_cores() -> int:
@@ -90,9 +64,10 @@ def usable_cores() -> int:
 _streams: list[Any] = []
 
 
-def block_stream(i: int) -> Any:
-    """The CPU stream block `i` runs on: the first on the caller's (the
-    generation stream), the others on streams of their own, made once."""
+def cpu_stream(i: int) -> Any:
+    """The CPU stream part `i` of a prompt's rows runs on: the first on the
+    caller's (None: the generation stream), the others on streams of their
+    own, made once."""
     if i == 0:
         return None
     while len(_streams) < i:
@@ -100,25 +75,10 @@ def block_stream(i: int) -> Any:
     return _streams[i - 1]
 
 
-def on_block_stream(i: int) -> Any:
-    """`with on_block_stream(i):` the ops built inside run on block i's stream."""
-    stream = block_stream(i)
+def on_stream(i: int) -> Any:
+    """`with on_stream(i):` the ops built inside run on stream i (cpu_stream)."""
+    stream = cpu_stream(i)
     return mx.stream(stream) if stream is not None else nullcontext()
-
-
-def _product(x: Any, parts: list[Any]) -> Any:
-    """x @ [part_0 | part_1 | ...], each block on its own stream. A block is
-    held as 1 x inputs x outputs: for one sequence (x: 1 x L x inputs) MLX
-    multiplies that as it is, where a 2-D weight costs a flatten and an
-    unflatten op around every product (a one-token step's ops are its cost)."""
-    if x.ndim != 3 or x.shape[0] != 1:  # a batch of rows, or 2-D: one product of every row
-        parts = _two_d(parts)
-    if len(parts) == 1:
-        return x @ parts[0]
-    return mx.concatenate([mx.matmul(x, p, stream=block_stream(i)) for i, p in enumerate(parts)], axis=-1)
-
-
-PROMPT_SPLIT_MIN_ROWS = 64  # fewer rows (a token, a batch's decode step) read memory: one stream
 
 
 def _by_prompt_rows(x: Any, product: Any, streams: int) -> Any:
@@ -131,65 +91,40 @@ def _by_prompt_rows(x: Any, product: Any, streams: int) -> Any:
     bounds = [rows * i // streams for i in range(streams + 1)]
     outs = []
     for i, (a, b) in enumerate(zip(bounds, bounds[1:])):
-        with on_block_stream(i):
+        with on_stream(i):
             outs.append(product(x[..., a:b, :]))
     return mx.concatenate(outs, axis=-2)
 
 
-def _row_product(x: Any, parts: list[Any]) -> Any:
-    """x @ [part_0 ; part_1 ; ...] for row blocks: the sum of each block's
-    product with its slice of x, each on its own stream."""
-    if x.ndim != 3 or x.shape[0] != 1:
-        parts = _two_d(parts)
-    products, start = [], 0
-    for i, p in enumerate(parts):
-        size = p.shape[-2]
-        products.append(mx.matmul(x[..., start:start + size], p, stream=block_stream(i)))
-        start += size
-    return sum(products[1:], products[0])
-
-
-def _two_d(parts: list[Any]) -> list[Any]:
-    return [p[0] if p.ndim == 3 else p for p in parts]
-
-
-def _stored(parts: list[Any], rows: bool = False) -> Any:
-    """The weight as nn.Linear holds it (lazy: nothing is copied until read)."""
-    blocks = _two_d(parts)
-    return (blocks[0] if len(blocks) == 1 else mx.concatenate(blocks, axis=0 if rows else 1)).T
+def transposed_product(x: Any, weight_t: Any) -> Any:
+    """x @ W.T for `weight_t` = W.T, held as 1 x inputs x outputs: for one
+    sequence (x: 1 x L x inputs) MLX multiplies that as it is, where a 2-D
+    weight costs a flatten and an unflatten op around every product (a
+    one-token step's ops are its cost); a batch of rows, or 2-D x, takes it
+    2-D."""
+    if (x.ndim != 3 or x.shape[0] != 1) and weight_t.ndim == 3:
+        weight_t = weight_t[0]
+    return x @ weight_t
 
 
 class TransposedLinear(nn.Module):
-    """`nn.Linear` with its weight held as `W.T`, contiguous, in column
-    blocks (each 1 x inputs x outputs), or in row blocks (`rows`: blocks of
-    its inputs, whose products are summed: an MLP's down projection, so
-    that each stream goes on from its own block of the gate and up
-    projections, engine/cpu/cpu_decode.py)."""
+    """`nn.Linear` with its weight held as `W.T` (1 x inputs x outputs,
+    contiguous), a prompt's rows cut over `prompt_streams` streams."""
 
-    def __init__(self, parts: list[Any], bias: Any = None, rows: bool = False, prompt_streams: int = 1) -> None:
+    def __init__(self, weight_t: Any, bias: Any = None, prompt_streams: int = 1) -> None:
         super().__init__()
-        self.parts = parts
+        self.weight_t = weight_t
         if bias is not None:
             self.bias = bias
-        self.rows = rows
         self.prompt_streams = prompt_streams
 
     @property
-    def weight(self) -> Any:  # for code that reads a layer's shape or dtype
-        return _stored(self["parts"], self.rows)
-
-    def by_rows(self, blocks: int) -> "TransposedLinear":
-        """The same layer with its inputs cut as `column_blocks` cuts a
-        layer of that many outputs (lazy)."""
-        parts = self["parts"]
-        whole = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=-1)
-        bounds = column_blocks(whole.shape[-2], blocks)
-        return TransposedLinear([mx.contiguous(whole[:, a:b]) for a, b in bounds], self.get("bias"), rows=True)
+    def weight(self) -> Any:  # for code that reads a layer's shape or dtype (lazy: nothing copied until read)
+        return self["weight_t"][0].T
 
     def __call__(self, x: Any) -> Any:
-        parts = self["parts"]
-        y = (_row_product(x, parts) if self.rows else
-             _by_prompt_rows(x, lambda rows: _product(rows, parts), self.prompt_streams))
+        weight_t = self["weight_t"]
+        y = _by_prompt_rows(x, lambda rows: transposed_product(rows, weight_t), self.prompt_streams)
         return y + self["bias"] if "bias" in self else y
 
 
@@ -207,47 +142,39 @@ class StoredLinear(nn.Linear):
 
 
 class TransposedEmbedding(nn.Module):
-    """`nn.Embedding` with its table held as `W.T`, contiguous, in column blocks."""
+    """`nn.Embedding` with its table held as `W.T` (dims x vocabulary, contiguous)."""
 
-    def __init__(self, parts: list[Any]) -> None:
+    def __init__(self, weight_t: Any) -> None:
         super().__init__()
-        self.parts = parts
+        self.weight_t = weight_t
 
     @property
     def weight(self) -> Any:
-        return _stored(self["parts"])
+        return self["weight_t"].T
 
     def __call__(self, x: Any) -> Any:
-        parts = self["parts"]
-        rows = mx.take(parts[0], mx.minimum(x, parts[0].shape[1] - 1), axis=1)
-        start = parts[0].shape[1]
-        for part in parts[1:]:  # an id past a block's start is looked up in that block
-            size = part.shape[1]
-            here = mx.take(part, mx.clip(x - start, 0, size - 1), axis=1)
-            rows = mx.where(x >= start, here, rows)
-            start += size
-        return mx.moveaxis(rows, 0, -1)
+        weight_t = self["weight_t"]
+        return mx.moveaxis(mx.take(weight_t, mx.minimum(x, weight_t.shape[1] - 1), axis=1), 0, -1)
 
     def as_linear(self, x: Any) -> Any:  # a tied output head
-        return _product(x, self["parts"])
+        return transposed_product(x, self["weight_t"])
 
 
-def transpose_linears(model: Any, blocks: int = 1, prompt_streams: int = 1) -> int:
+def transpose_linears(model: Any, prompt_streams: int = 1) -> int:
     """Every plain `nn.Embedding` of the model, and every plain `nn.Linear`
-    that `transposes`, replaced by its transposed kind, a layer of
-    SPLIT_MIN_OUTPUTS or more outputs in `blocks` column blocks (lazily: the
-    copies are made when the weights are evaluated, and the stored ones let
-    go); the other Linear layers kept as stored (StoredLinear). A prompt's
-    rows cut over `prompt_streams` streams in each. The number transposed."""
+    that `transposes`, replaced by its transposed kind (lazily: the copies
+    are made when the weights are evaluated, and the stored ones let go);
+    the other Linear layers kept as stored (StoredLinear). A prompt's rows
+    cut over `prompt_streams` streams in each. The number transposed."""
 
     def transposed(m: Any) -> Any:
         weight = m["weight"]  # (outputs, inputs)
-        if type(m) is nn.Linear and not transposes(weight.shape[1], weight.shape[0], blocks):
+        if type(m) is nn.Linear and not transposes(weight.shape[1], weight.shape[0]):
             return StoredLinear(m, prompt_streams)
-        parts = [mx.contiguous(weight[a:b].T) for a, b in column_blocks(weight.shape[0], blocks)]
+        weight_t = mx.contiguous(weight.T)
         if type(m) is nn.Embedding:  # its lookup takes columns of the 2-D table
-            return TransposedEmbedding(parts)
-        return TransposedLinear([p[None] for p in parts], m.get("bias"), prompt_streams=prompt_streams)
+            return TransposedEmbedding(weight_t)
+        return TransposedLinear(weight_t[None], m.get("bias"), prompt_streams)
 
     replaced = [(name, transposed(m)) for name, m in model.named_modules() if type(m) in (nn.Linear, nn.Embedding)]
     if replaced:
@@ -259,17 +186,17 @@ class SharedInputProduct(TransposedLinear):
     """Transposed Linear layers that read the same input -- an attention's
     query, key and value projections -- held as one TransposedLinear of
     weight [W_a.T | W_b.T | ...] (1 x inputs x their outputs): one
-    matrix-vector product serves them all (through sgemv the narrow key and
-    value projections read ~7 GB/s alone; the step ~6 % faster side by
-    side), the shared weight transposed as any layer that widens.
-    `layer(i)` stands in for layer i where the model calls it."""
+    matrix-vector product serves them all (the narrow key and value
+    projections read slowly alone), the shared weight transposed as any
+    layer that widens. `layer(i)` stands in for layer i where the model
+    calls it."""
 
     def __init__(self, layers: list[Any]) -> None:
-        """`layers`: plain nn.Linear or TransposedLinear in one block (lazy:
+        """`layers`: plain nn.Linear, StoredLinear or TransposedLinear (lazy:
         the shared weight is made when it is evaluated)."""
-        blocks = [m["parts"][0] if type(m) is TransposedLinear else m["weight"].T[None] for m in layers]
+        blocks = [m["weight_t"] if type(m) is TransposedLinear else m["weight"].T[None] for m in layers]
         bias = mx.concatenate([m["bias"] for m in layers]) if all("bias" in m for m in layers) else None
-        super().__init__([mx.concatenate(blocks, axis=-1)], bias,
+        super().__init__(mx.concatenate(blocks, axis=-1), bias,
                          prompt_streams=max(getattr(m, "prompt_streams", 1) for m in layers))
         widths = [b.shape[-1] for b in blocks]
         starts = [sum(widths[:i]) for i in range(len(widths) + 1)]
@@ -303,7 +230,7 @@ class SharedColumns(nn.Module):
     @property
     def weight(self) -> Any:  # for code that reads a layer's shape or dtype
         a, b = self.shared.bounds[self.index]
-        return self.shared["parts"][0][0, :, a:b].T
+        return self.shared["weight_t"][0, :, a:b].T
 
     def __call__(self, x: Any) -> Any:
         return self.shared.columns(x, self.index)

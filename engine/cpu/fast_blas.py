@@ -1,18 +1,19 @@
 """The fast CPU path on Linux: an optimised BLAS under MLX's CPU backend.
 
 MLX's Linux CPU wheel (mlx-cpu) ships the reference (netlib) BLAS, and its
-float32 matmuls -- a prompt's prefill -- run ~15x slower on it than on
-OpenBLAS. MLX resolves `cblas_sgemm` when `mlx.core` is first imported, and
-the dynamic loader searches libraries loaded with RTLD_GLOBAL before the
-module's own: loading an OpenBLAS that way first puts it under MLX, with no
-LD_PRELOAD and no rebuild of MLX. Two sources, the first found wins:
+float32 matmuls -- a prompt's prefill -- run many times slower on it than on
+OpenBLAS (docs/BENCHMARKS.md, "The CPU path's layouts"). MLX resolves
+`cblas_sgemm` when `mlx.core` is first imported, and the dynamic loader
+searches libraries loaded with RTLD_GLOBAL before the module's own: loading
+an OpenBLAS that way first puts it under MLX, with no LD_PRELOAD and no
+rebuild of MLX. Two sources, the first found wins:
 
 - the `scipy-openblas32` wheel (a dependency on Linux), whose symbols carry a
   `scipy_` prefix: set-up compiles a small shim (`cblas_*` -> `scipy_cblas_*`)
   next to the virtualenv's Python (`python -m mlxd.engine.cpu.fast_blas build`).
   It also sends one-row float32 products -- every layer of a decoded token --
-  to sgemv instead of sgemm (sgemm packs the weights before it reads them):
-  decode ~1.3x faster on the default model;
+  to sgemv instead of sgemm (sgemm packs the weights before it reads them,
+  sgemv streams them once: decode faster);
 - the system's OpenBLAS (Debian/Ubuntu `libopenblas0-pthread`), whose
   symbols carry the standard names (without a C compiler for the shim).
 
@@ -43,8 +44,8 @@ SHIM_STEM = "libmlxd_blas"
 # The standard names MLX's CPU backend calls (`nm -D libmlx.so`: it calls
 # only cblas_sgemm/dgemm/cgemm, always row-major), forwarded; a one-row
 # float32 product (a decoded token through a layer: M = 1) goes to sgemv,
-# which streams the weights once where sgemm packs them first: 1.5-2.3x the
-# memory speed on the default model's layers (one thread, side by side).
+# which streams the weights once where sgemm packs them first (faster on
+# every layer of the default model: bench/one_row_products.py).
 SHIM_SOURCE = """\
 /* mlxd: standard CBLAS names for the scipy-openblas32 wheel's prefixed ones (engine/cpu/fast_blas.py). */
 #include <string.h>
@@ -108,8 +109,7 @@ def blas_threads(cores: int, configured: str | None) -> str:
     """OPENBLAS_NUM_THREADS for the engine (pure): what the environment says,
     else half the cores. OpenBLAS's threads spin while they wait for each
     other, and on cores shared with the gateway, the agents or another
-    engine they collapsed: 2 threads on 2 busy cores prefilled 10-17 tok/s
-    where 1 thread did 73-89 (on idle cores 2 threads were ~20% faster)."""
+    engine they collapse (docs/BENCHMARKS.md, "The CPU path's layouts")."""
     if configured:
         return configured
     return str(max(1, cores // 2))
@@ -209,10 +209,10 @@ def weights_dtype_on_cpu(cpu_float32: bool, stored_dtype: str | None, stored_byt
                          budget_bytes: int) -> str | None:
     """The dtype to load a model's weights in, or None for as stored (pure).
     `cpu_float32`: the engine runs on the CPU with a fast BLAS and the
-    config allows it. There float32 is the fastest (the default model on 2
-    Linux cores: prefill ~15x quantised or bfloat16), as long as the float32
-    weights stay small -- a quarter of the memory budget at most, so the
-    engine's memory bounds hold."""
+    config allows it. There float32 is the fastest (quantised matmuls are
+    MLX's own kernels, not BLAS), as long as the float32 weights stay small
+    -- a quarter of the memory budget at most, so the engine's memory bounds
+    hold."""
     if not cpu_float32 or not stored_bytes or not params:
         return None
     if stored_dtype == "float32" or stored_bytes >= params * 4 * 0.95:  # float32 already

@@ -11,7 +11,8 @@ Tokens the grammar does not allow get -inf; once the grammar is complete
 only end-of-sequence tokens remain, so the answer ends there.
 
 Runs on the worker thread (MLX). The llguidance tokenizer is built once per
-resident model (~0.3 s on the default model).
+resident model, not per request: building it is not free
+(docs/BENCHMARKS.md, "Why the engine is built as it is").
 """
 
 from __future__ import annotations
@@ -81,8 +82,8 @@ class GrammarProcessor:
             if self._sampled is not None:
                 # Start this step's forward pass, then wait for the token drawn before it: the device
                 # computes while the mask is made here. (Read from the end of mlx-lm's token list, the
-                # token waits for the forward pass too, being scheduled after it: 0.66x free decoding
-                # on the 8B model on an H100, against 0.96x this way; bench/grammar_step_probe.py.)
+                # token waits for the forward pass too, being scheduled after it, and bound decoding is
+                # much slower: docs/BENCHMARKS.md, "Why the engine is built as it is".)
                 mx.async_eval(logits)
                 token = int(self._sampled.item())
             else:

@@ -4,7 +4,8 @@
   one (`generate_step`; mlx-vlm's generation for a vision prompt). Every
   request when `max_concurrency` = 1, and what a batch cannot take (a seed,
   an image, a rank group); in a batch, the first request into an empty one
-  while nobody waits (a batch of one costs ~40 % of the decode speed on a GPU).
+  while nobody waits (a batch of one decodes slower on a GPU: docs/BENCHMARKS.md,
+  "Why the engine is built as it is").
 - many rows (engine/model/many_rows.py): mlx-lm's BatchGenerator decoding every
   running request by a token a step; a joining request is prefilled by
   itself, a paced chunk between the decode steps.

@@ -8,7 +8,8 @@ llguidance (engine/model/constrained.py applies it token by token), in the model
 own tool-call format (`ToolFormat`) and after its reasoning, where it thinks.
 
 Why llguidance: it is already installed (LiteLLM depends on it), computes a
-mask in ~25 us on a 49k vocabulary (measured on the default model), compiles
+mask in microseconds on a large vocabulary (docs/BENCHMARKS.md, "Why the
+engine is built as it is"), compiles
 JSON schemas lazily (no up-front index as outlines-core builds, which takes
 seconds for large schemas), embeds JSON schemas in Lark grammars (a tool call
 is markers around a schema) and names what it cannot enforce ("Unimplemented

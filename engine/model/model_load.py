@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from dataclasses import replace
 from typing import Any
 
@@ -84,18 +83,12 @@ def load_resident(model_id: str, target: str, weights_dtype: str | None = None) 
             import mlx.core as mx
             from mlx_lm.utils import dequantize_model
 
-            from ..cpu.cpu_decode import shorten_decode
-            from ..cpu.cpu_linear import LAYOUT_ENV, cpu_layout, transpose_linears, usable_cores
+            from ..cpu.cpu_decode import prepare_float32
 
             model = dequantize_model(model)
             model.set_dtype(mx.float32)
-            transpose, blocks, prompt_streams = cpu_layout(os.environ.get(LAYOUT_ENV), usable_cores())
-            if transpose:  # OpenBLAS's matrix-vector product is faster that way round (engine/cpu/cpu_linear.py)
-                transpose_linears(model, blocks, prompt_streams)
-                shorten_decode(model)  # a decoded token in a quarter of the MLX ops
-            log.info("CPU weights: %s", "as stored" if not transpose else
-                     f"transposed, wide layers in {blocks} column blocks on parallel CPU streams" if blocks > 1
-                     else f"transposed, a prompt's rows on {prompt_streams} CPU stream(s)")
+            # Laid out as OpenBLAS reads it fastest, a decoded token in a quarter of the MLX ops (engine/cpu/)
+            log.info("CPU weights: %s", prepare_float32(model))
         evaluate_in_chunks(model.parameters())
         renders_tools, tool_format = tool_support(tokenizer)
         if not renders_tools:

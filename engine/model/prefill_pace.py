@@ -3,8 +3,8 @@
 Every prefill step is one heartbeat of the worker's stuck detection, and a
 step is one MLX call that nothing can interrupt: a step longer than
 `[engine] stuck_grace_s` makes a slow machine's long prompt look like a hung
-GPU (it was: 512 tokens at 8 tok/s on 2 Linux cores took 64 s against a 30 s
-grace). So the step follows the speed: a small first step measures it, and
+GPU (it did on 2 Linux cores: docs/BENCHMARKS.md, "Why the engine is built as
+it is"). So the step follows the speed: a small first step measures it, and
 each next step is what fits a fraction of the grace at the last speed seen
 (the speed falls as the context grows: attention), never more than
 `[engine] prefill_step_size`, and growing at most 4x a step.

@@ -1,8 +1,9 @@
 """Prompt tokens without re-tokenizing the whole conversation every turn.
 
 With the prompt cache, a later turn's prefill is a few dozen tokens; what is
-left is tokenizing the whole rendered conversation again (tens of
-milliseconds at 10k tokens, more than the prefill on a fast GPU). Hugging
+left is tokenizing the whole rendered conversation again, which on a long
+conversation can cost more than the prefill on a fast GPU
+(docs/BENCHMARKS.md, "Why the engine is built as it is"). Hugging
 Face tokenizers cut a text at its added tokens (`<|im_start|>`, ...) before
 anything else and encode the pieces between them independently, so a chat
 prompt's tokens are the concatenation of its pieces' tokens. `PieceEncoder`

@@ -52,6 +52,29 @@ def test_engine_toml_serves_the_gguf_as_default_with_the_arm_s_dtype(tmp_path, a
     assert config.engine.stuck_grace_s == 30.0  # the default grace: the long prompt is judged by it
 
 
+@pytest.mark.parametrize("arm, layout", [("before", None), ("after", None), ("after-1t", None),
+                                         ("after-stored", "stored"), ("after-transposed", "transposed"),
+                                         ("after-split", "split")])
+def test_a_layout_arm_starts_its_engine_through_this_script(arm, layout):
+    """The engine has no layout setting: an arm with one runs `mlxd engine`
+    through cpu_path.py's --engine-layout mode, nothing in its environment."""
+    a = cp.ARMS[arm]
+    assert a.layout == layout
+    assert not any(k.startswith("MLXD_CPU_LAYOUT") for k in cp.arm_env(a, {"PATH": "/bin"}))
+    launcher = cp.engine_launcher(a)
+    if layout is None:
+        assert launcher == []
+    else:
+        assert launcher == [sys.executable, str(ROOT / "bench" / "cpu_path.py"), "--engine-layout", layout, "--"]
+        assert layout in load_bench("cpu_arms").LAYOUTS
+
+
+@pytest.mark.parametrize("command", [["python", "-m", "mlxd.other", "engine"], ["python", "-m", "mlxd.cli"], []])
+def test_the_engine_layout_mode_runs_only_mlxd_cli(command):
+    with pytest.raises(SystemExit, match="--engine-layout"):
+        cp.engine_with_layout("split", command)
+
+
 def test_default_arms_are_before_blas_only_after():
     assert cp.parse_args([]).arms_list == ["before", "blas-only", "after"]
     assert cp.parse_args([]).long_arms_list == ["before", "blas-only", "after"]
@@ -220,6 +243,34 @@ def test_suite_figures_report_after_and_blas_only_against_before():
 
 
 # --- the benchmark, run on the real default model -----------------------------------------------------
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("arm, log", [("after-stored", "CPU weights: as stored"),
+                                      ("after-split", "CPU weights: transposed, ")])
+def test_a_layout_arm_s_engine_loads_that_layout_and_answers(tmp_path, arm, log):
+    """The arm's engine (started as the benchmark starts it) says in its log
+    that it loaded the arm's layout, not the engine's own, and answers."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the fast CPU path is Linux's (MLX's CPU backend)")
+    if not fast_path_here()["fast"]:
+        pytest.skip("no fast BLAS here: the engine loads the weights as stored, whatever the arm")
+    gguf = real_default_model()
+    run = cp.start_arm(cp.ARMS[arm], gguf, tmp_path)
+    try:
+        run.server.wait_ready(240)
+        x = cp.run_decode(run, "Story 1. " + cp.STORY, 4, 0, 120)
+        assert x["completion_tokens"] >= 1
+        text = run.server.log_path.read_text(errors="replace")
+        line = next((ln for ln in text.splitlines() if "CPU weights: " in ln), "")
+        assert log in line, text[-2000:]
+        if arm == "after-split":
+            cores = len(os.sched_getaffinity(0))
+            assert ("column blocks" in line) == (cores >= 2), line
+    finally:
+        run.way.close()
+        run.server.stop()
+
 
 def fast_path_here() -> dict:
     """What engine/cpu/fast_blas.py's activate() picks on this machine (a fresh

@@ -11,7 +11,7 @@ import pytest
 
 from testkit import chat
 
-from mlxd.engine.core.device_memory import DeviceMemoryWatch, mlx_limit, parse_compute_apps
+from mlxd.engine.core.device_memory import DeviceMemoryWatch, confirmed_outside, mlx_limit, parse_compute_apps
 
 GIB = 2**30
 MIB = 2**20
@@ -31,7 +31,7 @@ def test_nvidia_smi_compute_apps_are_read_per_pid(text, expected):
 
 @pytest.mark.parametrize("budget, outside, expected", [
     (60 * GIB, 0, 60 * GIB),
-    (60 * GIB, 4 * GIB, 56 * GIB),  # the H100's CUDA context and workspaces: room left for them
+    (60 * GIB, 4 * GIB, 55 * GIB),  # the H100's CUDA context and workspaces: room left for them, and to grow 25 %
     (60 * GIB, 50 * GIB, 30 * GIB),  # a wild measurement never takes MLX below half the budget
     (60 * GIB, -1 * GIB, 60 * GIB),  # MLX's own count above nvidia-smi's: nothing outside
 ])
@@ -39,15 +39,24 @@ def test_mlx_limit_leaves_room_for_memory_outside_mlx(budget, outside, expected)
     assert mlx_limit(budget, outside) == expected
 
 
-def test_the_watch_keeps_the_most_seen_outside_mlx_and_stops_where_nothing_is_seen():
-    readings = iter([3 * GIB, 5 * GIB, 4 * GIB, None])
+def test_the_watch_keeps_the_most_confirmed_outside_mlx_and_stops_where_nothing_is_seen():
+    readings = iter([3 * GIB, 20 * GIB, 4 * GIB, 5 * GIB, 5 * GIB, 4 * GIB, None])
     watch = DeviceMemoryWatch(1, lambda: 1 * GIB, measure=lambda pid: next(readings), interval_s=0.01)
     watch.start()
     watch.join(10)
     assert not watch.is_alive()  # the None reading ended it
     assert watch.latest is not None
     assert watch.latest.process_bytes == 4 * GIB and watch.latest.mlx_bytes == 1 * GIB
-    assert watch.latest.outside_bytes == 4 * GIB  # 5 - 1: the most seen, not the last (3)
+    # 20 - 1 was seen once (a stale nvidia-smi): not confirmed; 5 - 1 twice: the most seen, not the last (3)
+    assert watch.latest.outside_bytes == 4 * GIB
+
+
+@pytest.mark.parametrize("recent, confirmed", [
+    ([], 0), ([3 * GIB], 3 * GIB), ([3 * GIB, 19 * GIB], 3 * GIB), ([19 * GIB, 4 * GIB], 4 * GIB),
+    ([1, 4 * GIB, 5 * GIB], 4 * GIB), ([-GIB], 0),
+])
+def test_a_reading_outside_mlx_counts_once_the_next_confirms_it(recent, confirmed):
+    assert confirmed_outside(recent) == confirmed
 
 
 def fake_nvidia_smi(folder, mib: int) -> str:

@@ -79,7 +79,7 @@ def test_a_request_that_cannot_fit_alone_is_refused_with_a_400(tokens, refused):
         assert led.cache_room() < 10 * MB
 
 
-@pytest.mark.parametrize("outside_mb, limit_mb", [(0, 110), (10, 100), (80, 55)])  # floor: half the budget
+@pytest.mark.parametrize("outside_mb, limit_mb", [(0, 110), (8, 100), (80, 55)])  # 8 MB + 25 % to grow; floor: half
 def test_memory_held_outside_mlx_lowers_the_limit_and_the_room(outside_mb, limit_mb):
     led = ledger()
     changed = led.lower_limit(outside_mb * MB)

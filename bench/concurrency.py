@@ -60,7 +60,10 @@ from typing import Any, Callable, Iterable
 import psutil
 import requests
 
-from mlxd.engine.core.device_memory import parse_compute_apps
+try:
+    from mlxd.engine.core.device_memory import parse_compute_apps
+except ImportError:  # an mlxd from before engine/ had folders (gpu_run.sh's BUILDS=old)
+    from mlxd.engine.device_memory import parse_compute_apps  # type: ignore[no-redef]
 from mlxd.toml_text import dumps, table_lines
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # when imported by path (tests)

@@ -93,6 +93,7 @@ class EngineCore:
         self.ledger = MemoryLedger(registry.budget_bytes, prefill_step_size)
         self.prompt_cache = PromptCache(False, None, 0.0)  # the worker gives it the real one on its thread
         self.pending: Prepared | None = None
+        self._decoding_published = 0  # rows published as decoding (the table changes when a row's first token comes)
         self.stopped = False  # an MLX fault: the loop ends
         # Published for other threads (immutable, replaced whole).
         self.status = WorkerStatus(Phase.STARTING, None)
@@ -241,11 +242,13 @@ class EngineCore:
             self._finish(e)
         for e in ended:
             self._end(e)
-        self._sync_ledger()
-        self._publish_rows()
         if ended:
+            self._sync_ledger()
+            self._publish_rows()
             self.record_inflight()
             self.sample_memory()
+        elif sum(1 for a in self.runner.rows if a.first_token_at is not None) != self._decoding_published:
+            self._publish_rows()  # a row has its first token: decoding now (nothing else changes between ends)
 
     def _finish(self, e: Ended) -> None:
         """A request ended: its answer's end, to its client. Counted before the
@@ -402,8 +405,10 @@ class EngineCore:
 
     def _publish_rows(self) -> None:
         """The decoders' rows in the request table (decoding once a row has its first token), published."""
-        for a in self.runner.rows:
+        rows = self.runner.rows
+        for a in rows:
             self.table.hold(a.job, RequestStatus.DECODING if a.first_token_at is not None else RequestStatus.PREFILLING)
+        self._decoding_published = sum(1 for a in rows if a.first_token_at is not None)
         self.publish()
 
     def heartbeat(self, *_: Any) -> None:

@@ -9,6 +9,11 @@ length. A vision prompt goes through mlx-vlm's generation instead (its
 processor's tensors, no prompt cache); a rank group's forward passes are
 mirrored by the other ranks between BEGIN and END (engine/model/ranks.py).
 
+Speculative decoding lands here, not in a third loop: `verify_greedy` is its
+step (several proposed tokens verified in one forward over the row's own
+KV), and a step source that proposes tokens (prompt lookup, a draft model)
+yields what `generate_step` yields.
+
 In a batch, the request decoding alone moves into mlx-lm's batch where it
 stands when a second one joins (`hand_over`): its KV, cut back by the token
 whose forward pass mlx-lm has already queued, and its last token go in as a
@@ -53,6 +58,28 @@ def _closing_step_holds_no_token(results: Any) -> Any:
             yield _Step(r.text, None, r.finish_reason)
             return
         yield _Step(r.text, int(r.token), None)
+
+
+def verify_greedy(model: Any, kv: list[Any], last: int, proposed: list[int]) -> list[int]:
+    """The speculative step (greedy): `last` (the row's newest token, its KV
+    not in `kv` yet) and `proposed` tokens run through the model in one
+    forward; the longest prefix of `proposed` the model itself would have
+    chosen is accepted, then the model's own next token. What a greedy decode
+    yields from here, one to len(proposed) + 1 tokens, exactly. `kv` keeps the
+    positions of `last` and the accepted tokens (the rest are cut back: the
+    KV was allocated at admission, nothing grows); the last token returned
+    goes into the next step, as a decoded token does."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import trim_prompt_cache
+
+    logits = model(mx.array([[last, *proposed]], dtype=mx.int32), cache=kv)
+    choice = mx.argmax(logits[0], axis=-1).tolist()  # the model's pick after each position
+    accepted = 0
+    while accepted < len(proposed) and proposed[accepted] == choice[accepted]:
+        accepted += 1
+    if len(proposed) > accepted:
+        trim_prompt_cache(kv, len(proposed) - accepted)
+    return proposed[:accepted] + [choice[accepted]]
 
 
 class OneRow:

@@ -250,10 +250,13 @@ class CrashRecord(Record):
 @dataclass(frozen=True)
 class Quarantine(Record):
     """Poison requests (state/quarantine.json): fingerprint -> refused until
-    (epoch seconds). The listener derives it from the journal; the engine
-    refuses those requests."""
+    (epoch seconds), and suspects: requests in flight at a crash with others,
+    decoded alone until then. The listener derives both from the journal
+    (supervisor/journal.py, `quarantine_verdicts`); the engine refuses the one
+    and serves the other alone."""
 
     fingerprints: dict[str, float] = field(default_factory=dict)
+    suspects: dict[str, float] = field(default_factory=dict)
 
     def active(self, now: float) -> dict[str, float]:
         return {fp: until for fp, until in self.fingerprints.items() if until > now}

@@ -6,8 +6,8 @@ should the machine itself die mid-write, is skipped on reading). Rotation
 renames the file to crashes.jsonl.1 (atomic) once it passes max_bytes.
 Records are mlxd.records.CrashRecord; `crash_record` builds one from the
 policy's RecordCrash action (pure), and the readers here are pure over the
-records: counts and the quarantine list (`quarantine_list`: the poison
-request among those in flight at the crashes).
+records: counts and the quarantine verdicts (`quarantine_verdicts`: a
+request is blamed only on evidence, alone in flight at a crash).
 """
 
 from __future__ import annotations
@@ -100,30 +100,57 @@ def crash_counts(records: Iterable[CrashRecord], now: float) -> dict[str, int]:
     }
 
 
-def quarantine_list(records: Iterable[CrashRecord], now: float, period_s: float) -> dict[str, float]:
-    """fingerprint -> quarantined-until (its last crash + the period), for
-    the poison requests among the crashes within the period (pure).
+# Exits that say nothing about the requests in flight: kills from outside (the OS's out-of-memory killer's
+# SIGKILL; an operator's SIGTERM is a clean stop), and exits before any request ran.
+NOT_EVIDENCE = frozenset({"clean_stop", "sigkill", "preload_failed", "config_error"})
+# Signals other than SIGABRT/SIGKILL that a fault raises in the process itself (the rest are sent from outside).
+FAULT_SIGNALS = frozenset({"SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGTRAP", "SIGSYS"})
 
-    A crash with one request in flight blames it: two such crashes of one
-    fingerprint quarantine it, however far apart (the rule from before the
-    engine ran several requests at once). A crash with several in flight
-    blames none of them alone: a fingerprint in flight there is quarantined
-    only when it was also in flight at the crash just before or just after
-    (consecutive crashes, counting every crash in the period, a crash with
-    nothing in flight too). So a bystander in flight at one crash, which the
-    next crash does not include, is never quarantined. Two requests that
-    crash together at two consecutive crashes are both quarantined: the
-    journal cannot tell them apart."""
-    crashes = sorted((r for r in records if r.is_crash and now - r.time < period_s), key=lambda r: r.time)
-    sets = [r.fingerprints() for r in crashes]
-    solo: dict[str, int] = {}  # fingerprint -> crashes with it alone in flight
-    poison: set[str] = set()
-    for i, fps in enumerate(sets):
+
+def is_evidence(record: CrashRecord) -> bool:
+    """Whether an exit may blame the requests in flight (pure): a crash the
+    engine had (an abort, an MLX error, a hang we killed it for, a fault
+    signal), not a kill from outside."""
+    if record.klass in NOT_EVIDENCE:
+        return False
+    if record.klass == "other_signal":
+        return record.signal in FAULT_SIGNALS
+    return True
+
+
+def quarantine_verdicts(records: Iterable[CrashRecord], now: float,
+                        period_s: float) -> tuple[dict[str, float], dict[str, float]]:
+    """(quarantined, suspects): fingerprint -> until (its last crash + the
+    period), from the crashes within the period (pure).
+
+    A request is blamed only on evidence: it was alone in flight when the
+    engine crashed. Quarantined: alone at two crashes, or alone at one after
+    it had been in flight at a crash with others (it crashed the engine again
+    when retried alone). Requests that merely shared a batch with a crash are
+    never quarantined for it: they are suspects, which the engine decodes
+    alone until the period ends, so a retry either clears them or is the
+    evidence. Kills from outside never count (`is_evidence`)."""
+    crashes = sorted((r for r in records if r.is_crash and is_evidence(r) and now - r.time < period_s),
+                     key=lambda r: r.time)
+    alone: dict[str, int] = {}  # fingerprint -> crashes with it alone in flight
+    shared: set[str] = set()  # fingerprints in flight at a crash with others (so far)
+    quarantined: set[str] = set()
+    last: dict[str, float] = {}
+    for r in crashes:
+        fps = r.fingerprints()
+        for fp in fps:
+            last[fp] = r.time
         if len(fps) == 1:
             (fp,) = fps
-            solo[fp] = solo.get(fp, 0) + 1
-            if solo[fp] >= 2:
-                poison.add(fp)
-        if i > 0:
-            poison |= fps & sets[i - 1]  # in flight at two crashes in a row
-    return {fp: max(r.time for r, fps in zip(crashes, sets) if fp in fps) + period_s for fp in poison}
+            alone[fp] = alone.get(fp, 0) + 1
+            if alone[fp] >= 2 or fp in shared:
+                quarantined.add(fp)
+        else:
+            shared |= fps
+    suspects = shared - quarantined
+    return ({fp: last[fp] + period_s for fp in quarantined}, {fp: last[fp] + period_s for fp in suspects})
+
+
+def quarantine_list(records: Iterable[CrashRecord], now: float, period_s: float) -> dict[str, float]:
+    """The quarantined requests of `quarantine_verdicts` (pure)."""
+    return quarantine_verdicts(records, now, period_s)[0]

@@ -240,11 +240,14 @@ class Supervision:
     def _journal(self, record: CrashRecord) -> None:
         journal.append_record(self.paths.journal, record, self.config.supervisor.journal_max_bytes)
         records = journal.read_records(self.paths.journal)
-        quarantined = journal.quarantine_list(records, time.time(), self.config.supervisor.quarantine_s)
+        quarantined, suspects = journal.quarantine_verdicts(records, time.time(), self.config.supervisor.quarantine_s)
         current = Quarantine.read(self.paths.quarantine) or Quarantine()
-        if quarantined != current.fingerprints:
-            log.warning("quarantined requests: %s", sorted(quarantined))
-            Quarantine(quarantined).write(self.paths.quarantine)
+        if quarantined != current.fingerprints or suspects != current.suspects:
+            if quarantined != current.fingerprints:
+                log.warning("quarantined requests: %s", sorted(quarantined))
+            if suspects != current.suspects:
+                log.info("requests decoded alone (in flight at a crash with others): %s", sorted(suspects))
+            Quarantine(quarantined, suspects).write(self.paths.quarantine)
 
     # --- start-up ----------------------------------------------------------------
     def _reconcile(self) -> None:

@@ -55,6 +55,7 @@ class RequestRelay:
         (default: chat or completion chunks, ResponseBuilder's)."""
         job = job_from_request(req, kind, self.registry, self.limits)
         self.quarantine.check(job.fingerprint)
+        job.alone = self.quarantine.suspect(job.fingerprint)  # a retry alone clears it or is the evidence
         if self.lifecycle.draining:
             raise EngineError(503, "the engine is shutting down", code="engine_unavailable", retry_after=5)
         refusal = self.admission.offer(job)

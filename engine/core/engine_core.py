@@ -153,7 +153,7 @@ class EngineCore:
     # --- a request in ----------------------------------------------------------------
     def _may_batch(self, job: Job) -> bool:
         return (self.slots() > 1 and self.registry.max_concurrency(job.model_id) > 1 and job.params.seed is None
-                and not job.images)
+                and not job.images and not job.alone)
 
     def _prepare(self, job: Job) -> Prepared | None:
         """Held while it waits; tokenized and sized when it may join the
@@ -199,6 +199,8 @@ class EngineCore:
             if alone:
                 self.ensure_model(job.model_id)
                 self.publish(Phase.PREFILL)
+            if job.alone and self.slots() > 1:
+                log.info("request %s was in flight at a crash with others: decoded alone", job.id)
             prompt = self.runner.tokenize(job) if p.tokens is None else Prompt(p.tokens)
             self.heartbeat()  # tokenizing a long prompt is progress, not a hang
             job.channel.put(Started(len(prompt.tokens)))

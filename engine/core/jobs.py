@@ -62,6 +62,8 @@ class Job:
     conversation: tuple[str, ...] = ()  # agent-safe cache keys (engine/cache/cache_keys.py); () when off
     rules: OutputRules = OutputRules()  # how the answer is bound: a JSON schema, a forced tool (engine/model/grammar.py)
     cancelled: threading.Event = field(default_factory=threading.Event)
+    # Decoded alone, never batched: it was in flight at a crash with others (a suspect, engine/api/quarantine.py).
+    alone: bool = False
 
     @property
     def text(self) -> str:

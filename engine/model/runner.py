@@ -126,10 +126,10 @@ class ModelRunner:
     # --- a request ----------------------------------------------------------------
     def can_batch(self, job: Job) -> bool:
         """What mlx-lm's batch can take: the resident model's plan allows it,
-        no seed and no image; the rest is decoded alone."""
+        no seed, no image, not a suspect of a crash; the rest is decoded alone."""
         plan = self.plan
         return (plan is not None and plan.model_id == job.model_id and plan.max_concurrency > 1
-                and job.params.seed is None and not job.images)
+                and job.params.seed is None and not job.images and not job.alone)
 
     def tokenize(self, job: Job) -> Prompt:
         """The request's prompt on the resident model; the 400 for one it cannot take."""

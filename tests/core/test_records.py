@@ -29,6 +29,7 @@ ROUND_TRIPS = [
     CrashRecord(time=3.0, klass="sigabrt", fingerprint="f", memory={"a": 1}),
     CrashRecord(time=3.0, klass="sigabrt", request_id="r", fingerprint="f", requests=BATCH),
     Quarantine({"f": 99.0}),
+    Quarantine({"f": 99.0}, suspects={"g": 98.0}),
     SupervisionFile(state={"mode": "running", "consecutive": 2}, listener_pid=5, updated=4.0, supervisord_pid=3),
 ]
 

@@ -185,7 +185,7 @@ class FakeRunner:
     def can_batch(self, job: Job) -> bool:
         plan = self.plan
         return (plan is not None and plan.model_id == job.model_id and plan.max_concurrency > 1
-                and job.params.seed is None and not job.images)
+                and job.params.seed is None and not job.images and not job.alone)
 
     def tokenize(self, job: Job) -> Prompt:
         self._fail("tokenize", job.id)
@@ -298,9 +298,9 @@ class Engine:
         self._received: dict[str, list] = {}
 
     def submit(self, name: str, *, max_tokens: int = MAX_TOKENS, seed: int | None = None, images: tuple = (),
-               model: str = MODEL, prompt: list[int] = PROMPT) -> Job:
+               model: str = MODEL, prompt: list[int] = PROMPT, alone: bool = False) -> Job:
         job = Job(id=name, kind="completion", model_id=model, params=SamplingParams(max_tokens, seed=seed),
-                  channel=EventChannel(self.loop), deadline_s=600.0, prompt=list(prompt), images=images)
+                  channel=EventChannel(self.loop), deadline_s=600.0, prompt=list(prompt), images=images, alone=alone)
         assert self.admission.offer(job) is None
         self.jobs[name] = job
         return job
@@ -459,9 +459,10 @@ def test_queued_jobs_are_decoded_together_up_to_the_slots(engine, concurrency, j
     pytest.param({"seed": 7}, [MODEL], id="a-seed"),
     pytest.param({"images": (b"\x89PNG",)}, [MODEL], id="an-image"),
     pytest.param({"model": OTHER}, [MODEL, OTHER, MODEL], id="another-model"),
+    pytest.param({"alone": True}, [MODEL], id="a-suspect-of-a-crash"),  # in flight at a crash with others
 ])
 def test_a_job_the_batch_cannot_take_waits_for_it_to_drain_then_runs_alone(engine, kind, loads):
-    """A seed, an image or another model: the job waits (held WAITING) until the
+    """A seed, an image, another model or a crash's suspect: the job waits (held WAITING) until the
     batch has drained, then runs with no other row beside it; the rest follow."""
     e = engine(4, others={OTHER: 4})
     for name in ("a", "b"):

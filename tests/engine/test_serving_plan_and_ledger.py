@@ -102,3 +102,23 @@ def test_a_model_of_unknown_size_leaves_the_cache_its_own_budget():
 ])
 def test_a_request_decoded_alone_is_joined_by_nobody(rows, pending, step):
     assert next_step(pending, True, rows, 4, ledger(budget_mb=200).memory) is step
+
+
+@pytest.mark.parametrize("job, batched", [
+    ({}, True),
+    ({"seed": 7}, False),               # its answer must be the same every time: decoded alone
+    ({"images": (b"png",)}, False),
+    ({"alone": True}, False),           # in flight at a crash with others: a retry alone is evidence either way
+    ({"model": "other"}, False),        # not the resident model
+], ids=["plain", "seed", "image", "crash-suspect", "other-model"])
+def test_what_the_batch_takes(job, batched):
+    from types import SimpleNamespace
+
+    from mlxd.engine.core.jobs import Job, SamplingParams
+    from mlxd.engine.model.runner import ModelRunner
+
+    runner = ModelRunner(SimpleNamespace(), SimpleNamespace(), 1000, 512, 5.0, heartbeat=lambda *_: None)
+    runner.plan = serving_plan("m", 4, vision=False, rank_group=False, batchable=True, kv=KVLayout(), cpu_float32=False)
+    j = Job(id="j", kind="completion", model_id=job.get("model", "m"), params=SamplingParams(16, seed=job.get("seed")),
+            channel=None, deadline_s=60.0, prompt=[1, 2], images=job.get("images", ()), alone=job.get("alone", False))
+    assert runner.can_batch(j) is batched

@@ -287,8 +287,8 @@ target = sup.paths.quarantine
 listener.journal.append_record = lambda *a, **k: None  # the journal has its own test
 listener.journal.read_records = lambda path: []
 def write(i):
-    listener.journal.quarantine_list = lambda records, now, period: {
-        f"{i % 2}{n:015x}": 4e9 for n in range(N // 32)}
+    listener.journal.quarantine_verdicts = lambda records, now, period: ({
+        f"{i % 2}{n:015x}": 4e9 for n in range(N // 32)}, {})
     listener.Supervision._journal(sup, {"class": "sigabrt"})
 """, check=_quarantine),
     Writer("supervisor.listener supervision.json", """

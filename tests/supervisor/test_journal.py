@@ -9,8 +9,8 @@ import pytest
 
 from mlxd.records import CrashRecord, ExitRecord, InflightRequest
 from mlxd.reports import EngineHealth
-from mlxd.supervisor.journal import (append_record, crash_counts, crash_record, quarantine_list, read_records,
-                                     with_crash_report)
+from mlxd.supervisor.journal import (append_record, crash_counts, crash_record, is_evidence, quarantine_list,
+                                     quarantine_verdicts, read_records, with_crash_report)
 from mlxd.supervisor.policy import RecordCrash
 
 
@@ -85,51 +85,70 @@ def test_quarantine_needs_two_crashes_of_the_same_request_within_the_period():
     assert quarantine_list(recs, now, period_s=3600) == {"aa": now - 50 + 3600}
 
 
-def crash(time, *fps, klass="sigabrt"):
+def crash(time, *fps, klass="sigabrt", signal=None):
     """A crash with these fingerprints in flight (request ids r-<fp>), the first the oldest."""
     reqs = [{"request_id": f"r-{fp}", "fingerprint": fp} for fp in fps]
     return rec(time, klass, request_id=reqs[0]["request_id"] if reqs else None,
-               fingerprint=fps[0] if fps else None, requests=reqs)
+               fingerprint=fps[0] if fps else None, requests=reqs, signal=signal)
 
 
 NOW, PERIOD = 10_000.0, 3600.0
 
 
-@pytest.mark.parametrize("in_flight, quarantined", [
-    # one request in flight at each crash: two crashes of one fingerprint, however far apart (as before)
-    ([("P",), ("P",)], {"P"}),
-    ([("P",), ("B",), ("P",)], {"P"}),
-    ([("P",), (), ("P",)], {"P"}),
-    ([("P",), ("B",)], set()),
-    ([("P",)], set()),
-    # several in flight: the one in flight at consecutive crashes is the poison
-    ([("P", "B"), ("P", "C")], {"P"}),
-    ([("B", "P"), ("P",)], {"P"}),
-    ([("P",), ("P", "B")], {"P"}),
-    ([("P", "B", "C"), ("D", "P"), ("P", "E")], {"P"}),
-    # a bystander in flight at one crash that the next crash does not include is never quarantined
-    ([("P", "B"), ("P",), ("B", "C")], {"P"}),
-    ([("P", "B"), ("C",), ("B", "D")], set()),
-    ([("P", "B"), (), ("P", "B")], set()),     # not consecutive: a crash with nothing in flight between
-    ([("P", "B"), ("P", "B")], {"P", "B"}),     # crashed together twice in a row: indistinguishable
-    ([("P", "P"), ("P",)], {"P"}),              # the same request twice in one batch
-    ([("P", "B")], set()),
+@pytest.mark.parametrize("in_flight, quarantined, suspects", [
+    # alone in flight at two crashes of one fingerprint, however far apart (as before batching)
+    ([("P",), ("P",)], {"P"}, set()),
+    ([("P",), ("B",), ("P",)], {"P"}, set()),
+    ([("P",), (), ("P",)], {"P"}, set()),
+    ([("P",), ("B",)], set(), set()),
+    ([("P",)], set(), set()),
+    # sharing a batch with a crash is no evidence: a suspect, decoded alone from then on
+    ([("P", "B")], set(), {"P", "B"}),
+    ([("P", "B"), ("P", "C")], set(), {"P", "B", "C"}),    # four agents and outside aborts: nobody quarantined
+    ([("P", "B"), ("P", "B"), ("P", "B")], set(), {"P", "B"}),
+    ([("P", "B", "C"), ("D", "P"), ("P", "E")], set(), {"P", "B", "C", "D", "E"}),
+    # ... until it crashes the engine again when retried alone: quarantined; the others stay suspects
+    ([("P", "B"), ("P",)], {"P"}, {"B"}),
+    ([("B", "P"), ("C",), ("P",)], {"P"}, {"B"}),
+    ([("P", "B"), ("B", "C"), ("B",)], {"B"}, {"P", "C"}),
+    # alone first, then in a batch: one piece of evidence, and a suspect
+    ([("P",), ("P", "B")], set(), {"P", "B"}),
+    ([("P", "P"), ("P",)], {"P"}, set()),                  # the same request twice in one batch: it was alone
 ])
-def test_quarantine_finds_the_poison_among_requests_in_flight(in_flight, quarantined):
+def test_quarantine_blames_only_on_evidence(in_flight, quarantined, suspects):
     recs = [crash(NOW - 100 + 10 * i, *fps) for i, fps in enumerate(in_flight)]
-    got = quarantine_list(recs, NOW, PERIOD)
-    assert set(got) == quarantined
-    for fp in got:  # refused for a period from its last crash
-        assert got[fp] == max(r.time for r in recs if fp in r.fingerprints()) + PERIOD
+    got, suspected = quarantine_verdicts(recs, NOW, PERIOD)
+    assert (set(got), set(suspected)) == (quarantined, suspects)
+    for fp, until in {**got, **suspected}.items():  # for a period from its last crash
+        assert until == max(r.time for r in recs if fp in r.fingerprints()) + PERIOD
+
+
+@pytest.mark.parametrize("klass, signal, evidence", [
+    ("sigabrt", "SIGABRT", True),           # Metal's abort (or one sent from outside: it cannot be told apart)
+    ("mlx_error", None, True),
+    ("metal_oom", "SIGABRT", True),
+    ("hang", "SIGKILL", True),              # alive but not serving: the listener killed it for the request
+    ("python_exception", None, True),
+    ("other_signal", "SIGSEGV", True),      # a fault in the process itself
+    ("sigkill", "SIGKILL", False),          # the OS's out-of-memory killer, or anyone's kill -9
+    ("other_signal", "SIGHUP", False),      # sent from outside
+    ("clean_stop", "SIGTERM", False),       # an operator's restart
+    ("preload_failed", None, False),
+    ("config_error", None, False),
+])
+def test_kills_from_outside_are_no_evidence(klass, signal, evidence):
+    assert is_evidence(rec(NOW, klass, signal=signal)) is evidence
+    recs = [crash(NOW - 20, "P", klass=klass, signal=signal), crash(NOW - 10, "P", klass=klass, signal=signal)]
+    assert set(quarantine_list(recs, NOW, PERIOD)) == ({"P"} if evidence else set())
 
 
 @pytest.mark.parametrize("in_flight, quarantined", [
-    ([("P", "B", 0), ("P", "C", -PERIOD - 1)], set()),              # the earlier crash is out of the period
-    ([("P", "B", 0), ("P", "C", 0, "clean_stop")], set()),          # a clean stop is not a crash
-    ([("P", "B", 0), ("P", "C", 0, "hang")], {"P"}),                # a hang kill is
+    ([("P", 0), ("P", -PERIOD - 1)], set()),              # the earlier crash is out of the period
+    ([("P", 0), ("P", 0, "clean_stop")], set()),          # a clean stop is not a crash
+    ([("P", 0), ("P", 0, "hang")], {"P"}),                # a hang kill is
 ])
 def test_quarantine_counts_crashes_within_the_period_only(in_flight, quarantined):
-    recs = [crash(NOW - 50 + 10 * i + row[2], *row[:2], klass=row[3] if len(row) > 3 else "sigabrt")
+    recs = [crash(NOW - 50 + 10 * i + row[1], row[0], klass=row[2] if len(row) > 2 else "sigabrt")
             for i, row in enumerate(in_flight)]
     assert set(quarantine_list(recs, NOW, PERIOD)) == quarantined
 

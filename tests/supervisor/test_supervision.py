@@ -11,6 +11,7 @@ import psutil
 import pytest
 import requests
 
+from mlxd.records import Quarantine
 from testkit import chat, wait_until
 
 pytestmark = pytest.mark.timeout(240)
@@ -119,6 +120,40 @@ def test_a_request_that_crashes_twice_is_quarantined_and_others_are_served(stack
     assert r.status_code == 400 and r.json()["error"]["code"] == "request_quarantined"
     assert chat(st.url, content="an ordinary question", max_tokens=5).status_code == 200
     assert st.status()["quarantined_requests"] == 1
+
+
+def test_a_crash_in_a_batch_blames_nobody_until_a_retry_alone_crashes_again(stack):
+    """Two requests in one batch when the engine aborts: neither is quarantined for it; both are suspects,
+    decoded alone from then on; the bystander, retried, is served; the poison one, retried alone, crashes
+    the engine again and is quarantined (issue 36: quarantine that blames only the guilty)."""
+    st = stack(engine="max_concurrency = 2\n", env={"MLXD_FAULT_MATCH": "poison"}, fault="abort@token:6")
+    poison, bystander = "please process this poison payload", "an ordinary question, asked at length"
+    body = {"model": "default", "messages": [{"role": "user", "content": bystander}], "max_tokens": 200,
+            "temperature": 0, "stream": True}
+    with requests.post(st.url + "/v1/chat/completions", json=body, stream=True, timeout=60) as first:
+        lines = first.iter_lines()
+        wait_until(lambda: next(lines).startswith(b"data: {"), 30, interval=0, what="the bystander decoding")
+        with pytest.raises(requests.RequestException):  # joins the batch, and the engine aborts at its 6th token
+            chat(st.url, content=poison, max_tokens=20)
+    wait_until(lambda: len(st.records()) == 1, 30, what="the crash journaled")
+    assert len(st.records()[0].fingerprints()) == 2  # both were in flight
+    wait_until(st.healthy, 60, what="engine back")
+    wait_until(lambda: st.paths.quarantine.exists(), 10, what="the verdicts written")
+    verdicts = Quarantine.read(st.paths.quarantine)
+    assert verdicts is not None and not verdicts.fingerprints and len(verdicts.suspects) == 2
+
+    assert chat(st.url, content=bystander, max_tokens=5).status_code == 200  # a suspect is served
+    with pytest.raises(requests.RequestException):  # alone this time: the evidence
+        chat(st.url, content=poison, max_tokens=20)
+    wait_until(lambda: len(st.records()) == 2, 30, what="the second crash journaled")
+    assert len(st.records()[1].fingerprints()) == 1
+    wait_until(st.healthy, 60, what="engine back")
+    wait_until(lambda: (Quarantine.read(st.paths.quarantine) or Quarantine()).fingerprints, 10,
+               what="the poison request quarantined")
+    r = chat(st.url, content=poison, max_tokens=20)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "request_quarantined"
+    assert chat(st.url, content=bystander, max_tokens=5).status_code == 200
+    assert "was in flight at a crash with others: decoded alone" in st.log_tail(400)
 
 
 def test_kill_9_of_the_listener_is_survived(stack):

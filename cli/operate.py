@@ -342,6 +342,8 @@ def format_status(st: StatusReport) -> str:
         lines.append(f"  WARNING       port {f.port} ({f.used_for}) is held by pid {f.pid}: {f.cmdline}")
     if st.quarantined_requests:
         lines.append(f"  quarantined   {st.quarantined_requests} request(s)")
+    if st.suspected_requests:
+        lines.append(f"  suspects      {st.suspected_requests} request(s) decoded alone (in flight at a crash with others)")
     return "\n".join(lines)
 
 

@@ -310,6 +310,7 @@ class StatusReport(Report):
     gateway: GatewayProbe | None = None
     supervision: SupervisionFile | None = None
     quarantined_requests: int = 0
+    suspected_requests: int = 0  # in flight at a crash with others: the engine decodes them alone for a while
     ollama: OllamaProbe | None = None
     hosts: list[HostProbe] = field(default_factory=list)
     rank_group: RankGroup | None = None

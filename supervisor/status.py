@@ -169,6 +169,7 @@ def collect_status(config: Config) -> StatusReport:
                                            exit_code=last.exit_code, model=last.model, request_id=last.request_id)
                             if last else None),
         quarantined_requests=len(quarantine.active(now)),
+        suspected_requests=sum(1 for until in quarantine.suspects.values() if until > now),
         ollama=_ollama(config) if config.gateway.enabled else None,
         hosts=_hosts(config),
         rank_group=_rank_group(config, paths) if sup_pid else None,

@@ -141,6 +141,7 @@ def test_a_crash_in_a_batch_blames_nobody_until_a_retry_alone_crashes_again(stac
     wait_until(lambda: st.paths.quarantine.exists(), 10, what="the verdicts written")
     verdicts = Quarantine.read(st.paths.quarantine)
     assert verdicts is not None and not verdicts.fingerprints and len(verdicts.suspects) == 2
+    assert (st.status()["quarantined_requests"], st.status()["suspected_requests"]) == (0, 2)
 
     assert chat(st.url, content=bystander, max_tokens=5).status_code == 200  # a suspect is served
     with pytest.raises(requests.RequestException):  # alone this time: the evidence

@@ -5,7 +5,11 @@ what the crashes cost the clients of the gateway.
   detection  kill -> the crash listener has handled the exit
   backoff    the listener's chosen delay (0 after a healthy run)
   spawn      end of backoff -> the new engine process exists
-  load       engine process start -> ready (imports + model load)
+  load       engine process start -> ready, split by the engine's own timings into
+               start    process start -> its worker thread (interpreter, imports, the app)
+               index    the prompt cache's disk index read
+               weights  the model's weights loaded
+               rest     the remainder (MLX's memory limit, the first /health answer)
   total      kill -> /health 200 from the new process
 
 Each crash follows a healthy run (healthy_reset_s is set short), which is
@@ -47,7 +51,7 @@ from benchkit import RESULTS, BenchError, machine_info, say, write_json  # noqa:
 from crash_traffic import GOOD, Settings, crash_stack, make_client, one_request  # noqa: E402
 
 HEALTHY_RUN_S = 1.5
-PHASES = ["detection_s", "backoff_s", "spawn_s", "load_s", "total_s"]
+PHASES = ["detection_s", "backoff_s", "spawn_s", "load_s", "start_s", "index_s", "weights_s", "rest_s", "total_s"]
 
 
 def health(url: str) -> EngineHealth | None:
@@ -99,6 +103,12 @@ def outcome_counts(records: list[dict]) -> dict[str, int]:
     return dict(c)
 
 
+def load_parts(load_s: float, timings: dict[str, float]) -> dict[str, float]:
+    """The engine's load split by its own timings (pure); an engine without them: all of it is rest."""
+    start, index, weights = (timings.get(k, 0.0) for k in ("start_to_worker_s", "prompt_cache_index_s", "last_load_s"))
+    return {"start_s": start, "index_s": index, "weights_s": weights, "rest_s": load_s - start - index - weights}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     settings = Settings(healthy_reset_s=HEALTHY_RUN_S, model=args.model, min_tokens=8, max_tokens=32,
                         stream_ratio=0.5, request_timeout_s=120.0)
@@ -125,9 +135,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 rec = wait_for(lambda: (r := stack.records()) and len(r) > n_records and r[-1], 30, 0.005)
                 if not rec:
                     raise BenchError("the crash was not journaled")
+                load_s = new.ready_at - new.process_started_at
                 row = {"detection_s": rec.handled_at - t_kill, "backoff_s": rec.restart_in_s,
                        "spawn_s": new.process_started_at - (rec.handled_at + rec.restart_in_s),
-                       "load_s": new.ready_at - new.process_started_at, "total_s": t_back - t_kill,
+                       "load_s": load_s, **load_parts(load_s, new.timings), "total_s": t_back - t_kill,
                        "class": rec.klass}
                 rows.append(row)
                 say(f"crash {i + 1}/{args.crashes}: " + "  ".join(

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+import mlxd
 from mlxd.memory_estimate import KVLayout
 from mlxd.reports import PromptCacheReport
 
@@ -66,11 +67,16 @@ class ModelWorker(threading.Thread):
     def run(self) -> None:
         core = self.core
         try:
+            # Where a (re)start's time goes, for /health's timings (bench/recovery.py splits the load by them):
+            # the process to here (interpreter, imports, the app), the prompt cache's disk index, the weights.
+            core.timings["start_to_worker_s"] = round(time.time() - mlxd.STARTED_AT, 4)
             if core.inflight_path is not None:
                 core.inflight_path.unlink(missing_ok=True)  # the listener has read it by now
             core.faults.refresh()
             core.faults.check("boot")
+            began = time.monotonic()
             core.use_prompt_cache(self._make_prompt_cache())
+            core.timings["prompt_cache_index_s"] = round(time.monotonic() - began, 4)
             core.bound_mlx_memory()
             core.preload(self.default_model)
             self.ready_at = time.time()

@@ -102,6 +102,12 @@ def test_health_reports_what_an_operator_needs(shared_engine):
     assert mem["mlx_active_bytes"] > 10_000_000  # demo-a's weights are ~11.5 MB
     assert mem["mlx_peak_bytes"] >= mem["mlx_active_bytes"] and mem["rss_bytes"] > mem["mlx_active_bytes"]
     assert body["uptime_s"] > 0 and body["pid"] == shared_engine.proc.pid
+    # where its start went: the process to the worker and the prompt cache's index, within start -> ready
+    # (the weights' time is last_load_s: the module's requests may have loaded another model since)
+    t = body["timings"]
+    assert t["start_to_worker_s"] > 0 and t["prompt_cache_index_s"] >= 0 and t["last_load_s"] > 0
+    assert t["start_to_worker_s"] + t["prompt_cache_index_s"] <= body["ready_at"] - body["process_started_at"]
+    assert body["serving"]["model"] == body["resident_model"] and body["serving"]["decoder"] == "one_row"
 
 
 def test_metrics_are_prometheus_text(shared_engine):

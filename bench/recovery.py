@@ -7,6 +7,7 @@ what the crashes cost the clients of the gateway.
   spawn      end of backoff -> the new engine process exists
   load       engine process start -> ready, split by the engine's own timings into
                start    process start -> its worker thread (interpreter, imports, the app)
+               mlx_lm   mlx-lm's import (transformers with it)
                index    the prompt cache's disk index read
                weights  the model's weights loaded
                rest     the remainder (MLX's memory limit, the first /health answer)
@@ -51,7 +52,8 @@ from benchkit import RESULTS, BenchError, machine_info, say, write_json  # noqa:
 from crash_traffic import GOOD, Settings, crash_stack, make_client, one_request  # noqa: E402
 
 HEALTHY_RUN_S = 1.5
-PHASES = ["detection_s", "backoff_s", "spawn_s", "load_s", "start_s", "index_s", "weights_s", "rest_s", "total_s"]
+PHASES = ["detection_s", "backoff_s", "spawn_s", "load_s", "start_s", "mlx_lm_s", "index_s", "weights_s", "rest_s",
+          "total_s"]
 
 
 def health(url: str) -> EngineHealth | None:
@@ -105,8 +107,10 @@ def outcome_counts(records: list[dict]) -> dict[str, int]:
 
 def load_parts(load_s: float, timings: dict[str, float]) -> dict[str, float]:
     """The engine's load split by its own timings (pure); an engine without them: all of it is rest."""
-    start, index, weights = (timings.get(k, 0.0) for k in ("start_to_worker_s", "prompt_cache_index_s", "last_load_s"))
-    return {"start_s": start, "index_s": index, "weights_s": weights, "rest_s": load_s - start - index - weights}
+    start, mlx_lm, index, weights = (timings.get(k, 0.0) for k in ("start_to_worker_s", "mlx_lm_import_s",
+                                                                      "prompt_cache_index_s", "last_load_s"))
+    return {"start_s": start, "mlx_lm_s": mlx_lm, "index_s": index, "weights_s": weights,
+            "rest_s": load_s - start - mlx_lm - index - weights}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -118,7 +118,7 @@ def recovery_figures(doc: dict) -> list[Figure]:
     out = [Figure("recovery", model, "SIGABRT → serving again", med["total_s"], "s", "model load alone",
                   med["load_s"], med["total_s"] / med["load_s"],
                   f"≤ load + 1 s (+{doc['total_minus_load_s']:.2f} s)", doc["total_minus_load_s"] <= 1.0)]
-    for k in ("detection_s", "backoff_s", "spawn_s", "start_s", "index_s", "weights_s", "rest_s"):
+    for k in ("detection_s", "backoff_s", "spawn_s", "start_s", "mlx_lm_s", "index_s", "weights_s", "rest_s"):
         if k in med:  # the load's parts: from an engine that reports its timings
             out.append(Figure("recovery", model, f"  {k[:-2]}", med[k], "s"))
     c = doc["requests"]

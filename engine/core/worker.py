@@ -68,12 +68,17 @@ class ModelWorker(threading.Thread):
         core = self.core
         try:
             # Where a (re)start's time goes, for /health's timings (bench/recovery.py splits the load by them):
-            # the process to here (interpreter, imports, the app), the prompt cache's disk index, the weights.
+            # the process to here (interpreter, imports, the app), mlx-lm's import, the prompt cache's disk
+            # index, the weights.
             core.timings["start_to_worker_s"] = round(time.time() - mlxd.STARTED_AT, 4)
             if core.inflight_path is not None:
                 core.inflight_path.unlink(missing_ok=True)  # the listener has read it by now
             core.faults.refresh()
             core.faults.check("boot")
+            began = time.monotonic()
+            import mlx_lm  # noqa: F401 - timed apart: with transformers, most of a restart's time before the weights
+
+            core.timings["mlx_lm_import_s"] = round(time.monotonic() - began, 4)
             began = time.monotonic()
             core.use_prompt_cache(self._make_prompt_cache())
             core.timings["prompt_cache_index_s"] = round(time.monotonic() - began, 4)

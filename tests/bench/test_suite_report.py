@@ -124,9 +124,9 @@ def test_prompt_cache_summary_and_figures(crash_turn6_ms, cached, met):
 
 
 @pytest.mark.parametrize("load_s, timings, parts", [
-    (3.0, {"start_to_worker_s": 1.0, "prompt_cache_index_s": 0.25, "last_load_s": 1.5},
-     {"start_s": 1.0, "index_s": 0.25, "weights_s": 1.5, "rest_s": 0.25}),
-    (2.0, {}, {"start_s": 0.0, "index_s": 0.0, "weights_s": 0.0, "rest_s": 2.0}),  # an engine without them
+    (3.5, {"start_to_worker_s": 1.0, "mlx_lm_import_s": 0.5, "prompt_cache_index_s": 0.25, "last_load_s": 1.5},
+     {"start_s": 1.0, "mlx_lm_s": 0.5, "index_s": 0.25, "weights_s": 1.5, "rest_s": 0.25}),
+    (2.0, {}, {"start_s": 0.0, "mlx_lm_s": 0.0, "index_s": 0.0, "weights_s": 0.0, "rest_s": 2.0}),  # an older engine
 ])
 def test_recovery_splits_the_load_by_the_engines_timings(load_s, timings, parts):
     assert recovery.load_parts(load_s, timings) == pytest.approx(parts)

@@ -10,7 +10,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 from mlx.utils import tree_flatten
-from mlx_lm.models import llama, qwen2
+from mlx_lm.models import llama
 from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
 from mlxd.engine.cache.kv_cache import AllocatedKVCache
@@ -18,44 +18,13 @@ from mlxd.engine.cpu import cpu_decode, cpu_linear
 from mlxd.engine.cpu.cpu_decode import FoldedLlamaAttention, FoldedQwen2Attention, RotationRoPE, shorten_decode
 from mlxd.engine.cpu.cpu_linear import SharedColumns, StoredLinear, TransposedEmbedding, TransposedLinear
 from testkit import load_bench
+from tiny_models import decode, tiny, tiny_llama
 
 arms = load_bench("cpu_arms")
 SPLIT_MIN_OUTPUTS = arms.SPLIT_MIN_OUTPUTS
 
 
-def tiny_llama(tied: bool, intermediate: int = 128, vocab: int = 97) -> nn.Module:
-    args = llama.ModelArgs(model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=intermediate,
-                           num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=vocab,
-                           tie_word_embeddings=tied)
-    mx.random.seed(7)
-    model = llama.Model(args)
-    model.set_dtype(mx.float32)
-    mx.eval(model.parameters())
-    return model
 
-
-def tiny(arch, tied: bool = True, intermediate: int = 256) -> nn.Module:
-    common = dict(hidden_size=128, num_hidden_layers=2, intermediate_size=intermediate, num_attention_heads=4,
-                  num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=101, tie_word_embeddings=tied)
-    mx.random.seed(11)
-    if arch == "llama":
-        model = llama.Model(llama.ModelArgs(model_type="llama", rope_theta=100000.0, **common))
-    else:
-        model = qwen2.Model(qwen2.ModelArgs(model_type="qwen2", max_position_embeddings=512, rope_theta=1e6,
-                                            **common))
-    model.set_dtype(mx.float32)
-    mx.eval(model.parameters())
-    return model
-
-
-def decode(model: nn.Module, cache: list, prompt: list[int], steps: int) -> list[mx.array]:
-    """The prompt's logits, then `steps` greedy one-token steps' logits."""
-    logits = [model(mx.array([prompt]), cache=cache)[:, -1]]
-    for _ in range(steps):
-        token = mx.argmax(logits[-1], axis=-1)
-        logits.append(model(token[:, None], cache=cache)[:, -1])
-    mx.eval(logits)
-    return logits
 
 
 # --- which layout, how many blocks ------------------------------------------------------------

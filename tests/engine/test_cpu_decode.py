@@ -22,6 +22,7 @@ from mlxd.engine.cpu.cpu_decode import (CompiledRMSNorm, FoldedLlamaAttention, F
                                         prepare_float32, rotation_matrix, shorten_decode)
 from mlxd.engine.cpu.cpu_linear import SharedColumns, StoredLinear, TransposedLinear, transpose_linears
 from mlxd.engine.cache.kv_cache import AllocatedKVCache
+from tiny_models import decode, tiny
 
 
 @pytest.mark.parametrize("dims, head_dim, traditional, base, scale, position", [
@@ -39,28 +40,6 @@ def test_the_rotation_matrix_is_rope_at_that_position(dims, head_dim, traditiona
     assert mx.allclose(rotated, expected, atol=1e-4).item()
 
 
-def tiny(arch, tied: bool = True, intermediate: int = 256) -> nn.Module:
-    common = dict(hidden_size=128, num_hidden_layers=2, intermediate_size=intermediate, num_attention_heads=4,
-                  num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=101, tie_word_embeddings=tied)
-    mx.random.seed(11)
-    if arch == "llama":
-        model = llama.Model(llama.ModelArgs(model_type="llama", rope_theta=100000.0, **common))
-    else:
-        model = qwen2.Model(qwen2.ModelArgs(model_type="qwen2", max_position_embeddings=512, rope_theta=1e6,
-                                            **common))
-    model.set_dtype(mx.float32)
-    mx.eval(model.parameters())
-    return model
-
-
-def decode(model: nn.Module, cache: list, prompt: list[int], steps: int) -> list[mx.array]:
-    """The prompt's logits, then `steps` greedy one-token steps' logits."""
-    logits = [model(mx.array([prompt]), cache=cache)[:, -1]]
-    for _ in range(steps):
-        token = mx.argmax(logits[-1], axis=-1)
-        logits.append(model(token[:, None], cache=cache)[:, -1])
-    mx.eval(logits)
-    return logits
 
 
 CACHES = {

@@ -9,21 +9,11 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
-from mlx_lm.models import llama
 
 from mlxd.engine.cpu import cpu_linear
 from mlxd.engine.cpu.cpu_linear import TransposedEmbedding, TransposedLinear, prompt_streams, transpose_linears
+from tiny_models import tiny_llama
 
-
-def tiny_llama(tied: bool, intermediate: int = 128, vocab: int = 97) -> nn.Module:
-    args = llama.ModelArgs(model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=intermediate,
-                           num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=vocab,
-                           tie_word_embeddings=tied)
-    mx.random.seed(7)
-    model = llama.Model(args)
-    model.set_dtype(mx.float32)
-    mx.eval(model.parameters())
-    return model
 
 
 @pytest.mark.parametrize("bias", [False, True])

@@ -1,0 +1,51 @@
+"""Tiny random-weight mlx-lm models for in-process tests of the CPU path's
+layouts (tests/engine/test_cpu_*.py, tests/bench/test_cpu_arms.py): float32,
+seeded, so two builds hold the same weights."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def tiny_llama(tied: bool, intermediate: int = 128, vocab: int = 97) -> Any:
+    import mlx.core as mx
+    from mlx_lm.models import llama
+
+    args = llama.ModelArgs(model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=intermediate,
+                           num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=vocab,
+                           tie_word_embeddings=tied)
+    mx.random.seed(7)
+    model = llama.Model(args)
+    model.set_dtype(mx.float32)
+    mx.eval(model.parameters())
+    return model
+
+
+def tiny(arch: str, tied: bool = True, intermediate: int = 256) -> Any:
+    """A llama or qwen2 model of 2 layers, 4 query and 2 KV heads."""
+    import mlx.core as mx
+    from mlx_lm.models import llama, qwen2
+
+    common = dict(hidden_size=128, num_hidden_layers=2, intermediate_size=intermediate, num_attention_heads=4,
+                  num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=101, tie_word_embeddings=tied)
+    mx.random.seed(11)
+    if arch == "llama":
+        model = llama.Model(llama.ModelArgs(model_type="llama", rope_theta=100000.0, **common))
+    else:
+        model = qwen2.Model(qwen2.ModelArgs(model_type="qwen2", max_position_embeddings=512, rope_theta=1e6,
+                                            **common))
+    model.set_dtype(mx.float32)
+    mx.eval(model.parameters())
+    return model
+
+
+def decode(model: Any, cache: list, prompt: list[int], steps: int) -> list:
+    """The prompt's logits, then `steps` greedy one-token steps' logits."""
+    import mlx.core as mx
+
+    logits = [model(mx.array([prompt]), cache=cache)[:, -1]]
+    for _ in range(steps):
+        token = mx.argmax(logits[-1], axis=-1)
+        logits.append(model(token[:, None], cache=cache)[:, -1])
+    mx.eval(logits)
+    return logits

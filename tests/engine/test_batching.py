@@ -241,7 +241,9 @@ def test_memory_admission_keeps_the_batch_under_the_budget(start_engine, demo_mo
     assert [r.status_code for r in results] == [200] * 2
     assert [r.json()["usage"]["completion_tokens"] for r in results] == [long_answer, 16]
     assert first_usage[-1]["completion_tokens"] == long_answer
-    assert max(batch_sizes) == 2
+    # never three at once, and two were (the engine's own count: a 16-token row's turn in the batch can fall
+    # between two polls of a loaded machine)
+    assert max(batch_sizes) <= 2 and eng.health()["max_observed_concurrency"] == 2
     health = eng.health()
     assert health["memory"]["mlx_peak_bytes"] <= health["memory"]["budget_bytes"]
 

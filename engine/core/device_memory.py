@@ -123,7 +123,7 @@ class DeviceMemoryWatch(threading.Thread):
             if process is None:
                 return  # no nvidia-smi, or it does not list us: nothing to measure here
             mlx = max(mlx_before, self.mlx_bytes())  # MLX may have given buffers back while nvidia-smi ran
-            recent = [*recent[-(CONFIRMATIONS - 1):], process - mlx] if CONFIRMATIONS > 1 else [process - mlx]
+            recent = [*recent, process - mlx][-CONFIRMATIONS:]
             before = self.latest.outside_bytes if self.latest is not None else 0
             self.latest = DeviceMemory(process, mlx, max(before, confirmed_outside(recent)), time.monotonic())
             if self.latest.outside_bytes > before + 256 * MIB:

@@ -178,7 +178,7 @@ class EngineCore:
         except EngineError as exc:
             job.channel.put(Failed(exc))
         except BaseException as exc:  # noqa: BLE001 - a load that failed inside MLX
-            self._fatal(exc, [job])
+            self._fatal(exc, job)
             return None
         self._let_go(job, time.monotonic() - started)
         return None
@@ -224,7 +224,7 @@ class EngineCore:
             self.record_inflight()
             return
         except BaseException as exc:  # noqa: BLE001 - an MLX fault: do not limp on
-            self._fatal(exc, [job, *self.runner.jobs_of_rows()])
+            self._fatal(exc, job)
             return
         self.counters["jobs"] += 1
         self._sync_ledger()
@@ -235,7 +235,7 @@ class EngineCore:
         try:
             ended = self.runner.step()
         except BaseException as exc:  # noqa: BLE001 - an MLX fault mid-step: every request is told
-            self._fatal(exc, self.runner.jobs_of_rows())
+            self._fatal(exc)
             return
         self.heartbeat()
         if time.monotonic() - self.memory.taken_at > MEMORY_SAMPLE_S:  # /health's memory while requests run
@@ -449,22 +449,15 @@ class EngineCore:
         except OSError as exc:  # a full disk must not take requests down
             log.warning("cannot record the in-flight request: %s", exc)
 
-    def _fatal(self, exc: BaseException, jobs: list[Job]) -> None:
-        """An MLX fault: every request held gets an explicit error, and the
-        engine exits for the supervisor to restart it. The jobs named first
-        (the one that was running is the crash's culprit), then every other
-        job held (one waiting for the batch too)."""
-        jobs = [*jobs, *(r.job for r in self.table.rows())]
-        held = {r.id for r in self.table.rows()}
-        for job in jobs:  # every request named in the crash is held as running (one taken just now too)
-            if job.id not in held:
-                self.table.hold(job, RequestStatus.PREFILLING)
+    def _fatal(self, exc: BaseException, culprit: Job | None = None) -> None:
+        """An MLX fault: every request held (one waiting for the batch too)
+        gets an explicit error, and the engine exits for the supervisor to
+        restart it. `culprit`: the request being started when it happened,
+        else the oldest running one is named."""
         self.publish(Phase.FAILED)
         error = EngineError(500, f"MLX error: {exc}; the engine is restarting", code="mlx_error", retry_after=5)
-        seen: set[str] = set()
-        for job in jobs:
-            if job.id not in seen:
-                seen.add(job.id)
-                job.channel.put(Failed(error))
+        held = self.table.rows()
+        for r in held:
+            r.job.channel.put(Failed(error))
         self.stopped = True
-        self.on_fatal(exc, jobs[0] if jobs else None)
+        self.on_fatal(exc, culprit or next((r.job for r in running(held)), None))

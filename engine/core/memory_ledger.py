@@ -42,22 +42,26 @@ class MemoryLedger:
         self.model: ModelFigures | None = None
         self._alone: dict[str, int] = {}  # request id -> KV bytes granted to a request decoded alone
         self._rows: tuple[Row, ...] = ()  # the batch's rows
+        self.memory = Memory(0, None, 0)  # the scheduler's view of the model (_set_memory)
 
     # --- the resident model ------------------------------------------------
     def set_model(self, model: ModelFigures | None) -> None:
         self.model = model
         self._alone.clear()
         self._rows = ()
+        self._set_memory()
 
-    @property
-    def memory(self) -> Memory:
-        """The resident model's figures for the scheduler's admission (at MLX's limit)."""
+    def _set_memory(self) -> None:
+        """The resident model's figures for the scheduler's admission (at MLX's
+        limit), worked out once: the scheduler reads them every step."""
         m = self.model
         if m is None:
-            return Memory(0, None, 0)
-        per_token = kv_cache_bytes(m.config, 1) if m.config else 0
-        attention = attention_bytes_per_position(attention_heads(m.config), self.prefill_step) if m.config else 0
-        return Memory(self.limit_bytes, m.weights_bytes, per_token, attention)
+            self.memory = Memory(0, None, 0)
+        elif not m.config:  # its KV per position unknown: slots alone limit the batch
+            self.memory = Memory(self.limit_bytes, m.weights_bytes, 0)
+        else:
+            self.memory = Memory(self.limit_bytes, m.weights_bytes, kv_cache_bytes(m.config, 1),
+                                 attention_bytes_per_position(attention_heads(m.config), self.prefill_step))
 
     def lower_limit(self, outside_bytes: int) -> int | None:
         """MLX's limit after measuring `outside_bytes` held outside it: the new
@@ -66,6 +70,7 @@ class MemoryLedger:
         if limit == self.limit_bytes:
             return None
         self.limit_bytes = limit
+        self._set_memory()
         return limit
 
     # --- requests -------------------------------------------------------------

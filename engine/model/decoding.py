@@ -108,15 +108,11 @@ class Decoders:
         """The rows in mlx-lm's batch (and joining it): the memory they hold is the batch's."""
         return list(self.many.rows.values()) if self.many is not None else []
 
-    @property
-    def jobs(self) -> list[Job]:
-        return [a.job for a in self.rows]
-
-    def decodes_alone(self, alone: bool, others_waiting: bool, trimmable: bool = True) -> bool:
+    def decodes_alone(self, alone: bool, others_waiting: bool) -> bool:
         """Whether the next request starts in the one-row decoder: alone by
-        need, or into an empty batch with nobody behind it (starts_alone) when
-        its cache can be cut back to join the batch later."""
-        return alone or self.slots <= 1 or (starts_alone(not self.rows, others_waiting) and trimmable)
+        need, or into an empty batch with nobody behind it (starts_alone; the
+        runner sends one whose cache cannot be cut back to the batch instead)."""
+        return alone or self.slots <= 1 or starts_alone(not self.rows, others_waiting)
 
     def sampling(self, admitted: Admitted) -> RowSampling:
         from mlx_lm.sample_utils import make_sampler

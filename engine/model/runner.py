@@ -179,9 +179,6 @@ class ModelRunner:
     def rows(self) -> list[Admitted]:
         return self.decoders.rows if self.decoders is not None else []
 
-    def jobs_of_rows(self) -> list[Job]:
-        return [a.job for a in self.rows]
-
     @property
     def batch_rows(self) -> list[Admitted]:
         return self.decoders.batch_rows if self.decoders is not None else []

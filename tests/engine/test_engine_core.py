@@ -248,9 +248,6 @@ class FakeRunner:
     def batch_rows(self) -> list[Admitted]:
         return list(self.many)
 
-    def jobs_of_rows(self) -> list[Job]:
-        return [a.job for a in self.rows]
-
     def finish(self, e: Ended) -> None:
         """As Generation.end: a cancelled answer is never ended as if complete."""
         a = e.admitted

@@ -8,23 +8,17 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 from mlx_lm.generate import generate_step
-from mlx_lm.models import llama
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlxd.engine.model.one_row import verify_greedy
+from tiny_models import tiny_llama
 
 PROMPT = [(5 * j + 3) % 97 for j in range(24)]
 
 
 @pytest.fixture(scope="module")
 def model():
-    args = llama.ModelArgs(model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
-                           num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=97,
-                           tie_word_embeddings=True)
-    mx.random.seed(3)
-    m = llama.Model(args)
-    mx.eval(m.parameters())
-    return m
+    return tiny_llama(tied=True)
 
 
 def greedy(model, prompt: list[int], n: int) -> list[int]:

@@ -39,6 +39,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.integration)
 
 
+LIVE_STACKS: list[Stack] = []  # the stacks running now (stack_factory's), for a failure's report
+LOG_TAIL_BYTES = 4000
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """A failed test with stacks running gets their supervision log and the
+    engine's stderr, tail only, in its report: CI keeps nothing else."""
+    outcome = yield
+    report = outcome.get_result()
+    if not report.failed:
+        return
+    for st in LIVE_STACKS:
+        for path in (st.paths.logs / "listener.log", st.paths.engine_stderr):
+            try:
+                with path.open("rb") as f:
+                    f.seek(max(0, f.seek(0, 2) - LOG_TAIL_BYTES))
+                    report.sections.append((f"{path.name} of {st.paths.home.name}", f.read().decode(errors="replace")))
+            except OSError:
+                pass
+
+
 @dataclass
 class DemoModels:
     a: Path
@@ -144,8 +166,11 @@ def shared_engine(tmp_path_factory: pytest.TempPathFactory, demo_models: DemoMod
         yield ep
 
 
-# Fast supervision for tests: short backoffs, a quick health poll.
-TEST_ENGINE = "stuck_grace_s = 1.0\n"
+# Fast supervision for tests: short backoffs, a quick health poll. The stuck check is
+# 5 s, not 1: on a 2-core CI machine running two test workers, a decoding worker can
+# stall past a second, and an engine killed as "hung" fails a test that never hung it.
+# The hang tests set 1 s themselves.
+TEST_ENGINE = "stuck_grace_s = 5.0\n"
 TEST_SUPERVISOR = "backoff_base_s = 0.2\nhealth_interval_s = 0.25\nstart_grace_s = 20\n"
 
 
@@ -164,6 +189,7 @@ def stack_factory(tmp_path_factory: pytest.TempPathFactory, demo_models: DemoMod
         st = Stack.create(tmp_path_factory.mktemp("stack"), demo_models.a, engine=engine,
                           supervisor=defaults + supervisor, gateway=gateway, models=models, env=env)
         stacks.append(st)
+        LIVE_STACKS.append(st)
         if fault:
             st.fault_file.write_text(fault)
         if fault and "@boot" in fault:  # it will never be ready: do not wait
@@ -177,6 +203,7 @@ def stack_factory(tmp_path_factory: pytest.TempPathFactory, demo_models: DemoMod
     finally:
         for st in stacks:
             st.stop()
+            LIVE_STACKS.remove(st)
 
 
 @pytest.fixture

@@ -61,9 +61,9 @@ def ollama():
         yield standin
 
 
-# The stack fixture's engine has stuck_grace_s = 1 (for the failure tests),
-# and a prefill chunk sends no heartbeat: a prompt that takes over a second
-# to prefill on CPU (~500 tokens) would count as stuck. A small prompt limit
+# The stack fixture's engine has stuck_grace_s = 5 (short, for the failure
+# tests), and a prefill chunk sends no heartbeat: a prompt that takes longer
+# than that to prefill on a loaded CPU would count as stuck. A small prompt limit
 # keeps every accepted prompt well under that (longer ones are refused, and
 # fall back to Ollama).
 PROMPT_LIMIT = 256

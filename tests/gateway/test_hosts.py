@@ -33,7 +33,9 @@ pytestmark = pytest.mark.timeout(600)
 OLLAMA_MODEL = "llama3.2:3b"
 OCCUPY = "occupy this host"  # a prompt that hangs the worker of an engine with the fault file below
 # Remote hosts keep no queue, so a busy one answers 429 at once; no shutdown grace for a hung one.
-REMOTE_ENGINE = {"require_key": True, "max_queue": 0, "shutdown_grace_s": 0}
+# The occupied host's hang must read as busy (429, /health 200) for the whole module, however slow
+# the machine: its stuck check (default 30 s) would otherwise turn it into a 503 partway through.
+REMOTE_ENGINE = {"require_key": True, "max_queue": 0, "shutdown_grace_s": 0, "stuck_grace_s": 3600}
 
 
 def served(ep: EngineProcess, key: str, status: str = "200") -> float:

@@ -87,7 +87,7 @@ def test_explicit_restart_ends_a_crash_loop_at_once(stack):
 
 
 def test_hang_is_killed_and_restarted_within_the_deadline(stack):
-    st = stack(fault="hang@token:2")
+    st = stack(engine="stuck_grace_s = 1.0\n", fault="hang@token:2")
     first_pid = st.engine_pid()
     t0 = time.monotonic()
     try:  # the engine's own 503 and the listener's kill race: either ends the request

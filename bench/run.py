@@ -176,6 +176,14 @@ def cache_figures(doc: dict, model: str) -> list[Figure]:
         r = s["after_crash_over_cold"]
         out.append(Figure("prompt cache", model, "TTFT of the turn after a SIGABRT (from disk)",
                           r * 100, "% of cold", "", None, r, "≤ 0.25×", r <= 0.25))
+    if s.get("after_crash_cached_fraction") is not None:
+        f = s["after_crash_cached_fraction"]
+        out.append(Figure("prompt cache", model, "prompt reused by the turn after a SIGABRT the moment an answer came",
+                          f * 100, "%", "", None, None, "≥ 90 %", f >= 0.90))
+    if s.get("write_behind_ttft_over_nodisk_from_turn_2") is not None:
+        r = s["write_behind_ttft_over_nodisk_from_turn_2"]
+        out.append(Figure("prompt cache", model, "turn TTFT with every turn written to disk behind it (median, turns 2+)",
+                          r, "×", "the disk tier off", None, r, "≤ 1.05×", r <= 1.05))
     if s.get("cache_over_mlx_lm_from_turn_2") is not None:
         r = s["cache_over_mlx_lm_from_turn_2"]
         out.append(Figure("prompt cache", model, "turn-N TTFT vs mlx_lm.server's (median, turns 2+)", r, "×",

@@ -9,6 +9,7 @@ memory ledger. Every file, one line each:
   prompt_cache_policy.py  its decisions (pure) and what it hands out (Fetched)
   reuse.py                a turn's reuse plan: which entry, how deep, continue or branch (pure)
   cache_keys.py           agent-safe keys: which conversation a request continues
-  kv_files.py             the disk tier: one safetensors file per entry, written atomically
+  kv_files.py             the disk tier: a manifest per entry over shared blocks, written atomically
+  kv_blocks.py            a conversation's KV as content-addressed blocks of 256 tokens (pure names)
   kv_writer.py            the disk tier's writer thread: files staged by the worker, written off its thread
 """

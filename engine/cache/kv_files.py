@@ -1,10 +1,20 @@
-"""The prompt cache's disk tier: one safetensors file per entry under
-$MLXD_HOME/state/kv/, in mlx-lm's prompt-cache format (`save_prompt_cache`),
-with the entry's tokens and provenance in the file's metadata.
+"""The prompt cache's disk tier, under $MLXD_HOME/state/kv/.
 
-A file is written into kv/tmp/, flushed to disk and renamed into place, so a
-kill at any moment leaves either a whole entry or a temporary file that the
-next scan deletes. The prompt cache has the I/O done off the worker
+An entry of a model whose KV can be cut along its positions (attention
+layers: most models) is a manifest, kv/<name>.json -- its tokens, what the
+reuse plan needs, and the hashes of its blocks -- over content-addressed
+blocks of 256 tokens in kv/blocks/ (engine/cache/kv_blocks.py), shared by
+every entry whose tokens start the same: a turn writes its new blocks and a
+manifest, not the whole conversation again. Blocks are counted once against
+the disk budget, and go with the last manifest that names them. An entry of
+another model (a rotating window, recurrent layers) is one safetensors file,
+kv/<name>.safetensors, in mlx-lm's prompt-cache format (`save_prompt_cache`),
+with its tokens and provenance in the file's metadata.
+
+Every file is written into kv/tmp/, flushed to disk and renamed into place,
+and a manifest only after its blocks, so a kill at any moment leaves either
+a whole entry or files that the next scan deletes (temporary ones, blocks
+no manifest names). The prompt cache has the I/O done off the worker
 thread (`stage` here, the write in engine/cache/kv_writer.py, `commit` here).
 Files that are corrupt, partial or foreign (another model's build, another
 MLX version, a model no longer configured) are deleted when seen. The index of files (tokens, sizes) lives in memory; the
@@ -22,7 +32,8 @@ import os
 import shutil
 import struct
 import uuid
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -30,7 +41,9 @@ import numpy as np
 
 from mlxd.paths import write_atomic
 
-from .kv_writer import StagedFile, stage_file, write_file
+from .kv_blocks import BlockError, assemble, block_spans, chain_hashes, layer_layout, read_block, stage_block
+from .kv_writer import StagedFile, StagedWrite, stage_file, write_all
+from .reuse import supersedes
 
 log = logging.getLogger("mlxd.engine.cache.prompt_cache")
 
@@ -45,15 +58,25 @@ class KVFileError(Exception):
 
 @dataclass(frozen=True, eq=False)
 class DiskEntry:
-    path: Path
+    path: Path  # its manifest (kv/<name>.json), or its whole file (kv/<name>.safetensors)
     model_key: str
     tokens: np.ndarray
     prompt_len: int
     trimmable: bool
-    nbytes: int
+    nbytes: int  # the KV's bytes on disk: what reading it takes
     conversation: tuple[str, ...] = ()
     patchable: bool = False  # every layer a plain KVCache (engine/cache/reuse.py)
     echo: tuple[int, ...] = ()  # its answer's first tokens as the next prompt holds them (engine/cache/reuse.py)
+    blocks: tuple[str, ...] = ()  # its blocks' hashes, in order (a manifest's entry)
+    layout: tuple[str, ...] = ()  # its layers as the blocks hold them (engine/cache/kv_blocks.py)
+    file_bytes: int = 0  # the manifest's own size (a whole file: nbytes)
+
+
+@dataclass
+class Block:
+    path: Path
+    nbytes: int
+    refs: int = 0  # manifests in the index that name it
 
 
 def is_patchable(kv: list[Any]) -> bool:
@@ -113,6 +136,38 @@ def parse_entry(path: Path, meta: dict[str, str], expected: dict[str, str]) -> D
     return entry
 
 
+def parse_manifest(path: Path, doc: Any, expected: dict[str, str], block_bytes: dict[str, int]) -> DiskEntry:
+    """The index row for a manifest (pure): its blocks must all be there
+    (`block_bytes`: the blocks on disk, by hash) and cover its tokens."""
+    if not isinstance(doc, dict):
+        raise KVFileError(f"{path.name} is not a manifest")
+    for key, want in expected.items():
+        if doc.get(key) != want:
+            raise KVFileError(f"{path.name} was written with {key} {doc.get(key)!r}, not {want!r}")
+    try:
+        tokens = np.frombuffer(base64.b64decode(doc["tokens"]), dtype="<i4").astype(np.int32)
+        blocks, layout = tuple(str(h) for h in doc["blocks"]), tuple(str(k) for k in doc["layout"])
+        entry = DiskEntry(path, str(doc["model"]), tokens, int(doc["prompt_len"]), True, 0,
+                          tuple(str(c) for c in doc.get("conversation", ())), bool(doc.get("patchable")),
+                          tuple(int(t) for t in doc.get("echo", ())), blocks, layout, int(doc.get("bytes", 0)))
+    except (KeyError, ValueError, TypeError) as exc:
+        raise KVFileError(f"{path.name} has incomplete metadata") from exc
+    if not len(tokens) or len(blocks) != len(block_spans(len(tokens))) or not layout:
+        raise KVFileError(f"{path.name}: its blocks do not cover its tokens")
+    missing = [h for h in blocks if h not in block_bytes]
+    if missing:
+        raise KVFileError(f"{path.name}: {len(missing)} of its blocks are missing")
+    return replace(entry, nbytes=sum(block_bytes[h] for h in blocks))
+
+
+def manifest_doc(entry: DiskEntry, expected: dict[str, str]) -> bytes:
+    """A manifest's JSON (pure)."""
+    return json.dumps({**expected, "model": entry.model_key, "prompt_len": entry.prompt_len,
+                       "patchable": entry.patchable, "echo": list(entry.echo), "conversation": list(entry.conversation),
+                       "layout": list(entry.layout), "blocks": list(entry.blocks),
+                       "tokens": base64.b64encode(entry.tokens.astype("<i4").tobytes()).decode()}).encode()
+
+
 def kv_nbytes(kv: list[Any]) -> int:
     """Bytes an entry's arrays really hold (buffers included)."""
     return sum(int(c.nbytes) for c in kv)
@@ -138,16 +193,20 @@ def compact(kv: list[Any]) -> list[Any]:
 
 
 class KVFiles:
-    """The folder of entry files and its in-memory index (worker thread only)."""
+    """The folder of entries and its in-memory index (worker thread only)."""
 
     def __init__(self, folder: Path, budget_bytes: int, configured_models: Iterable[str],
                  before_commit: Callable[[], None] = lambda: None) -> None:
         self.folder = folder
+        self.blocks_folder = folder / "blocks"
         self.before_commit = before_commit  # fault injection: a kill between the write and the rename
         self.budget_bytes = budget_bytes
         self.expected = versions()
         self.rejected = 0  # files deleted as corrupt, partial or foreign
         self._index: dict[Path, DiskEntry] = {}  # least recently used first (kept in order, no stat per request)
+        self._blocks: dict[str, Block] = {}  # on disk, by hash
+        self._staged_blocks: dict[str, int] = {}  # staged by a write not yet collected: hash -> bytes
+        self._pins: Counter[str] = Counter()  # blocks that writes not yet collected count on (not writing them)
         self._scan(set(configured_models))
 
     # --- the index ------------------------------------------------------------
@@ -157,7 +216,12 @@ class KVFiles:
 
     @property
     def total_bytes(self) -> int:
-        return sum(e.nbytes for e in self._index.values())
+        return (sum(e.file_bytes if e.blocks else e.nbytes for e in self._index.values())
+                + sum(b.nbytes for b in self._blocks.values()))
+
+    @property
+    def block_count(self) -> int:
+        return len(self._blocks)
 
     def entries(self, model_key: str) -> list[DiskEntry]:
         """This model's entries, least recently used first."""
@@ -186,29 +250,90 @@ class KVFiles:
         shutil.rmtree(self.folder / "tmp", ignore_errors=True)  # writes a kill interrupted
         if not self.folder.is_dir():
             return
+        if self.blocks_folder.is_dir():
+            for path in self.blocks_folder.iterdir():
+                try:
+                    self._blocks[path.stem] = Block(path, path.stat().st_size)
+                except OSError:
+                    continue
+        block_bytes = {h: b.nbytes for h, b in self._blocks.items()}
         # Oldest first: the files' times give the LRU order once; from here on it is kept in memory.
         for path in sorted(self.folder.glob("*"), key=_mtime):
             if path.is_dir() or path.name == RATES_FILE or path.name.startswith(f".{RATES_FILE}."):
                 continue
-            if path.suffix != ".safetensors":
-                self._reject(path, "not an entry file")
-                continue
             try:
-                entry = parse_entry(path, read_header(path), self.expected)
-            except (KVFileError, OSError) as exc:
+                if path.suffix == ".json":
+                    entry = parse_manifest(path, json.loads(path.read_bytes()), self.expected, block_bytes)
+                    entry = replace(entry, file_bytes=path.stat().st_size)
+                elif path.suffix == ".safetensors":
+                    entry = parse_entry(path, read_header(path), self.expected)
+                else:
+                    self._reject(path, "not an entry file")
+                    continue
+            except (KVFileError, OSError, ValueError) as exc:
                 self._reject(path, str(exc))
                 continue
             if model_id_of(entry.model_key) not in configured:
                 self._reject(path, f"model {model_id_of(entry.model_key)!r} is no longer configured")
                 continue
-            self._index[path] = entry
+            self._add(entry)
+        self._drop_superseded()
+        for h in [h for h, b in self._blocks.items() if b.refs == 0]:  # a write a kill cut short, or foreign
+            self._drop_block(h)
         self._enforce_budget()
         if self._index:
-            log.info("prompt cache: %d entries on disk (%.0f MiB)", self.count, self.total_bytes / 2**20)
+            log.info("prompt cache: %d entries on disk (%.0f MiB, %d blocks)", self.count, self.total_bytes / 2**20,
+                     len(self._blocks))
+
+    def _drop_superseded(self) -> None:
+        """Entries a later one of theirs made useless (a prompt's, once its
+        turn was written: a kill can fall between the turn's write and the
+        prompt's deletion). Only entries whose first block is the same can
+        be a prefix of one another; with agent-safe keys, the whole index.
+        Where two replace each other (the same keys), the longer stays,
+        then the later (file times are too coarse to tell a prompt's entry
+        from its turn's, written moments apart)."""
+        order = {path: i for i, path in enumerate(self._index)}
+
+        def replaces(r: DiskEntry, e: DiskEntry) -> bool:
+            if r is e or r.model_key != e.model_key or not supersedes(r, e):
+                return False
+            return not supersedes(e, r) or (len(r.tokens), order[r.path]) > (len(e.tokens), order[e.path])
+
+        groups: dict[tuple[str, str], list[DiskEntry]] = {}
+        for e in self._index.values():
+            groups.setdefault((e.model_key, e.blocks[0] if e.blocks else str(e.path)), []).append(e)
+        keyed = [e for e in self._index.values() if e.conversation]
+        for e in list(self._index.values()):
+            rivals = groups[(e.model_key, e.blocks[0] if e.blocks else str(e.path))] + keyed
+            if any(replaces(r, e) for r in rivals):
+                self._delete(e.path)
 
     # --- reading and writing ----------------------------------------------------
     def load(self, entry: DiskEntry) -> list[Any]:
         """The entry's KV, checked against its metadata; a file that fails is deleted."""
+        kv = self._load_blocks(entry) if entry.blocks else self._load_file(entry)
+        os.utime(entry.path)  # used: most recent, for the next engine's scan too
+        self._index[entry.path] = self._index.pop(entry.path)
+        return kv
+
+    def _load_blocks(self, entry: DiskEntry) -> list[Any]:
+        arrays = []
+        for h, (start, end) in zip(entry.blocks, block_spans(len(entry.tokens))):
+            block = self._blocks.get(h)
+            try:
+                if block is None:
+                    raise BlockError(f"block {h} is gone")
+                arrays.append(read_block(block.path, entry.layout, end - start))
+            except BlockError as exc:
+                # Every entry that names it has lost its KV: they go, and the block with them.
+                for e in [e for e in self._index.values() if h in e.blocks]:
+                    self._reject(e.path, f"a block of it cannot be read: {exc}")
+                self._drop_block(h)
+                raise KVFileError(f"cannot read {entry.path.name}: {exc}") from None
+        return assemble(entry.layout, arrays)
+
+    def _load_file(self, entry: DiskEntry) -> list[Any]:
         import mlx.core as mx
         from mlx.utils import tree_flatten
         from mlx_lm.models.cache import load_prompt_cache
@@ -227,38 +352,97 @@ class KVFiles:
         if entry.trimmable and offsets != {len(entry.tokens)}:
             self._reject(entry.path, "its arrays do not cover its tokens")
             raise KVFileError(f"{entry.path.name} does not cover its tokens")
-        os.utime(entry.path)  # used: most recent, for the next engine's scan too
-        self._index[entry.path] = self._index.pop(entry.path)
         return kv
 
+    def unwritten_tokens(self, model_key: str, tokens: np.ndarray, layout: list[str]) -> int:
+        """Tokens of these that `stage` would copy into new blocks (none on disk or staged yet)."""
+        hashes = chain_hashes(f"{model_key}|{','.join(layout)}", tokens)
+        return sum(end - start for h, (start, end) in zip(hashes, block_spans(len(tokens)))
+                   if h not in self._blocks and h not in self._staged_blocks)
+
     def stage(self, model_key: str, tokens: np.ndarray, prompt_len: int, kv: list[Any],
-              conversation: tuple[str, ...] = (), echo: tuple[int, ...] = ()) -> StagedFile | None:
-        """An entry's file staged for the writer (engine/cache/kv_writer.py), with
-        its DiskEntry-to-be; None when it cannot fit the disk budget."""
+              conversation: tuple[str, ...] = (), echo: tuple[int, ...] = ()) -> StagedWrite | None:
+        """An entry's files staged for the writer (engine/cache/kv_writer.py),
+        with its DiskEntry-to-be: the blocks not yet on disk (or staged) and a
+        manifest, or a whole file where the KV cannot be cut into blocks.
+        None when it cannot fit the disk budget."""
+        layout = layer_layout(kv)
+        if layout is None:
+            return self._stage_file(model_key, tokens, prompt_len, kv, conversation, echo)
+        name = _entry_name(model_key, tokens)
+        hashes = chain_hashes(f"{model_key}|{','.join(layout)}", tokens)
+        files, new = [], {}
+        for h, span in zip(hashes, block_spans(len(tokens))):
+            if h in self._blocks or h in self._staged_blocks or h in new:
+                continue
+            staged = stage_block(self.blocks_folder / f"{h}.safetensors", self._tmp(), kv, span,
+                                 {**self.expected, "model": model_key})
+            files.append(staged)
+            new[h] = staged.nbytes
+        nbytes = sum(new.get(h) or self._staged_blocks.get(h) or self._blocks[h].nbytes for h in hashes)
+        if nbytes > self.budget_bytes:
+            return None
+        entry = DiskEntry(self.folder / f"{name}.json", model_key, tokens.copy(), prompt_len, True, nbytes,
+                          conversation, is_patchable(kv), echo, tuple(hashes), tuple(layout))
+        doc = manifest_doc(entry, self.expected)
+        files.append(StagedFile(entry.path, self._tmp(), doc, [], len(doc)))
+        self._pins.update(h for h in hashes if h not in new)  # the blocks it counts on stay until it is collected
+        self._staged_blocks.update(new)
+        return StagedWrite(files, replace(entry, file_bytes=len(doc)), new)
+
+    def _stage_file(self, model_key: str, tokens: np.ndarray, prompt_len: int, kv: list[Any],
+                    conversation: tuple[str, ...], echo: tuple[int, ...]) -> StagedWrite | None:
         from mlx_lm.models.cache import can_trim_prompt_cache
 
         kv = compact(kv)
         if kv_nbytes(kv) > self.budget_bytes:
             return None
         trimmable = can_trim_prompt_cache(kv)
-        name = hashlib.sha256(model_key.encode() + tokens.astype("<i4").tobytes()).hexdigest()[:32]
-        final = self.folder / f"{name}.safetensors"
-        tmp = self.folder / "tmp" / f"{uuid.uuid4().hex}.safetensors"
+        final = self.folder / f"{_entry_name(model_key, tokens)}.safetensors"
         meta = {**self.expected, "model": model_key, "prompt_len": str(prompt_len), "trimmable": "1" if trimmable else "0",
                 "patchable": "1" if is_patchable(kv) else "0", "echo": ",".join(map(str, echo)),
                 "tokens": base64.b64encode(tokens.astype("<i4").tobytes()).decode(), "conversation": ",".join(conversation)}
-        staged = stage_file(final, tmp, kv, meta)
-        staged.disk_entry = DiskEntry(final, model_key, tokens.copy(), prompt_len, trimmable, staged.nbytes, conversation,
-                                 is_patchable(kv), echo)
-        return staged
+        staged = stage_file(final, self._tmp(), kv, meta)
+        return StagedWrite([staged], DiskEntry(final, model_key, tokens.copy(), prompt_len, trimmable, staged.nbytes,
+                                               conversation, is_patchable(kv), echo, file_bytes=staged.nbytes))
 
-    def commit(self, staged: StagedFile) -> DiskEntry:
-        """A written file into the index, as the most recent entry."""
+    def _tmp(self) -> Path:
+        return self.folder / "tmp" / f"{uuid.uuid4().hex}.tmp"
+
+    def commit(self, staged: StagedWrite) -> DiskEntry | None:
+        """A written entry into the index, as the most recent one (None: a
+        block it counts on went missing meanwhile, and it was deleted)."""
         entry: DiskEntry = staged.disk_entry
-        self._index.pop(entry.path, None)
-        self._index[entry.path] = entry
+        for h, nbytes in staged.new_blocks.items():
+            self._staged_blocks.pop(h, None)
+            self._blocks[h] = Block(self.blocks_folder / f"{h}.safetensors", nbytes)
+        if any(h not in self._blocks for h in entry.blocks):
+            self._unpin(entry, staged)
+            self._reject(entry.path, "a block it counts on failed to reach disk")
+            return None
+        same = self._index.pop(entry.path, None)  # the same tokens written before: its manifest was replaced
+        self._add(entry)
+        for h in same.blocks if same is not None else ():
+            if h in self._blocks:
+                self._blocks[h].refs -= 1
+                self._drop_if_unused(h)
+        self._unpin(entry, staged)
         self._enforce_budget(keep=entry.path)
         return entry
+
+    def abandon(self, staged: StagedWrite) -> None:
+        """A write that failed: what it staged is forgotten (files it left are deleted at the next scan)."""
+        for h in staged.new_blocks:
+            self._staged_blocks.pop(h, None)
+        self._unpin(staged.disk_entry, staged)
+
+    def _unpin(self, entry: DiskEntry, staged: StagedWrite) -> None:
+        for h in entry.blocks:
+            if h not in staged.new_blocks:
+                self._pins[h] -= 1
+                if self._pins[h] <= 0:
+                    del self._pins[h]
+                self._drop_if_unused(h)
 
     def write(self, model_key: str, tokens: np.ndarray, prompt_len: int, kv: list[Any],
               conversation: tuple[str, ...] = (), echo: tuple[int, ...] = ()) -> DiskEntry | None:
@@ -266,7 +450,11 @@ class KVFiles:
         staged = self.stage(model_key, tokens, prompt_len, kv, conversation, echo)
         if staged is None:
             return None
-        write_file(staged, self.before_commit)
+        try:
+            write_all(staged, self.before_commit)
+        except OSError:
+            self.abandon(staged)
+            raise
         return self.commit(staged)
 
     def load_rates(self) -> dict[str, float]:
@@ -284,8 +472,14 @@ class KVFiles:
             log.warning("prompt cache: cannot save measured speeds: %s", exc)
 
     # --- upkeep ------------------------------------------------------------------
+    def _add(self, entry: DiskEntry) -> None:
+        self._index[entry.path] = entry
+        for h in entry.blocks:
+            self._blocks[h].refs += 1
+
     def _enforce_budget(self, keep: Path | None = None) -> None:
-        """Least recently used files go until the rest fit the disk budget."""
+        """Least recently used entries go until the rest fit the disk budget
+        (an entry's blocks go with the last entry that names them)."""
         for e in list(self._index.values()):
             if self.total_bytes <= self.budget_bytes:
                 return
@@ -298,11 +492,34 @@ class KVFiles:
         self._delete(path)
 
     def _delete(self, path: Path) -> None:
-        self._index.pop(path, None)
-        try:
-            path.unlink(missing_ok=True)
-        except OSError as exc:
-            log.warning("prompt cache: cannot remove %s: %s", path, exc)
+        entry = self._index.pop(path, None)
+        _unlink(path)
+        for h in entry.blocks if entry is not None else ():
+            b = self._blocks.get(h)
+            if b is not None:
+                b.refs -= 1
+                self._drop_if_unused(h)
+
+    def _drop_if_unused(self, h: str) -> None:
+        b = self._blocks.get(h)
+        if b is not None and b.refs <= 0 and not self._pins.get(h):
+            self._drop_block(h)
+
+    def _drop_block(self, h: str) -> None:
+        b = self._blocks.pop(h, None)
+        if b is not None:
+            _unlink(b.path)
+
+
+def _entry_name(model_key: str, tokens: np.ndarray) -> str:
+    return hashlib.sha256(model_key.encode() + tokens.astype("<i4").tobytes()).hexdigest()[:32]
+
+
+def _unlink(path: Path) -> None:
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as exc:
+        log.warning("prompt cache: cannot remove %s: %s", path, exc)
 
 
 def _mtime(path: Path) -> int:

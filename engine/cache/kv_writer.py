@@ -44,9 +44,28 @@ class StagedFile:
     header: bytes
     parts: list[np.ndarray]
     nbytes: int
-    disk_entry: Any = None  # what the index records once the file is in place (engine/cache/kv_files.py)
+
+
+@dataclass
+class StagedWrite:
+    """One entry's files, written in order: a turn's new blocks, then its
+    manifest, whose rename makes the entry (engine/cache/kv_files.py); or one
+    whole-entry file."""
+
+    files: list[StagedFile]
+    disk_entry: Any = None  # what the index records once the files are in place (engine/cache/kv_files.py)
+    new_blocks: dict[str, int] = field(default_factory=dict)  # hash -> bytes: the blocks this write adds
     token: Any = None  # the caller's own record of this write, handed back when it is done
     error: str | None = field(default=None)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(f.nbytes for f in self.files)
+
+    def drop_views(self) -> None:
+        """The views of MLX arrays let go (on the worker thread: no MLX array is freed on the writer's)."""
+        for f in self.files:
+            f.parts = []
 
 
 def safetensors_header(tensors: list[tuple[str, str, tuple[int, ...], int]], metadata: dict[str, str]) -> bytes:
@@ -96,9 +115,16 @@ def stage_file(final: Path, tmp: Path, cache: list[Any], metadata: dict[str, str
     return StagedFile(final, tmp, header, parts, len(header) + sum(t[3] for t in tensors))
 
 
+def write_all(staged: StagedWrite, before_commit: Callable[[], None] = lambda: None) -> None:
+    """An entry's files in order (writer thread); `before_commit` runs before the last one's rename."""
+    for i, f in enumerate(staged.files):
+        write_file(f, before_commit if i == len(staged.files) - 1 else lambda: None)
+
+
 def write_file(staged: StagedFile, before_commit: Callable[[], None] = lambda: None) -> None:
     """The I/O (writer thread): the temporary file, fsync, the rename, fsync of the folder."""
     staged.tmp.parent.mkdir(parents=True, exist_ok=True)
+    staged.final.parent.mkdir(parents=True, exist_ok=True)
     try:
         with staged.tmp.open("wb") as fh:
             fh.write(staged.header)
@@ -124,19 +150,19 @@ class KVWriter:
 
     def __init__(self, before_commit: Callable[[], None] = lambda: None) -> None:
         self.before_commit = before_commit
-        self._todo: queue.Queue[StagedFile | None] = queue.Queue()
-        self._done: queue.Queue[StagedFile] = queue.Queue()
+        self._todo: queue.Queue[StagedWrite | None] = queue.Queue()
+        self._done: queue.Queue[StagedWrite] = queue.Queue()
         self._thread: threading.Thread | None = None
         self.pending = 0  # submitted, not yet collected (worker thread only)
 
-    def submit(self, staged: StagedFile) -> None:
+    def submit(self, staged: StagedWrite) -> None:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="mlxd-kv-writer", daemon=True)
             self._thread.start()
         self.pending += 1
         self._todo.put(staged)
 
-    def finished(self, block: bool = False, timeout: float | None = None) -> list[StagedFile]:
+    def finished(self, block: bool = False, timeout: float | None = None) -> list[StagedWrite]:
         """The writes done since the last call (error set where one failed);
         `block`: wait for at least one while any is pending."""
         out = []
@@ -163,7 +189,7 @@ class KVWriter:
     def _run(self) -> None:
         while (staged := self._todo.get()) is not None:
             try:
-                write_file(staged, self.before_commit)
+                write_all(staged, self.before_commit)
             except Exception as exc:  # noqa: BLE001 - a full disk (or a bug here) costs the disk tier, never
                 staged.error = f"{type(exc).__name__}: {exc}"  # a request, and never stops this thread
             # The views stay: the worker drops them when it collects the write, so that

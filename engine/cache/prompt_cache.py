@@ -17,17 +17,22 @@ only where all of an entry is a prefix of the new prompt.
 
 Two tiers. Memory: a byte budget counted from the real arrays (beside the
 model's estimate, so the cache never pushes a model that fits over the line),
-least recently used out first. Disk (engine/cache/kv_files.py): what leaves memory,
-and the latest entry when the engine goes idle, so an engine restarted after a
-Metal abort still answers the next turn from its cache.
+least recently used out first. Disk (engine/cache/kv_files.py): every turn
+as it is made, so an engine restarted after a Metal abort at any moment
+still answers the next turn from its cache -- a prompt's blocks once its
+first token is out (`checkpoint`), the answer's right after the turn
+(`store`): written behind, by the writer's thread, only the blocks that are
+new. What cannot be cut into blocks (a rotating window, recurrent layers)
+is written whole when it leaves memory, and when the engine goes idle.
 
 The decisions, and the value the cache hands out (Fetched), are
 pure and live in engine/cache/prompt_cache_policy.py; its figures are mlxd.reports'
 PromptCacheReport, what /health reports; `PromptCache` is their I/O
 shell. The worker thread owns it: every MLX array here is created, read and
 freed on that thread, between or inside its own jobs. Files are written by
-engine/cache/kv_writer.py's thread from views of an entry's arrays, which stay
-alive (counted as `writing_bytes`) until the worker collects the write.
+engine/cache/kv_writer.py's thread from numpy views: of a block's own copy,
+or of a whole entry's arrays, which stay alive until the worker collects the
+write (both counted as `writing_bytes` while they are not an entry's).
 """
 
 from __future__ import annotations
@@ -45,8 +50,9 @@ import numpy as np
 
 from mlxd.reports import PromptCacheReport, ReuseLine
 
+from .kv_blocks import bytes_per_token, layer_layout
 from .kv_files import DiskEntry, KVFileError, KVFiles, is_patchable, kv_nbytes
-from .kv_writer import KVWriter
+from .kv_writer import KVWriter, StagedWrite
 from .prompt_cache_policy import (MIN_PREFILL_SAMPLE, MIN_REUSE_TOKENS, NOT_CACHED, Fetched,
                                   entries_to_evict, prefill_rate_for, worth_reading)
 from .reuse import ApproxPolicy, Candidate, Reuse, choose_reuse, explain, supersedes
@@ -81,12 +87,27 @@ class Entry:
 
 @dataclass(eq=False)
 class Writing:
-    """An entry whose file the writer is writing: it holds the arrays the
-    writer reads until the worker collects the write."""
+    """A write the writer has under way: what the disk's index will hold once
+    it is done, and the memory entry it was made from while that stays."""
 
-    entry: Entry
+    staged: StagedWrite
+    entry: Entry | None  # the memory entry written, while it is in memory (None: it left, or there is none)
+    replaces: tuple[DiskEntry, ...]  # earlier turns' files, deleted once this one is on disk
+    entry_bytes: int
     started: float
-    leaving: bool  # evicted: its arrays are freed once written (else it stays in memory, an idle write)
+
+    @property
+    def views_entry(self) -> bool:
+        """A whole-entry file: its views keep the entry's arrays alive until it is collected."""
+        return not self.staged.disk_entry.blocks
+
+    @property
+    def held_bytes(self) -> int:
+        """Memory the write holds that no entry in memory counts: a block
+        write's copies; a whole file's arrays once their entry left."""
+        if self.views_entry:
+            return 0 if self.entry is not None else self.entry_bytes
+        return self.staged.nbytes
 
 
 def _trimmable(kv: list[Any]) -> bool:
@@ -140,7 +161,7 @@ class PromptCache:
         self.generation_prompt = 0  # tokens the resident model's template adds to open an answer
         self._entries: list[Entry] = []  # least recently used first
         self._writer = KVWriter(self.files.before_commit) if self.files is not None else None
-        self._writing: dict[int, Writing] = {}  # by id(entry): writes under way
+        self._writing: list[Writing] = []  # writes under way, in order
         self._names = itertools.count(1)
         self._recent: OrderedDict[str, ReuseLine] = OrderedDict()  # by conversation, newest last
         # Measured speeds for the disk-read decision, kept beside the entries:
@@ -239,7 +260,41 @@ class PromptCache:
         room = self._room_now()
         self._evict(entries_to_evict([e.nbytes for e in self._entries],
                                      self.budget_bytes if room is None else min(room, self.budget_bytes)))
+        if any(e is entry for e in self._entries):  # (an entry evicted at once was written as it left)
+            self._write_behind(entry.tokens, entry.prompt_len, entry.kv, entry.conversation, entry.echo, entry)
         self._publish()
+
+    @_never_fatal()
+    def checkpoint(self, covered: list[int], kv: list[Any], conversation: tuple[str, ...] = ()) -> None:
+        """A prompt just prefilled (`kv` covers `covered`, and goes on growing
+        past it): its blocks to disk now, while the answer is decoded, so a
+        crash before the turn ends costs at most the answer's KV."""
+        if self.files is None or self.model_key is None or len(covered) < MIN_REUSE_TOKENS:
+            return
+        self._settle()
+        self._write_behind(np.asarray(covered, dtype=np.int32), len(covered), kv, conversation, (), None)
+        self._publish()
+
+    def _write_behind(self, tokens: np.ndarray, prompt_len: int, kv: list[Any], conversation: tuple[str, ...],
+                      echo: tuple[int, ...], entry: Entry | None) -> None:
+        """A turn's new blocks staged (copies: the KV may go on being written)
+        and handed to the writer, if the cache has room for the copies
+        beside its entries (else the entry goes to disk as it leaves memory)."""
+        if self.files is None:
+            return
+        layout = layer_layout(kv)
+        if layout is None:
+            return  # whole-entry files: written as the entry leaves memory, or when idle
+        copies = int(self.files.unwritten_tokens(self.model_key, tokens, layout) * bytes_per_token(kv))
+        room = self._room_now()
+        limit = self.budget_bytes if room is None else min(room, self.budget_bytes)
+        if copies > limit:
+            log.debug("prompt cache: no room for %d MiB of new blocks; written as it leaves memory", copies >> 20)
+            return
+        self._keep_within(limit - copies)
+        if entry is not None and not any(e is entry for e in self._entries):
+            return  # it left memory to make the room, and was written as it left
+        self._submit(self.files.stage(self.model_key, tokens, prompt_len, kv, conversation, echo), entry)
 
     @_never_fatal()
     def note_prefill(self, tokens: int, seconds: float) -> None:
@@ -285,14 +340,18 @@ class PromptCache:
         if self.files is None:
             return
         self._settle()
-        if self._entries and self._entries[-1].file is None and id(self._entries[-1]) not in self._writing:
-            self._write(self._entries[-1], leaving=False)
+        if self._entries and self._entries[-1].file is None and self._writing_of(self._entries[-1]) is None:
+            self._write(self._entries[-1], in_memory=True)
             self._publish()
-        # After the write, which may have measured the disk: the speeds go with the entries.
+        self._save_rates()
+
+    def _save_rates(self) -> None:
+        """The measured speeds go with the entries (saved where they changed):
+        an engine restarted after a crash judges its first read by them."""
         rates = {"read_bytes_per_s": self._read_bytes_per_s, "prefill_tokens_per_s": self._prefill_tokens_per_s,
                  "first_prefill_tokens_per_s": self._first_prefill_tokens_per_s,
                  "read_measured": 1.0 if self._read_measured else None}
-        if rates != self._rates_saved:
+        if self.files is not None and rates != self._rates_saved:
             self.files.save_rates(rates)
             self._rates_saved = rates
 
@@ -306,6 +365,9 @@ class PromptCache:
         from .kv_cache import packed
 
         entry = self._entries[reuse.index]
+        writing = self._writing_of(entry)
+        if writing is not None:
+            writing.entry = None  # the turn holds it now: the write's views (if any) count as held
         if reuse.copy:
             # Cut a copy, not the entry. A plain KVCache's trim only moves its offset,
             # so a shallow copy can be cut and then packed into arrays of its own;
@@ -322,7 +384,9 @@ class PromptCache:
         fetched = self._fetched(reuse, entry, tokens, kv, "memory", name, replaces)
         if reuse.trim:
             trim_prompt_cache(kv, reuse.trim)
-        return replace(fetched, kv=packed(kv, len(tokens) - reuse.tokens + answer_room, shared=reuse.copy))
+        # A whole file still being written reads the entry's arrays: the turn must not write into them.
+        shared = reuse.copy or (writing is not None and writing.views_entry)
+        return replace(fetched, kv=packed(kv, len(tokens) - reuse.tokens + answer_room, shared=shared))
 
     def _fetched(self, reuse: Reuse, found: Candidate, tokens: np.ndarray, kv: list[Any], source: str, name: str,
                  replaces: tuple[DiskEntry, ...]) -> Fetched:
@@ -399,32 +463,38 @@ class PromptCache:
         # docs/BENCHMARKS.md, "Why the engine is built as it is").
         leaving, self._entries = self._entries[:n], self._entries[n:]
         for entry in leaving:
-            if id(entry) in self._writing:  # an idle write under way: its arrays go once it is done
-                self._writing[id(entry)].leaving = True
+            writing = self._writing_of(entry)
+            if writing is not None:  # a write under way: a whole file's arrays go once it is done
+                writing.entry = None
             elif self.files is not None and entry.file is None:
-                self._write(entry, leaving=True)
+                self._write(entry, in_memory=False)
         self.stats = replace(self.stats, evictions=self.stats.evictions + len(leaving))
 
-    def _write(self, entry: Entry, leaving: bool) -> None:
-        """The entry's file staged and handed to the writer (the I/O is its
+    def _write(self, entry: Entry, in_memory: bool) -> None:
+        """The entry's files staged and handed to the writer (the I/O is its
         thread's: the worker goes on at once)."""
-        assert self.files is not None and self._writer is not None
-        started = time.perf_counter()
-        try:
-            staged = self.files.stage(entry.model_key, entry.tokens, entry.prompt_len, entry.kv, entry.conversation,
-                                      entry.echo)
-        except OSError as exc:
-            log.warning("prompt cache: cannot write an entry: %s", exc)
-            self.stats = replace(self.stats, disk_write_failures=self.stats.disk_write_failures + 1)
-            return
+        assert self.files is not None
+        self._submit(self.files.stage(entry.model_key, entry.tokens, entry.prompt_len, entry.kv, entry.conversation,
+                                      entry.echo), entry if in_memory else None, entry)
+
+    def _submit(self, staged: StagedWrite | None, entry: Entry | None, written: Entry | None = None) -> None:
+        """A staged write to the writer; `entry`: the memory entry it writes,
+        while that stays in memory (`written`: the one it writes in any case)."""
+        assert self._writer is not None
+        written = written or entry
         if staged is None:  # over the disk budget
             return
-        writing = Writing(entry, time.monotonic(), leaving)
+        writing = Writing(staged, entry, written.replaces if written else (), written.nbytes if written else 0,
+                          time.monotonic())
+        if written is not None:
+            written.replaces = ()  # the write deletes them once it is on disk
         staged.token = writing
-        self._writing[id(entry)] = writing
+        self._writing.append(writing)
         self._writer.submit(staged)
-        log.debug("prompt cache: staged a file of %d MiB in %.1f ms", staged.nbytes >> 20,
-                  1000 * (time.perf_counter() - started))
+        log.debug("prompt cache: staged %d file(s), %d MiB", len(staged.files), staged.nbytes >> 20)
+
+    def _writing_of(self, entry: Entry) -> Writing | None:
+        return next((w for w in self._writing if w.entry is entry), None)
 
     def _settle(self, block: bool = False, timeout: float = 60.0) -> None:
         """Collects the writes the writer has finished: their files into the
@@ -433,26 +503,28 @@ class PromptCache:
             return
         done = self._writer.finished(block=block, timeout=timeout)
         for staged in done:
-            staged.parts = []  # the views of MLX arrays, dropped on this thread
+            staged.drop_views()  # the views of MLX arrays, dropped on this thread
             writing: Writing = staged.token
-            del self._writing[id(writing.entry)]
+            self._writing.remove(writing)
             if staged.error is not None:  # a full disk costs the disk tier, never a request
                 log.warning("prompt cache: cannot write an entry: %s", staged.error)
                 self.stats = replace(self.stats, disk_write_failures=self.stats.disk_write_failures + 1)
+                self.files.abandon(staged)  # type: ignore[union-attr]
                 continue
-            self._written(writing, self.files.commit(staged))  # type: ignore[union-attr]
+            written = self.files.commit(staged)  # type: ignore[union-attr]
+            if written is not None:
+                self._written(writing, written)
         if done:
+            self._save_rates()  # beside the entries just written (a write may have measured the disk)
             self._publish()
 
     def _written(self, writing: Writing, written: DiskEntry) -> None:
         assert self.files is not None
-        entry = writing.entry
-        if not writing.leaving:
-            entry.file = written
+        if writing.entry is not None:
+            writing.entry.file = written
         self.stats = replace(self.stats, disk_writes=self.stats.disk_writes + 1)
         # Earlier turns of its conversation only take room now (a file of the same tokens is this one).
-        self.files.delete(d for d in entry.replaces if d.path != written.path)
-        entry.replaces = ()
+        self.files.delete(d for d in writing.replaces if d.path != written.path)
         # Files this one extends (or, with agent-safe keys, a later turn of) only take room now.
         self.files.delete_where(lambda d: d is not written and d.model_key == written.model_key
                                 and supersedes(written, d))
@@ -460,21 +532,21 @@ class PromptCache:
         if not self._read_measured and elapsed > 0.01:
             # No read timed yet: this disk's write speed is the best guess (a slow
             # or virtualised disk reads slowly too), not an optimistic default.
-            self._read_bytes_per_s = written.nbytes / elapsed
+            self._read_bytes_per_s = writing.staged.nbytes / elapsed
 
     def _writing_bytes(self) -> int:
-        return sum(w.entry.nbytes for w in self._writing.values() if w.leaving)
+        return sum(w.held_bytes for w in self._writing)
 
     def _await_writes_that_serve(self, tokens: np.ndarray, reused: int) -> None:
-        """An evicted entry still being written that would serve this prompt
+        """An entry being written, not in memory, that would serve this prompt
         better than memory does: wait for its file (then read as any other)."""
-        leaving = [w.entry for w in self._writing.values() if w.leaving]
-        if not leaving:
+        away = [w for w in self._writing if w.entry is None]
+        if not away:
             return
-        best = self._plan(leaving, tokens)
+        best = self._plan([w.staged.disk_entry for w in away], tokens)
         if best is not None and best.reused > reused:
-            wanted = leaving[best.index]
-            self._wait_for_writes(lambda: id(wanted) in self._writing)
+            wanted = away[best.index]
+            self._wait_for_writes(lambda: wanted in self._writing)
 
     def _wait_for_writes(self, still: Callable[[], bool], limit_s: float = 120.0) -> None:
         """Collect finished writes, waiting for them, while `still()` holds

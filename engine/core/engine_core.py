@@ -244,6 +244,7 @@ class EngineCore:
             self._finish(e)
         for e in ended:
             self._end(e)
+        self._checkpoint_prompts()
         if ended:
             self._sync_ledger()
             self._publish_rows()
@@ -251,6 +252,25 @@ class EngineCore:
             self.sample_memory()
         elif sum(1 for a in self.runner.rows if a.first_token_at is not None) != self._decoding_published:
             self._publish_rows()  # a row has its first token: decoding now (nothing else changes between ends)
+
+    def _checkpoint_prompts(self) -> None:
+        """Prompts prefilled whose first token is out: their KV to disk now
+        (its new blocks, copied; written behind), so a crash before the
+        answer's end costs at most the answer (engine/cache/prompt_cache.py)."""
+        for a in self.runner.rows:
+            if a.prefilled is not None and a.first_token_at is not None:
+                kv, covered = self._prefill_done(a)
+                if not a.needs_snapshot and self.runner.plan is not None and self.runner.plan.prompt_cache:
+                    self.prompt_cache.checkpoint(a.prompt[:covered], kv, a.job.conversation)
+
+    def _prefill_done(self, a: Admitted) -> tuple[list[Any], int]:
+        """A row's prefill, taken once its first token is out: its speed to
+        the prompt cache's disk-read decision, and (KV, tokens covered)."""
+        assert a.prefilled is not None and a.first_token_at is not None
+        prefilled, a.prefilled = a.prefilled, None
+        recomputed = sum(end - start for start, end in a.fetched.patches)
+        self.prompt_cache.note_prefill(len(a.prompt) - a.fetched.start + recomputed, a.first_token_at - a.admitted_at)
+        return prefilled
 
     def _finish(self, e: Ended) -> None:
         """A request ended: its answer's end, to its client. Counted before the
@@ -283,9 +303,8 @@ class EngineCore:
         if not cache.enabled:
             return
         job, prompt, fetched, generated = a.job, a.prompt, a.fetched, a.generation.tokens
-        if a.first_token_at is not None:
-            recomputed = sum(end - start for start, end in fetched.patches)
-            cache.note_prefill(len(prompt) - fetched.start + recomputed, a.first_token_at - a.admitted_at)
+        if a.prefilled is not None and a.first_token_at is not None:  # it ended at its first token
+            self._prefill_done(a)
         echo = self.runner.echo(generated)
         if a.needs_snapshot:
             if a.snapshot is not None:

@@ -47,6 +47,9 @@ class Admitted:
     joined_at: float | None = None  # decoding (its cached prefix fetched and its prompt prefilled, or joining)
     snapshot: list[Any] | None = None
     first_token_at: float | None = None
+    # Its KV and the prompt tokens it covers, once prefilled: the core writes them to disk after its
+    # first token (engine/cache/prompt_cache.py, checkpoint), then lets go.
+    prefilled: tuple[list[Any], int] | None = None
 
     @property
     def row(self) -> Row:

@@ -105,6 +105,7 @@ class ManyRows:
             return
         self._prefilling.pop(0)
         a = self.rows.pop(p.key)
+        a.prefilled = (p.kv, len(p.context))
         if a.needs_snapshot:
             a.snapshot = copy.deepcopy(p.kv)  # the cache holds the prompt's boundary now
         self.take_over(Joining(a, p.rest, p.kv, p.context, a.job.params.max_tokens, p.sampling))

@@ -124,6 +124,7 @@ class OneRow:
 
             prefill(resident.model, kv, rest[:-1], pace, heartbeat, faults, resident.kv, cancelled=job.cancelled)
             start, rest = start + len(rest) - 1, rest[-1:]
+            admitted.prefilled = (kv, start)
         if admitted.needs_snapshot:
             from ..cache.kv_cache import fitted
 

@@ -175,6 +175,8 @@ def test_on_disk_too_a_conversation_keeps_one_entry(start_engine, demo_models):
         history.append({"role": "user", "content": f"question {turn}"})
         reply, _ = ask(ep.url, [{"role": "system", "content": clock_system(10 + turn)}] + history)
         history.append({"role": "assistant", "content": reply})
-        # The idle worker writes the turn's entry, and the write deletes the turn before's file.
-        wait_until(lambda: health(ep.url)["disk_writes"] >= turn, timeout=30, what=f"turn {turn}'s idle write")
+        # The turn's entry is written behind it (its prompt's blocks, then its answer's), and the write
+        # deletes the turn before's entry.
+        wait_until(lambda: (lambda h: h["disk_writes"] >= turn and h["disk_writes_pending"] == 0)(health(ep.url)),
+                   timeout=30, what=f"turn {turn}'s writes")
         assert health(ep.url)["disk_entries"] == 1

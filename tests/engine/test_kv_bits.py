@@ -57,19 +57,20 @@ def test_quantised_entries_are_kept_and_never_cross_kv_bits(tmp_path, demo_model
         wait_until(lambda: health(ep.url)["prompt_cache"]["disk_entries"] >= 1, 30, what="the entry on disk")
         assert chat(ep.url, [{"role": "user", "content": "hi"}], model="demo-b").status_code == 200
         assert health(ep.url)["kv_cache"]["bits"] == 16  # demo-b keeps the engine's default
-    files = list((home / "state" / "kv").glob("*.safetensors"))
-    assert files
+    import json
+
+    import numpy as np
     from safetensors import safe_open
 
-    kinds = set()
-    for f in files:
-        with safe_open(str(f), "np") as fh:
-            meta = fh.metadata()
-        if any(v == "QuantizedKVCache" for v in meta.values()):
-            kinds.add("quantised")
-        if any(v == "KVCache" for v in meta.values()):
-            kinds.add("plain")
+    kv = home / "state" / "kv"
+    manifests = [json.loads(f.read_text()) for f in kv.glob("*.json") if f.name != "rates.json"]
+    assert manifests
+    kinds = {"quantised" if all(k == "q8g32" for k in m["layout"]) else "plain" for m in manifests
+             if all(k in ("q8g32", "kv") for k in m["layout"])}
     assert kinds == {"quantised", "plain"}  # demo-a's entries quantised, demo-b's not
+    quantised = next(m for m in manifests if m["layout"][0] == "q8g32")
+    with safe_open(str(kv / "blocks" / f"{quantised['blocks'][0]}.safetensors"), "np") as fh:
+        assert fh.get_tensor("0.k.0").dtype == np.uint32  # packed 8-bit values, as mlx-lm's QuantizedKVCache
     again = turn + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}]
     with engine_in(home, toml(demo_models)) as ep:  # 16 bits: demo-a's 8-bit entry is another build
         assert cached(chat(ep.url, again)) == 0

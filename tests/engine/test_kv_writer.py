@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from mlxd.engine.core.faults import FaultInjector, parse_faults
-from mlxd.engine.cache.kv_writer import KVWriter, safetensors_header, stage_file, write_file
+from mlxd.engine.cache.kv_writer import KVWriter, StagedWrite, safetensors_header, stage_file, write_file
 
 
 def caches(kind: str) -> list:
@@ -69,13 +69,13 @@ def test_a_failed_write_is_reported_not_raised(tmp_path: Path):
                       caches("float32, rotating window"), {})
     bad = stage_file(tmp_path / "bad.safetensors", blocker / "tmp" / "b.safetensors",
                      caches("float32, rotating window"), {})
-    writer.submit(bad)
-    writer.submit(good)
+    writer.submit(StagedWrite([bad]))
+    writer.submit(StagedWrite([good]))
     done = []
     while writer.pending:
         done += writer.finished(block=True, timeout=30)
     writer.close()
-    assert [d.final.name for d in done] == ["bad.safetensors", "good.safetensors"]  # in order
+    assert [d.files[0].final.name for d in done] == ["bad.safetensors", "good.safetensors"]  # in order
     assert done[0].error and done[1].error is None and (tmp_path / "good.safetensors").exists()
 
 

@@ -6,6 +6,8 @@ disk entry by the restarted engine."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 
 import openai
 import pytest
@@ -77,3 +79,26 @@ def test_after_a_sigabrt_mid_turn_the_next_turn_comes_from_disk(stack):
     _, usage = usage_of(client, conversation("turn one", reply, "turn two, again"), stream=False)
     assert usage.prompt_tokens_details.cached_tokens > 300
     assert health()["prompt_cache"]["disk_hits"] == 1
+
+
+def test_a_sigabrt_right_after_each_answer_costs_the_next_turn_almost_nothing(stack):
+    """Each turn's KV is on disk as it is made (its prompt's once its first
+    token is out, its answer's right after it): an engine killed the moment
+    an answer arrives, every turn, leaves the next turn ≥ 90 % of its prompt
+    cached. (Before write-behind, the latest entry reached disk only after
+    0.25 s idle: the next turn reused nothing.)"""
+    st = stack(gateway="", engine=SLOW_PREFILL)
+    client = openai.OpenAI(base_url=st.gateway_url + "/v1", api_key=st.key, max_retries=0, timeout=120)
+    turns = ["turn one"]
+    for n in range(2, 6):
+        reply, usage = usage_of(client, conversation(*turns), stream=n % 2 == 0)
+        if n > 2:
+            assert usage.prompt_tokens_details.cached_tokens >= 0.9 * usage.prompt_tokens, (n, usage)
+        pid = st.engine_pid()
+        os.kill(pid, signal.SIGABRT)  # at once: no idle moment for the engine to write anything more
+        wait_until(lambda: st.engine_pid() not in (None, pid) and st.healthy(), 60, what="the restarted engine")
+        turns += [reply, f"turn {n}"]
+    _, usage = usage_of(client, conversation(*turns), stream=False)
+    assert usage.prompt_tokens_details.cached_tokens >= 0.9 * usage.prompt_tokens, usage
+    assert requests.get(st.url + "/health", timeout=5).json()["prompt_cache"]["disk_hits"] == 1  # this process's
+    assert sum(1 for r in st.records() if r.signal == "SIGABRT") == 4

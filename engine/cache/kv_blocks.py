@@ -77,31 +77,42 @@ def bytes_per_token(kv: Sequence[Any]) -> float:
     return total
 
 
-def _layer_arrays(c: Any, start: int, end: int) -> list[tuple[str, Any]]:
-    """(suffix, the span's keys or values) for one layer: views into its buffers."""
+def _layer_buffers(c: Any) -> list[tuple[str, Any]]:
+    """(suffix, array) of one layer's keys and values (a quantised layer's three each)."""
     if isinstance(c.keys, (tuple, list)):
-        return ([(f"k.{i}", a[..., start:end, :]) for i, a in enumerate(c.keys)]
-                + [(f"v.{i}", a[..., start:end, :]) for i, a in enumerate(c.values)])
-    return [("k", c.keys[..., start:end, :]), ("v", c.values[..., start:end, :])]
+        return [(f"k.{i}", a) for i, a in enumerate(c.keys)] + [(f"v.{i}", a) for i, a in enumerate(c.values)]
+    return [("k", c.keys), ("v", c.values)]
+
+
+def host_view(a: Any) -> np.ndarray:
+    """A numpy view of an MLX array's memory (evaluated first, if it is not);
+    a bfloat16 array's bits as uint16 (numpy has no bfloat16)."""
+    m = memoryview(a)
+    if m.format != "bfloat16":
+        return np.asarray(m)
+    if not m.c_contiguous:
+        import mlx.core as mx
+
+        return np.asarray(memoryview(a.view(mx.uint16)))
+    return np.frombuffer(m.cast("B"), dtype="<u2").reshape(m.shape)
 
 
 def stage_block(final: Path, tmp: Path, kv: Sequence[Any], span: tuple[int, int],
                 metadata: dict[str, str]) -> StagedFile:
-    """One block's file staged for the writer: copies of the span's KV (so the
-    cache's own buffers are free to go, or to be written past, while the file
-    is written), as numpy views the writer reads (worker thread)."""
-    import mlx.core as mx
-
+    """One block's file staged for the writer: numpy copies of the span's KV,
+    so the cache's own buffers are free to go, or to be written past, while
+    the file is written (worker thread; it reads MLX arrays). The copies are
+    numpy's, made from views of the buffers, with no MLX op (MLX copies, or
+    even bit views, cost ~0.1 ms an array on a CPU: a small model's decode
+    step for a block)."""
     start, end = span
-    arrays = {f"{layer}.{suffix}": mx.contiguous(a)
-              for layer, c in enumerate(kv) for suffix, a in _layer_arrays(c, start, end)}
-    mx.eval(list(arrays.values()))
     tensors, parts = [], []
-    for name, a in arrays.items():
-        dtype = str(a.dtype).removeprefix("mlx.core.")
-        raw = a.view(mx.uint16) if dtype == "bfloat16" else a  # numpy has no bfloat16: its bits
-        parts.append(np.asarray(memoryview(raw)) if raw.size else np.zeros(0, np.uint8))
-        tensors.append((name, SAFETENSORS_DTYPES[dtype], tuple(a.shape), int(a.nbytes)))
+    for layer, c in enumerate(kv):
+        for suffix, whole in _layer_buffers(c):
+            dtype = str(whole.dtype).removeprefix("mlx.core.")
+            part = np.array(host_view(whole)[..., start:end, :], copy=True)
+            parts.append(part)
+            tensors.append((f"{layer}.{suffix}", SAFETENSORS_DTYPES[dtype], tuple(part.shape), int(part.nbytes)))
     header = safetensors_header(tensors, {**metadata, "tokens": str(end - start)})
     return StagedFile(final, tmp, header, parts, len(header) + sum(t[3] for t in tensors))
 

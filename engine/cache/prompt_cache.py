@@ -60,6 +60,7 @@ from .reuse import ApproxPolicy, Candidate, Reuse, choose_reuse, explain, supers
 log = logging.getLogger("mlxd.engine.cache.prompt_cache")
 
 RECENT_CONVERSATIONS = 8  # reports kept for status and /metrics
+MIN_SPEED_SAMPLE_BYTES = 4 * 2**20  # a write that tells the disk's speed (a turn's new blocks are often less)
 EXCERPT_TOKENS = 12  # each side of where reuse stopped, in the debug log
 
 
@@ -265,36 +266,54 @@ class PromptCache:
         self._publish()
 
     @_never_fatal()
-    def checkpoint(self, covered: list[int], kv: list[Any], conversation: tuple[str, ...] = ()) -> None:
+    def checkpoint(self, covered: list[int], kv: list[Any], conversation: tuple[str, ...] = (),
+                   prefilled: int = MIN_REUSE_TOKENS) -> Writing | None:
         """A prompt just prefilled (`kv` covers `covered`, and goes on growing
-        past it): its blocks to disk now, while the answer is decoded, so a
-        crash before the turn ends costs at most the answer's KV."""
-        if self.files is None or self.model_key is None or len(covered) < MIN_REUSE_TOKENS:
-            return
+        past it; `prefilled` of its tokens were computed by this turn): its
+        blocks to disk now, while the answer is decoded, so a crash at any
+        moment costs at most the answer's KV -- the turn's own write, right
+        after the answer, races a crash that comes at once, and usually loses
+        (its fsyncs take milliseconds). It costs the answer about one decode
+        step (the copy waits for the step under way; docs/BENCHMARKS.md), so
+        not for a prompt that added less than MIN_REUSE_TOKENS. The write, for
+        `await_write` (None: nothing to write)."""
+        if self.files is None or self.model_key is None or prefilled < MIN_REUSE_TOKENS:
+            return None
         self._settle()
-        self._write_behind(np.asarray(covered, dtype=np.int32), len(covered), kv, conversation, (), None)
+        writing = self._write_behind(np.asarray(covered, dtype=np.int32), len(covered), kv, conversation, (), None)
         self._publish()
+        return writing
+
+    @_never_fatal()
+    def await_write(self, writing: Writing | None, limit_s: float) -> None:
+        """Wait (at most `limit_s`) until this write is on disk: a request's
+        prompt, before its answer's end goes out, so that a crash the moment
+        the answer arrives still finds it (a short answer can end before its
+        long prompt's blocks are written)."""
+        if writing is not None and writing in self._writing:
+            self._wait_for_writes(lambda: writing in self._writing, limit_s)
+            self._publish()
 
     def _write_behind(self, tokens: np.ndarray, prompt_len: int, kv: list[Any], conversation: tuple[str, ...],
-                      echo: tuple[int, ...], entry: Entry | None) -> None:
+                      echo: tuple[int, ...], entry: Entry | None) -> Writing | None:
         """A turn's new blocks staged (copies: the KV may go on being written)
         and handed to the writer, if the cache has room for the copies
         beside its entries (else the entry goes to disk as it leaves memory)."""
         if self.files is None:
-            return
+            return None
         layout = layer_layout(kv)
         if layout is None:
-            return  # whole-entry files: written as the entry leaves memory, or when idle
+            return None  # whole-entry files: written as the entry leaves memory, or when idle
         copies = int(self.files.unwritten_tokens(self.model_key, tokens, layout) * bytes_per_token(kv))
         room = self._room_now()
         limit = self.budget_bytes if room is None else min(room, self.budget_bytes)
         if copies > limit:
             log.debug("prompt cache: no room for %d MiB of new blocks; written as it leaves memory", copies >> 20)
-            return
+            return None
         self._keep_within(limit - copies)
         if entry is not None and not any(e is entry for e in self._entries):
-            return  # it left memory to make the room, and was written as it left
-        self._submit(self.files.stage(self.model_key, tokens, prompt_len, kv, conversation, echo), entry)
+            return None  # it left memory to make the room, and was written as it left
+        return self._submit(self.files.stage(self.model_key, tokens, prompt_len, kv, conversation, echo), entry)
 
     @_never_fatal()
     def note_prefill(self, tokens: int, seconds: float) -> None:
@@ -477,13 +496,13 @@ class PromptCache:
         self._submit(self.files.stage(entry.model_key, entry.tokens, entry.prompt_len, entry.kv, entry.conversation,
                                       entry.echo), entry if in_memory else None, entry)
 
-    def _submit(self, staged: StagedWrite | None, entry: Entry | None, written: Entry | None = None) -> None:
+    def _submit(self, staged: StagedWrite | None, entry: Entry | None, written: Entry | None = None) -> Writing | None:
         """A staged write to the writer; `entry`: the memory entry it writes,
         while that stays in memory (`written`: the one it writes in any case)."""
         assert self._writer is not None
         written = written or entry
         if staged is None:  # over the disk budget
-            return
+            return None
         writing = Writing(staged, entry, written.replaces if written else (), written.nbytes if written else 0,
                           time.monotonic())
         if written is not None:
@@ -492,6 +511,7 @@ class PromptCache:
         self._writing.append(writing)
         self._writer.submit(staged)
         log.debug("prompt cache: staged %d file(s), %d MiB", len(staged.files), staged.nbytes >> 20)
+        return writing
 
     def _writing_of(self, entry: Entry) -> Writing | None:
         return next((w for w in self._writing if w.entry is entry), None)
@@ -528,11 +548,13 @@ class PromptCache:
         # Files this one extends (or, with agent-safe keys, a later turn of) only take room now.
         self.files.delete_where(lambda d: d is not written and d.model_key == written.model_key
                                 and supersedes(written, d))
-        elapsed = time.monotonic() - writing.started
-        if not self._read_measured and elapsed > 0.01:
+        staged = writing.staged
+        if not self._read_measured and staged.nbytes >= MIN_SPEED_SAMPLE_BYTES and staged.seconds > 0:
             # No read timed yet: this disk's write speed is the best guess (a slow
-            # or virtualised disk reads slowly too), not an optimistic default.
-            self._read_bytes_per_s = writing.staged.nbytes / elapsed
+            # or virtualised disk reads slowly too), not an optimistic default. Timed
+            # by the writer (not the wait in its queue), over writes large enough
+            # that the fsyncs' fixed cost does not pass for a slow disk.
+            self._read_bytes_per_s = staged.nbytes / staged.seconds
 
     def _writing_bytes(self) -> int:
         return sum(w.held_bytes for w in self._writing)

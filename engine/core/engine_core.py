@@ -58,6 +58,7 @@ from .worker_state import MemorySnapshot, Phase, WorkerStatus
 log = logging.getLogger("mlxd.engine.core.worker")
 
 HEARTBEAT_S = 0.05  # progress is published at most this often
+CHECKPOINT_WAIT_S = 1.0  # the most an answer's end waits for its prompt's write (a slow disk costs the disk tier)
 MEMORY_SAMPLE_S = 0.5  # MLX's memory figures are taken at most this often while requests run (three C calls)
 WAIT_S = 0.25  # the longest a step waits on an empty queue (the idle work runs between)
 
@@ -261,7 +262,8 @@ class EngineCore:
             if a.prefilled is not None and a.first_token_at is not None:
                 kv, covered = self._prefill_done(a)
                 if not a.needs_snapshot and self.runner.plan is not None and self.runner.plan.prompt_cache:
-                    self.prompt_cache.checkpoint(a.prompt[:covered], kv, a.job.conversation)
+                    a.checkpoint = self.prompt_cache.checkpoint(a.prompt[:covered], kv, a.job.conversation,
+                                                                prefilled=covered - a.fetched.start)
 
     def _prefill_done(self, a: Admitted) -> tuple[list[Any], int]:
         """A row's prefill, taken once its first token is out: its speed to
@@ -278,6 +280,9 @@ class EngineCore:
         a = e.admitted
         self.counters["generated_tokens"] += len(a.generation.tokens)
         self.counters["prompt_tokens"] += len(a.prompt)
+        if a.checkpoint is not None:  # its prompt on disk before the client can see the end (and crash us)
+            self.prompt_cache.await_write(a.checkpoint, CHECKPOINT_WAIT_S)
+            a.checkpoint = None
         self.runner.finish(e)
 
     def _end(self, e: Ended) -> None:

@@ -50,6 +50,7 @@ class Admitted:
     # Its KV and the prompt tokens it covers, once prefilled: the core writes them to disk after its
     # first token (engine/cache/prompt_cache.py, checkpoint), then lets go.
     prefilled: tuple[list[Any], int] | None = None
+    checkpoint: Any = None  # the prompt cache's write of its prompt, awaited before its answer's end
 
     @property
     def row(self) -> Row:

@@ -19,6 +19,7 @@
 #   BUILDS=old bash bench/gpu_run.sh squeeze  # after `stage`: a squeezed prompt cache, an earlier mlxd (.whl2/old/)
 #   BUILDS=new bash bench/gpu_run.sh squeeze  #   against this tree's (issue 35), one call each
 #   BUILDS=old bash bench/gpu_run.sh agents   # likewise: four agents at once (bench/agents_load.py)
+#   ARMS=faults bash bench/gpu_run.sh faults  # after `stage`, with .whl3: agents while the engine is killed (issue 36)
 # Results go to $OUT (or bench/results/gpu).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -65,6 +66,9 @@ structured)
   install_engine
   $PY bench/structured_outputs.py --model "$MODEL" --skip-validity --rounds "${ROUNDS:-3}" --max-tokens 256 \
       --out "$OUT/structured_outputs_8b.json" | tee "$OUT/structured_outputs_8b.md"
+  ;;
+stage3)  # the gateway's first wheels (.whl3), kept for `faults`
+  mkdir -p /tmp/stage3 && cp .whl3/*.whl /tmp/stage3/ && ls /tmp/stage3 | wc -l
   ;;
 stage)
   cp .whl1/* /tmp/stage/
@@ -137,6 +141,23 @@ agents)
         --max-tokens 128 $cache_arg --engine-log-level "${ENGINE_LOG_LEVEL:-info}" --keep-logs "$OUT/logs-agents-$build" \
         --out "$OUT/agents_$build.json" 2> >(tee "$OUT/agents_$build.progress" >&2) | tee "$OUT/agents_$build.md"
   done
+  ;;
+faults)
+  # Issue 36: agents through the whole stack (supervisord, listener, engine, gateway), a SIGABRT to the engine
+  # every FAULT_EVERY_S s, against no fault (bench/fault_replay.py). ARMS=nofaults / ARMS=faults split the two
+  # over calls. The gateway's wheels come in .whl3 (and .whl4 where they do not fit one folder).
+  # Calls: `stage` (.whl1), `stage3` (.whl3), `BUILD_ONLY=1 engine` (.whl2), then this with .whl4.
+  install_engine
+  if [ ! -d /tmp/site2/litellm ]; then
+    mkdir -p /tmp/site2
+    pip_target /tmp/site2 /tmp/stage3/*.whl $(find .whl4 -maxdepth 1 -name '*.whl' 2>/dev/null)
+  fi
+  $PY -c 'import litellm.proxy.proxy_server, mlxd.gateway.main, supervisor.supervisord' >/dev/null
+  arms=${ARMS:-nofaults,faults}
+  $PY bench/fault_replay.py --model "$MODEL" --agents "${AGENTS:-4}" --system-tokens "${SYSTEM_TOKENS:-12000}" \
+      --turn-tokens "${TURN_TOKENS:-1700}" --turns "${TURNS:-6}" --max-tokens "${MAX_TOKENS:-128}" \
+      --fault-every-s "${FAULT_EVERY_S:-120}" --arms "$arms" --out "$OUT/fault_replay_${arms/,/_}.json" \
+      2> >(tee "$OUT/fault_replay_${arms/,/_}.progress" >&2) | tee "$OUT/fault_replay_${arms/,/_}.md"
   ;;
 prefill)
   # Issue 35, item 5 (a diagnosis): long prompts prefilled alone and batched, mlx-lm's BatchGenerator and

@@ -14,6 +14,11 @@ request the engine does not answer with 200 *before its first byte*
 first token), is replayed to LiteLLM unchanged, so the fallbacks (Ollama on
 stop, crash, busy, quarantine) behave exactly as before. A failure after the
 first byte is an explicit SSE error event and no [DONE], as the tests require.
+An engine that dies with a request in flight before its answer started is
+not the fallback's at once: the request is held while the supervisor brings
+the engine back (`gateway.crash_retry_wait_s`; routing.hold_for_restart
+decides) and sent to it again, once, so an agent's turn is answered by its
+own model, from its prompt's KV on disk, a few seconds later.
 LiteLLM still does every fallback; `gateway.engine_fast_path = false` turns
 this off. One exception: a Responses API request with previous_response_id
 continues a conversation only the engine stores, so it stays with the engine
@@ -23,16 +28,24 @@ it without the conversation.
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
 from typing import Any
 
 import aiohttp
 
 from mlxd.config import Config
+from mlxd.records import SupervisionFile
 
 from .errors import ApiError, send_error, send_json
 from .hangup import read_body
-from .routing import (ENGINE_PATHS, AfterRefusal, FastRoutes, StreamRenamer, ToEngine, after_refusal,
-                      refusal_after_fallback, rename_model, route_request, stream_failure)
+from .routing import (ENGINE_PATHS, NO_RESTART_MODES, AfterRefusal, FastRoutes, StreamRenamer, ToEngine,
+                      after_refusal, hold_for_restart, refusal_after_fallback, rename_model, route_request,
+                      stream_failure)
+
+log = logging.getLogger("mlxd.gateway")
+RESTART_POLL_S = 0.2  # how often a held request looks for the engine back
 
 HOP = {b"transfer-encoding", b"connection", b"keep-alive", b"content-length", b"date", b"server"}
 MID_STREAM_FAILURE = "the engine failed mid-stream ({}); the answer is incomplete"
@@ -87,6 +100,8 @@ class EngineFastPath:
             self.headers["Authorization"] = f"Bearer {engine_key}"
         self.routes = FastRoutes.plan(config, heavy)
         self.session: aiohttp.ClientSession | None = None
+        self.supervision_path = config.paths.supervision
+        self.retry_wait_s = config.gateway.crash_retry_wait_s
 
     def _session(self) -> aiohttp.ClientSession:
         if self.session is None or self.session.closed:
@@ -114,31 +129,40 @@ class EngineFastPath:
 
     async def _via_engine(self, scope: dict, path: str, to: ToEngine, replay: Replay, send: Any) -> None:
         """The engine answers, unless it does not say 200 before its first
-        byte: then LiteLLM gets the request as the client sent it."""
-        try:
-            resp = await self._session().post(self.base + path, data=to.body, headers=self.headers)
-        except (aiohttp.ClientError, OSError):
+        byte: then LiteLLM gets the request as the client sent it. One the
+        engine lost in flight waits for its restart and goes to it again."""
+        retried = False
+        while True:
+            lost_in_flight = True
+            try:
+                resp = await self._session().post(self.base + path, data=to.body, headers=self.headers)
+            except aiohttp.ClientConnectorError:
+                resp, lost_in_flight = None, False  # refused: the engine is down, not dying under this request
+            except (aiohttp.ClientError, OSError):
+                resp = None  # it died before its answer's headers (a stream's come with its first token)
+            answer: bytes | None = None
+            if resp is not None:
+                try:
+                    headers = [(k.lower(), v) for k, v in resp.raw_headers if k.lower() not in HOP]
+                    if resp.status == 200 and resp.headers.get("content-type", "").startswith("text/event-stream"):
+                        await self._relay_stream(resp, headers, to, send, path)
+                        return
+                    try:
+                        answer = await resp.read()
+                    except (aiohttp.ClientError, OSError):
+                        answer = None  # died mid-answer: nothing sent yet, so it can still be answered
+                finally:
+                    resp.release()
+            if answer is not None or not await self._engine_back(lost_in_flight, retried):
+                break
+            retried = True
+        if resp is None or answer is None:  # down, or died with it (and not back in time, or twice)
             if to.stays:
                 await send_error(send, ENGINE_GONE, [(b"retry-after", b"2")])
             else:
-                await self.app(scope, replay, send)  # engine down: LiteLLM falls back
+                await self.app(scope, replay, send)  # LiteLLM falls back
             return
-        try:
-            headers = [(k.lower(), v) for k, v in resp.raw_headers if k.lower() not in HOP]
-            if resp.status == 200 and resp.headers.get("content-type", "").startswith("text/event-stream"):
-                await self._relay_stream(resp, headers, to, send, path)
-                return
-            try:
-                answer: bytes | None = await resp.read()
-            except (aiohttp.ClientError, OSError):
-                answer = None  # died mid-answer: nothing sent yet, so LiteLLM can still fall back
-        finally:
-            resp.release()
-        if answer is None and to.stays:
-            await send_error(send, ENGINE_GONE, [(b"retry-after", b"2")])
-        elif answer is None:
-            await self.app(scope, replay, send)
-        elif to.stays and resp.status != 200:  # busy, refusing, not found: the engine's answer stands
+        if to.stays and resp.status != 200:  # busy, refusing, not found: the engine's answer stands
             await send_json(send, resp.status, answer, headers)
         elif resp.status == 200:
             await send_json(send, 200, rename_model(answer, to.public_name) if to.engine_name else answer, headers)
@@ -149,6 +173,33 @@ class EngineFastPath:
             else:
                 await self.app(scope, replay, _Substitute(send, resp.status, answer)
                                if after is AfterRefusal.FALL_BACK_UNLESS_500 else send)
+
+    async def _engine_back(self, lost_in_flight: bool, retried: bool) -> bool:
+        """Whether the engine that lost a request is back to take it again:
+        held (routing.hold_for_restart) until its /health says ok, at most
+        `crash_retry_wait_s`, while the supervisor is bringing it back."""
+        if not hold_for_restart(lost_in_flight, retried, self._supervision_mode(), self.retry_wait_s):
+            return False
+        log.info("the engine died with a request in flight; holding it for the restart (up to %.0fs)",
+                 self.retry_wait_s)
+        deadline = time.monotonic() + self.retry_wait_s
+        while time.monotonic() < deadline:
+            await asyncio.sleep(RESTART_POLL_S)
+            if self._supervision_mode() in NO_RESTART_MODES:
+                return False
+            try:
+                async with self._session().get(self.base + "/health", headers=self.headers,
+                                               timeout=aiohttp.ClientTimeout(total=2)) as health:
+                    if health.status == 200:
+                        return True
+            except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
+                pass
+        log.warning("the engine was not back within %.0fs: the request goes to the fallback", self.retry_wait_s)
+        return False
+
+    def _supervision_mode(self) -> str | None:
+        saved = SupervisionFile.read(self.supervision_path)
+        return saved.mode if saved is not None else None
 
     @staticmethod
     async def _relay_stream(resp: aiohttp.ClientResponse, headers: list, to: ToEngine, send: Any, path: str) -> None:

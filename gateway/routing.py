@@ -138,6 +138,20 @@ def route_request(path: str, body: bytes, routes: FastRoutes) -> ApiError | ToLi
     return ToEngine(json.dumps({**req, "model": engine_name}).encode(), name, engine_name, continues)
 
 
+# The supervisor's modes (supervisor/policy.py) in which no restart is coming.
+NO_RESTART_MODES = ("stopped", "degraded")
+
+
+def hold_for_restart(lost_in_flight: bool, retried: bool, supervision_mode: str | None, wait_s: float) -> bool:
+    """Whether a request the engine lost before its answer started is held
+    for the engine's restart and sent to it again (pure): only one lost in
+    flight (a refused connection is an engine already down: Ollama answers
+    at once), only once (a request that kills the engine twice is the
+    quarantine's), and only while the supervisor is bringing the engine
+    back (not stopped by an operator, not a crash loop's cool-down)."""
+    return lost_in_flight and not retried and wait_s > 0 and supervision_mode not in NO_RESTART_MODES
+
+
 class AfterRefusal(Enum):
     """What the client sees after the engine answers anything but 200."""
 

@@ -23,7 +23,8 @@ POINT:  boot   (engine start, before the preload)
         idle   (the worker is idle)
         kv_write (a prompt-cache entry is written but not yet in place: on the writer's thread)
         prefill (each prefill step; only for slow)
-Several specs may be joined with commas. MLXD_FAULT_MATCH="text" limits
+A spec in the file may end in "/once": the file is removed as the fault
+fires, so the restarted engine serves the retry. Several specs may be joined with commas. MLXD_FAULT_MATCH="text" limits
 start/token faults to requests whose prompt contains the text (a "poison"
 request, for the quarantine tests).
 """
@@ -56,6 +57,7 @@ class Fault:
     action: str
     point: str
     n: int = 1
+    once: bool = False  # the fault file goes as it fires
 
     def fires_at(self, point: str, tokens: int = 0) -> bool:
         if point != self.point:
@@ -67,6 +69,9 @@ def parse_faults(spec: str) -> tuple[Fault, ...]:
     """'abort@token:3,raise@load' -> Faults (pure). ValueError names the bad part."""
     faults = []
     for part in filter(None, (p.strip() for p in spec.split(","))):
+        part, _, modifier = part.partition("/")
+        if modifier not in ("", "once"):
+            raise ValueError(f"bad fault spec {part!r}: the only modifier is /once")
         action, sep, where = part.partition("@")
         point, _, n = where.partition(":")
         if not sep or action not in ACTIONS or point not in POINTS:
@@ -78,7 +83,7 @@ def parse_faults(spec: str) -> tuple[Fault, ...]:
             count = int(n) if n else 1
         except ValueError:
             raise ValueError(f"bad fault spec {part!r}: N must be an integer") from None
-        faults.append(Fault(action, point, count))
+        faults.append(Fault(action, point, count, modifier == "once"))
     return tuple(faults)
 
 
@@ -144,4 +149,7 @@ class FaultInjector:
                 if fault.action == "slow":  # kv_write: a slow disk (a slow prefill is prefill_delay_s's)
                     time.sleep(fault.n / 1000)
                     continue
+                if fault.once and self._file is not None:
+                    self._file.unlink(missing_ok=True)
+                    self.active = self._fixed
                 trigger(fault)

@@ -88,10 +88,24 @@ def test_slow_prefill_fault_delays_each_step_by_tokens(spec, delay_for_100):
     assert FaultInjector(spec, None).prefill_delay_s(100) == pytest.approx(delay_for_100)
 
 
-@pytest.mark.parametrize("spec", ["slow@token:3", "abort@prefill", "slow@prefill:x"])
+@pytest.mark.parametrize("spec", ["slow@token:3", "abort@prefill", "slow@prefill:x", "abort@token:3/twice"])
 def test_slow_goes_with_prefill_only(spec):
     with pytest.raises(ValueError):
         parse_faults(spec)
+
+
+def test_a_once_fault_removes_its_file_as_it_fires(tmp_path):
+    fault_file = tmp_path / "fault"
+    fault_file.write_text("raise@token:2/once")
+    faults = FaultInjector(None, str(fault_file))
+    faults.refresh()
+    faults.check("token", 1)  # not yet
+    assert fault_file.exists()
+    with pytest.raises(RuntimeError):
+        faults.check("token", 2)
+    assert not fault_file.exists() and faults.active == ()
+    faults.refresh()
+    faults.check("token", 5)  # gone: the restarted engine serves the retry
 
 
 @pytest.mark.parametrize("cores, configured, want", [(2, None, "1"), (1, None, "1"), (16, None, "8"),

@@ -11,7 +11,7 @@ from mlxd.config import parse_config
 from mlxd.gateway.app import admit, rewrite_backend_error
 from mlxd.gateway.errors import ApiError
 from mlxd.gateway.health import readiness
-from mlxd.gateway.routing import (AfterRefusal, FastRoutes, StreamRenamer, ToEngine, ToLiteLLM, after_refusal,
+from mlxd.gateway.routing import (AfterRefusal, hold_for_restart, FastRoutes, StreamRenamer, ToEngine, ToLiteLLM, after_refusal,
                                   rename_model, route_request)
 
 MODELS = {"small": {"repo": "mlx-community/Qwen3-4B-4bit", "ollama": "qwen3:4b"},
@@ -113,6 +113,21 @@ def test_a_continued_response_stays_with_the_engine():
 def test_what_follows_an_engine_refusal(status, code, expected):
     body = b"not json" if code is None else ApiError(status, "m", code).body()
     assert after_refusal(status, body) is expected
+
+
+@pytest.mark.parametrize("lost_in_flight, retried, mode, wait_s, hold", [
+    (True, False, "backoff", 60, True),        # it died under the request: the supervisor is bringing it back
+    (True, False, "starting", 60, True),
+    (True, False, "running", 60, True),        # the listener has not seen the death yet
+    (True, False, None, 60, True),             # no supervisor's word (an engine of its own): the wait is bounded
+    (False, False, "backoff", 60, False),      # refused at connect: down already, Ollama answers at once
+    (True, True, "backoff", 60, False),        # died twice under it: the quarantine's, and Ollama's
+    (True, False, "degraded", 60, False),      # a crash loop's cool-down: no engine for minutes
+    (True, False, "stopped", 60, False),       # an operator stopped it
+    (True, False, "backoff", 0, False),        # crash_retry_wait_s = 0: the fallback at once
+])
+def test_which_lost_requests_wait_for_the_restarted_engine(lost_in_flight, retried, mode, wait_s, hold):
+    assert hold_for_restart(lost_in_flight, retried, mode, wait_s) is hold
 
 
 @pytest.mark.parametrize("extra, at_the_gateway, after_the_engine", [

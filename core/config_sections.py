@@ -324,10 +324,10 @@ class GatewayConfig(Strict):
     engine_fast_path: bool = Field(default=True, description=(
         "Relay the light model's answers from the engine as they are (gateway/fastpath.py)."))
     crash_retry_wait_s: float = Field(default=60.0, ge=0, description=(
-        "A request whose engine died before its answer started (nothing streamed yet) is held this long for the "
-        "supervisor to bring the engine back, then sent to it again, once: its client sees a slower answer, not "
-        "another model's. Past it, on a second death, or while the engine is stopped or cooling down after a crash "
-        "loop, Ollama answers. 0: Ollama at once. A request that arrives while the engine is down goes to Ollama."))
+        "A request whose engine died before its answer started (nothing streamed yet), or that arrives while the "
+        "supervisor is bringing a crashed engine back, is held this long for the engine, then sent to it, once: "
+        "its client sees a slower answer, not another model's. Past it, on a second death, or while the engine is "
+        "stopped or cooling down after a crash loop, Ollama answers. 0: Ollama at once."))
     host_cooldown_s: float = Field(default=5.0, gt=0, description=(
         "A host that failed (refused, reset, 5xx, wrong key) is left out this long, then tried again; a busy one "
         "(429) for its Retry-After."))

@@ -18,7 +18,8 @@ An engine that dies with a request in flight before its answer started is
 not the fallback's at once: the request is held while the supervisor brings
 the engine back (`gateway.crash_retry_wait_s`; routing.hold_for_restart
 decides) and sent to it again, once, so an agent's turn is answered by its
-own model, from its prompt's KV on disk, a few seconds later.
+own model, from its prompt's KV on disk, a few seconds later; so is one
+that finds the engine down while such a restart is under way.
 LiteLLM still does every fallback; `gateway.engine_fast_path = false` turns
 this off. One exception: a Responses API request with previous_response_id
 continues a conversation only the engine stores, so it stays with the engine
@@ -41,8 +42,8 @@ from mlxd.records import SupervisionFile
 from .errors import ApiError, send_error, send_json
 from .hangup import read_body
 from .routing import (ENGINE_PATHS, NO_RESTART_MODES, AfterRefusal, FastRoutes, StreamRenamer, ToEngine,
-                      after_refusal, hold_for_restart, refusal_after_fallback, rename_model, route_request,
-                      stream_failure)
+                      after_refusal, engine_restarting, hold_for_restart, refusal_after_fallback, rename_model,
+                      route_request, stream_failure)
 
 log = logging.getLogger("mlxd.gateway")
 RESTART_POLL_S = 0.2  # how often a held request looks for the engine back
@@ -178,14 +179,16 @@ class EngineFastPath:
         """Whether the engine that lost a request is back to take it again:
         held (routing.hold_for_restart) until its /health says ok, at most
         `crash_retry_wait_s`, while the supervisor is bringing it back."""
-        if not hold_for_restart(lost_in_flight, retried, self._supervision_mode(), self.retry_wait_s):
+        mode, crash_times = self._supervision()
+        restarting = engine_restarting(mode, crash_times, time.time(), self.retry_wait_s)
+        if not hold_for_restart(lost_in_flight, retried, mode, restarting, self.retry_wait_s):
             return False
-        log.info("the engine died with a request in flight; holding it for the restart (up to %.0fs)",
-                 self.retry_wait_s)
+        log.info("the engine %s; holding the request for its restart (up to %.0fs)",
+                 "died with it in flight" if lost_in_flight else "is restarting", self.retry_wait_s)
         deadline = time.monotonic() + self.retry_wait_s
         while time.monotonic() < deadline:
             await asyncio.sleep(RESTART_POLL_S)
-            if self._supervision_mode() in NO_RESTART_MODES:
+            if self._supervision()[0] in NO_RESTART_MODES:
                 return False
             try:
                 async with self._session().get(self.base + "/health", headers=self.headers,
@@ -197,9 +200,13 @@ class EngineFastPath:
         log.warning("the engine was not back within %.0fs: the request goes to the fallback", self.retry_wait_s)
         return False
 
-    def _supervision_mode(self) -> str | None:
+    def _supervision(self) -> tuple[str | None, list[float]]:
+        """The supervisor's mode and recent crash times (state/supervision.json), or (None, [])."""
         saved = SupervisionFile.read(self.supervision_path)
-        return saved.mode if saved is not None else None
+        if saved is None:
+            return None, []
+        times = saved.state.get("crash_times") or []
+        return saved.mode, [float(t) for t in times if isinstance(t, (int, float))]
 
     @staticmethod
     async def _relay_stream(resp: aiohttp.ClientResponse, headers: list, to: ToEngine, send: Any, path: str) -> None:

@@ -138,18 +138,35 @@ def route_request(path: str, body: bytes, routes: FastRoutes) -> ApiError | ToLi
     return ToEngine(json.dumps({**req, "model": engine_name}).encode(), name, engine_name, continues)
 
 
-# The supervisor's modes (supervisor/policy.py) in which no restart is coming.
+# The supervisor's modes (supervisor/policy.py) in which no restart is coming, and those of a restart under way.
 NO_RESTART_MODES = ("stopped", "degraded")
+RESTART_MODES = ("starting", "backoff")
 
 
-def hold_for_restart(lost_in_flight: bool, retried: bool, supervision_mode: str | None, wait_s: float) -> bool:
-    """Whether a request the engine lost before its answer started is held
-    for the engine's restart and sent to it again (pure): only one lost in
-    flight (a refused connection is an engine already down: Ollama answers
-    at once), only once (a request that kills the engine twice is the
-    quarantine's), and only while the supervisor is bringing the engine
-    back (not stopped by an operator, not a crash loop's cool-down)."""
-    return lost_in_flight and not retried and wait_s > 0 and supervision_mode not in NO_RESTART_MODES
+def engine_restarting(mode: str | None, crash_times: list[float], now: float, window_s: float) -> bool:
+    """Whether the supervisor is bringing the engine back after a crash (pure):
+    waiting out its backoff or starting it, or it started after a crash less
+    than `window_s` ago (the new process may still be importing and loading:
+    supervisord calls it running from its spawn)."""
+    if mode in RESTART_MODES:
+        return True
+    return mode == "running" and bool(crash_times) and now - max(crash_times) < window_s
+
+
+def hold_for_restart(lost_in_flight: bool, retried: bool, supervision_mode: str | None, restarting: bool,
+                     wait_s: float) -> bool:
+    """Whether a request the engine could not take is held for the engine's
+    restart and sent to it (pure), rather than to Ollama: one the engine
+    died under before its answer started, or one that found it down while a
+    restart after a crash is under way (`restarting`) -- a few seconds'
+    wait for its own model, not another model's answer in the middle of an
+    agent's conversation. Only once (a request that kills the engine twice
+    is the quarantine's), and never while no restart is coming (stopped by
+    an operator, a crash loop's cool-down): a refused connection then, or
+    outside a restart, is Ollama's at once."""
+    if retried or wait_s <= 0 or supervision_mode in NO_RESTART_MODES:
+        return False
+    return lost_in_flight or restarting
 
 
 class AfterRefusal(Enum):

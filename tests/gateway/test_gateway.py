@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 
 import openai
@@ -165,6 +166,20 @@ def test_a_stream_the_engine_dies_under_before_its_first_token_is_retried_on_the
     text, chunks = stream_text(client, f"{FAULT_WORD} stream me once")
     assert text and not from_ollama(text) and chunks[-1].choices[0].finish_reason == "length"
     assert ollama.stats()["chat_requests"] == before and st.engine_pid() != pid
+
+
+def test_a_request_that_finds_the_engine_restarting_after_a_crash_waits_for_it(client, st, ollama):
+    """Sent in the seconds a crashed engine takes to come back (the restarted
+    process importing and loading): held for it, not answered by Ollama."""
+    gateway_log = st.paths.logs / "gateway.log"
+    held_before = gateway_log.read_text().count("is restarting; holding")
+    crashes, pid = len(st.supervision()["crash_times"]), st.engine_pid()
+    os.kill(pid, signal.SIGABRT)
+    wait_until(lambda: len(st.supervision()["crash_times"]) > crashes, 10, what="the listener to see the crash")
+    before = ollama.stats()["chat_requests"]
+    r = ask(client, "are you back?")
+    assert not from_ollama(r.choices[0].message.content) and ollama.stats()["chat_requests"] == before
+    assert st.engine_pid() != pid and gateway_log.read_text().count("is restarting; holding") > held_before
 
 
 def test_crash_during_a_non_streaming_request_still_gives_a_complete_answer(client, st):

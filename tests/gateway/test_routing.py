@@ -11,7 +11,7 @@ from mlxd.config import parse_config
 from mlxd.gateway.app import admit, rewrite_backend_error
 from mlxd.gateway.errors import ApiError
 from mlxd.gateway.health import readiness
-from mlxd.gateway.routing import (AfterRefusal, hold_for_restart, FastRoutes, StreamRenamer, ToEngine, ToLiteLLM, after_refusal,
+from mlxd.gateway.routing import (AfterRefusal, engine_restarting, hold_for_restart, FastRoutes, StreamRenamer, ToEngine, ToLiteLLM, after_refusal,
                                   rename_model, route_request)
 
 MODELS = {"small": {"repo": "mlx-community/Qwen3-4B-4bit", "ollama": "qwen3:4b"},
@@ -115,19 +115,36 @@ def test_what_follows_an_engine_refusal(status, code, expected):
     assert after_refusal(status, body) is expected
 
 
-@pytest.mark.parametrize("lost_in_flight, retried, mode, wait_s, hold", [
-    (True, False, "backoff", 60, True),        # it died under the request: the supervisor is bringing it back
-    (True, False, "starting", 60, True),
-    (True, False, "running", 60, True),        # the listener has not seen the death yet
-    (True, False, None, 60, True),             # no supervisor's word (an engine of its own): the wait is bounded
-    (False, False, "backoff", 60, False),      # refused at connect: down already, Ollama answers at once
-    (True, True, "backoff", 60, False),        # died twice under it: the quarantine's, and Ollama's
-    (True, False, "degraded", 60, False),      # a crash loop's cool-down: no engine for minutes
-    (True, False, "stopped", 60, False),       # an operator stopped it
-    (True, False, "backoff", 0, False),        # crash_retry_wait_s = 0: the fallback at once
+@pytest.mark.parametrize("lost_in_flight, retried, mode, restarting, wait_s, hold", [
+    (True, False, "backoff", True, 60, True),      # it died under the request: the supervisor is bringing it back
+    (True, False, "running", False, 60, True),     # the listener has not seen the death yet
+    (True, False, None, False, 60, True),          # no supervisor's word (an engine of its own): the wait is bounded
+    (False, False, "backoff", True, 60, True),     # refused while a restart is under way: wait for it, not Ollama
+    (False, False, "running", True, 60, True),     # the restarted process is still importing, loading
+    (False, False, "running", False, 60, False),   # refused with no restart under way: Ollama at once
+    (False, False, None, False, 60, False),
+    (True, True, "backoff", True, 60, False),      # died twice under it: the quarantine's, and Ollama's
+    (True, False, "degraded", False, 60, False),   # a crash loop's cool-down: no engine for minutes
+    (False, False, "stopped", False, 60, False),   # an operator stopped it
+    (True, False, "stopped", False, 60, False),
+    (True, False, "backoff", True, 0, False),      # crash_retry_wait_s = 0: the fallback at once
 ])
-def test_which_lost_requests_wait_for_the_restarted_engine(lost_in_flight, retried, mode, wait_s, hold):
-    assert hold_for_restart(lost_in_flight, retried, mode, wait_s) is hold
+def test_which_requests_wait_for_the_restarted_engine(lost_in_flight, retried, mode, restarting, wait_s, hold):
+    assert hold_for_restart(lost_in_flight, retried, mode, restarting, wait_s) is hold
+
+
+@pytest.mark.parametrize("mode, crash_times, restarting", [
+    ("backoff", [], True),
+    ("starting", [], True),
+    ("running", [1000.0 - 5], True),             # started after a crash 5 s ago: maybe still loading
+    ("running", [1000.0 - 500, 1000.0 - 61], False),  # the last crash is past the window
+    ("running", [], False),
+    ("stopped", [1000.0 - 5], False),
+    ("degraded", [1000.0 - 5], False),
+    (None, [], False),
+])
+def test_when_a_restart_is_under_way(mode, crash_times, restarting):
+    assert engine_restarting(mode, crash_times, now=1000.0, window_s=60.0) is restarting
 
 
 @pytest.mark.parametrize("extra, at_the_gateway, after_the_engine", [

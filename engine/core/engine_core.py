@@ -111,6 +111,8 @@ class EngineCore:
     def use_prompt_cache(self, cache: PromptCache) -> None:
         self.prompt_cache = cache
         cache.room = self.ledger.cache_room  # the cache keeps within what the ledger leaves it
+        if cache.files is not None:
+            self.runner.save_progress = self._save_progress  # long prompts' KV to disk as they are prefilled
 
     # --- the step loop ----------------------------------------------------------
     def step(self) -> None:
@@ -264,6 +266,12 @@ class EngineCore:
                 if not a.needs_snapshot and self.runner.plan is not None and self.runner.plan.prompt_cache:
                     a.checkpoint = self.prompt_cache.checkpoint(a.prompt[:covered], kv, a.job.conversation,
                                                                 prefilled=covered - a.fetched.start)
+
+    def _save_progress(self, a: Admitted, kv: list[Any], covered: int) -> None:
+        """A long prompt's KV so far, to disk (runner.save_progress): a crash
+        mid-prefill costs at most CHECKPOINT_TOKENS of it."""
+        if self.runner.plan is not None and self.runner.plan.prompt_cache:
+            self.prompt_cache.checkpoint(a.prompt[:covered], kv, a.job.conversation, prefilled=covered - a.fetched.start)
 
     def _prefill_done(self, a: Admitted) -> tuple[list[Any], int]:
         """A row's prefill, taken once its first token is out: its speed to

@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from .generation import Generation
 from ..core.jobs import Job
 from ..cache.prompt_cache_policy import Fetched
+
+CHECKPOINT_TOKENS = 2048  # a long prompt's KV reaches disk every this many prefilled tokens
 from ..core.scheduler import Row, starts_alone
 
 
@@ -51,6 +53,9 @@ class Admitted:
     # first token (engine/cache/prompt_cache.py, checkpoint), then lets go.
     prefilled: tuple[list[Any], int] | None = None
     checkpoint: Any = None  # the prompt cache's write of its prompt, awaited before its answer's end
+    # Where a long prefill leaves its KV so far, every CHECKPOINT_TOKENS (the core's; None: nowhere):
+    # save_progress(kv, tokens covered). A crash mid-prefill then costs at most that many tokens.
+    save_progress: Callable[[list[Any], int], None] | None = None
 
     @property
     def row(self) -> Row:

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .decoding import Admitted, Ended, RowSampling
+from .decoding import CHECKPOINT_TOKENS, Admitted, Ended, RowSampling
 from .one_row import Joining
 from .prefill import prefill
 
@@ -50,6 +50,7 @@ class _Prefilling:
     context: list[int]  # the tokens its KV holds
     rest: list[int]  # the prompt after them; the last joins the batch as a one-token segment
     sampling: RowSampling
+    saved: int = 0  # tokens of its KV last left on disk (Admitted.save_progress)
 
 
 class ManyRows:
@@ -102,6 +103,10 @@ class ManyRows:
         p.context += chunk
         p.rest = p.rest[len(chunk):]
         if len(p.rest) > 1:
+            a = p.admitted
+            if a.save_progress is not None and len(p.context) - max(p.saved, a.fetched.start) >= CHECKPOINT_TOKENS:
+                a.save_progress(p.kv, len(p.context))  # a long prompt's KV to disk as it goes
+                p.saved = len(p.context)
             return
         self._prefilling.pop(0)
         a = self.rows.pop(p.key)

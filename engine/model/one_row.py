@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .decoding import Admitted, Ended, RowSampling
+from .decoding import CHECKPOINT_TOKENS, Admitted, Ended, RowSampling
 from .sampling import seeing_context
 
 
@@ -122,7 +122,12 @@ class OneRow:
         if len(rest) > 1:  # at the engine's pace (generate_step's one step size would be the first step's)
             from .prefill import prefill
 
-            prefill(resident.model, kv, rest[:-1], pace, heartbeat, faults, resident.kv, cancelled=job.cancelled)
+            body = rest[:-1]
+            for at in range(0, len(body), CHECKPOINT_TOKENS):  # a long prompt's KV to disk as it goes
+                segment = body[at:at + CHECKPOINT_TOKENS]
+                prefill(resident.model, kv, segment, pace, heartbeat, faults, resident.kv, cancelled=job.cancelled)
+                if at + len(segment) < len(body) and admitted.save_progress is not None:
+                    admitted.save_progress(kv, start + at + len(segment))
             start, rest = start + len(rest) - 1, rest[-1:]
             admitted.prefilled = (kv, start)
         if admitted.needs_snapshot:

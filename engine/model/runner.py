@@ -55,6 +55,8 @@ class ModelRunner:
         self.prefill_step_budget_s = prefill_step_budget_s
         self.heartbeat = heartbeat
         self.link = link  # rank 0 of a rank group (engine/model/ranks.py): loads and forward passes are mirrored
+        # The core's: a long prompt's KV so far, to the prompt cache's disk tier (Admitted.save_progress).
+        self.save_progress: Callable[[Admitted, list[Any], int], None] | None = None
         self.pace = PrefillPace(prefill_step_size, prefill_step_budget_s)  # measured anew per model
         self.resident: ResidentModel | None = None
         self.plan: ServingPlan | None = None
@@ -169,6 +171,9 @@ class ModelRunner:
         generation = Generation(r, job, self.faults, self.heartbeat)
         admitted = Admitted(job, generation, prompt.tokens, fetched, r.tokenizer.detokenizer, needs_snapshot,
                             alone=alone, taken_at=taken_at)
+        if self.save_progress is not None and not needs_snapshot and prompt.vision is None and self.link is None:
+            hook = self.save_progress
+            admitted.save_progress = lambda kv_so_far, covered: hook(admitted, kv_so_far, covered)
         self.decoders.admit(admitted, kv, self.heartbeat, one_row, prompt.vision)
         return admitted
 

@@ -142,6 +142,7 @@ class FakeRunner:
         self._resident: str | None = None
         self.one: Admitted | None = None  # the row decoded alone (or alone in an empty batch)
         self.many: list[Admitted] = []  # the batch's rows
+        self.save_progress = None  # the core's hook for a long prefill (ModelRunner.save_progress)
         self.failures: dict[tuple[str, str], BaseException] = {}
         self.loads: list[str] = []
         self.unloads = 0

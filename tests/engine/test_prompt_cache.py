@@ -195,6 +195,37 @@ def test_a_disk_entry_survives_kill_9_and_is_used_after_the_restart(tmp_path, de
         assert cached(usage) > 300 and cache_stats(ep.url)["disk_hits"] == 1
 
 
+def test_a_crash_in_the_middle_of_a_long_prefill_keeps_what_was_prefilled(tmp_path, demo_models):
+    """A long prompt's KV reaches disk every 2,048 prefilled tokens: an
+    engine killed while it prefills the rest leaves the retry all but the
+    part after the last of them to prefill."""
+    home = tmp_path / "home"
+    long = [{"role": "user", "content": " ".join(f"item{i % 89}" for i in range(800))}]  # ~3,000 tokens
+    slow = toml(demo_models, engine={"stuck_grace_s": 60})
+    with engine_in(home, slow, env={"MLXD_FAULT": "slow@prefill:3"}) as ep:  # 3 ms a token: ~9 s of prefill
+        def in_flight() -> None:
+            try:
+                requests.post(ep.url + "/v1/chat/completions", timeout=60,
+                              json={"model": "demo-a", "messages": long, "max_tokens": 4})
+            except requests.RequestException:
+                pass  # killed under it
+
+        import threading
+
+        thread = threading.Thread(target=in_flight, daemon=True)
+        thread.start()
+        kv = home / "state" / "kv"  # (the writer's thread puts it there; the worker counts it once it is free)
+        wait_until(lambda: [p for p in kv.glob("*.json") if p.name != "rates.json"], 60,
+                   what="the first 2,048 tokens on disk")
+        assert requests.get(ep.url + "/health", timeout=5).json()["phase"] == "prefill"  # still at it
+        os.kill(ep.proc.pid, signal.SIGKILL)
+        ep.proc.wait(10)
+        thread.join(30)
+    with engine_in(home, slow) as ep:
+        _, usage = ask(ep.url, long, max_tokens=4)
+        assert 2048 <= cached(usage) < usage["prompt_tokens"] and cache_stats(ep.url)["disk_hits"] == 1, usage
+
+
 def test_corrupt_and_partial_entry_files_are_removed_and_requests_still_answer(tmp_path, demo_models):
     home = tmp_path / "home"
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "hello"}]

@@ -307,10 +307,12 @@ class PromptCache:
         copies = int(self.files.unwritten_tokens(self.model_key, tokens, layout) * bytes_per_token(kv))
         room = self._room_now()
         limit = self.budget_bytes if room is None else min(room, self.budget_bytes)
-        if copies > limit:
-            log.debug("prompt cache: no room for %d MiB of new blocks; written as it leaves memory", copies >> 20)
+        if copies + self._writing_bytes() > limit:
+            # No room, or the disk is behind (a fast GPU prefill outruns it): never wait for it here.
+            # The next checkpoint, the turn's end or the entry's leaving memory writes what this would have.
+            log.debug("prompt cache: no room for %d MiB of new blocks now; written later", copies >> 20)
             return None
-        self._keep_within(limit - copies)
+        self._keep_within(limit - copies)  # (entries only leave: what is being written fits beside the copies)
         if entry is not None and not any(e is entry for e in self._entries):
             return None  # it left memory to make the room, and was written as it left
         return self._submit(self.files.stage(self.model_key, tokens, prompt_len, kv, conversation, echo), entry)

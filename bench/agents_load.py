@@ -39,8 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchkit import (DEFAULT_CACHE, RESULTS, BenchError, HttpWay, demo_model, interrupt_on_sigterm,  # noqa: E402
                       machine_info, median, one_model_config, percentile, say, start_engine, stop_all_children,
                       stop_child, write_json)
-from concurrency import (MemoryWatch, engine_extra, fmt_mib, gpu_used_bytes, headline_memory,  # noqa: E402
-                         make_prompt, token_counter)
+from concurrency import (MemoryWatch, add_agent_args, agent_prompts, engine_extra, fmt_mib,  # noqa: E402
+                         gpu_used_bytes, headline_memory, token_counter)
 
 OUT = RESULTS / "agents_load.json"
 
@@ -104,13 +104,7 @@ def summarize(turns: list[Turn], agents: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", type=Path, help="an mlx-lm model folder (default: demo model a)")
-    p.add_argument("--agents", type=int, default=4)
-    p.add_argument("--concurrency", type=int, default=None, help="[engine] max_concurrency (default: --agents)")
-    p.add_argument("--system-tokens", type=int, default=12000)
-    p.add_argument("--turn-tokens", type=int, default=1700)
-    p.add_argument("--turns", type=int, default=6)
-    p.add_argument("--max-tokens", type=int, default=128)
+    add_agent_args(p)
     p.add_argument("--prompt-cache-gib", type=float, default=None, help="[engine.prompt_cache] memory_gib")
     p.add_argument("--startup-timeout", type=float, default=300.0)
     p.add_argument("--request-timeout", type=float, default=1800.0)
@@ -123,11 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     model = args.model or demo_model("a", DEFAULT_CACHE)[1]
     count, count_source = token_counter(model)
     say(f"writing {args.agents} system prompts of {args.system_tokens} tokens and their turns ({count_source})")
-    # concurrency.py's prompts: each distinct from its first word on (prompt k's seed is k)
-    base = 1000 * args.seed
-    systems = [make_prompt(base + i, args.system_tokens, count) for i in range(args.agents)]
-    user_turns = [[make_prompt(base + 100 * (i + 1) + n, args.turn_tokens, count) for n in range(args.turns)]
-                  for i in range(args.agents)]
+    systems, user_turns = agent_prompts(args.agents, args.system_tokens, args.turn_tokens, args.turns, count,
+                                        args.seed)
     config = one_model_config(model)
     config["engine"].update(engine_extra(max(8, args.agents), args.engine_log_level), max_concurrency=args.concurrency or args.agents,
                             max_prompt_tokens=131072)

@@ -397,6 +397,28 @@ def markdown(doc: dict[str, Any]) -> str:
 
 # --- measuring -----------------------------------------------------------------------------------
 
+def add_agent_args(p: Any) -> None:
+    """The options of a replay of several agents (agents_load.py, fault_replay.py)."""
+    p.add_argument("--model", type=Path, help="an mlx-lm model folder (default: demo model a)")
+    p.add_argument("--agents", type=int, default=4)
+    p.add_argument("--concurrency", type=int, default=None, help="[engine] max_concurrency (default: --agents)")
+    p.add_argument("--system-tokens", type=int, default=12000)
+    p.add_argument("--turn-tokens", type=int, default=1700)
+    p.add_argument("--turns", type=int, default=6)
+    p.add_argument("--max-tokens", type=int, default=128)
+
+
+def agent_prompts(agents: int, system_tokens: int, turn_tokens: int, turns: int, count: Callable[[str], int],
+                  seed: int = 0) -> tuple[list[str], list[list[str]]]:
+    """Each agent's system prompt and its turns' user messages: make_prompt's,
+    each distinct from its first word on (prompt k's seed is k)."""
+    base = 1000 * seed
+    systems = [make_prompt(base + i, system_tokens, count) for i in range(agents)]
+    turns_of = [[make_prompt(base + 100 * (i + 1) + n, turn_tokens, count) for n in range(turns)]
+                for i in range(agents)]
+    return systems, turns_of
+
+
 def token_counter(model: Path) -> tuple[Callable[[str], int], str]:
     """The model's tokenizer (tokenizer.json, via `tokenizers`), else ~4 characters a token."""
     try:

@@ -47,7 +47,7 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchkit import RESULTS, demo_model, machine_info, median, say, write_json  # noqa: E402
-from concurrency import make_prompt, token_counter  # noqa: E402
+from concurrency import add_agent_args, agent_prompts, token_counter  # noqa: E402
 from crash_traffic import STANDIN_MARK, Settings, crash_stack  # noqa: E402
 
 OUT = RESULTS / "fault_replay.json"
@@ -209,13 +209,7 @@ def run_arm(faults: bool, args: argparse.Namespace, systems: list[str], user_tur
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", type=Path, help="an mlx-lm model folder (default: demo model a)")
-    p.add_argument("--agents", type=int, default=4)
-    p.add_argument("--concurrency", type=int, default=None, help="[engine] max_concurrency (default: --agents)")
-    p.add_argument("--system-tokens", type=int, default=12000)
-    p.add_argument("--turn-tokens", type=int, default=1700)
-    p.add_argument("--turns", type=int, default=6)
-    p.add_argument("--max-tokens", type=int, default=128)
+    add_agent_args(p)
     p.add_argument("--fault-every-s", type=float, default=120.0)
     p.add_argument("--attempts", type=int, default=3, help="tries a turn gets, as an agent's client retries")
     p.add_argument("--no-stream", dest="stream", action="store_false", help="non-streaming requests")
@@ -228,9 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     args.model = args.model or demo_model("a")[1]
     count, source = token_counter(args.model)
     say(f"writing {args.agents} system prompts of {args.system_tokens} tokens and their turns ({source})")
-    systems = [make_prompt(i, args.system_tokens, count) for i in range(args.agents)]
-    user_turns = [[make_prompt(100 * (i + 1) + n, args.turn_tokens, count) for n in range(args.turns)]
-                  for i in range(args.agents)]
+    systems, user_turns = agent_prompts(args.agents, args.system_tokens, args.turn_tokens, args.turns, count)
     arms = {}
     for name in args.arms.split(","):
         say(f"== {name}")

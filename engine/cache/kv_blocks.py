@@ -26,7 +26,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .kv_writer import SAFETENSORS_DTYPES, StagedFile, safetensors_header
+from .kv_writer import SAFETENSORS_DTYPES, StagedFile, host_view, safetensors_header
 
 # Tokens a block holds: small enough that a turn rewrites little beyond what
 # is new (at most one partial block), large enough that a long conversation
@@ -82,19 +82,6 @@ def _layer_buffers(c: Any) -> list[tuple[str, Any]]:
     if isinstance(c.keys, (tuple, list)):
         return [(f"k.{i}", a) for i, a in enumerate(c.keys)] + [(f"v.{i}", a) for i, a in enumerate(c.values)]
     return [("k", c.keys), ("v", c.values)]
-
-
-def host_view(a: Any) -> np.ndarray:
-    """A numpy view of an MLX array's memory (evaluated first, if it is not);
-    a bfloat16 array's bits as uint16 (numpy has no bfloat16)."""
-    m = memoryview(a)
-    if m.format != "bfloat16":
-        return np.asarray(m)
-    if not m.c_contiguous:
-        import mlx.core as mx
-
-        return np.asarray(memoryview(a.view(mx.uint16)))
-    return np.frombuffer(m.cast("B"), dtype="<u2").reshape(m.shape)
 
 
 def stage_block(final: Path, tmp: Path, kv: Sequence[Any], span: tuple[int, int],

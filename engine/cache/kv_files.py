@@ -42,7 +42,7 @@ import numpy as np
 from mlxd.paths import write_atomic
 
 from .kv_blocks import BlockError, assemble, block_spans, chain_hashes, layer_layout, read_block, stage_block
-from .kv_writer import StagedFile, StagedWrite, stage_file, write_all
+from .kv_writer import StagedFile, StagedWrite, stage_file
 from .reuse import supersedes
 
 log = logging.getLogger("mlxd.engine.cache.prompt_cache")
@@ -354,14 +354,19 @@ class KVFiles:
             raise KVFileError(f"{entry.path.name} does not cover its tokens")
         return kv
 
-    def unwritten_tokens(self, model_key: str, tokens: np.ndarray, layout: list[str]) -> int:
+    @staticmethod
+    def block_names(model_key: str, tokens: np.ndarray, layout: list[str]) -> list[str]:
+        """The names of the blocks these tokens make (kv_blocks.chain_hashes, seeded by the build and layout)."""
+        return chain_hashes(f"{model_key}|{','.join(layout)}", tokens)
+
+    def unwritten_tokens(self, tokens: np.ndarray, names: list[str]) -> int:
         """Tokens of these that `stage` would copy into new blocks (none on disk or staged yet)."""
-        hashes = chain_hashes(f"{model_key}|{','.join(layout)}", tokens)
-        return sum(end - start for h, (start, end) in zip(hashes, block_spans(len(tokens)))
+        return sum(end - start for h, (start, end) in zip(names, block_spans(len(tokens)))
                    if h not in self._blocks and h not in self._staged_blocks)
 
     def stage(self, model_key: str, tokens: np.ndarray, prompt_len: int, kv: list[Any],
-              conversation: tuple[str, ...] = (), echo: tuple[int, ...] = ()) -> StagedWrite | None:
+              conversation: tuple[str, ...] = (), echo: tuple[int, ...] = (),
+              names: list[str] | None = None) -> StagedWrite | None:
         """An entry's files staged for the writer (engine/cache/kv_writer.py),
         with its DiskEntry-to-be: the blocks not yet on disk (or staged) and a
         manifest, or a whole file where the KV cannot be cut into blocks.
@@ -370,7 +375,7 @@ class KVFiles:
         if layout is None:
             return self._stage_file(model_key, tokens, prompt_len, kv, conversation, echo)
         name = _entry_name(model_key, tokens)
-        hashes = chain_hashes(f"{model_key}|{','.join(layout)}", tokens)
+        hashes = names if names is not None else self.block_names(model_key, tokens, layout)
         files, new = [], {}
         for h, span in zip(hashes, block_spans(len(tokens))):
             if h in self._blocks or h in self._staged_blocks or h in new:
@@ -443,19 +448,6 @@ class KVFiles:
                 if self._pins[h] <= 0:
                     del self._pins[h]
                 self._drop_if_unused(h)
-
-    def write(self, model_key: str, tokens: np.ndarray, prompt_len: int, kv: list[Any],
-              conversation: tuple[str, ...] = (), echo: tuple[int, ...] = ()) -> DiskEntry | None:
-        """Write an entry atomically, here and now; None when it cannot fit the disk budget."""
-        staged = self.stage(model_key, tokens, prompt_len, kv, conversation, echo)
-        if staged is None:
-            return None
-        try:
-            write_all(staged, self.before_commit)
-        except OSError:
-            self.abandon(staged)
-            raise
-        return self.commit(staged)
 
     def load_rates(self) -> dict[str, float]:
         try:

@@ -83,6 +83,19 @@ def safetensors_header(tensors: list[tuple[str, str, tuple[int, ...], int]], met
     return struct.pack("<Q", len(text)) + text
 
 
+def host_view(a: Any) -> np.ndarray:
+    """A numpy view of an MLX array's memory (evaluated first, if it is not);
+    a bfloat16 array's bits as uint16 (numpy has no bfloat16)."""
+    m = memoryview(a)
+    if m.format != "bfloat16":
+        return np.asarray(m)
+    if not m.c_contiguous:
+        import mlx.core as mx
+
+        return np.asarray(memoryview(a.view(mx.uint16)))
+    return np.frombuffer(m.cast("B"), dtype="<u2").reshape(m.shape)
+
+
 def stage_file(final: Path, tmp: Path, cache: list[Any], metadata: dict[str, str]) -> StagedFile:
     """The file mlx-lm's save_prompt_cache would write for `cache`, staged
     for the writer: worker thread (it reads MLX arrays). Views, not copies:
@@ -108,9 +121,7 @@ def stage_file(final: Path, tmp: Path, cache: list[Any], metadata: dict[str, str
     tensors, parts = [], []
     for name, a in arrays.items():
         dtype = str(a.dtype).removeprefix("mlx.core.")
-        # numpy has no bfloat16: its bits as uint16 (the view shares the buffer)
-        raw = a.view(mx.uint16) if dtype == "bfloat16" else a
-        view = np.asarray(memoryview(raw)) if raw.size else np.zeros(0, np.uint8)
+        view = host_view(a) if a.size else np.zeros(0, np.uint8)  # numpy has no bfloat16: its bits as uint16
         tensors.append((name, SAFETENSORS_DTYPES[dtype], tuple(a.shape), int(a.nbytes)))
         parts.append(view)
     header = safetensors_header(tensors, {k: str(v) for k, v in meta.items()})

@@ -304,7 +304,8 @@ class PromptCache:
         layout = layer_layout(kv)
         if layout is None:
             return None  # whole-entry files: written as the entry leaves memory, or when idle
-        copies = int(self.files.unwritten_tokens(self.model_key, tokens, layout) * bytes_per_token(kv))
+        names = self.files.block_names(self.model_key, tokens, layout)
+        copies = int(self.files.unwritten_tokens(tokens, names) * bytes_per_token(kv))
         room = self._room_now()
         limit = self.budget_bytes if room is None else min(room, self.budget_bytes)
         if copies + self._writing_bytes() > limit:
@@ -315,7 +316,8 @@ class PromptCache:
         self._keep_within(limit - copies)  # (entries only leave: what is being written fits beside the copies)
         if entry is not None and not any(e is entry for e in self._entries):
             return None  # it left memory to make the room, and was written as it left
-        return self._submit(self.files.stage(self.model_key, tokens, prompt_len, kv, conversation, echo), entry)
+        return self._submit(self.files.stage(self.model_key, tokens, prompt_len, kv, conversation, echo, names), entry,
+                            in_memory=True)
 
     @_never_fatal()
     def note_prefill(self, tokens: int, seconds: float) -> None:
@@ -496,19 +498,18 @@ class PromptCache:
         thread's: the worker goes on at once)."""
         assert self.files is not None
         self._submit(self.files.stage(entry.model_key, entry.tokens, entry.prompt_len, entry.kv, entry.conversation,
-                                      entry.echo), entry if in_memory else None, entry)
+                                      entry.echo), entry, in_memory)
 
-    def _submit(self, staged: StagedWrite | None, entry: Entry | None, written: Entry | None = None) -> Writing | None:
-        """A staged write to the writer; `entry`: the memory entry it writes,
-        while that stays in memory (`written`: the one it writes in any case)."""
+    def _submit(self, staged: StagedWrite | None, entry: Entry | None, in_memory: bool) -> Writing | None:
+        """A staged write to the writer: of `entry` (None: a prompt's
+        checkpoint), which stays in memory or not."""
         assert self._writer is not None
-        written = written or entry
         if staged is None:  # over the disk budget
             return None
-        writing = Writing(staged, entry, written.replaces if written else (), written.nbytes if written else 0,
-                          time.monotonic())
-        if written is not None:
-            written.replaces = ()  # the write deletes them once it is on disk
+        writing = Writing(staged, entry if in_memory else None, entry.replaces if entry else (),
+                          entry.nbytes if entry else 0, time.monotonic())
+        if entry is not None:
+            entry.replaces = ()  # the write deletes them once it is on disk
         staged.token = writing
         self._writing.append(writing)
         self._writer.submit(staged)

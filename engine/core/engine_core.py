@@ -262,16 +262,15 @@ class EngineCore:
         answer's end costs at most the answer (engine/cache/prompt_cache.py)."""
         for a in self.runner.rows:
             if a.prefilled is not None and a.first_token_at is not None:
-                kv, covered = self._prefill_done(a)
-                if not a.needs_snapshot and self.runner.plan is not None and self.runner.plan.prompt_cache:
-                    a.checkpoint = self.prompt_cache.checkpoint(a.prompt[:covered], kv, a.job.conversation,
-                                                                prefilled=covered - a.fetched.start)
+                a.checkpoint = self._save_progress(a, *self._prefill_done(a))
 
-    def _save_progress(self, a: Admitted, kv: list[Any], covered: int) -> None:
-        """A long prompt's KV so far, to disk (runner.save_progress): a crash
-        mid-prefill costs at most CHECKPOINT_TOKENS of it."""
-        if self.runner.plan is not None and self.runner.plan.prompt_cache:
-            self.prompt_cache.checkpoint(a.prompt[:covered], kv, a.job.conversation, prefilled=covered - a.fetched.start)
+    def _save_progress(self, a: Admitted, kv: list[Any], covered: int) -> Any:
+        """A prompt's KV so far, to disk (also runner.save_progress, every
+        CHECKPOINT_TOKENS of a long prefill): the prompt cache's write, or None."""
+        if a.needs_snapshot or self.runner.plan is None or not self.runner.plan.prompt_cache:
+            return None
+        return self.prompt_cache.checkpoint(a.prompt[:covered], kv, a.job.conversation,
+                                            prefilled=covered - a.fetched.start)
 
     def _prefill_done(self, a: Admitted) -> tuple[list[Any], int]:
         """A row's prefill, taken once its first token is out: its speed to

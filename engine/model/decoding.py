@@ -28,9 +28,9 @@ from typing import Any, Callable
 from .generation import Generation
 from ..core.jobs import Job
 from ..cache.prompt_cache_policy import Fetched
+from ..core.scheduler import Row, starts_alone
 
 CHECKPOINT_TOKENS = 2048  # a long prompt's KV reaches disk every this many prefilled tokens
-from ..core.scheduler import Row, starts_alone
 
 
 @dataclass(eq=False)

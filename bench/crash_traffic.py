@@ -55,6 +55,8 @@ class Settings:
     backoff_base_s: float = 0.2
     backoff_cap_s: float = 2.0
     max_concurrency: int = 1  # [engine] max_concurrency: above 1 the running requests are decoded as one batch
+    standby_engine: bool = True  # [supervisor] standby_engine: a crash's restart takes over an imported process
+    standby_delay_s: float = 10.0  # [supervisor] standby_delay_s
     model: Path | None = None  # an mlx-lm model folder; default: demo model a, built once into DEFAULT_CACHE
 
 
@@ -71,7 +73,8 @@ def crash_stack(s: Settings, home_root: Path | None = None, keep_home: bool = Fa
                          supervisor={"backoff_base_s": s.backoff_base_s, "backoff_cap_s": s.backoff_cap_s,
                                      "healthy_reset_s": s.healthy_reset_s, "loop_crashes": s.loop_crashes,
                                      "loop_window_s": s.loop_window_s, "cooldown_s": s.cooldown_s,
-                                     "health_interval_s": 0.25, "start_grace_s": 20},
+                                     "health_interval_s": 0.25, "start_grace_s": 20,
+                                     "standby_engine": s.standby_engine, "standby_delay_s": s.standby_delay_s},
                          gateway={"ollama_url": standin.url, "default_ollama_model": OLLAMA_MODEL})
     try:
         stack.up(180)

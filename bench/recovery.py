@@ -17,6 +17,11 @@ Each crash follows a healthy run (healthy_reset_s is set short), which is
 the case the goal is about: <= 1 s plus model load. The SIGABRT is a real
 signal sent to the engine's pid at a random moment.
 
+Two arms, one stack each, in one run: `standby` (the default: the standby
+keeper's imported process takes over; each crash waits until one is ready,
+as after any healthy run longer than its imports) and `afresh`
+(`standby_engine = false`: the runner starts a new interpreter).
+
 Meanwhile one client sends chat requests (non-streaming and streaming, in
 turn) through the gateway, with the Ollama stand-in as the fallback, and
 counts how they ended: answered by the engine, by the fallback, failed
@@ -24,7 +29,7 @@ counts how they ended: answered by the engine, by the fallback, failed
 tokens had been sent, with an explicit error (no [DONE]); nothing can save
 those without splicing two answers, which the gateway never does.
 
-  .venv/bin/python bench/recovery.py [--crashes 10] [--model PATH] [--quick]
+  .venv/bin/python bench/recovery.py [--crashes 10] [--model PATH] [--arms standby,afresh] [--quick]
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ import requests
 
 from mlxd.devkit.stack import Stack
 from mlxd.devkit.wait import wait_for
+from mlxd.records import StandbyFile
 from mlxd.reports import EngineHealth
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # when imported by path (bench/run.py, tests)
@@ -113,12 +119,13 @@ def load_parts(load_s: float, timings: dict[str, float]) -> dict[str, float]:
             "rest_s": load_s - start - mlx_lm - index - weights}
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def run_arm(args: argparse.Namespace, arm: str) -> dict[str, Any]:
+    standby = arm == "standby"
     settings = Settings(healthy_reset_s=HEALTHY_RUN_S, model=args.model, min_tokens=8, max_tokens=32,
-                        stream_ratio=0.5, request_timeout_s=120.0)
+                        stream_ratio=0.5, request_timeout_s=120.0, standby_engine=standby, standby_delay_s=0.0)
     rng = random.Random(args.seed)
     rows: list[dict] = []
-    say("recovery: starting the stack (mlxd up --detach) with the Ollama stand-in as fallback")
+    say(f"recovery, {arm}: starting the stack (mlxd up --detach) with the Ollama stand-in as fallback")
     with crash_stack(settings, args.home_root, args.keep_home) as stack:
         if args.keep_home:
             say(f"MLXD_HOME kept: {stack.home}")
@@ -126,6 +133,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for i in range(args.crashes):
                 # A healthy run first, then a random moment (benchmark pacing, not synchronisation).
                 time.sleep(HEALTHY_RUN_S + 0.2 + rng.uniform(0, 0.5))
+                if standby and not wait_for(lambda: (r := StandbyFile.read(stack.paths.standby)) and r.ready, 60):
+                    raise BenchError("no standby engine ready within 60 s")
                 old = health(stack.url)
                 if not old:
                     raise BenchError("engine not healthy before the crash")
@@ -145,35 +154,45 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                        "load_s": load_s, **load_parts(load_s, new.timings), "total_s": t_back - t_kill,
                        "class": rec.klass}
                 rows.append(row)
-                say(f"crash {i + 1}/{args.crashes}: " + "  ".join(
+                say(f"{arm} crash {i + 1}/{args.crashes}: " + "  ".join(
                     f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items())
                     + f"  (requests so far: {len(traffic.records)})")
             time.sleep(HEALTHY_RUN_S)  # let the last request in flight finish on the new engine
         traffic_records = traffic.records
     median = {k: statistics.median(r[k] for r in rows) for k in PHASES}
-    counts = outcome_counts(traffic_records)
+    return {"crashes": rows, "median": median,
+            "total_minus_weights_s": median["total_s"] - median["weights_s"],
+            "requests": outcome_counts(traffic_records),
+            "request_records": [{k: r.get(k) for k in ("i", "stream", "outcome", "backend", "latency_s", "error")}
+                                for r in traffic_records]}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
     result = {"machine": machine_info(), "settings": {"crashes": args.crashes, "healthy_run_s": HEALTHY_RUN_S,
                                                          "model": str(args.model or "demo-a"), "seed": args.seed},
-              "crashes": rows, "median": median, "total_minus_load_s": median["total_s"] - median["load_s"],
-              "requests": counts,
-              "request_records": [{k: r.get(k) for k in ("i", "stream", "outcome", "backend", "latency_s", "error")}
-                                  for r in traffic_records]}
+              "arms": {arm: run_arm(args, arm) for arm in args.arms}}
     write_json(args.out, result)
     return result
 
 
 def markdown(res: dict[str, Any]) -> str:
-    lines = ["| phase | median (s) | min | max |", "|---|---:|---:|---:|"]
+    arms = res["arms"]
+    lines = ["| phase | " + " | ".join(f"{a}: median (s) | min | max" for a in arms) + " |",
+             "|---|" + "---:|---:|---:|" * len(arms)]
     for k in PHASES:
-        vals = [r[k] for r in res["crashes"]]
-        lines.append(f"| {k[:-2]} | {res['median'][k]:.3f} | {min(vals):.3f} | {max(vals):.3f} |")
-    c = res["requests"]
-    lines += ["", f"total minus load (goal <= 1 s): {res['total_minus_load_s']:.3f} s "
-                  f"(median total {res['median']['total_s']:.3f} s, of which load {res['median']['load_s']:.3f} s)",
-              "", f"requests through the gateway during the {len(res['crashes'])} crashes: {c.get('sent', 0)} sent, "
-                  f"{c.get('answered_by_engine', 0)} answered by the engine, {c.get('answered_by_ollama', 0)} by the "
-                  f"fallback, {c.get('failed', 0)} failed (goal 0), {c.get('stream_cut_explicit', 0)} streams cut "
-                  "mid-answer with an explicit error"]
+        cells = []
+        for arm in arms.values():
+            vals = [r[k] for r in arm["crashes"]]
+            cells.append(f"{arm['median'][k]:.3f} | {min(vals):.3f} | {max(vals):.3f}")
+        lines.append(f"| {k[:-2]} | " + " | ".join(cells) + " |")
+    for name, arm in arms.items():
+        c = arm["requests"]
+        lines += ["", f"{name}: crash -> serving {arm['median']['total_s']:.3f} s, of which the weights "
+                      f"{arm['median']['weights_s']:.3f} s: the rest {arm['total_minus_weights_s']:.3f} s (goal <= 1 s); "
+                      f"requests through the gateway during the {len(arm['crashes'])} crashes: {c.get('sent', 0)} sent, "
+                      f"{c.get('answered_by_engine', 0)} answered by the engine, {c.get('answered_by_ollama', 0)} by the "
+                      f"fallback, {c.get('failed', 0)} failed (goal 0), {c.get('stream_cut_explicit', 0)} streams cut "
+                      "mid-answer with an explicit error"]
     return "\n".join(lines)
 
 
@@ -181,6 +200,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--crashes", type=int, help="SIGABRTs (default 10; --quick 3)")
     ap.add_argument("--model", type=Path, help="model folder (default: the built-in demo model a)")
+    ap.add_argument("--arms", default="standby,afresh",
+                    help="standby: the standby engine takes over (the default config); afresh: standby_engine = false")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--home-root", type=Path, help="where the temporary MLXD_HOME goes")
@@ -188,6 +209,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=RESULTS / "recovery.json")
     args = ap.parse_args(argv)
     args.crashes = args.crashes or (3 if args.quick else 10)
+    args.arms = [a for a in args.arms.split(",") if a]
+    if not args.arms or set(args.arms) - {"standby", "afresh"}:
+        ap.error("--arms: standby and/or afresh")
     return args
 
 
@@ -200,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print("\n" + markdown(res))
     print(f"results: {args.out}")
-    return 0 if res["requests"].get("failed", 0) == 0 else 1
+    return 0 if all(arm["requests"].get("failed", 0) == 0 for arm in res["arms"].values()) else 1
 
 
 if __name__ == "__main__":

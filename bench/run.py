@@ -114,21 +114,26 @@ def gateway_figures(doc: dict, goals: bool = True) -> list[Figure]:
 
 
 def recovery_figures(doc: dict) -> list[Figure]:
-    med, model = doc["median"], Path(doc["settings"]["model"]).name
-    out = [Figure("recovery", model, "SIGABRT → serving again", med["total_s"], "s", "model load alone",
-                  med["load_s"], med["total_s"] / med["load_s"],
-                  f"≤ load + 1 s (+{doc['total_minus_load_s']:.2f} s)", doc["total_minus_load_s"] <= 1.0)]
-    for k in ("detection_s", "backoff_s", "spawn_s", "start_s", "mlx_lm_s", "index_s", "weights_s", "rest_s"):
-        if k in med:  # the load's parts: from an engine that reports its timings
-            out.append(Figure("recovery", model, f"  {k[:-2]}", med[k], "s"))
-    c = doc["requests"]
-    out.append(Figure("recovery", model, f"requests failed during {len(doc['crashes'])} crashes", c.get("failed", 0),
-                      "requests", "requests sent", c.get("sent", 0),
-                      c.get("failed", 0) / c["sent"] if c.get("sent") else None, "0", c.get("failed", 0) == 0))
-    for key, what in (("answered_by_engine", "answered by the engine"), ("answered_by_ollama", "answered by the fallback"),
-                      ("stream_cut_explicit", "streams cut mid-answer, with an explicit error")):
-        out.append(Figure("recovery", model, f"  {what}", c.get(key, 0), "requests", "requests sent", c.get("sent", 0),
-                          c.get(key, 0) / c["sent"] if c.get("sent") else None))
+    """Per arm (bench/recovery.py: standby, afresh): crash -> serving against the weights' load, the phases,
+    and what the clients saw."""
+    model = Path(doc["settings"]["model"]).name
+    out = []
+    for name, arm in doc["arms"].items():
+        med, c, section = arm["median"], arm["requests"], f"recovery ({name})"
+        out.append(Figure(section, model, "SIGABRT → serving again", med["total_s"], "s", "weights' load alone",
+                          med["weights_s"], med["total_s"] / med["weights_s"] if med["weights_s"] else None,
+                          f"≤ weights + 1 s (+{arm['total_minus_weights_s']:.2f} s)", arm["total_minus_weights_s"] <= 1.0))
+        for k in ("detection_s", "backoff_s", "spawn_s", "start_s", "mlx_lm_s", "index_s", "weights_s", "rest_s"):
+            if k in med:  # the load's parts: from an engine that reports its timings
+                out.append(Figure(section, model, f"  {k[:-2]}", med[k], "s"))
+        out.append(Figure(section, model, f"requests failed during {len(arm['crashes'])} crashes", c.get("failed", 0),
+                          "requests", "requests sent", c.get("sent", 0),
+                          c.get("failed", 0) / c["sent"] if c.get("sent") else None, "0", c.get("failed", 0) == 0))
+        for key, what in (("answered_by_engine", "answered by the engine"),
+                          ("answered_by_ollama", "answered by the fallback"),
+                          ("stream_cut_explicit", "streams cut mid-answer, with an explicit error")):
+            out.append(Figure(section, model, f"  {what}", c.get(key, 0), "requests", "requests sent", c.get("sent", 0),
+                              c.get(key, 0) / c["sent"] if c.get("sent") else None))
     return out
 
 
@@ -430,17 +435,19 @@ def plots(out_dir: Path) -> list[Path]:
     rec = out_dir / "recovery.json"
     if rec.exists():
         doc = json.loads(rec.read_text())
-        fig, ax = plt.subplots(figsize=(7, 3.4))
-        bottom = [0.0] * len(doc["crashes"])
-        for k, color in zip(("detection_s", "backoff_s", "spawn_s", "load_s"), ("#c44", "#ca4", "#4ac", "#4a4")):
-            vals = [r[k] for r in doc["crashes"]]
-            ax.bar(range(1, len(vals) + 1), vals, bottom=bottom, color=color, label=k[:-2])
-            bottom = [b + v for b, v in zip(bottom, vals)]
-        ax.set_xticks(range(1, len(doc["crashes"]) + 1))
-        ax.set_xlabel("crash", fontsize=8)
-        ax.set_ylabel("seconds", fontsize=8)
-        ax.set_title("SIGABRT → serving again, by phase", fontsize=9)
-        ax.legend(fontsize=7)
+        arms = list(doc["arms"].items())
+        fig, axes = plt.subplots(1, len(arms), figsize=(3.6 * len(arms), 3.4), squeeze=False, sharey=True)
+        for ax, (name, arm) in zip(axes[0], arms):
+            bottom = [0.0] * len(arm["crashes"])
+            for k, color in zip(("detection_s", "backoff_s", "spawn_s", "load_s"), ("#c44", "#ca4", "#4ac", "#4a4")):
+                vals = [r[k] for r in arm["crashes"]]
+                ax.bar(range(1, len(vals) + 1), vals, bottom=bottom, color=color, label=k[:-2])
+                bottom = [b + v for b, v in zip(bottom, vals)]
+            ax.set_xticks(range(1, len(arm["crashes"]) + 1))
+            ax.set_xlabel("crash", fontsize=8)
+            ax.set_title(f"SIGABRT → serving, {name}", fontsize=9)
+        axes[0][0].set_ylabel("seconds", fontsize=8)
+        axes[0][0].legend(fontsize=7)
         save(fig, "recovery.png")
 
     sw = out_dir / "swap.json"

@@ -301,6 +301,37 @@ def prime(files: list[Path]) -> None:
                 pass
 
 
+def read_speed(files: list[Path], cache: str) -> dict[str, float]:
+    """Reading the weight files end to end (64 MiB reads), the floor of any load: from the page cache
+    (`warm`) or, after evicting them, from the disk (`cold`; on a VM the host may still cache them)."""
+    if cache == "warm":
+        prime(files)
+    else:
+        evict(files)
+    total, began = 0, time.perf_counter()
+    for path in files:
+        with open(path, "rb", buffering=0) as f:
+            while chunk := f.read(64 * MIB):
+                total += len(chunk)
+    seconds = time.perf_counter() - began
+    return {"bytes": total, "s": seconds, "gb_per_s": total / seconds / 1e9}
+
+
+def speed_lines(weight_bytes: int, runs: list[dict], reads: dict[str, dict[str, float]]) -> str:
+    """Load speed per GB against the files' read speed, per cache mode (pure)."""
+    lines = []
+    for cache, read in reads.items():
+        loads = [r["load_s"] for r in runs if r.get("cache") == cache and r.get("arm") == "eager" and r.get("load_s")]
+        if not loads:
+            continue
+        load_s = median(loads)
+        lines.append(f"- {cache}: eager load {weight_bytes / 1e9 / load_s:.2f} GB/s ({load_s:.2f} s a load, "
+                     f"{load_s / (weight_bytes / 1e9):.2f} s per GB) against reading the files "
+                     f"{read['gb_per_s']:.2f} GB/s in one sequential stream: the load at "
+                     f"{weight_bytes / 1e9 / load_s / read['gb_per_s']:.2f}x the read's speed")
+    return "\n".join(lines)
+
+
 # --- one arm (the child) ------------------------------------------------------------------------
 
 def memory_now() -> dict[str, float | None]:
@@ -507,16 +538,22 @@ def main(argv: list[str] | None = None) -> int:
                 f"peak RSS {res['after_first']['hwm'] / MIB:,.0f} MiB, "
                 f"MLX active {res['after_first']['mlx_active'] / MIB:,.0f} MiB")
         runs.append(res)
+    reads = {cache: read_speed(files, cache) for cache in caches}
+    for cache, read in reads.items():
+        say(f"reading the files, {cache}: {read['gb_per_s']:.2f} GB/s ({read['s']:.2f} s)")
     summary = summarize(runs)
     device = next((r["device"] for r in runs if r.get("device")), "?")
     md = table(summary, label, device)
+    speeds = speed_lines(weight_bytes, runs, reads)
+    if speeds:
+        md += "\n\nLoad speed against the files' read speed:\n" + speeds
     print(md)
     write_json(args.json_out, {
         "benchmark": "weights_load", "machine": machine_info(), "model": {"folder": str(folder), "label": label,
                                                                           "weight_bytes": weight_bytes},
         "settings": {"float32": args.float32, "arms": args.arms_list, "caches": caches, "rounds": args.rounds,
                      "max_tokens": args.max_tokens, "warmup": args.warmup, "prompt": PROMPT},
-        "warmup_runs": warmups, "runs": runs, "summary": summary, "vs_eager": compare(summary), "table": md})
+        "warmup_runs": warmups, "runs": runs, "reads": reads, "summary": summary, "vs_eager": compare(summary), "table": md})
     say(f"results: {args.json_out}")
     return 1 if any(r.get("error") for r in runs) else 0
 

@@ -13,6 +13,7 @@ FILES = {
     "engine": ("engine.err.log", "engine.log"),
     "gateway": ("gateway.log",),
     "listener": ("listener.log",),
+    "standby": ("standby.log",),
     "supervisord": ("supervisord.log",),
 }
 

@@ -74,7 +74,7 @@ def _parser() -> argparse.ArgumentParser:
         sv.set_defaults(platform=name)
 
     lg = sub.add_parser("logs", help="show (and follow) a component's logs")
-    lg.add_argument("component", choices=["engine", "gateway", "listener", "supervisord", "all"], nargs="?",
+    lg.add_argument("component", choices=["engine", "gateway", "listener", "standby", "supervisord", "all"], nargs="?",
                     default="all")
     lg.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
     lg.add_argument("-n", "--lines", type=int, default=40, help="lines of history (default 40)")

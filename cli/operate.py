@@ -16,7 +16,7 @@ import psutil
 from mlxd import default_model, exit_codes
 from mlxd.config import DEMO_MODEL_ID, Config, ConfigError, config_path, load_config
 from mlxd.probe import get_json
-from mlxd.records import StartedWith
+from mlxd.records import StandbyFile, StartedWith
 from mlxd.reports import EngineHealth, PromptCacheReport, ReuseLine, StatusReport
 from mlxd.supervisor import control
 from mlxd.supervisor.status import collect_status
@@ -287,6 +287,16 @@ def _or_dash(value: object) -> object:
     return "-" if value is None else value
 
 
+def format_standby(sb: StandbyFile) -> str:
+    """The standby engine's line: what a crash's restart would find."""
+    took = f", {sb.handovers} takeover{'s' if sb.handovers != 1 else ''}" if sb.handovers else ""
+    if sb.pid is None:
+        return f"none waiting (the next starts shortly){took}"
+    if not sb.ready:
+        return f"pid {sb.pid} importing{took}"
+    return f"ready, pid {sb.pid} (imported in {sb.import_s or 0:.1f}s): a crashed engine is replaced by it{took}"
+
+
 def format_status(st: StatusReport) -> str:
     lines = [f"mlxd: {st.overall}   (home {st.home})"]
     sup = st.supervisord
@@ -318,6 +328,9 @@ def format_status(st: StatusReport) -> str:
         restart_at = sv.state.get("restart_at")
         extra = f"  next start in {max(0.0, restart_at - st.time):.0f}s" if restart_at else ""
         lines.append(f"  supervision   {sv.mode}{extra}")
+    sb = st.standby
+    if sb:
+        lines.append(f"  standby       {format_standby(sb)}")
     c = st.crashes
     last_s = f"  last: {c.last.klass} at {time.strftime('%H:%M:%S', time.localtime(c.last.time))}" if c.last else ""
     lines.append(f"  crashes       {c.last_hour} last hour, {c.last_day} last day{last_s}")

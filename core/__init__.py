@@ -25,6 +25,7 @@ Models and memory
 State and contracts between processes
   paths.py              $MLXD_HOME's layout (`StatePaths`); atomic writes, folders built once
   records.py            files one process writes and another reads, one frozen dataclass each
+  standby.py            the standby engine's handover: messages and descriptors over a unix socket
   reports.py            what one process tells another over HTTP or stdout (EngineHealth, ...)
   exit_codes.py         exit codes: the engine's, read by the crash listener and the scripts
   api_errors.py         the error contract the engine and the gateway share: type by status, codes

@@ -80,6 +80,14 @@ class StatePaths:
         return self.run / "engine.exit.json"
 
     @property
+    def standby_socket(self) -> Path:
+        return self.run / "standby.sock"
+
+    @property
+    def standby(self) -> Path:
+        return self.run / "standby.json"
+
+    @property
     def inflight(self) -> Path:
         return self.run / "engine.inflight.json"
 

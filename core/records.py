@@ -6,6 +6,7 @@ these, so a field has one name and one type on both sides:
   record            file (StatePaths)        writer            readers
   EnginePid         run/engine.pid           engine runner     listener, control
   EngineExit        run/engine.exit.json     engine runner     listener
+  StandbyFile       run/standby.json         standby keeper    status, tests
   InflightRequest   run/engine.inflight.json engine worker     listener (every request in flight)
   CrashRecord       state/crashes.jsonl      listener          status, quarantine list, benchmarks
   Quarantine        state/quarantine.json    listener          engine, status
@@ -133,6 +134,20 @@ class EnginePid(Record):
     pid: int
     runner_pid: int
     started: float
+    from_standby: bool = False  # the standby keeper's process took over (mlxd.standby); not the runner's child
+
+
+@dataclass(frozen=True)
+class StandbyFile(Record):
+    """The standby keeper's one waiting engine process (run/standby.json):
+    None while it has none; `ready` once its imports are done."""
+
+    keeper_pid: int
+    pid: int | None
+    ready: bool
+    import_s: float | None
+    handovers: int
+    updated: float
 
 
 @dataclass(frozen=True)

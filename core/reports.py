@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from mlxd.records import Record, StartedWith, SupervisionFile
+from mlxd.records import Record, StandbyFile, StartedWith, SupervisionFile
 
 
 class Report(Record):
@@ -309,6 +309,7 @@ class StatusReport(Report):
     processes: list[ProcessInfo] | None = None
     gateway: GatewayProbe | None = None
     supervision: SupervisionFile | None = None
+    standby: StandbyFile | None = None  # the standby keeper's waiting engine process (supervisor/standby.py)
     quarantined_requests: int = 0
     suspected_requests: int = 0  # in flight at a crash with others: the engine decodes them alone for a while
     ollama: OllamaProbe | None = None
@@ -320,5 +321,5 @@ class StatusReport(Report):
 
     nested: ClassVar[dict[str, type[Record]]] = {
         "supervisord": SupervisordState, "engine": EngineProbe, "crashes": CrashCounts, "processes": ProcessInfo,
-        "gateway": GatewayProbe, "supervision": SupervisionFile, "ollama": OllamaProbe, "hosts": HostProbe,
+        "gateway": GatewayProbe, "supervision": SupervisionFile, "standby": StandbyFile, "ollama": OllamaProbe, "hosts": HostProbe,
         "rank_group": RankGroup, "foreign_listeners": ForeignListener, "started_with": StartedWith}

@@ -142,10 +142,13 @@ OPERATOR_RESTART = ("mlxd", "operator-restart")  # supervisord remote-communicat
 
 def restart_engine(paths: StatePaths) -> None:
     """An operator's restart: tell the crash listener (it clears the crash
-    history, a crash loop included), then stop (draining) if running, and
-    start."""
+    history, a crash loop included), have the standby keeper replace its
+    waiting engine, then stop (draining) if running, and start."""
+    from .standby import discard_standby
+
     server = rpc(paths)
     server.supervisor.sendRemoteCommEvent(*OPERATOR_RESTART)
+    discard_standby(paths.standby_socket)  # an operator's restart imports afresh: new code, new config
     info = server.supervisor.getProcessInfo("engine")
     if info["statename"] in ("RUNNING", "STARTING"):
         server.supervisor.stopProcess("engine", True)

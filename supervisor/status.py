@@ -16,7 +16,7 @@ import xmlrpc.client
 from mlxd.config import Config
 from mlxd.paths import StatePaths
 from mlxd.probe import get_json
-from mlxd.records import Quarantine, SupervisionFile
+from mlxd.records import Quarantine, StandbyFile, SupervisionFile
 from mlxd.reports import (CrashCounts, EngineHealth, EngineProbe, ForeignListener, GatewayProbe, HostProbe,
                           LastCrash, OllamaProbe, ProcessInfo, RankGroup, StatusReport, SupervisordState)
 
@@ -164,6 +164,7 @@ def collect_status(config: Config) -> StatusReport:
         engine=engine,
         gateway=gateway,
         supervision=supervision,
+        standby=StandbyFile.read(paths.standby) if sup_pid else None,
         crashes=CrashCounts(**journal.crash_counts(records, now),
                             last=LastCrash(time=last.time, klass=last.klass, signal=last.signal,
                                            exit_code=last.exit_code, model=last.model, request_id=last.request_id)

@@ -225,3 +225,22 @@ def test_quick_run_measures_every_arm_on_demo_model_a(tmp_path):
     answers = {tuple(r[req]["token_ids"]) for r in runs for req in ("first", "second")}
     assert len(answers) == 1, answers  # greedy on the same weights: every arm, every request, the same tokens
     assert "| lazy=False (today) |" in proc.stdout
+
+
+def test_the_load_speed_is_set_against_the_files_read_speed_per_cache_mode():
+    gb = 10**9
+    runs = [{"cache": "cold", "arm": "eager", "load_s": s} for s in (2.0, 4.0, 3.0)]
+    runs += [{"cache": "cold", "arm": "lazy", "load_s": 0.1}]  # only eager loads read every weight
+    text = wl.speed_lines(3 * gb, runs, {"cold": {"gb_per_s": 2.0}, "warm": {"gb_per_s": 9.0}})
+    assert text.splitlines() == [
+        "- cold: eager load 1.00 GB/s (3.00 s a load, 1.00 s per GB) against reading the files 2.00 GB/s in one "
+        "sequential stream: the load at 0.50x the read's speed"]  # no eager run warm: no line
+
+
+def test_reading_the_files_counts_every_byte(tmp_path):
+    files = [tmp_path / "a.safetensors", tmp_path / "b.safetensors"]
+    files[0].write_bytes(b"x" * 1000)
+    files[1].write_bytes(b"y" * 24)
+    for cache in ("warm", "cold"):
+        read = wl.read_speed(files, cache)
+        assert read["bytes"] == 1024 and read["gb_per_s"] > 0

@@ -20,6 +20,8 @@
 #   BUILDS=new bash bench/gpu_run.sh squeeze  #   against this tree's (issue 35), one call each
 #   BUILDS=old bash bench/gpu_run.sh agents   # likewise: four agents at once (bench/agents_load.py)
 #   ARMS=faults bash bench/gpu_run.sh faults  # after `stage`, with .whl3: agents while the engine is killed (issue 36)
+#   bash bench/gpu_run.sh recovery  # after `faults`' installs: SIGABRT -> serving, standby against afresh (issue 36)
+#   bash bench/gpu_run.sh load      # after `engine`: the eager load against reading the files (issue 36)
 # Results go to $OUT (or bench/results/gpu).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -54,7 +56,29 @@ build_demo_model(Path('$MODEL'), '8b', progress=print)"
   du -sh "$MODEL"
 }
 
+install_gateway() {  # after `stage3` (.whl3 kept in /tmp/stage3), with .whl4 carried: LiteLLM and the rest
+  if [ ! -d /tmp/site2/litellm ]; then
+    mkdir -p /tmp/site2
+    pip_target /tmp/site2 /tmp/stage3/*.whl $(find .whl4 -maxdepth 1 -name '*.whl' 2>/dev/null)
+  fi
+  $PY -c 'import litellm.proxy.proxy_server, mlxd.gateway.main, supervisor.supervisord' >/dev/null
+}
+
 case "${1:-}" in
+recovery)
+  # Issue 36, item 4: SIGABRT -> serving on the 8b model, the standby engine against a fresh start
+  # (bench/recovery.py, both arms one run), after `faults`' installs.
+  install_engine
+  install_gateway
+  $PY bench/recovery.py --model "$MODEL" --crashes "${CRASHES:-3}" --arms "${ARMS:-standby,afresh}" \
+      --out "$OUT/recovery_8b.json" | tee "$OUT/recovery_8b.md"
+  ;;
+load)
+  # Issue 36, item 4: the 8b model's eager load against reading its files (bench/weights_load.py), CACHE modes.
+  install_engine
+  $PY bench/weights_load.py --model-dir "$MODEL" --arms eager --rounds "${ROUNDS:-2}" --cache "${CACHE:-warm,cold}" \
+      --warmup "${WARMUP:-1}" --max-tokens 4 --json-out "$OUT/weights_load_8b_speed.json" | tee "$OUT/weights_load_8b_speed.md"
+  ;;
 grammar-probe)
   # Where a bound answer's decode step goes (bench/grammar_step_probe.py: a diagnosis), on the 8b model.
   install_engine
@@ -148,11 +172,7 @@ faults)
   # over calls. The gateway's wheels come in .whl3 (and .whl4 where they do not fit one folder).
   # Calls: `stage` (.whl1), `stage3` (.whl3), `BUILD_ONLY=1 engine` (.whl2), then this with .whl4.
   install_engine
-  if [ ! -d /tmp/site2/litellm ]; then
-    mkdir -p /tmp/site2
-    pip_target /tmp/site2 /tmp/stage3/*.whl $(find .whl4 -maxdepth 1 -name '*.whl' 2>/dev/null)
-  fi
-  $PY -c 'import litellm.proxy.proxy_server, mlxd.gateway.main, supervisor.supervisord' >/dev/null
+  install_gateway
   arms=${ARMS:-nofaults,faults}
   $PY bench/fault_replay.py --model "$MODEL" --agents "${AGENTS:-4}" --system-tokens "${SYSTEM_TOKENS:-12000}" \
       --turn-tokens "${TURN_TOKENS:-1700}" --turns "${TURNS:-6}" --max-tokens "${MAX_TOKENS:-128}" \
@@ -196,7 +216,7 @@ profile)
       | tee "$OUT/kv_reuse_profile_8b.txt"
   ;;
 *)
-  echo "usage: $0 stage|engine|gateway|cache|concurrency|squeeze|agents|prefill|admission|kv|profile|structured|grammar-probe" >&2
+  echo "usage: $0 stage|engine|gateway|cache|concurrency|squeeze|agents|prefill|admission|kv|profile|structured|grammar-probe|stage3|faults|recovery|load" >&2
   exit 64
   ;;
 esac

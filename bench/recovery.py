@@ -135,9 +135,11 @@ def run_arm(args: argparse.Namespace, arm: str) -> dict[str, Any]:
                 time.sleep(HEALTHY_RUN_S + 0.2 + rng.uniform(0, 0.5))
                 if standby and not wait_for(lambda: (r := StandbyFile.read(stack.paths.standby)) and r.ready, 60):
                     raise BenchError("no standby engine ready within 60 s")
-                old = health(stack.url)
+                # The engine may be busy with the traffic's first request (on a GPU, a fresh process compiles
+                # its kernels meanwhile): wait for it to answer /health, as a crash's moment is random anyway.
+                old = wait_for(lambda: health(stack.url), 120, 0.1)
                 if not old:
-                    raise BenchError("engine not healthy before the crash")
+                    raise BenchError("engine not healthy before the crash (120 s)")
                 n_records = len(stack.records())
                 t_kill = time.time()
                 os.kill(old.pid, signal.SIGABRT)

@@ -129,7 +129,10 @@ class PromptCacheConfig(Strict):
     disk: bool = Field(default=True, description=(
         "Evicted entries (and the last one, when idle) go to disk and survive engine restarts; `false` keeps the "
         "cache in memory only."))
-    disk_gib: float = Field(default=8.0, ge=0, description="The most disk the cached entries take.")
+    disk_gib: float | None = Field(default=None, ge=0, description=(
+        "The most disk the cached entries take. Unset: as much as the memory tier may hold (every turn is written "
+        "behind, so a crash finds on disk what was in memory), at least 8 GiB, never more than a quarter of the "
+        "disk free at the engine's start."))
     max_read_s: float = Field(default=5.0, gt=0, description=(
         "Never read an entry from disk that is expected to take longer than this."))
     normalize: list[Literal["iso_timestamps", "clock_times", "uuids", "request_ids"]] = Field(

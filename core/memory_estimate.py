@@ -314,6 +314,19 @@ def prompt_cache_budget(budget_bytes: int, model_bytes: int | None, configured_b
     return left // 2 if configured_bytes is None else min(configured_bytes, left)
 
 
+DISK_TIER_FLOOR_BYTES = 8 * GIB
+
+
+def disk_tier_budget(configured_bytes: int | None, memory_tier_bytes: int, free_disk_bytes: int) -> int:
+    """Disk for the prompt cache's entries (pure): as configured; unset, as
+    much as its memory tier may hold (every turn is written behind, so a crash
+    finds on disk whatever was in memory), at least 8 GiB -- but never more than
+    a quarter of the disk that was free."""
+    if configured_bytes is not None:
+        return configured_bytes
+    return max(0, min(max(DISK_TIER_FLOOR_BYTES, memory_tier_bytes), free_disk_bytes // 4))
+
+
 def memory_budget(total_bytes: int, fraction: float) -> int:
     return int(total_bytes * fraction)
 

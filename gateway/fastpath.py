@@ -37,7 +37,7 @@ from typing import Any
 import aiohttp
 
 from mlxd.config import Config
-from mlxd.records import SupervisionFile
+from mlxd.records import EngineExit, SupervisionFile
 
 from .errors import ApiError, send_error, send_json
 from .hangup import read_body
@@ -47,6 +47,7 @@ from .routing import (ENGINE_PATHS, NO_RESTART_MODES, AfterRefusal, FastRoutes, 
 
 log = logging.getLogger("mlxd.gateway")
 RESTART_POLL_S = 0.2  # how often a held request looks for the engine back
+EXIT_RECORD_GRACE_S = 0.3  # a refused request in "running" looks again for the exit that refused it
 
 HOP = {b"transfer-encoding", b"connection", b"keep-alive", b"content-length", b"date", b"server"}
 MID_STREAM_FAILURE = "the engine failed mid-stream ({}); the answer is incomplete"
@@ -102,6 +103,7 @@ class EngineFastPath:
         self.routes = FastRoutes.plan(config, heavy)
         self.session: aiohttp.ClientSession | None = None
         self.supervision_path = config.paths.supervision
+        self.engine_exit_path = config.paths.engine_exit
         self.retry_wait_s = config.gateway.crash_retry_wait_s
 
     def _session(self) -> aiohttp.ClientSession:
@@ -179,8 +181,12 @@ class EngineFastPath:
         """Whether the engine that lost a request is back to take it again:
         held (routing.hold_for_restart) until its /health says ok, at most
         `crash_retry_wait_s`, while the supervisor is bringing it back."""
-        mode, crash_times = self._supervision()
-        restarting = engine_restarting(mode, crash_times, time.time(), self.retry_wait_s)
+        mode, restarting = self._restarting()
+        if mode == "running" and not restarting and not (lost_in_flight or retried) and self.retry_wait_s > 0:
+            # Refused while the supervisor says running: a death this very moment (an agent's retry of a stream
+            # that was just cut) is on record milliseconds later, in the runner's exit file; a first start is not.
+            await asyncio.sleep(EXIT_RECORD_GRACE_S)
+            mode, restarting = self._restarting()
         if not hold_for_restart(lost_in_flight, retried, mode, restarting, self.retry_wait_s):
             return False
         log.info("the engine %s; holding the request for its restart (up to %.0fs)",
@@ -199,6 +205,13 @@ class EngineFastPath:
                 pass
         log.warning("the engine was not back within %.0fs: the request goes to the fallback", self.retry_wait_s)
         return False
+
+    def _restarting(self) -> tuple[str | None, bool]:
+        """The supervisor's mode, and whether a restart after a crash is under way (routing.engine_restarting)."""
+        mode, crash_times = self._supervision()
+        ended = EngineExit.read(self.engine_exit_path)
+        return mode, engine_restarting(mode, crash_times, ended.ended if ended else None, time.time(),
+                                       self.retry_wait_s)
 
     def _supervision(self) -> tuple[str | None, list[float]]:
         """The supervisor's mode and recent crash times (state/supervision.json), or (None, [])."""

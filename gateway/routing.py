@@ -143,14 +143,18 @@ NO_RESTART_MODES = ("stopped", "degraded")
 RESTART_MODES = ("starting", "backoff")
 
 
-def engine_restarting(mode: str | None, crash_times: list[float], now: float, window_s: float) -> bool:
+def engine_restarting(mode: str | None, crash_times: list[float], last_exit: float | None, now: float,
+                      window_s: float) -> bool:
     """Whether the supervisor is bringing the engine back after a crash (pure):
     waiting out its backoff or starting it, or it started after a crash less
     than `window_s` ago (the new process may still be importing and loading:
-    supervisord calls it running from its spawn)."""
+    supervisord calls it running from its spawn), or the engine process ended
+    less than `window_s` ago (`last_exit`, the runner's record, written the
+    moment it died) and the listener has not said so yet."""
     if mode in RESTART_MODES:
         return True
-    return mode == "running" and bool(crash_times) and now - max(crash_times) < window_s
+    recent = [t for t in (*crash_times, last_exit) if t is not None]
+    return mode == "running" and bool(recent) and now - max(recent) < window_s
 
 
 def hold_for_restart(lost_in_flight: bool, retried: bool, supervision_mode: str | None, restarting: bool,

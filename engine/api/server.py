@@ -13,6 +13,7 @@ from typing import Any
 
 import asyncio
 import logging
+import shutil
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -22,7 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mlxd.config import Config
 from mlxd.keyfile import bearer, matches
-from mlxd.memory_estimate import GIB
+from mlxd.memory_estimate import GIB, disk_tier_budget
 
 from ..core.admission import AdmissionQueue
 from ..core.errors import EngineError
@@ -46,11 +47,16 @@ from ..core.worker import ModelWorker
 log = logging.getLogger("mlxd.engine")
 
 
-def make_prompt_cache(config: Config, faults: FaultInjector) -> PromptCache:
+def make_prompt_cache(config: Config, faults: FaultInjector, registry: ModelRegistry) -> PromptCache:
     """The prompt cache as configured (built on the worker thread)."""
     pc = config.engine.prompt_cache
-    files = (KVFiles(config.paths.kv, int(pc.disk_gib * GIB), config.models, lambda: faults.check("kv_write"))
-             if pc.enabled and pc.disk else None)
+    files = None
+    if pc.enabled and pc.disk:
+        config.paths.kv.mkdir(parents=True, exist_ok=True)
+        memory_tier = max((registry.info(m).prompt_cache_bytes for m in config.models), default=0)
+        disk_bytes = disk_tier_budget(None if pc.disk_gib is None else int(pc.disk_gib * GIB), memory_tier,
+                                      shutil.disk_usage(config.paths.kv).free)
+        files = KVFiles(config.paths.kv, disk_bytes, config.models, lambda: faults.check("kv_write"))
     return PromptCache(pc.enabled, files, pc.max_read_s, ApproxPolicy() if pc.approximate else None)
 
 
@@ -71,7 +77,7 @@ class Engine:
             registry, self.admission, faults, on_fatal, limits.max_prompt_tokens, default, paths.inflight,
             limits.prefill_step_size,
             # A rank group keeps no prompt cache: rank 0's KV is only its shard of it.
-            (lambda: make_prompt_cache(config, faults)) if link is None else None, link, limits.stuck_grace_s))
+            (lambda: make_prompt_cache(config, faults, registry)) if link is None else None, link, limits.stuck_grace_s))
         self.health = Health(self.lifecycle, self.admission, registry.budget_bytes, limits.stuck_grace_s)
         self.metrics = EngineMetrics()
         register_gauges(self.metrics, self.lifecycle.worker, self.admission, lambda: self.health.state()[0] == "ok")

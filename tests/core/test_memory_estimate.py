@@ -159,3 +159,15 @@ def test_estimate_prefers_files_then_config_then_name():
     assert me.estimate_footprint(None, None, "Llama-70B", 8192).source == "model name"
     fp = me.estimate_footprint(None, None, "mystery", 8192)
     assert fp.source == "unknown" and fp.total_bytes is None
+
+
+@pytest.mark.parametrize("configured, memory_tier, free, expected", [
+    (None, 2 * GIB, 500 * GIB, 8 * GIB),         # a small memory tier: the 8 GiB floor
+    (None, 30 * GIB, 500 * GIB, 30 * GIB),       # as much as memory holds: a crash finds it all on disk
+    (None, 30 * GIB, 40 * GIB, 10 * GIB),        # never more than a quarter of the free disk
+    (None, 2 * GIB, 20 * GIB, 5 * GIB),          # the quarter wins over the floor too
+    (3 * GIB, 30 * GIB, 1 * GIB, 3 * GIB),       # configured: as configured
+    (0, 30 * GIB, 500 * GIB, 0),
+])
+def test_the_disk_tier_holds_what_the_memory_tier_may_hold(configured, memory_tier, free, expected):
+    assert me.disk_tier_budget(configured, memory_tier, free) == expected

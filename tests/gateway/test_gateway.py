@@ -182,6 +182,22 @@ def test_a_request_that_finds_the_engine_restarting_after_a_crash_waits_for_it(c
     assert st.engine_pid() != pid and gateway_log.read_text().count("is restarting; holding") > held_before
 
 
+def test_an_agents_retry_of_a_stream_cut_a_moment_ago_waits_for_the_restarted_engine(client, st, ollama):
+    """A stream cut mid-answer ends with an error; the agent's client sends
+    the turn again at once, before the listener has seen the death: the
+    gateway finds the runner's record of it and holds the retry for the
+    restart, not Ollama's answer in the middle of the conversation."""
+    st.fault_file.write_text("abort@token:40/once")  # late enough that the client has had tokens
+    pid, before = st.engine_pid(), ollama.stats()["chat_requests"]
+    with pytest.raises(openai.APIError):
+        for _ in client.chat.completions.create(model="default", stream=True, max_tokens=200, temperature=0,
+                                                messages=[{"role": "user", "content": f"{FAULT_WORD} cut me"}]):
+            pass
+    text, chunks = stream_text(client, f"{FAULT_WORD} cut me")  # the retry, at once
+    assert text and not from_ollama(text) and chunks[-1].choices[0].finish_reason == "length"
+    assert ollama.stats()["chat_requests"] == before and st.engine_pid() != pid
+
+
 def test_crash_during_a_non_streaming_request_still_gives_a_complete_answer(client, st):
     # It kills the restarted engine too: after one retry, Ollama answers.
     st.fault_file.write_text("abort@token:3")
@@ -265,7 +281,7 @@ def test_status_shows_the_gateway(st):
     status = st.status()
     assert status["gateway"]["http_status"] == 200 and status["overall"] == "healthy"
     names = {p["name"]: p["state"] for p in status["processes"]}
-    assert names == {"engine": "RUNNING", "gateway": "RUNNING", "crashwatch": "RUNNING"}
+    assert names == {"engine": "RUNNING", "gateway": "RUNNING", "crashwatch": "RUNNING", "standby": "RUNNING"}
 
 
 def test_the_key_is_in_no_log_and_no_generated_file(client, st):

@@ -133,18 +133,20 @@ def test_which_requests_wait_for_the_restarted_engine(lost_in_flight, retried, m
     assert hold_for_restart(lost_in_flight, retried, mode, restarting, wait_s) is hold
 
 
-@pytest.mark.parametrize("mode, crash_times, restarting", [
-    ("backoff", [], True),
-    ("starting", [], True),
-    ("running", [1000.0 - 5], True),             # started after a crash 5 s ago: maybe still loading
-    ("running", [1000.0 - 500, 1000.0 - 61], False),  # the last crash is past the window
-    ("running", [], False),
-    ("stopped", [1000.0 - 5], False),
-    ("degraded", [1000.0 - 5], False),
-    (None, [], False),
+@pytest.mark.parametrize("mode, crash_times, last_exit, restarting", [
+    ("backoff", [], None, True),
+    ("starting", [], None, True),
+    ("running", [1000.0 - 5], None, True),             # started after a crash 5 s ago: maybe still loading
+    ("running", [1000.0 - 500, 1000.0 - 61], None, False),  # the last crash is past the window
+    ("running", [], None, False),                      # the first start (no crash, no exit): Ollama meanwhile
+    ("running", [1000.0 - 500], 1000.0 - 0.1, True),   # it died a moment ago; the listener has not said so yet
+    ("running", [], 1000.0 - 61, False),               # an exit long ago
+    ("stopped", [1000.0 - 5], 1000.0 - 1, False),
+    ("degraded", [1000.0 - 5], 1000.0 - 1, False),
+    (None, [], 1000.0 - 1, False),                     # no supervisor: no restart is coming
 ])
-def test_when_a_restart_is_under_way(mode, crash_times, restarting):
-    assert engine_restarting(mode, crash_times, now=1000.0, window_s=60.0) is restarting
+def test_when_a_restart_is_under_way(mode, crash_times, last_exit, restarting):
+    assert engine_restarting(mode, crash_times, last_exit, now=1000.0, window_s=60.0) is restarting
 
 
 @pytest.mark.parametrize("extra, at_the_gateway, after_the_engine", [

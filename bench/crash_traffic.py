@@ -57,6 +57,7 @@ class Settings:
     max_concurrency: int = 1  # [engine] max_concurrency: above 1 the running requests are decoded as one batch
     standby_engine: bool = True  # [supervisor] standby_engine: a crash's restart takes over an imported process
     standby_delay_s: float = 10.0  # [supervisor] standby_delay_s
+    prompt_cache_disk_gib: float | None = None  # [engine.prompt_cache] disk_gib; None: the default
     model: Path | None = None  # an mlx-lm model folder; default: demo model a, built once into DEFAULT_CACHE
 
 
@@ -69,7 +70,8 @@ def crash_stack(s: Settings, home_root: Path | None = None, keep_home: bool = Fa
     home = Path(tempfile.mkdtemp(prefix="mlxd-soak-", dir=home_root))
     standin = start_standin(models=(OLLAMA_MODEL,))
     batched = {"max_concurrency": s.max_concurrency} if s.max_concurrency != 1 else {}  # 1: the config as before
-    stack = Stack.create(home, model, model_name="soak", engine={"stuck_grace_s": s.stuck_grace_s, **batched},
+    disk = {"prompt_cache": {"disk_gib": s.prompt_cache_disk_gib}} if s.prompt_cache_disk_gib is not None else {}
+    stack = Stack.create(home, model, model_name="soak", engine={"stuck_grace_s": s.stuck_grace_s, **batched, **disk},
                          supervisor={"backoff_base_s": s.backoff_base_s, "backoff_cap_s": s.backoff_cap_s,
                                      "healthy_reset_s": s.healthy_reset_s, "loop_crashes": s.loop_crashes,
                                      "loop_window_s": s.loop_window_s, "cooldown_s": s.cooldown_s,

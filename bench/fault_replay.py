@@ -165,7 +165,8 @@ def run_agent(i: int, client: openai.OpenAI, system: str, turns: list[str], args
 
 def run_arm(faults: bool, args: argparse.Namespace, systems: list[str], user_turns: list[list[str]]) -> dict:
     settings = Settings(max_concurrency=args.concurrency or args.agents, stuck_grace_s=args.stuck_grace_s,
-                        request_timeout_s=args.request_timeout, model=args.model, healthy_reset_s=30.0)
+                        request_timeout_s=args.request_timeout, model=args.model, healthy_reset_s=30.0,
+                        prompt_cache_disk_gib=args.disk_gib)
     turns: list[Turn] = []
     with crash_stack(settings, home_root=args.home_root) as stack:
         stack_config = stack.paths  # the quarantine list is read below
@@ -216,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--arms", default="nofaults,faults")
     p.add_argument("--stuck-grace-s", type=float, default=600.0, help="[engine] stuck_grace_s (a long prefill)")
     p.add_argument("--request-timeout", type=float, default=1800.0)
+    p.add_argument("--disk-gib", type=float, default=None,
+                   help="[engine.prompt_cache] disk_gib (default: the config's, which a small disk may cap)")
     p.add_argument("--home-root", type=Path, default=None)
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args(argv)

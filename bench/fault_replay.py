@@ -35,6 +35,7 @@ import argparse
 import json
 import os
 import signal
+import shutil
 import sys
 import threading
 import time
@@ -189,6 +190,9 @@ def run_arm(faults: bool, args: argparse.Namespace, systems: list[str], user_tur
         if killer is not None:
             killer.join(60)
         quarantine = json.loads(stack_config.quarantine.read_text()) if stack_config.quarantine.exists() else {}
+        if args.keep_logs:  # the stack's logs, for a diagnosis (the home itself is removed)
+            target = args.keep_logs / ("faults" if faults else "nofaults")
+            shutil.copytree(stack.paths.logs, target, dirs_exist_ok=True)
     ok = [t for t in turns if t.ok]
     wall = max((t.end_s for t in turns), default=0.0) - min((t.t0 for t in turns), default=0.0)
     after = [t for t in ok if t.after_restart and not t.by_ollama]  # what the engine reused from disk
@@ -217,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--arms", default="nofaults,faults")
     p.add_argument("--stuck-grace-s", type=float, default=600.0, help="[engine] stuck_grace_s (a long prefill)")
     p.add_argument("--request-timeout", type=float, default=1800.0)
+    p.add_argument("--keep-logs", type=Path, default=None, help="copy each arm's stack logs into this folder")
     p.add_argument("--disk-gib", type=float, default=None,
                    help="[engine.prompt_cache] disk_gib (default: the config's, which a small disk may cap)")
     p.add_argument("--home-root", type=Path, default=None)

@@ -176,7 +176,7 @@ faults)
   arms=${ARMS:-nofaults,faults}
   $PY bench/fault_replay.py --model "$MODEL" --agents "${AGENTS:-4}" --system-tokens "${SYSTEM_TOKENS:-12000}" \
       --turn-tokens "${TURN_TOKENS:-1700}" --turns "${TURNS:-6}" --max-tokens "${MAX_TOKENS:-128}" \
-      --fault-every-s "${FAULT_EVERY_S:-120}" --arms "$arms" ${DISK_GIB:+--disk-gib "$DISK_GIB"} --out "$OUT/fault_replay_${arms/,/_}.json" \
+      --fault-every-s "${FAULT_EVERY_S:-120}" --arms "$arms" ${DISK_GIB:+--disk-gib "$DISK_GIB"} --keep-logs "$OUT/logs-faults" --out "$OUT/fault_replay_${arms/,/_}.json" \
       2> >(tee "$OUT/fault_replay_${arms/,/_}.progress" >&2) | tee "$OUT/fault_replay_${arms/,/_}.md"
   ;;
 prefill)

@@ -105,6 +105,10 @@ class EngineFastPath:
         self.supervision_path = config.paths.supervision
         self.engine_exit_path = config.paths.engine_exit
         self.retry_wait_s = config.gateway.crash_retry_wait_s
+        # When this gateway last saw the engine die under a request (wall clock): a slow death (a CUDA or
+        # Metal process tearing down, a crash report being written) closes its sockets a second or more before
+        # the process is gone and the runner can record its exit.
+        self.engine_died_at: float | None = None
 
     def _session(self) -> aiohttp.ClientSession:
         if self.session is None or self.session.closed:
@@ -143,6 +147,7 @@ class EngineFastPath:
                 resp, lost_in_flight = None, False  # refused: the engine is down, not dying under this request
             except (aiohttp.ClientError, OSError):
                 resp = None  # it died before its answer's headers (a stream's come with its first token)
+                self.engine_died_at = time.time()
             answer: bytes | None = None
             if resp is not None:
                 try:
@@ -154,6 +159,7 @@ class EngineFastPath:
                         answer = await resp.read()
                     except (aiohttp.ClientError, OSError):
                         answer = None  # died mid-answer: nothing sent yet, so it can still be answered
+                        self.engine_died_at = time.time()
                 finally:
                     resp.release()
             if answer is not None or not await self._engine_back(lost_in_flight, retried):
@@ -210,8 +216,8 @@ class EngineFastPath:
         """The supervisor's mode, and whether a restart after a crash is under way (routing.engine_restarting)."""
         mode, crash_times = self._supervision()
         ended = EngineExit.read(self.engine_exit_path)
-        return mode, engine_restarting(mode, crash_times, ended.ended if ended else None, time.time(),
-                                       self.retry_wait_s)
+        deaths = [t for t in (ended.ended if ended else None, self.engine_died_at) if t is not None]
+        return mode, engine_restarting(mode, crash_times, max(deaths, default=None), time.time(), self.retry_wait_s)
 
     def _supervision(self) -> tuple[str | None, list[float]]:
         """The supervisor's mode and recent crash times (state/supervision.json), or (None, [])."""
@@ -221,8 +227,8 @@ class EngineFastPath:
         times = saved.state.get("crash_times") or []
         return saved.mode, [float(t) for t in times if isinstance(t, (int, float))]
 
-    @staticmethod
-    async def _relay_stream(resp: aiohttp.ClientResponse, headers: list, to: ToEngine, send: Any, path: str) -> None:
+    async def _relay_stream(self, resp: aiohttp.ClientResponse, headers: list, to: ToEngine, send: Any,
+                            path: str) -> None:
         """The engine's bytes as they arrive. A failure after the first byte
         is an SSE error event and no [DONE]. A client that goes away is
         gateway/hangup.py's: it cancels this, which closes the upstream and
@@ -236,6 +242,7 @@ class EngineFastPath:
                             "more_body": True})
             tail = renamer.flush() if renamer else b""
         except (aiohttp.ClientError, OSError) as exc:
+            self.engine_died_at = time.time()  # the agent's retry comes at once: routing.engine_restarting
             error = ApiError(503, MID_STREAM_FAILURE.format(type(exc).__name__), "engine_failed_mid_stream")
             tail = stream_failure(path, error)
         await send({"type": "http.response.body", "body": tail})

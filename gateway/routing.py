@@ -148,9 +148,10 @@ def engine_restarting(mode: str | None, crash_times: list[float], last_exit: flo
     """Whether the supervisor is bringing the engine back after a crash (pure):
     waiting out its backoff or starting it, or it started after a crash less
     than `window_s` ago (the new process may still be importing and loading:
-    supervisord calls it running from its spawn), or the engine process ended
-    less than `window_s` ago (`last_exit`, the runner's record, written the
-    moment it died) and the listener has not said so yet."""
+    supervisord calls it running from its spawn), or the engine died less
+    than `window_s` ago (`last_exit`: the runner's record of its exit, or the
+    gateway's own sight of it dying under a request, which comes first when a
+    dying process takes seconds to go) and the listener has not said so yet."""
     if mode in RESTART_MODES:
         return True
     recent = [t for t in (*crash_times, last_exit) if t is not None]

@@ -4,9 +4,11 @@ driven with the official `openai` client and `requests`."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import threading
 import time
 
 import openai
@@ -14,6 +16,7 @@ import pytest
 import requests
 
 from mlxd.devkit.ollama_standin import marker, start_standin
+from mlxd.records import EnginePid
 from mlxd.supervisor.control import rpc
 from mlxd.toml_text import dumps, table_lines
 from testkit import metric, wait_until
@@ -184,16 +187,28 @@ def test_a_request_that_finds_the_engine_restarting_after_a_crash_waits_for_it(c
 
 def test_an_agents_retry_of_a_stream_cut_a_moment_ago_waits_for_the_restarted_engine(client, st, ollama):
     """A stream cut mid-answer ends with an error; the agent's client sends
-    the turn again at once, before the listener has seen the death: the
-    gateway finds the runner's record of it and holds the retry for the
-    restart, not Ollama's answer in the middle of the conversation."""
+    the turn again at once. A dying process can take seconds to go after its
+    sockets close (a CUDA context torn down, a crash report written), so
+    nothing on disk says yet that it died -- modelled here by stopping the
+    runner, which records the exit, for 1.5 s. The gateway saw the death
+    itself and holds the retry for the restart, not Ollama's answer in the
+    middle of the conversation."""
+    runner = EnginePid.read(st.paths.engine_pid).runner_pid
     st.fault_file.write_text("abort@token:40/once")  # late enough that the client has had tokens
     pid, before = st.engine_pid(), ollama.stats()["chat_requests"]
-    with pytest.raises(openai.APIError):
-        for _ in client.chat.completions.create(model="default", stream=True, max_tokens=200, temperature=0,
-                                                messages=[{"role": "user", "content": f"{FAULT_WORD} cut me"}]):
-            pass
-    text, chunks = stream_text(client, f"{FAULT_WORD} cut me")  # the retry, at once
+    os.kill(runner, signal.SIGSTOP)
+    resume = threading.Timer(1.5, os.kill, (runner, signal.SIGCONT))  # the slow death's length, not a wait
+    try:
+        with pytest.raises(openai.APIError):
+            for _ in client.chat.completions.create(model="default", stream=True, max_tokens=200, temperature=0,
+                                                    messages=[{"role": "user", "content": f"{FAULT_WORD} cut me"}]):
+                pass
+        resume.start()
+        text, chunks = stream_text(client, f"{FAULT_WORD} cut me")  # the retry, at once
+    finally:
+        resume.cancel()
+        with contextlib.suppress(ProcessLookupError):  # resumed already, and gone with its engine
+            os.kill(runner, signal.SIGCONT)
     assert text and not from_ollama(text) and chunks[-1].choices[0].finish_reason == "length"
     assert ollama.stats()["chat_requests"] == before and st.engine_pid() != pid
 

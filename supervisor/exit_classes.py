@@ -65,12 +65,14 @@ def signal_name(sig: int | None) -> str | None:
 
 def classify_exit(returncode: int, stderr_tail: str = "", killed_for_hang: bool = False) -> ExitClass:
     """What an engine exit means, from its status and its stderr's tail."""
-    if killed_for_hang:
+    sig = exit_signal(returncode)
+    # A process that died of its own signal before our kill landed (a SIGABRT whose process takes seconds to go:
+    # a CUDA context torn down, a macOS crash report written, /health refused meanwhile) is its crash, not a hang.
+    if killed_for_hang and sig in (None, signal.SIGKILL):
         if "fatal MLX error" not in stderr_tail:
             return ExitClass.HANG
         # Killed while it was exiting on an MLX error: the error is the story.
         return ExitClass.METAL_OOM if _METAL_OOM.search(stderr_tail) else ExitClass.MLX_ERROR
-    sig = exit_signal(returncode)
     if sig != signal.SIGKILL and _METAL_OOM.search(stderr_tail) and mentions_metal_error(stderr_tail):
         return ExitClass.METAL_OOM
     if sig == signal.SIGABRT:

@@ -28,8 +28,14 @@ def test_classify_exit(returncode, stderr, expected):
     assert classify_exit(returncode, stderr) is expected
 
 
-def test_a_kill_for_a_hang_is_a_hang_whatever_the_signal():
-    assert classify_exit(-9, "", killed_for_hang=True) is ExitClass.HANG
+@pytest.mark.parametrize("returncode, stderr, expected", [
+    (-9, "", ExitClass.HANG),                    # our SIGKILL ended it: it was hung
+    (137, "", ExitClass.HANG),                   # the same, through a wrapper
+    (-6, "", ExitClass.SIGABRT),                 # it was dying of its own SIGABRT when the kill came (slow death)
+    (-6, "[METAL] Command buffer execution failed: Insufficient Memory", ExitClass.METAL_OOM),
+])
+def test_a_kill_for_a_hang_is_a_hang_unless_the_process_died_of_its_own_signal_first(returncode, stderr, expected):
+    assert classify_exit(returncode, stderr, killed_for_hang=True) is expected
 
 
 def test_an_engine_killed_while_exiting_on_an_mlx_error_is_an_mlx_error():

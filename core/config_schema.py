@@ -78,6 +78,10 @@ class Config(Strict):
                                  "([engine.ranks]): each rank keeps its own KV cache at the model's dtype")
         return self
 
+    def speculative_for(self, model_id: str) -> str:
+        """A model's speculative decoding: its own setting, else the engine's."""
+        return self.models[model_id].speculative or self.engine.speculative
+
     def kv_settings(self, model_id: str) -> tuple[int, int, int]:
         """(kv_bits, kv_group_size, quantized_kv_start) of a model: its own, else the engine's."""
         spec, engine = self.models[model_id], self.engine

@@ -58,6 +58,7 @@ def is_loopback(host: str) -> bool:
 
 KVBits = Literal[4, 8, 16]
 KVGroupSize = Literal[32, 64, 128]
+Speculative = Literal["prompt_lookup", "off"]
 
 
 class ModelSpec(Strict):
@@ -86,6 +87,8 @@ class ModelSpec(Strict):
         "The KV allowance in this model's memory estimate. Unset: `engine.context_tokens`."))
     max_concurrency: int | None = Field(default=None, ge=1, le=64, description=(
         "Requests generated at once for this model. Unset: `engine.max_concurrency`."))
+    speculative: Speculative | None = Field(default=None, description=(
+        "Speculative decoding for this model. Unset: `engine.speculative`."))
     kv_bits: KVBits | None = Field(default=None, description="Its KV cache's precision. Unset: `engine.kv_bits`.")
     kv_group_size: KVGroupSize | None = Field(default=None, description=(
         "Its quantised KV's group size. Unset: `engine.kv_group_size`."))
@@ -251,6 +254,11 @@ class EngineConfig(Strict):
     cpu_float32: bool = Field(default=True, description=(
         "On the CPU backend with an optimised BLAS (Linux: engine/cpu/fast_blas.py), load models whose float32 weights "
         "take at most a quarter of the memory budget as float32: there a prompt runs ~15x faster than quantised."))
+    speculative: Speculative = Field(default="prompt_lookup", description=(
+        "Speculative decoding of a request decoded alone: `prompt_lookup` proposes the tokens that followed the "
+        "answer's last few tokens earlier in the prompt or the answer (an agent's edit re-emitting a file, a tool "
+        "call repeating a path) and verifies them in one forward; greedy answers stay token for token the same. "
+        "It stops proposing where proposals are rejected. `off`: one token per forward (engine/model/speculative.py)."))
     kv_bits: KVBits = Field(default=16, description=(
         "The KV cache's precision: 16 keeps the model's dtype; 8 or 4 store keys and values quantised (above). "
         "Served alone only: it needs `max_concurrency = 1`."))

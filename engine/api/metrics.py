@@ -53,6 +53,12 @@ def register_gauges(metrics: EngineMetrics, worker: ModelWorker, admission: Admi
     m.gauge("mlxd_engine_model_unloads", "Models unloaded since start", lambda: w.counters["model_unloads"])
     m.gauge("mlxd_engine_generated_tokens", "Tokens generated since start", lambda: w.counters["generated_tokens"])
     m.gauge("mlxd_engine_prompt_tokens", "Prompt tokens processed since start", lambda: w.counters["prompt_tokens"])
+    for key, doc in (("spec_requests", "Requests decoded by prompt lookup (speculative decoding)"),
+                     ("spec_proposed", "Tokens prompt lookup proposed"),
+                     ("spec_accepted", "Proposed tokens the model accepted"),
+                     ("spec_forwards", "Forward passes of speculatively decoded requests"),
+                     ("spec_tokens", "Tokens those forward passes produced")):
+        m.gauge(f"mlxd_engine_{key}", doc, lambda k=key: w.counters[k])
     m.gauge("mlxd_engine_mlx_active_bytes", "MLX active memory", lambda: w.memory.active_bytes)
     m.gauge("mlxd_engine_mlx_peak_bytes", "MLX peak memory", lambda: w.memory.peak_bytes)
     m.gauge("mlxd_engine_mlx_cache_bytes", "MLX buffer cache", lambda: w.memory.cache_bytes)

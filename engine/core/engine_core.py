@@ -106,7 +106,8 @@ class EngineCore:
         self.active_after_last_unload: int | None = None
         self.timings: dict[str, float] = {}  # last_load_s, last_unload_s: for benchmarks and status
         self.counters = {"model_loads": 0, "model_unloads": 0, "generated_tokens": 0, "prompt_tokens": 0,
-                         "jobs": 0}
+                         "jobs": 0, "spec_requests": 0, "spec_proposed": 0, "spec_accepted": 0, "spec_forwards": 0,
+                         "spec_tokens": 0}
 
     def use_prompt_cache(self, cache: PromptCache) -> None:
         self.prompt_cache = cache
@@ -287,6 +288,14 @@ class EngineCore:
         a = e.admitted
         self.counters["generated_tokens"] += len(a.generation.tokens)
         self.counters["prompt_tokens"] += len(a.prompt)
+        spec = e.speculation
+        if spec is not None:  # decoded by prompt lookup (engine/model/speculative.py)
+            for key, value in (("spec_requests", 1), ("spec_proposed", spec.proposed), ("spec_accepted", spec.accepted),
+                               ("spec_forwards", spec.forwards), ("spec_tokens", spec.tokens)):
+                self.counters[key] += value
+            log.info("request %s: prompt lookup: %d of %d proposed tokens accepted, %d tokens in %d forwards (%.2f a "
+                     "forward)", a.job.id, spec.accepted, spec.proposed, spec.tokens, spec.forwards,
+                     spec.tokens_per_forward)
         if a.checkpoint is not None:  # its prompt on disk before the client can see the end (and crash us)
             self.prompt_cache.await_write(a.checkpoint, CHECKPOINT_WAIT_S)
             a.checkpoint = None

@@ -84,6 +84,7 @@ class Ended:
     admitted: Admitted
     finish: str
     kv: list[Any] | None  # the KV of its prompt and what it generated (all but the last token)
+    speculation: Any = None  # SpecStats (engine/model/speculative.py) of a request decoded speculatively
 
 
 @dataclass(frozen=True)
@@ -97,8 +98,10 @@ class RowSampling:
 class Decoders:
     """The one-row and many-row decoders of the resident model (see the module's docstring)."""
 
-    def __init__(self, resident: Any, slots: int, pace: Any, faults: Any, link: Any = None) -> None:
+    def __init__(self, resident: Any, slots: int, pace: Any, faults: Any, link: Any = None,
+                 speculative: str = "off") -> None:
         self.resident = resident
+        self.speculative = speculative  # the serving plan's, for the one-row decoder
         self.slots = slots
         self.pace = pace
         self.faults = faults
@@ -151,7 +154,7 @@ class Decoders:
         if one_row:
             assert self.one is None and self.many_empty, "a request decoded alone with others running"
             self.one = OneRow(self.resident, admitted, kv, sampling, self.pace, self.faults, heartbeat,
-                              vision=vision, link=self.link)
+                              vision=vision, link=self.link, speculative=self.speculative)
             admitted.joined_at = time.monotonic()
             return
         many = self._many()

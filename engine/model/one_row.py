@@ -11,8 +11,10 @@ mirrored by the other ranks between BEGIN and END (engine/model/ranks.py).
 
 Speculative decoding lands here, not in a third loop: `verify_greedy` is its
 step (several proposed tokens verified in one forward over the row's own
-KV), and a step source that proposes tokens (prompt lookup, a draft model)
-yields what `generate_step` yields.
+KV), and a step source that proposes tokens (engine/model/speculative.py's
+prompt lookup) yields what `generate_step` yields. A greedy request with
+nothing between the logits and the argmax (no penalties, no grammar) is
+decoded so when the serving plan says so.
 
 In a batch, the request decoding alone moves into mlx-lm's batch where it
 stands when a second one joins (`hand_over`): its KV, cut back by the token
@@ -84,10 +86,13 @@ def verify_greedy(model: Any, kv: list[Any], last: int, proposed: list[int]) -> 
 
 class OneRow:
     def __init__(self, resident: Any, admitted: Admitted, kv: list[Any] | None, sampling: RowSampling, pace: Any,
-                 faults: Any, heartbeat: Callable[..., None], vision: Any = None, link: Any = None) -> None:
+                 faults: Any, heartbeat: Callable[..., None], vision: Any = None, link: Any = None,
+                 speculative: str = "off") -> None:
         import mlx.core as mx
 
         self.resident = resident
+        self.speculative = speculative
+        self.spec_stats: Any = None  # SpecStats, when this request is decoded by prompt lookup
         self.admitted = admitted
         self.sampling = sampling
         self.link = link
@@ -148,6 +153,12 @@ class OneRow:
         layout, kv = self.resident.kv, self.kv
         quantize = {"kv_bits": layout.bits, "kv_group_size": layout.group_size,
                     "quantized_kv_start": layout.quantized_start} if layout.quantized else {}
+        if self.speculative == "prompt_lookup" and s.sampler is None and not s.processors and not layout.quantized:
+            from .speculative import SpecStats, lookup_steps
+
+            self.spec_stats = SpecStats()  # greedy, nothing between the logits and argmax: exact
+            return lookup_steps(self.resident.model, kv, self.rest, context, self.admitted.job.params.max_tokens,
+                                self.spec_stats, verify_greedy)
         if self.resident.dequantized_decode:
             from ..cache.kv_cache import prefill_views
 
@@ -199,7 +210,11 @@ class OneRow:
             return Joining(a, self.rest, self.kv, self.context, a.job.params.max_tokens, self.sampling)
         # mlx-lm has already run the last token through the model: its KV goes,
         # and the token comes back as a one-token prompt (which its grammar has already consumed).
-        trim_prompt_cache(self.kv, 1)
+        # Prompt lookup may have run tokens past it (a verify's accepted tokens not taken yet): they go too.
+        if self.spec_stats is not None:
+            self._trim_speculated()
+        else:
+            trim_prompt_cache(self.kv, 1)
         if a.generation.grammar is not None:
             a.generation.grammar.repeat_last()
         generated = a.generation.tokens
@@ -208,7 +223,23 @@ class OneRow:
 
     def _end(self, finish: str) -> Ended:
         self.close()
-        return Ended(self.admitted, finish, None if self.vision or self.link is not None else self.kv)
+        if self.spec_stats is not None:
+            self._trim_speculated()
+        return Ended(self.admitted, finish, None if self.vision or self.link is not None else self.kv,
+                     self.spec_stats)
+
+    def _trim_speculated(self) -> None:
+        """A verify may have run tokens past where the answer ended (a stop, its
+        length): the KV keeps the prompt and the answer but its last token, as
+        generate_step's does."""
+        from mlx_lm.models.cache import trim_prompt_cache
+
+        from ..cache.prompt_cache import kv_offset
+
+        keep = len(self.admitted.prompt) + max(0, len(self.admitted.generation.tokens) - 1)
+        held = kv_offset(self.kv) if self.kv else None
+        if held is not None and held > keep:
+            trim_prompt_cache(self.kv, held - keep)
 
     def close(self) -> None:
         close = getattr(self.steps, "close", None)

@@ -90,10 +90,12 @@ class ModelRunner:
         batchable = not resident.vision and self.link is None and batchable_model(resident.model)
         self.plan = serving_plan(model_id, self.registry.max_concurrency(model_id), vision=resident.vision,
                                  rank_group=self.link is not None, batchable=batchable, kv=resident.kv,
-                                 cpu_float32=info.weights_dtype == "float32")
+                                 cpu_float32=info.weights_dtype == "float32",
+                                 speculative=self.registry.config.speculative_for(model_id))
         if self.plan.reason and self.registry.max_concurrency(model_id) > 1:
             log.info("%s is served one request at a time: %s", model_id, self.plan.reason)
-        self.decoders = Decoders(resident, self.plan.max_concurrency, self.pace, self.faults, self.link)
+        self.decoders = Decoders(resident, self.plan.max_concurrency, self.pace, self.faults, self.link,
+                                 speculative=self.plan.speculative)
         from mlx_lm.utils import maybe_set_recommended_wired_limit  # Metal: the weights stay wired, as mlx-lm does
 
         self._wired_before = maybe_set_recommended_wired_limit()

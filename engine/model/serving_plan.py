@@ -25,14 +25,24 @@ class ServingPlan:
     kv: KVLayout  # how its requests' KV holds values (kv_bits), as this MLX can serve it
     cpu_float32: bool  # the CPU's float32 path (engine/cpu/cpu_linear.py, engine/cpu/cpu_decode.py)
     reason: str | None = None  # why max_concurrency is below what was configured
+    speculative: str = "off"  # a request decoded alone: "prompt_lookup" (engine/model/speculative.py) or "off"
 
     @property
     def decoder(self) -> str:
         return MANY_ROWS if self.max_concurrency > 1 else ONE_ROW
 
 
+def speculative_mode(configured: str, *, vision: bool, rank_group: bool, kv: KVLayout) -> str:
+    """Speculative decoding as this model can serve it (pure): not through
+    mlx-vlm's generation, not over a rank group's mirrored forwards, not over
+    quantised KV (its verify step is not written for it yet)."""
+    if configured == "off" or vision or rank_group or kv.quantized:
+        return "off"
+    return configured
+
+
 def serving_plan(model_id: str, configured_concurrency: int, *, vision: bool, rank_group: bool,
-                 batchable: bool, kv: KVLayout, cpu_float32: bool) -> ServingPlan:
+                 batchable: bool, kv: KVLayout, cpu_float32: bool, speculative: str = "off") -> ServingPlan:
     """The plan for a model just loaded (pure; the first reason that holds
     limits it to one request at a time). `batchable`: every layer's cache
     can be merged into mlx-lm's batch."""
@@ -47,4 +57,5 @@ def serving_plan(model_id: str, configured_concurrency: int, *, vision: bool, ra
         elif not batchable:
             reason = "mlx-lm cannot merge this model's cache into a batch"
     return ServingPlan(model_id, 1 if reason else configured_concurrency, vision, rank_group,
-                       not vision and not rank_group, kv, cpu_float32, reason)
+                       not vision and not rank_group, kv, cpu_float32, reason,
+                       speculative_mode(speculative, vision=vision, rank_group=rank_group, kv=kv))

@@ -1,0 +1,57 @@
+"""Prompt lookup in the running engine (engine/model/speculative.py): the
+same greedy answers as with `speculative = "off"`, over HTTP, and /metrics
+says what it did. Two real engine processes on the demo model."""
+
+from __future__ import annotations
+
+import pytest
+import requests
+
+pytestmark = pytest.mark.timeout(180)
+
+# Text an answer can copy from: the demo model's greedy answers repeat what they were given.
+PROMPT = "Rewrite this line exactly: the quick brown fox jumps over the lazy dog. " * 6
+
+
+def metrics(url: str) -> dict[str, float]:
+    text = requests.get(url + "/metrics", timeout=10).text
+    return {line.split(" ")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            if line.startswith("mlxd_engine_spec_")}
+
+
+def answer(url: str, max_tokens: int, stream: bool = False) -> tuple[str, dict]:
+    r = requests.post(url + "/v1/chat/completions", timeout=120, stream=stream, json={
+        "model": "default", "temperature": 0, "max_tokens": max_tokens, "stream": stream,
+        **({"stream_options": {"include_usage": True}} if stream else {}),
+        "messages": [{"role": "user", "content": PROMPT}]})
+    assert r.status_code == 200, r.text
+    if not stream:
+        body = r.json()
+        return body["choices"][0]["message"]["content"], body["usage"]
+    import json
+
+    text, usage = "", {}
+    for line in r.iter_lines():
+        if line.startswith(b"data: {"):
+            chunk = json.loads(line[6:])
+            text += "".join(c["delta"].get("content") or "" for c in chunk.get("choices", []))
+            usage = chunk.get("usage") or usage
+    return text, usage
+
+
+def test_prompt_lookup_answers_as_plain_decoding_does_and_says_so_in_metrics(start_engine):
+    on = start_engine()  # the default: prompt_lookup
+    off = start_engine({"speculative": "off"})
+    before = metrics(on.url)
+    for max_tokens in (1, 7, 64):
+        for stream in (False, True):
+            assert answer(on.url, max_tokens, stream) == answer(off.url, max_tokens, stream)
+    after = metrics(on.url)
+    assert after["mlxd_engine_spec_requests"] - before["mlxd_engine_spec_requests"] == 6
+    assert after["mlxd_engine_spec_forwards"] <= after["mlxd_engine_spec_tokens"]
+    assert metrics(off.url)["mlxd_engine_spec_requests"] == 0
+    # A sampled request is not speculated (its acceptance rule is not built yet): counted nowhere.
+    r = requests.post(on.url + "/v1/chat/completions", timeout=120, json={
+        "model": "default", "temperature": 0.8, "max_tokens": 8, "messages": [{"role": "user", "content": PROMPT}]})
+    assert r.status_code == 200
+    assert metrics(on.url)["mlxd_engine_spec_requests"] == after["mlxd_engine_spec_requests"]

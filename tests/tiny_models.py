@@ -49,3 +49,12 @@ def decode(model: Any, cache: list, prompt: list[int], steps: int) -> list:
         logits.append(model(token[:, None], cache=cache)[:, -1])
     mx.eval(logits)
     return logits
+
+
+def greedy(model: Any, prompt: list[int], n: int) -> list[int]:
+    """`n` tokens of mlx-lm's own greedy decoding of `prompt` (generate_step)."""
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+
+    steps = generate_step(mx.array(prompt, dtype=mx.int32), model, max_tokens=n, sampler=lambda x: mx.argmax(x, -1))
+    return [int(t) for t, _ in steps]

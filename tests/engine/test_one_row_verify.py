@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
-from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlxd.engine.model.one_row import verify_greedy
-from tiny_models import tiny_llama
+from tiny_models import greedy, tiny_llama
 
 PROMPT = [(5 * j + 3) % 97 for j in range(24)]
 
@@ -19,11 +18,6 @@ PROMPT = [(5 * j + 3) % 97 for j in range(24)]
 @pytest.fixture(scope="module")
 def model():
     return tiny_llama(tied=True)
-
-
-def greedy(model, prompt: list[int], n: int) -> list[int]:
-    steps = generate_step(mx.array(prompt, dtype=mx.int32), model, max_tokens=n, sampler=lambda x: mx.argmax(x, -1))
-    return [int(t) for t, _ in steps]
 
 
 def prefilled(model, prompt: list[int]) -> list:

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
-from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlxd.engine.model.one_row import verify_greedy
 from mlxd.engine.model.speculative import (DRAFT_MAX, PAUSE_AFTER_MISSES, PAUSE_STEPS, DraftLength, NgramIndex,
                                            SpecStats, lookup_steps)
-from tiny_models import tiny_llama
+from tiny_models import greedy, tiny_llama
 
 
 @pytest.mark.parametrize("history, k, proposal", [
@@ -72,11 +71,6 @@ def test_misses_in_a_row_pause_proposals_and_the_pause_doubles():
 @pytest.fixture(scope="module")
 def model():
     return tiny_llama(tied=True)
-
-
-def greedy(model, prompt: list[int], n: int) -> list[int]:
-    steps = generate_step(mx.array(prompt, dtype=mx.int32), model, max_tokens=n, sampler=lambda x: mx.argmax(x, -1))
-    return [int(t) for t, _ in steps]
 
 
 def speculated(model, prompt: list[int], n: int) -> tuple[list[int], SpecStats, list]:

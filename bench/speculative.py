@@ -1,0 +1,196 @@
+#!/usr/bin/env python3
+"""Speculative decoding (issue 37): decode speed with prompt lookup against
+without, on an agent's edit (the model re-emits a file from its prompt with a
+small change; a tool call whose arguments echo the context) and on free chat
+(the control: nothing to copy), side by side in one run.
+
+One `mlxd engine` per arm (`[engine] speculative = "off"` / "prompt_lookup"),
+both up for the whole run, the arms alternating request by request (rotated
+each round). Greedy, streamed; per request: TTFT, decode tokens a second
+after the first token, the answer (the arms' answers must be identical), and
+from /metrics what prompt lookup proposed and had accepted.
+
+  .venv/bin/python bench/speculative.py                    # the default model (SmolLM2-135M), CPU
+  .venv/bin/python bench/speculative.py --model PATH       # an mlx-lm model folder
+  .venv/bin/python bench/speculative.py --quick            # 1 round, 64 tokens: a smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import requests
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchkit import RESULTS, machine_info, say, start_engine, stop_all_children, write_json  # noqa: E402
+
+ARMS = ("off", "prompt_lookup")
+
+SOURCE = '''import json
+import os
+from pathlib import Path
+
+
+DEFAULTS = {"host": "127.0.0.1", "port": 8080, "workers": 2, "log_level": "info"}
+
+
+def load_config(path: Path) -> dict:
+    """The settings in `path`, over the defaults."""
+    settings = dict(DEFAULTS)
+    if path.exists():
+        with path.open() as f:
+            settings.update(json.load(f))
+    for key in DEFAULTS:
+        value = os.environ.get("APP_" + key.upper())
+        if value is not None:
+            settings[key] = type(DEFAULTS[key])(value)
+    return settings
+
+
+def describe(settings: dict) -> str:
+    return ", ".join(f"{key}={value}" for key, value in sorted(settings.items()))
+
+
+def main() -> int:
+    settings = load_config(Path("app.json"))
+    print(describe(settings))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+'''
+
+WORKLOADS = {
+    "edit": [{"role": "system", "content": "You are a coding agent. Answer with code only."},
+             {"role": "user", "content": f"Here is app.py:\n```python\n{SOURCE}```\nRewrite the whole file with the "
+                                         "function load_config renamed to read_config. Output the complete file."}],
+    "tool_args": [{"role": "system", "content": "You are a coding agent. You call tools by writing JSON."},
+                  {"role": "user", "content": f"Here is app.py:\n```python\n{SOURCE}```\nWrite the JSON arguments of "
+                                              "an edit_file call that replaces the body of describe with the same "
+                                              "code plus a trailing period: {\"path\": ..., \"old\": ..., \"new\": ...}"}],
+    "chat": [{"role": "user", "content": "Write a short story about a lighthouse keeper who befriends a seal."}],
+}
+
+
+def spec_counters(url: str) -> dict[str, float]:
+    text = requests.get(url + "/metrics", timeout=10).text
+    return {line.split(" ")[0][len("mlxd_engine_spec_"):]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines() if line.startswith("mlxd_engine_spec_")}
+
+
+def one_request(url: str, messages: list[dict], max_tokens: int) -> dict[str, Any]:
+    before = spec_counters(url)
+    started = time.perf_counter()
+    first = None
+    text, usage = "", {}
+    with requests.post(url + "/v1/chat/completions", stream=True, timeout=600, json={
+            "model": "default", "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith(b"data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            piece = "".join(c["delta"].get("content") or "" for c in chunk.get("choices", []))
+            if piece and first is None:
+                first = time.perf_counter()
+            text += piece
+            usage = chunk.get("usage") or usage
+    end = time.perf_counter()
+    after = spec_counters(url)
+    tokens = usage.get("completion_tokens", 0)
+    return {"ttft_s": (first or end) - started, "decode_s": end - (first or end), "tokens": tokens,
+            "decode_tok_s": (tokens - 1) / (end - first) if first and tokens > 1 and end > first else None,
+            "text": text, "spec": {k: after.get(k, 0) - before.get(k, 0) for k in after}}
+
+
+def summarize(runs: list[dict]) -> dict[str, dict[str, Any]]:
+    """Per workload and arm: median decode tok/s, tokens per forward, acceptance (pure)."""
+    out: dict[str, dict[str, Any]] = {}
+    for w in sorted({r["workload"] for r in runs}):
+        out[w] = {}
+        for arm in ARMS:
+            mine = [r for r in runs if r["workload"] == w and r["arm"] == arm]
+            if not mine:
+                continue
+            rates = [r["decode_tok_s"] for r in mine if r["decode_tok_s"]]
+            spec = {k: sum(r["spec"].get(k, 0) for r in mine) for k in ("proposed", "accepted", "forwards", "tokens")}
+            out[w][arm] = {"decode_tok_s": statistics.median(rates) if rates else None,
+                           "ttft_s": statistics.median(r["ttft_s"] for r in mine),
+                           "tokens": statistics.median(r["tokens"] for r in mine),
+                           "tokens_per_forward": spec["tokens"] / spec["forwards"] if spec["forwards"] else None,
+                           "acceptance": spec["accepted"] / spec["proposed"] if spec["proposed"] else None}
+        texts = {r["arm"]: r["text"] for r in runs if r["workload"] == w}
+        out[w]["identical"] = all(r["text"] == texts[ARMS[0]] for r in runs if r["workload"] == w)
+        off, on = out[w].get("off", {}).get("decode_tok_s"), out[w].get("prompt_lookup", {}).get("decode_tok_s")
+        out[w]["speedup"] = on / off if on and off else None
+    return out
+
+
+def table(summary: dict) -> str:
+    lines = ["| workload | decode tok/s off | prompt lookup | speedup | tokens a forward | accepted | answers identical |",
+             "|---|---:|---:|---:|---:|---:|---|"]
+    for w, s in summary.items():
+        off, on = s.get("off", {}), s.get("prompt_lookup", {})
+        fmt = lambda v, f="{:.1f}": "—" if v is None else f.format(v)  # noqa: E731
+        lines.append(f"| {w} | {fmt(off.get('decode_tok_s'))} | {fmt(on.get('decode_tok_s'))} | "
+                     f"{fmt(s['speedup'], '{:.2f}x')} | {fmt(on.get('tokens_per_forward'), '{:.2f}')} | "
+                     f"{fmt(on.get('acceptance'), '{:.0%}')} | {'yes' if s['identical'] else 'NO'} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=Path, help="an mlx-lm model folder (default: mlxd's default model)")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=400)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", type=Path, default=RESULTS / "speculative.json")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.rounds, args.max_tokens = 1, 64
+    workloads = [w for w in args.workloads.split(",") if w]
+    work = Path(tempfile.mkdtemp(prefix="mlxd-spec-"))
+    runs: list[dict] = []
+    try:
+        engines = {}
+        for arm in ARMS:
+            config: dict[str, Any] = {"engine": {"speculative": arm, "stuck_grace_s": 600, "max_tokens_cap": 100000}}
+            if args.model:
+                config.update({"models": {"bench": {"path": args.model.resolve()}}, "aliases": {"default": "bench"}})
+            say(f"starting the engine, speculative = {arm}")
+            engines[arm] = start_engine(work / f"home-{arm}", config, work / f"engine-{arm}.log", name=arm)
+            engines[arm].wait_ready(600)
+        for arm, server in engines.items():  # warm-up: the first request compiles and fills caches
+            one_request(server.url, WORKLOADS["chat"], 8)
+        for rnd in range(args.rounds):
+            order = ARMS if rnd % 2 == 0 else ARMS[::-1]
+            for w in workloads:
+                for arm in order:
+                    r = one_request(engines[arm].url, WORKLOADS[w], args.max_tokens)
+                    r.update({"round": rnd, "workload": w, "arm": arm})
+                    runs.append(r)
+                    say(f"round {rnd + 1} {w:9s} {arm:13s} {r['tokens']:4d} tokens, decode "
+                        f"{r['decode_tok_s'] or 0:6.1f} tok/s, TTFT {r['ttft_s']:.3f} s, spec {r['spec']}")
+    finally:
+        stop_all_children()
+    summary = summarize(runs)
+    md = table(summary)
+    print(md)
+    write_json(args.out, {"benchmark": "speculative", "machine": machine_info(), "settings": vars(args) | {
+        "model": str(args.model or "default")}, "runs": runs, "summary": summary, "table": md})
+    say(f"results: {args.out}")
+    return 0 if all(s["identical"] for s in summary.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,29 @@
+"""bench/speculative.py's pure part: the per-workload summary (speedup,
+tokens a forward, acceptance, whether the arms' answers were identical)."""
+
+from __future__ import annotations
+
+import pytest
+
+from testkit import load_bench
+
+spec = load_bench("speculative")
+
+
+def run(workload, arm, rate, text, **counters):
+    return {"workload": workload, "arm": arm, "decode_tok_s": rate, "ttft_s": 0.1, "tokens": 100, "text": text,
+            "spec": {"proposed": 0, "accepted": 0, "forwards": 0, "tokens": 0, **counters}}
+
+
+def test_the_summary_sets_prompt_lookup_against_off_per_workload():
+    runs = [run("edit", "off", 20.0, "a"), run("edit", "off", 22.0, "a"),
+            run("edit", "prompt_lookup", 44.0, "a", proposed=80, accepted=60, forwards=40, tokens=100),
+            run("edit", "prompt_lookup", 40.0, "a", proposed=20, accepted=20, forwards=10, tokens=100),
+            run("chat", "off", 20.0, "b"), run("chat", "prompt_lookup", 19.0, "c")]
+    s = spec.summarize(runs)
+    assert s["edit"]["speedup"] == pytest.approx(42.0 / 21.0)
+    assert s["edit"]["prompt_lookup"]["tokens_per_forward"] == pytest.approx(200 / 50)
+    assert s["edit"]["prompt_lookup"]["acceptance"] == pytest.approx(80 / 100)
+    assert s["edit"]["identical"] and not s["chat"]["identical"]  # a different answer is a failure, said so
+    assert s["chat"]["prompt_lookup"]["acceptance"] is None  # nothing proposed
+    assert "| chat |" in spec.table(s) and "NO |" in spec.table(s)

@@ -258,9 +258,9 @@ class EngineConfig(Strict):
         "Speculative decoding of a request decoded alone: `prompt_lookup` proposes the tokens that followed the "
         "answer's last few tokens earlier in the prompt or the answer (an agent's edit re-emitting a file, a tool "
         "call repeating a path) and verifies them in one forward; greedy answers stay token for token the same. "
-        "It stops proposing where proposals are rejected. `off` (for now the default: on the CPU a verify costs "
-        "more than the tokens it saves on free text, docs/BENCHMARKS.md): one token per forward "
-        "(engine/model/speculative.py)."))
+        "It proposes only where its measured acceptance and verify cost beat a plain step. `off` (for now the "
+        "default, until its gain is measured where a verify is cheap: Metal, CUDA; docs/BENCHMARKS.md): one token "
+        "per forward (engine/model/speculative.py)."))
     kv_bits: KVBits = Field(default=16, description=(
         "The KV cache's precision: 16 keeps the model's dtype; 8 or 4 store keys and values quantised (above). "
         "Served alone only: it needs `max_concurrency = 1`."))

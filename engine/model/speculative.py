@@ -10,23 +10,28 @@ chosen itself is kept, then its own next token. Greedy answers are the same
 tokens, one to k + 1 of them per forward.
 
 The decisions are pure: `NgramIndex` (where the suffix occurred before),
-`DraftLength` (how many tokens to propose: more while they are accepted, one
-after a miss, none for a while after misses in a row, so text with nothing to
-copy pays almost nothing). `lookup_steps` is the generator the one-row
+`DraftPolicy` (how many tokens to propose, by the acceptance and the cost of
+a verify it has measured: none where no draft beats a plain step, so text
+with nothing to copy, or a machine where a verify costs several steps, pays
+almost nothing). `lookup_steps` is the generator the one-row
 decoder pulls tokens from, as it pulls them from mlx-lm's `generate_step`.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
 NGRAM_MAX = 3  # the longest suffix looked up; longer matches are rarer and barely more precise
 NGRAM_MIN = 2
 DRAFT_MAX = 8  # tokens proposed at most per forward
-PAUSE_AFTER_MISSES = 3  # proposals rejected outright in a row before a pause
-PAUSE_STEPS = 8  # plain decode steps of a first pause; each pause in a row doubles it, up to PAUSE_MAX
-PAUSE_MAX = 128
+VERIFY_SLOPE = 0.1  # what each proposed token adds to a verify, in plain steps (memory-bound: little)
+GAIN_MARGIN = 0.05  # a draft must promise this much more than a plain step's tokens a second
+PROBE_STEPS = 32  # plain steps with a match at hand before a probe; doubled after a probe that did not pay
+PROBE_MAX = 512
+DECAY = 0.8  # each verify's weight against the ones before it (acceptance)
+EMA = 0.25  # each measurement's weight (times)
 
 
 class NgramIndex:
@@ -71,35 +76,66 @@ class NgramIndex:
 
 
 @dataclass
-class DraftLength:
-    """How many tokens to propose next (pure state): doubled while whole
-    proposals are accepted (to DRAFT_MAX), one more than was accepted after a
-    partial miss, and after PAUSE_AFTER_MISSES proposals rejected outright a
-    pause of plain steps that doubles while the misses go on."""
+class DraftPolicy:
+    """How many tokens to propose next (pure state; the caller reports what
+    it saw and how long it took). It proposes the k that gives the most
+    tokens a second, by what it has measured:
+      - q, the chance that a proposed token is accepted given the one before
+        it was (each verify: its accepted tokens are successes, a rejection a
+        failure; older ones count less), so a verify of k is expected to give
+        1 + q + q^2 + ... + q^k tokens;
+      - a verify's cost in plain steps, 1 + overhead + VERIFY_SLOPE * k: on a
+        GPU or Apple silicon a few tokens more per forward cost about nothing
+        (memory-bound), on a CPU a many-token forward takes another path;
+    and proposes nothing where no k beats a plain step. Acceptance is learned
+    only by proposing: after PROBE_STEPS plain steps with a match at hand it
+    proposes anyway (a probe), and a probe that did not pay doubles that wait."""
 
-    k: int = 4
-    misses: int = 0
-    paused: int = 0  # plain steps left in the current pause
-    pause: int = PAUSE_STEPS
+    hits: float = 1.0  # discounted accepted tokens (the prior: q = 1/2)
+    misses: float = 1.0  # discounted rejections
+    overhead: float = 0.0  # a verify's cost beyond 1 + VERIFY_SLOPE * k plain steps, measured
+    step_s: float | None = None  # a plain step's time, measured
+    idle: int = 0  # plain steps with a match at hand since the last proposal
+    probe_after: int = PROBE_STEPS
 
-    def next_k(self) -> int:
-        """Tokens to propose at this step (0: a plain step)."""
-        if self.paused > 0:
-            self.paused -= 1
+    @property
+    def q(self) -> float:
+        return self.hits / (self.hits + self.misses)
+
+    def cost(self, k: int) -> float:
+        return 1.0 + self.overhead + VERIFY_SLOPE * k
+
+    def expected_tokens(self, k: int) -> float:
+        q = self.q
+        return 1.0 + sum(q ** i for i in range(1, k + 1))
+
+    def best(self, available: int) -> tuple[int, float]:
+        """(k, tokens per plain step's time) of the best draft length up to `available`."""
+        return max(((k, self.expected_tokens(k) / self.cost(k)) for k in range(1, min(DRAFT_MAX, available) + 1)),
+                   key=lambda kv: kv[1], default=(0, 0.0))
+
+    def next_k(self, available: int) -> int:
+        """Tokens to propose now, of the `available` the index has (0: a plain step)."""
+        if available <= 0:
             return 0
-        return self.k
+        k, gain = self.best(available)
+        if gain > 1.0 + GAIN_MARGIN or self.idle >= self.probe_after:
+            return k
+        self.idle += 1
+        return 0
 
-    def saw(self, proposed: int, accepted: int) -> None:
-        if proposed == 0:
-            return
-        if accepted == proposed:
-            self.k, self.misses, self.pause = min(DRAFT_MAX, self.k * 2), 0, PAUSE_STEPS
-        elif accepted > 0:
-            self.k, self.misses = max(1, accepted + 1), 0
-        else:
-            self.k, self.misses = 1, self.misses + 1
-            if self.misses >= PAUSE_AFTER_MISSES:
-                self.paused, self.misses, self.pause = self.pause, 0, min(PAUSE_MAX, self.pause * 2)
+    def saw_step(self, seconds: float) -> None:
+        self.step_s = seconds if self.step_s is None else (1 - EMA) * self.step_s + EMA * seconds
+
+    def saw_verify(self, proposed: int, accepted: int, seconds: float) -> None:
+        self.idle = 0
+        self.hits = DECAY * self.hits + accepted
+        self.misses = DECAY * self.misses + (1.0 if accepted < proposed else 0.0)
+        if self.step_s:
+            measured = max(0.0, seconds / self.step_s - 1.0 - VERIFY_SLOPE * proposed)
+            self.overhead = (1 - EMA) * self.overhead + EMA * measured
+        paid = (accepted + 1) / self.cost(proposed) > 1.0
+        self.probe_after = PROBE_STEPS if paid else min(PROBE_MAX, self.probe_after * 2)
 
 
 @dataclass
@@ -122,10 +158,17 @@ def lookup_steps(model: Any, kv: list[Any], rest: list[int], context: Sequence[i
     """Greedy tokens, as mlx-lm's generate_step yields them ((token, None)):
     `rest` (the prompt's last token or tokens, their KV not in `kv` yet) first,
     then prompt-lookup proposals verified `verify(model, kv, last, proposed)`
-    (one_row.verify_greedy) or, with nothing to propose, a plain step. A
-    proposal never runs past `max_tokens`, so the KV allocated at admission
-    is never outgrown."""
+    (one_row.verify_greedy) or, where the policy proposes nothing, plain
+    steps -- pipelined as generate_step's are: the next step's forward is
+    queued on the token not yet read, so the host's work overlaps the
+    model's. A proposal never runs past `max_tokens`, so the KV allocated at
+    admission is never outgrown."""
     import mlx.core as mx
+
+    def plain(token: Any) -> Any:  # the next token, lazily: `token`'s forward queued
+        y = mx.argmax(model(mx.reshape(token, (1, 1)), cache=kv)[0, -1])
+        mx.async_eval(y)
+        return y
 
     logits = model(mx.array([rest], dtype=mx.int32), cache=kv)
     last = int(mx.argmax(logits[0, -1]).item())
@@ -134,24 +177,51 @@ def lookup_steps(model: Any, kv: list[Any], rest: list[int], context: Sequence[i
     produced = 1
     yield last, None  # the first token before the index is built: its time is not in the TTFT
     index = NgramIndex([*context, *rest, last])
-    draft = DraftLength()
+    draft = DraftPolicy()
+    pending: Any = None  # the next token being computed by a plain step of `last`
+    began = time.perf_counter()
     while produced < max_tokens:
-        k = min(draft.next_k(), max_tokens - produced - 1)
-        proposed = index.propose(k) if k > 0 else []
-        if proposed:
-            out = verify(model, kv, last, proposed)
-            accepted = len(out) - 1
-            draft.saw(len(proposed), accepted)
-            stats.proposed += len(proposed)
-            stats.accepted += accepted
-            stats.history.append((len(proposed), accepted))
-        else:
-            logits = model(mx.array([[last]], dtype=mx.int32), cache=kv)
-            out = [int(mx.argmax(logits[0, -1]).item())]
+        if pending is None:
+            at_hand = index.propose(min(DRAFT_MAX, max_tokens - produced - 1))
+            proposed = at_hand[:draft.next_k(len(at_hand))]
+            if proposed:
+                began = time.perf_counter()
+                out = verify(model, kv, last, proposed)
+                accepted = len(out) - 1
+                draft.saw_verify(len(proposed), accepted, time.perf_counter() - began)
+                stats.proposed += len(proposed)
+                stats.accepted += accepted
+                stats.history.append((len(proposed), accepted))
+                stats.forwards += 1
+                stats.tokens += len(out)
+                index.extend(out)
+                last = out[-1]
+                for token in out:
+                    produced += 1
+                    yield token, None
+                continue
+            began = time.perf_counter()
+            pending = plain(mx.array(last, dtype=mx.int32))
+        # A plain stretch: the step after `pending` is queued before `pending` is read, unless it would be the
+        # last token's (its forward is never needed) or the policy will want to verify from it.
+        following = plain(pending) if produced + 1 < max_tokens else None
+        last = int(pending.item())
+        now = time.perf_counter()
+        draft.saw_step(now - began)
+        began = now
         stats.forwards += 1
-        stats.tokens += len(out)
-        index.extend(out)
-        last = out[-1]
-        for token in out:
+        stats.tokens += 1
+        index.extend([last])
+        produced += 1
+        yield last, None
+        pending = following
+        if pending is not None and draft.next_k(len(index.propose(DRAFT_MAX))) > 0:
+            # Proposals pay from here: the queued step's token is read, then verifies go on from it.
+            last = int(pending.item())
+            draft.saw_step(time.perf_counter() - began)
+            stats.forwards += 1
+            stats.tokens += 1
+            index.extend([last])
             produced += 1
-            yield token, None
+            pending = None
+            yield last, None

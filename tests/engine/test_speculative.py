@@ -9,8 +9,8 @@ import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlxd.engine.model.one_row import verify_greedy
-from mlxd.engine.model.speculative import (DRAFT_MAX, PAUSE_AFTER_MISSES, PAUSE_STEPS, DraftLength, NgramIndex,
-                                           SpecStats, lookup_steps)
+from mlxd.engine.model.speculative import (DRAFT_MAX, PROBE_STEPS, VERIFY_SLOPE, DraftPolicy, NgramIndex, SpecStats,
+                                           lookup_steps)
 from tiny_models import greedy, tiny_llama
 
 
@@ -39,32 +39,42 @@ def test_the_index_grows_with_the_answer():
     assert index.propose(2) == [99, 10]  # the latest [10, 11, 12] was followed by 99
 
 
-@pytest.mark.parametrize("events, k_after", [
-    ([], 4),
-    ([(4, 4)], 8),                     # all accepted: double
-    ([(4, 4), (8, 8), (8, 8)], DRAFT_MAX),  # up to the cap
-    ([(4, 2)], 3),                     # a partial miss: one more than was accepted
-    ([(4, 0)], 1),                     # rejected outright: one
+def test_with_no_measurements_it_proposes_what_the_prior_says_pays():
+    d = DraftPolicy()  # q = 1/2, a verify about as cheap as a step: a short draft pays a little
+    k = d.next_k(8)
+    assert 1 <= k <= DRAFT_MAX and d.next_k(0) == 0  # nothing at hand: a plain step
+
+
+@pytest.mark.parametrize("accepted_of_8, overhead_steps, proposes", [
+    (8, 0.0, True),     # everything accepted, verifies cheap (a GPU): propose
+    (8, 1.5, True),     # everything accepted, a verify costs 2.5+ steps (this CPU): still pays
+    (1, 0.0, True),     # little accepted but verifies cost nothing: a short draft still pays a little
+    (1, 1.5, False),    # little accepted and verifies dear: plain steps
+    (0, 1.5, False),
 ])
-def test_the_draft_length_follows_acceptance(events, k_after):
-    d = DraftLength()
-    for proposed, accepted in events:
-        d.saw(proposed, accepted)
-    assert d.next_k() == k_after
+def test_it_proposes_only_where_the_measured_acceptance_and_cost_pay(accepted_of_8, overhead_steps, proposes):
+    d = DraftPolicy()
+    d.saw_step(0.1)
+    for _ in range(12):  # enough verifies to forget the prior
+        d.saw_verify(8, accepted_of_8, 0.1 * (1 + overhead_steps + VERIFY_SLOPE * 8))
+    assert d.overhead == pytest.approx(overhead_steps, abs=0.05)
+    assert (d.next_k(8) > 0) is proposes
 
 
-def test_misses_in_a_row_pause_proposals_and_the_pause_doubles():
-    d = DraftLength()
-    for _ in range(PAUSE_AFTER_MISSES):
-        d.saw(1, 0)
-    assert [d.next_k() for _ in range(PAUSE_STEPS)] == [0] * PAUSE_STEPS  # plain steps: proposing does not pay
-    assert d.next_k() == 1
-    for _ in range(PAUSE_AFTER_MISSES):
-        d.saw(1, 0)
-    assert [d.next_k() for _ in range(2 * PAUSE_STEPS)] == [0] * (2 * PAUSE_STEPS)
-    assert d.next_k() == 1
-    d.saw(1, 1)  # an accepted proposal ends the doubling
-    assert d.pause == PAUSE_STEPS and d.next_k() == 2
+def test_where_proposing_does_not_pay_it_probes_now_and_then_and_less_often_after_a_failed_probe():
+    d = DraftPolicy()
+    d.saw_step(0.1)
+    d.saw_verify(8, 0, 0.35)  # rejected outright, and dear: it did not pay
+    waits = []
+    for _ in range(2):
+        plain = 0
+        while d.next_k(8) == 0:
+            plain += 1
+        waits.append(plain)
+        d.saw_verify(3, 0, 0.3)  # the probe did not pay either
+    assert waits == [2 * PROBE_STEPS, 4 * PROBE_STEPS]  # acceptance is learned only by proposing, ever less often
+    d.saw_verify(3, 3, 0.2)  # a probe that paid: back to the first wait
+    assert d.probe_after == PROBE_STEPS
 
 
 # --- the generator, on a model ---------------------------------------------------------

@@ -257,7 +257,8 @@ class EngineConfig(Strict):
     speculative: Speculative = Field(default="off", description=(
         "Speculative decoding of a request decoded alone: `prompt_lookup` proposes the tokens that followed the "
         "answer's last few tokens earlier in the prompt or the answer (an agent's edit re-emitting a file, a tool "
-        "call repeating a path) and verifies them in one forward; greedy answers stay token for token the same. "
+        "call repeating a path) and verifies them in one forward; greedy answers stay token for token the same, "
+        "sampled ones are drawn from the same distribution (the speculative acceptance rule). "
         "It proposes only where its measured acceptance and verify cost beat a plain step. `off` (for now the "
         "default, until its gain is measured where a verify is cheap: Metal, CUDA; docs/BENCHMARKS.md): one token "
         "per forward (engine/model/speculative.py)."))

@@ -12,9 +12,10 @@ mirrored by the other ranks between BEGIN and END (engine/model/ranks.py).
 Speculative decoding lands here, not in a third loop: `verify_greedy` is its
 step (several proposed tokens verified in one forward over the row's own
 KV), and a step source that proposes tokens (engine/model/speculative.py's
-prompt lookup) yields what `generate_step` yields. A greedy request with
-nothing between the logits and the argmax (no penalties, no grammar) is
-decoded so when the serving plan says so.
+prompt lookup) yields what `generate_step` yields. A request with nothing
+between the logits and the draw (no penalties, no grammar) is decoded so
+when the serving plan says so: greedy, the same tokens; sampled, the same
+distribution (the speculative acceptance rule).
 
 In a batch, the request decoding alone moves into mlx-lm's batch where it
 stands when a second one joins (`hand_over`): its KV, cut back by the token
@@ -153,12 +154,18 @@ class OneRow:
         layout, kv = self.resident.kv, self.kv
         quantize = {"kv_bits": layout.bits, "kv_group_size": layout.group_size,
                     "quantized_kv_start": layout.quantized_start} if layout.quantized else {}
-        if self.speculative == "prompt_lookup" and s.sampler is None and not s.processors and not layout.quantized:
-            from .speculative import SpecStats, lookup_steps
+        if self.speculative == "prompt_lookup" and not s.processors and not layout.quantized:
+            from .speculative import SampledTarget, SpecStats, lookup_steps, verify_sampled
 
-            self.spec_stats = SpecStats()  # greedy, nothing between the logits and argmax: exact
-            return lookup_steps(self.resident.model, kv, self.rest, context, self.admitted.job.params.max_tokens,
-                                self.spec_stats, verify_greedy)
+            # Nothing between the logits and the draw (no penalties, no grammar): greedy answers are the same
+            # tokens, sampled ones drawn from the same distribution (the speculative acceptance rule).
+            p = self.admitted.job.params
+            sampled = None if s.sampler is None else SampledTarget(
+                p.temperature, p.top_p if p.top_p < 1.0 else 0.0, p.min_p,
+                p.top_k if 0 < p.top_k < self.resident.vocab_size() else 0)
+            self.spec_stats = SpecStats()
+            return lookup_steps(self.resident.model, kv, self.rest, context, p.max_tokens, self.spec_stats,
+                                verify_greedy if sampled is None else verify_sampled(sampled), sampled)
         if self.resident.dequantized_decode:
             from ..cache.kv_cache import prefill_views
 

@@ -153,25 +153,99 @@ class SpecStats:
         return self.tokens / self.forwards if self.forwards else 0.0
 
 
+@dataclass(frozen=True)
+class SampledTarget:
+    """A sampled request's distribution, as mlx-lm's make_sampler draws from
+    it (engine/model/sampling.py's settings): temperature, then top-p, min-p,
+    top-k on the log-probabilities, in make_sampler's order."""
+
+    temperature: float
+    top_p: float = 0.0  # 0: off, as make_sampler takes it
+    min_p: float = 0.0
+    top_k: int = 0
+
+    def probs(self, logits: Any) -> Any:
+        """Each position's distribution (positions x vocabulary)."""
+        import mlx.core as mx
+        from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
+
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        if 0 < self.top_p < 1.0:
+            logprobs = apply_top_p(logprobs, self.top_p)
+        if self.min_p != 0.0:
+            logprobs = apply_min_p(logprobs, self.min_p, 1)
+        if self.top_k > 0:
+            logprobs = apply_top_k(logprobs, self.top_k)
+        return mx.softmax(logprobs / self.temperature, axis=-1)
+
+
+def accept_sampled(probs: Any, proposed: list[int]) -> list[int]:
+    """The speculative acceptance rule for a draft that proposes one token for
+    sure (prompt lookup): proposed token i is kept with the target's
+    probability of it; at the first rejection a token is drawn from the target
+    with the rejected token taken out (the residual max(0, p - q), q one-hot),
+    or after a whole accepted draft from the next position's target. Each
+    token comes out distributed exactly as the target's own draw
+    (Leviathan et al., 2023). `probs`: (len(proposed) + 1) x vocabulary."""
+    import mlx.core as mx
+
+    out: list[int] = []
+    for i, token in enumerate(proposed):
+        p = probs[i]
+        if mx.random.uniform().item() < p[token].item():
+            out.append(token)
+            continue
+        residual = p * (mx.arange(p.shape[-1]) != token)
+        out.append(int(mx.random.categorical(mx.log(residual)).item()))
+        return out
+    out.append(int(mx.random.categorical(mx.log(probs[len(proposed)])).item()))
+    return out
+
+
+def verify_sampled(target: SampledTarget) -> Callable[[Any, list[Any], int, list[int]], list[int]]:
+    """The verify step of a sampled request: one forward over `last` and the
+    proposal, accept_sampled, the rejected positions cut back from the KV (as
+    one_row.verify_greedy does for a greedy one)."""
+
+    def verify(model: Any, kv: list[Any], last: int, proposed: list[int]) -> list[int]:
+        import mlx.core as mx
+        from mlx_lm.models.cache import trim_prompt_cache
+
+        logits = model(mx.array([[last, *proposed]], dtype=mx.int32), cache=kv)
+        out = accept_sampled(target.probs(logits[0].astype(mx.float32)), proposed)
+        if len(proposed) > len(out) - 1:
+            trim_prompt_cache(kv, len(proposed) - (len(out) - 1))
+        return out
+
+    return verify
+
+
 def lookup_steps(model: Any, kv: list[Any], rest: list[int], context: Sequence[int], max_tokens: int,
-                 stats: SpecStats, verify: Callable[[Any, list[Any], int, list[int]], list[int]]) -> Iterator[tuple[int, None]]:
+                 stats: SpecStats, verify: Callable[[Any, list[Any], int, list[int]], list[int]],
+                 sampled: SampledTarget | None = None) -> Iterator[tuple[int, None]]:
     """Greedy tokens, as mlx-lm's generate_step yields them ((token, None)):
     `rest` (the prompt's last token or tokens, their KV not in `kv` yet) first,
     then prompt-lookup proposals verified `verify(model, kv, last, proposed)`
-    (one_row.verify_greedy) or, where the policy proposes nothing, plain
+    (one_row.verify_greedy; verify_sampled with a `sampled` request's target,
+    whose plain steps draw from it) or, where the policy proposes nothing, plain
     steps -- pipelined as generate_step's are: the next step's forward is
     queued on the token not yet read, so the host's work overlaps the
     model's. A proposal never runs past `max_tokens`, so the KV allocated at
     admission is never outgrown."""
     import mlx.core as mx
 
+    def pick(logits: Any) -> Any:  # a position's token: greedy, or drawn from a sampled request's target
+        if sampled is None:
+            return mx.argmax(logits)
+        return mx.random.categorical(mx.log(sampled.probs(logits.astype(mx.float32))))
+
     def plain(token: Any) -> Any:  # the next token, lazily: `token`'s forward queued
-        y = mx.argmax(model(mx.reshape(token, (1, 1)), cache=kv)[0, -1])
+        y = pick(model(mx.reshape(token, (1, 1)), cache=kv)[0, -1])
         mx.async_eval(y)
         return y
 
     logits = model(mx.array([rest], dtype=mx.int32), cache=kv)
-    last = int(mx.argmax(logits[0, -1]).item())
+    last = int(pick(logits[0, -1]).item())
     stats.forwards += 1
     stats.tokens += 1
     produced = 1

@@ -9,8 +9,8 @@ import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlxd.engine.model.one_row import verify_greedy
-from mlxd.engine.model.speculative import (DRAFT_MAX, PROBE_STEPS, VERIFY_SLOPE, DraftPolicy, NgramIndex, SpecStats,
-                                           lookup_steps)
+from mlxd.engine.model.speculative import (DRAFT_MAX, PROBE_STEPS, VERIFY_SLOPE, DraftPolicy, NgramIndex,
+                                           SampledTarget, SpecStats, accept_sampled, lookup_steps, verify_sampled)
 from tiny_models import greedy, tiny_llama
 
 
@@ -115,3 +115,58 @@ def test_a_proposal_never_runs_past_max_tokens(model):
         out, stats, kv = speculated(model, prompt, n)
         assert out == greedy(model, prompt, n) and len(out) == n
         assert kv[0].offset <= len(prompt) - 1 + n  # the KV allocated for the prompt and n tokens is enough
+
+
+# --- sampled requests: the acceptance rule keeps the target's distribution --------------------
+P = [0.1, 0.2, 0.3, 0.25, 0.15]
+Q = [0.4, 0.1, 0.1, 0.1, 0.3]
+CHI2_4DOF_1E4 = 23.51  # chi-square with 4 degrees of freedom, p = 1e-4: a seeded test that fails only if biased
+
+
+def chi2(counts: list[int], probs: list[float]) -> float:
+    n = sum(counts)
+    return sum((c - n * p) ** 2 / (n * p) for c, p in zip(counts, probs))
+
+
+@pytest.mark.parametrize("proposed", [0, 2, 4])  # the proposal: unlikely, likely, in between
+def test_the_acceptance_rule_draws_each_token_from_the_target(proposed):
+    mx.random.seed(7)
+    probs = mx.array([P, Q])
+    first, second = [0] * 5, [0] * 5
+    for _ in range(4000):
+        out = accept_sampled(probs, [proposed])
+        first[out[0]] += 1
+        if len(out) == 2:  # the proposal was accepted: the next token is drawn from the next position's target
+            second[out[1]] += 1
+    assert chi2(first, P) < CHI2_4DOF_1E4, first
+    assert sum(second) == first[proposed] and chi2(second, Q) < CHI2_4DOF_1E4, second
+
+
+def test_a_sampled_target_is_make_samplers_distribution():
+    from mlx_lm.sample_utils import make_sampler
+
+    logits = mx.array([[2.0, 1.0, 0.5, -1.0, 0.0]])
+    target = SampledTarget(0.7, top_k=3)
+    probs = target.probs(logits)[0].tolist()
+    assert probs[3] == 0 and probs[4] == 0 and sum(probs) == pytest.approx(1.0)  # top-k kept 3
+    mx.random.seed(3)
+    sampler = make_sampler(temp=0.7, top_k=3)
+    counts = [0] * 5
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    for _ in range(3000):
+        counts[int(sampler(logprobs).item())] += 1
+    kept = [i for i in range(5) if probs[i] > 0]
+    assert chi2([counts[i] for i in kept], [probs[i] for i in kept]) < 13.8  # 2 dof, p = 1e-3
+
+
+def test_a_sampled_request_decodes_by_prompt_lookup_within_its_tokens(model):
+    base = [(5 * j + 3) % 97 for j in range(24)]
+    prompt = base + greedy(model, base, 30) + base
+    kv = make_prompt_cache(model)
+    model(mx.array([prompt[:-1]], dtype=mx.int32), cache=kv)
+    mx.random.seed(11)
+    stats = SpecStats()
+    target = SampledTarget(0.3)
+    out = [t for t, _ in lookup_steps(model, kv, prompt[-1:], prompt[:-1], 24, stats, verify_sampled(target), target)]
+    assert len(out) == 24 and all(0 <= t < 97 for t in out)
+    assert kv[0].offset <= len(prompt) - 1 + 24 and stats.tokens == 24

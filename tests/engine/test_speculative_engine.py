@@ -50,8 +50,13 @@ def test_prompt_lookup_answers_as_plain_decoding_does_and_says_so_in_metrics(sta
     assert after["mlxd_engine_spec_requests"] - before["mlxd_engine_spec_requests"] == 6
     assert after["mlxd_engine_spec_forwards"] <= after["mlxd_engine_spec_tokens"]
     assert metrics(off.url)["mlxd_engine_spec_requests"] == 0
-    # A sampled request is not speculated (its acceptance rule is not built yet): counted nowhere.
+    # A sampled request is speculated too (the acceptance rule); one with a penalty is not (a processor between).
     r = requests.post(on.url + "/v1/chat/completions", timeout=120, json={
         "model": "default", "temperature": 0.8, "max_tokens": 8, "messages": [{"role": "user", "content": PROMPT}]})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 8
+    assert metrics(on.url)["mlxd_engine_spec_requests"] == after["mlxd_engine_spec_requests"] + 1
+    r = requests.post(on.url + "/v1/chat/completions", timeout=120, json={
+        "model": "default", "temperature": 0, "max_tokens": 8, "presence_penalty": 0.5,
+        "messages": [{"role": "user", "content": PROMPT}]})
     assert r.status_code == 200
-    assert metrics(on.url)["mlxd_engine_spec_requests"] == after["mlxd_engine_spec_requests"]
+    assert metrics(on.url)["mlxd_engine_spec_requests"] == after["mlxd_engine_spec_requests"] + 1

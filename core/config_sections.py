@@ -254,14 +254,14 @@ class EngineConfig(Strict):
     cpu_float32: bool = Field(default=True, description=(
         "On the CPU backend with an optimised BLAS (Linux: engine/cpu/fast_blas.py), load models whose float32 weights "
         "take at most a quarter of the memory budget as float32: there a prompt runs ~15x faster than quantised."))
-    speculative: Speculative = Field(default="off", description=(
+    speculative: Speculative = Field(default="prompt_lookup", description=(
         "Speculative decoding of a request decoded alone: `prompt_lookup` proposes the tokens that followed the "
         "answer's last few tokens earlier in the prompt or the answer (an agent's edit re-emitting a file, a tool "
         "call repeating a path) and verifies them in one forward; greedy answers stay token for token the same, "
         "sampled ones are drawn from the same distribution (the speculative acceptance rule). "
-        "It proposes only where its measured acceptance and verify cost beat a plain step. `off` (for now the "
-        "default, until its gain is measured where a verify is cheap: Metal, CUDA; docs/BENCHMARKS.md): one token "
-        "per forward (engine/model/speculative.py)."))
+        "It proposes only where its measured acceptance and verify cost beat a plain step, so where nothing can be "
+        "copied, or a verify costs several steps (a CPU), it decodes as `off` does. `off`: one token per forward "
+        "(engine/model/speculative.py)."))
     kv_bits: KVBits = Field(default=16, description=(
         "The KV cache's precision: 16 keeps the model's dtype; 8 or 4 store keys and values quantised (above). "
         "Served alone only: it needs `max_concurrency = 1`."))

@@ -40,8 +40,8 @@ def answer(url: str, max_tokens: int, stream: bool = False) -> tuple[str, dict]:
 
 
 def test_prompt_lookup_answers_as_plain_decoding_does_and_says_so_in_metrics(start_engine):
-    on = start_engine({"speculative": "prompt_lookup"})
-    off = start_engine()  # the default: off
+    on = start_engine()  # the default: prompt_lookup
+    off = start_engine({"speculative": "off"})
     before = metrics(on.url)
     for max_tokens in (1, 7, 64):
         for stream in (False, True):

@@ -55,9 +55,14 @@ def test_every_failure_is_explicit(result):
             assert r["outcome"] in EXPLICIT and r.get("error_type") and r.get("error"), r
 
 
-def test_both_backends_answered(result):
+def test_the_engine_answered_through_the_crashes(result):
+    """Requests that meet a crash are held for the restart (a standby engine
+    is back in a fraction of a second), so the engine answers nearly all of
+    them; Ollama takes only what could not wait (a request that crashed the
+    engine twice). Whether Ollama answers any here depends on timing: the
+    fallback's own paths are the gateway tests'."""
     m = result["summary"]
-    assert m["answered_by_engine"] > 0 and m["answered_by_fallback"] > 0, m
+    assert m["answered_by_engine"] >= 0.8 * m["requests"], m
 
 
 def test_the_injected_faults_crashed_the_engine_as_classified(result):

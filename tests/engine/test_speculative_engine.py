@@ -60,3 +60,24 @@ def test_prompt_lookup_answers_as_plain_decoding_does_and_says_so_in_metrics(sta
         "messages": [{"role": "user", "content": PROMPT}]})
     assert r.status_code == 200
     assert metrics(on.url)["mlxd_engine_spec_requests"] == after["mlxd_engine_spec_requests"] + 1
+
+
+def test_a_stop_string_ends_the_answer_where_it_ends_without_prompt_lookup(start_engine):
+    """Tokens verified in one forward still reach the client one by one, so a
+    stop string cuts the answer at the same place (and the usage counts the same)."""
+    on = start_engine()
+    off = start_engine({"speculative": "off"})
+    full, _ = answer(off.url, 64)
+    assert len(full) > 30, full
+    stop = full[20:24]  # a string the answer is known to hold
+    bodies = []
+    for url in (on.url, off.url):
+        r = requests.post(url + "/v1/chat/completions", timeout=120, json={
+            "model": "default", "temperature": 0, "max_tokens": 64, "stop": [stop],
+            "messages": [{"role": "user", "content": PROMPT}]})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        bodies.append((body["choices"][0]["message"]["content"], body["choices"][0]["finish_reason"],
+                       body["usage"]["completion_tokens"]))
+    assert bodies[0] == bodies[1]
+    assert bodies[0][1] == "stop" and stop not in bodies[0][0] and full.startswith(bodies[0][0])

@@ -47,14 +47,15 @@ LOOP_S = 0.5
 
 
 # --- decisions (pure) -----------------------------------------------------------
+def standby_wait(delay_s: float, failures: int) -> float:
+    """Seconds from the last handover, discard or failure to the next standby:
+    `delay_s`, doubled for each standby that died before it was ready, capped."""
+    return min(delay_s * 2 ** failures, max(delay_s, STANDBY_BACKOFF_CAP_S)) if failures else delay_s
+
+
 def standby_due(*, has_standby: bool, now: float, quiet_since: float, delay_s: float, failures: int) -> bool:
-    """Whether to start a standby now: none waiting, and `delay_s` (doubled
-    for each standby that died before it was ready, capped) since the last
-    handover, discard or failure."""
-    if has_standby:
-        return False
-    wait = min(delay_s * 2 ** failures, max(delay_s, STANDBY_BACKOFF_CAP_S)) if failures else delay_s
-    return now - quiet_since >= wait
+    """Whether to start a standby now: none waiting, and standby_wait since the last handover, discard or failure."""
+    return not has_standby and now - quiet_since >= standby_wait(delay_s, failures)
 
 
 def handover_message(argv: list[str], env: dict[str, str], cwd: str) -> dict:
@@ -164,8 +165,7 @@ class Keeper:
             self.quiet_since = time.monotonic()
         standby.channel.close()
         log.warning("standby engine %d exited with %s before it was used; the next one in %.0f s",
-                    standby.proc.pid, standby.proc.returncode,
-                    min(self.delay_s * 2 ** self.failures, max(self.delay_s, STANDBY_BACKOFF_CAP_S)))
+                    standby.proc.pid, standby.proc.returncode, standby_wait(self.delay_s, self.failures))
         self._save()
 
     def _take_ready(self) -> Standby | None:

@@ -48,52 +48,43 @@ def uses_standby(config: Config) -> bool:
     return config.supervisor.standby_engine and not config.engine.ranks.enabled
 
 
-def _standby_program(config: Config, python: str, env: str) -> str:
-    if not uses_standby(config):
-        return ""
-    p = config.paths
-    # Started before the engine and stopped after it (priority); it kills its waiting process when stopped.
-    return f"""[program:standby]
-command={_q(python)} -m mlxd.supervisor.standby --delay {config.supervisor.standby_delay_s:g}
+def _restarted_program(name: str, command: str, stop_wait_s: int, log: Path, log_mb: int, log_backups: int,
+                       env: str, priority: int) -> str:
+    """A program supervisord restarts itself (it holds no model), its output in one log."""
+    return f"""[program:{name}]
+command={command}
 autostart=true
 autorestart=true
 startsecs=0
 stopsignal=TERM
-stopwaitsecs={STANDBY_STOP_WAIT_S}
+stopwaitsecs={stop_wait_s}
 stopasgroup=true
 killasgroup=true
-stdout_logfile={_q(p.logs / 'standby.log')}
-stdout_logfile_maxbytes=5MB
-stdout_logfile_backups=2
+stdout_logfile={_q(log)}
+stdout_logfile_maxbytes={log_mb}MB
+stdout_logfile_backups={log_backups}
 redirect_stderr=true
 environment={env}
-priority=50
+priority={priority}
 
 """
+
+
+def _standby_program(config: Config, python: str, env: str) -> str:
+    if not uses_standby(config):
+        return ""
+    # Started before the engine and stopped after it (priority); it kills its waiting process when stopped.
+    return _restarted_program("standby", f"{_q(python)} -m mlxd.supervisor.standby --delay "
+                              f"{config.supervisor.standby_delay_s:g}", STANDBY_STOP_WAIT_S,
+                              config.paths.logs / "standby.log", 5, 2, env, 50)
 
 
 def _gateway_program(config: Config, python: str, env: str) -> str:
     if not config.gateway.enabled:
         return ""
-    p = config.paths
     # The gateway holds no model: supervisord's own restart (about 1 s) is right for it.
-    return f"""[program:gateway]
-command={_q(python)} -m mlxd.cli gateway
-autostart=true
-autorestart=true
-startsecs=0
-stopsignal=TERM
-stopwaitsecs={GATEWAY_STOP_WAIT_S}
-stopasgroup=true
-killasgroup=true
-stdout_logfile={_q(p.logs / 'gateway.log')}
-stdout_logfile_maxbytes=10MB
-stdout_logfile_backups=3
-redirect_stderr=true
-environment={env}
-priority=200
-
-"""
+    return _restarted_program("gateway", f"{_q(python)} -m mlxd.cli gateway", GATEWAY_STOP_WAIT_S,
+                              config.paths.logs / "gateway.log", 10, 3, env, 200)
 
 
 def render_supervisord_conf(config: Config, python: str = sys.executable) -> str:

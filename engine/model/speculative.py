@@ -20,7 +20,7 @@ decoder pulls tokens from, as it pulls them from mlx-lm's `generate_step`.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 NGRAM_MAX = 3  # the longest suffix looked up; longer matches are rarer and barely more precise
@@ -146,7 +146,6 @@ class SpecStats:
     proposed: int = 0
     accepted: int = 0
     tokens: int = 0  # tokens the forwards produced
-    history: list[tuple[int, int]] = field(default_factory=list)  # (proposed, accepted) per verify, for tests
 
     @property
     def tokens_per_forward(self) -> float:
@@ -253,6 +252,7 @@ def lookup_steps(model: Any, kv: list[Any], rest: list[int], context: Sequence[i
     index = NgramIndex([*context, *rest, last])
     draft = DraftPolicy()
     pending: Any = None  # the next token being computed by a plain step of `last`
+    verify_next = False  # read `pending` without queuing the step after it: proposals pay from there
     began = time.perf_counter()
     while produced < max_tokens:
         if pending is None:
@@ -265,7 +265,6 @@ def lookup_steps(model: Any, kv: list[Any], rest: list[int], context: Sequence[i
                 draft.saw_verify(len(proposed), accepted, time.perf_counter() - began)
                 stats.proposed += len(proposed)
                 stats.accepted += accepted
-                stats.history.append((len(proposed), accepted))
                 stats.forwards += 1
                 stats.tokens += len(out)
                 index.extend(out)
@@ -277,8 +276,8 @@ def lookup_steps(model: Any, kv: list[Any], rest: list[int], context: Sequence[i
             began = time.perf_counter()
             pending = plain(mx.array(last, dtype=mx.int32))
         # A plain stretch: the step after `pending` is queued before `pending` is read, unless it would be the
-        # last token's (its forward is never needed) or the policy will want to verify from it.
-        following = plain(pending) if produced + 1 < max_tokens else None
+        # last token's (its forward is never needed) or proposals pay from `pending` on (verifies go on from it).
+        following = plain(pending) if produced + 1 < max_tokens and not verify_next else None
         last = int(pending.item())
         now = time.perf_counter()
         draft.saw_step(now - began)
@@ -289,13 +288,4 @@ def lookup_steps(model: Any, kv: list[Any], rest: list[int], context: Sequence[i
         produced += 1
         yield last, None
         pending = following
-        if pending is not None and draft.next_k(len(index.propose(DRAFT_MAX))) > 0:
-            # Proposals pay from here: the queued step's token is read, then verifies go on from it.
-            last = int(pending.item())
-            draft.saw_step(time.perf_counter() - began)
-            stats.forwards += 1
-            stats.tokens += 1
-            index.extend([last])
-            produced += 1
-            pending = None
-            yield last, None
+        verify_next = pending is not None and draft.next_k(len(index.propose(DRAFT_MAX))) > 0

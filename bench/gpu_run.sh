@@ -65,6 +65,38 @@ install_gateway() {  # after `stage3` (.whl3 kept in /tmp/stage3), with .whl4 ca
 }
 
 case "${1:-}" in
+stage-model)
+  # The real default model's GGUF (~98 MB: more than one transfer), in parts split -b 48M, one carried a call.
+  mkdir -p /tmp/stage-model && cp .whl5/smollm2.part* /tmp/stage-model/ && ls -la /tmp/stage-model
+  ;;
+speculative)
+  # Issue 37: what verifying k tokens costs against one decode step (the 8b demo, the default model), then
+  # prompt lookup against off over HTTP (bench/speculative.py) on the real default model (edit, tool call, chat;
+  # one client and 4 at once) and on the 8b demo (random weights: nothing to accept, so its cost). PARTS picks.
+  install_engine
+  export MLXD_MODEL_CACHE=/tmp/model-cache
+  if ls /tmp/stage-model/smollm2.part* >/dev/null 2>&1; then
+    mkdir -p "$MLXD_MODEL_CACHE"
+    cat /tmp/stage-model/smollm2.part* > "$MLXD_MODEL_CACHE/SmolLM2-135M-Instruct.Q4_1.gguf"
+    rm /tmp/stage-model/smollm2.part*
+  fi
+  sha256sum "$MLXD_MODEL_CACHE/SmolLM2-135M-Instruct.Q4_1.gguf"
+  IFS=, read -ra parts <<< "${PARTS:-verify8b,verifydefault,default,default4,8b}"
+  for part in "${parts[@]}"; do
+    case $part in
+    verify8b) $PY bench/speculative.py --verify-cost --model "$MODEL" --context "${CONTEXTS:-512,4096,16384}" \
+                  --out "$OUT/speculative_verify_8b.json" | tee "$OUT/speculative_verify_8b.md" ;;
+    verifydefault) $PY bench/speculative.py --verify-cost --context "${CONTEXTS:-512,4096,16384}" \
+                  --out "$OUT/speculative_verify_default.json" | tee "$OUT/speculative_verify_default.md" ;;
+    default) $PY bench/speculative.py --rounds "${ROUNDS:-3}" --max-tokens 400 \
+                  --out "$OUT/speculative_default.json" | tee "$OUT/speculative_default.md" ;;
+    default4) $PY bench/speculative.py --rounds "${ROUNDS:-3}" --max-tokens 400 --clients 4 \
+                  --out "$OUT/speculative_default_4clients.json" | tee "$OUT/speculative_default_4clients.md" ;;
+    8b) $PY bench/speculative.py --model "$MODEL" --rounds "${ROUNDS:-3}" --max-tokens 256 --workloads chat,edit \
+                  --out "$OUT/speculative_8b.json" | tee "$OUT/speculative_8b.md" ;;
+    esac
+  done
+  ;;
 recovery)
   # Issue 36, item 4: SIGABRT -> serving on the 8b model, the standby engine against a fresh start
   # (bench/recovery.py, both arms one run), after `faults`' installs.
@@ -216,7 +248,7 @@ profile)
       | tee "$OUT/kv_reuse_profile_8b.txt"
   ;;
 *)
-  echo "usage: $0 stage|engine|gateway|cache|concurrency|squeeze|agents|prefill|admission|kv|profile|structured|grammar-probe|stage3|faults|recovery|load" >&2
+  echo "usage: $0 stage|engine|gateway|cache|concurrency|squeeze|agents|prefill|admission|kv|profile|structured|grammar-probe|stage3|faults|recovery|load|stage-model|speculative" >&2
   exit 64
   ;;
 esac

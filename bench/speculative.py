@@ -13,6 +13,15 @@ from /metrics what prompt lookup proposed and had accepted.
   .venv/bin/python bench/speculative.py                    # the default model (SmolLM2-135M), CPU
   .venv/bin/python bench/speculative.py --model PATH       # an mlx-lm model folder
   .venv/bin/python bench/speculative.py --quick            # 1 round, 64 tokens: a smoke test
+  .venv/bin/python bench/speculative.py --clients 4        # 4 requests at once an arm (max_concurrency 4):
+                                                           #   aggregate tok/s, the batch's case
+  .venv/bin/python bench/speculative.py --verify-cost      # in process: a forward of k + 1 tokens against
+                                                           #   one decode step (what bounds the gain), no server
+
+`--verify-cost` loads the model as the engine does (the CPU's float32 path on a
+machine without Metal or CUDA), prefills `--context` tokens and times forwards
+of 1, 2, 3, 5, 9 and 17 tokens over it (median of `--reps`, the KV cut back
+after each): a verify of k proposed tokens is a forward of k + 1.
 """
 
 from __future__ import annotations
@@ -147,6 +156,79 @@ def table(summary: dict) -> str:
     return "\n".join(lines)
 
 
+VERIFY_TOKENS = (1, 2, 3, 5, 9, 17)  # a plain step, then verifies of 1, 2, 4, 8, 16 proposed tokens
+
+
+def verify_cost(model_path: Path | None, contexts: list[int], reps: int) -> dict[str, Any]:
+    """Forward time of n tokens over a context, against one token's (in process)."""
+    from mlxd.engine.cpu.fast_blas import activate
+
+    activate()  # before MLX: OpenBLAS under MLX's CPU backend, as the engine has it
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
+
+    from mlxd.engine.model.model_load import load_resident
+
+    on_cpu = not (mx.metal.is_available() or mx.cuda.is_available())
+    if model_path is None:
+        from mlxd import default_model
+        from mlxd.engine.model.gguf_convert import convert_gguf
+
+        model_path = convert_gguf(default_model.gguf_path(), Path(tempfile.gettempdir()) / "mlxd-spec-gguf",
+                                  say=lambda m: say(f"   {m}"))
+    say(f"loading {model_path} ({'CPU, float32' if on_cpu else mx.default_device()})")
+    model = load_resident("bench", str(model_path), "float32" if on_cpu else None).model
+    rows = []
+    for context in contexts:
+        kv = make_prompt_cache(model)
+        for at in range(0, context, 2048):  # the context, in prefill-sized steps
+            mx.eval([c.state for c in kv] + [model(mx.array([[(7 * i) % 1000 + 10 for i in range(
+                at, min(context, at + 2048))]]), cache=kv)[0, -1]])
+
+        def forward_s(n: int) -> float:
+            times = []
+            for _ in range(reps):
+                began = time.perf_counter()
+                mx.eval(mx.argmax(model(mx.array([[(13 * i) % 1000 + 10 for i in range(n)]]), cache=kv)[0], axis=-1))
+                times.append(time.perf_counter() - began)
+                trim_prompt_cache(kv, n)
+            return statistics.median(times)
+
+        forward_s(1), forward_s(VERIFY_TOKENS[-1])  # warm-up: kernels compiled for these shapes
+        step = forward_s(1)
+        for n in VERIFY_TOKENS:
+            t = step if n == 1 else forward_s(n)
+            rows.append({"context": context, "tokens": n, "proposed": n - 1, "ms": t * 1000, "vs_step": t / step})
+            say(f"context {context:6d}: {n:2d} tokens a forward {t * 1000:8.2f} ms = {t / step:.2f}x one step")
+        del kv
+    return {"model": str(model_path), "device": "cpu" if on_cpu else str(mx.default_device()), "rows": rows}
+
+
+def verify_table(rows: list[dict]) -> str:
+    contexts = sorted({r["context"] for r in rows})
+    lines = ["| tokens a forward (proposed) | " + " | ".join(f"context {c}" for c in contexts) + " |",
+             "|---|" + "---:|" * len(contexts)]
+    for n in VERIFY_TOKENS:
+        cells = [next((f"{r['ms']:.1f} ms ({r['vs_step']:.2f}x)" for r in rows
+                       if r["context"] == c and r["tokens"] == n), "—") for c in contexts]
+        lines.append(f"| {n} ({n - 1}) | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def concurrent_round(url: str, messages: list[dict], max_tokens: int, clients: int) -> dict[str, Any]:
+    """`clients` copies of one request at once: their tokens over the wall time (the batch's aggregate)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    began = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        results = list(pool.map(lambda _: one_request(url, messages, max_tokens), range(clients)))
+    wall = time.perf_counter() - began
+    tokens = sum(r["tokens"] for r in results)
+    return {"ttft_s": statistics.median(r["ttft_s"] for r in results), "tokens": tokens, "wall_s": wall,
+            "decode_tok_s": tokens / wall, "text": results[0]["text"],
+            "spec": {k: sum(r["spec"].get(k, 0) for r in results) / clients for k in results[0]["spec"]}}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, help="an mlx-lm model folder (default: mlxd's default model)")
@@ -154,17 +236,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=400)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--clients", type=int, default=1, help="requests at once an arm (max_concurrency the same)")
+    ap.add_argument("--verify-cost", action="store_true", help="in process: k + 1 tokens a forward against one")
+    ap.add_argument("--context", default="512,4096", help="--verify-cost: context lengths, comma-separated")
+    ap.add_argument("--reps", type=int, default=9, help="--verify-cost: forwards timed per size (median)")
     ap.add_argument("--out", type=Path, default=RESULTS / "speculative.json")
     args = ap.parse_args(argv)
     if args.quick:
         args.rounds, args.max_tokens = 1, 64
+    if args.verify_cost:
+        result = verify_cost(args.model, [int(c) for c in args.context.split(",")], args.reps)
+        md = verify_table(result["rows"])
+        print(md)
+        out = args.out.with_name("speculative_verify.json") if args.out == RESULTS / "speculative.json" else args.out
+        write_json(out, {"benchmark": "speculative_verify", "machine": machine_info(), "settings": vars(args) | {
+            "model": str(args.model or "default")}, **result, "table": md})
+        say(f"results: {out}")
+        return 0
     workloads = [w for w in args.workloads.split(",") if w]
     work = Path(tempfile.mkdtemp(prefix="mlxd-spec-"))
     runs: list[dict] = []
     try:
         engines = {}
         for arm in ARMS:
-            config: dict[str, Any] = {"engine": {"speculative": arm, "stuck_grace_s": 600, "max_tokens_cap": 100000}}
+            config: dict[str, Any] = {"engine": {"speculative": arm, "stuck_grace_s": 600, "max_tokens_cap": 100000,
+                                                 "max_concurrency": args.clients}}
             if args.model:
                 config.update({"models": {"bench": {"path": args.model.resolve()}}, "aliases": {"default": "bench"}})
             say(f"starting the engine, speculative = {arm}")
@@ -176,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
             order = ARMS if rnd % 2 == 0 else ARMS[::-1]
             for w in workloads:
                 for arm in order:
-                    r = one_request(engines[arm].url, WORKLOADS[w], args.max_tokens)
+                    r = (one_request(engines[arm].url, WORKLOADS[w], args.max_tokens) if args.clients == 1 else
+                         concurrent_round(engines[arm].url, WORKLOADS[w], args.max_tokens, args.clients))
                     r.update({"round": rnd, "workload": w, "arm": arm})
                     runs.append(r)
                     say(f"round {rnd + 1} {w:9s} {arm:13s} {r['tokens']:4d} tokens, decode "

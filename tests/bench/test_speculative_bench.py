@@ -27,3 +27,12 @@ def test_the_summary_sets_prompt_lookup_against_off_per_workload():
     assert s["edit"]["identical"] and not s["chat"]["identical"]  # a different answer is a failure, said so
     assert s["chat"]["prompt_lookup"]["acceptance"] is None  # nothing proposed
     assert "| chat |" in spec.table(s) and "NO |" in spec.table(s)
+
+
+def test_the_verify_cost_table_has_a_row_per_forward_size_and_a_column_per_context():
+    rows = [{"context": c, "tokens": n, "ms": 10.0 * n, "vs_step": float(n)} for c in (512, 4096)
+            for n in spec.VERIFY_TOKENS if n != 17]
+    md = spec.verify_table(rows)
+    assert "| context 512 | context 4096 |" in md
+    assert "| 9 (8) | 90.0 ms (9.00x) | 90.0 ms (9.00x) |" in md
+    assert "| 17 (16) | — | — |" in md  # not measured: said so, not invented

@@ -73,14 +73,26 @@ class Config(Strict):
                 raise ValueError(f"model {name!r}: kv_bits = {bits} needs max_concurrency = 1 (it is {concurrency}): "
                                  "mlx-lm's batched generation has no quantised KV cache; set kv_bits = 16 for it "
                                  f"([models.{name}] kv_bits = 16) or serve it one request at a time")
+            if spec.draft is not None:
+                draft = self.models.get(spec.draft)
+                if draft is None:
+                    raise ValueError(f"model {name!r}: draft {spec.draft!r} is not under [models]")
+                if spec.draft == name or draft.draft is not None:
+                    raise ValueError(f"model {name!r}: its draft {spec.draft!r} must be another model without a "
+                                     "draft of its own")
+                if draft.demo == "vision" or spec.demo == "vision":
+                    raise ValueError(f"model {name!r}: a vision model neither has nor is a draft")
             if bits < 16 and self.engine.ranks.enabled:
                 raise ValueError(f"model {name!r}: kv_bits = {bits} is not supported in a rank group "
                                  "([engine.ranks]): each rank keeps its own KV cache at the model's dtype")
         return self
 
     def speculative_for(self, model_id: str) -> str:
-        """A model's speculative decoding: its own setting, else the engine's."""
-        return self.models[model_id].speculative or self.engine.speculative
+        """A model's speculative decoding: its own setting, else the engine's;
+        "draft" where it has a draft model and speculation is not off."""
+        spec = self.models[model_id]
+        mode = spec.speculative or self.engine.speculative
+        return "draft" if mode != "off" and spec.draft is not None else mode
 
     def kv_settings(self, model_id: str) -> tuple[int, int, int]:
         """(kv_bits, kv_group_size, quantized_kv_start) of a model: its own, else the engine's."""

@@ -89,6 +89,13 @@ class ModelSpec(Strict):
         "Requests generated at once for this model. Unset: `engine.max_concurrency`."))
     speculative: Speculative | None = Field(default=None, description=(
         "Speculative decoding for this model. Unset: `engine.speculative`."))
+    draft: str | None = Field(default=None, description=(
+        "A smaller model of the same tokenizer, by its id under `[models]`, that proposes this one's next tokens "
+        "(speculative decoding by a draft model, mlx-lm's `speculative_generate_step`, instead of prompt lookup; "
+        "`speculative = \"off\"` turns it off). It is loaded and unloaded with this model, and its weights and "
+        "KV are counted in this model's memory estimate. A draft whose tokenizer differs is refused at load."))
+    draft_tokens: int = Field(default=3, ge=1, le=16, description=(
+        "Tokens the draft model proposes per forward of this one (mlx-lm's `num_draft_tokens`)."))
     kv_bits: KVBits | None = Field(default=None, description="Its KV cache's precision. Unset: `engine.kv_bits`.")
     kv_group_size: KVGroupSize | None = Field(default=None, description=(
         "Its quantised KV's group size. Unset: `engine.kv_group_size`."))
@@ -260,8 +267,9 @@ class EngineConfig(Strict):
         "call repeating a path) and verifies them in one forward; greedy answers stay token for token the same, "
         "sampled ones are drawn from the same distribution (the speculative acceptance rule). "
         "It proposes only where its measured acceptance and verify cost beat a plain step, so where nothing can be "
-        "copied, or a verify costs several steps (a CPU), it decodes as `off` does. `off`: one token per forward "
-        "(engine/model/speculative.py)."))
+        "copied, or a verify costs several steps (a CPU), it decodes as `off` does; it learns where copying pays from "
+        "every token, proposed or not. A model with a `draft` model is decoded by its draft instead. `off`: one "
+        "token per forward (engine/model/speculative.py, engine/model/draft_model.py)."))
     kv_bits: KVBits = Field(default=16, description=(
         "The KV cache's precision: 16 keeps the model's dtype; 8 or 4 store keys and values quantised (above). "
         "Served alone only: it needs `max_concurrency = 1`."))

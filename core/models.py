@@ -129,12 +129,29 @@ def model_info(config: Config, model_id: str, budget_bytes: int, weights_dtype: 
     # Vision models (mlx-vlm's generation) keep their KV at the model's dtype.
     kv = me.KVLayout() if is_vision_config(cfg) else me.kv_layout_for(cfg, *config.kv_settings(model_id))
     footprint = me.estimate_footprint(cfg, weights, name, ctx, kv)
+    if spec.draft is not None:  # loaded with it: its weights and its KV for the same context count as this one's
+        footprint = with_draft(footprint, model_info(config, spec.draft, budget_bytes, weights_dtype).footprint,
+                               spec.draft)
     verdict = me.judge(name, footprint, budget_bytes, config.engine.heavy_patterns)
     pc = config.engine.prompt_cache
     configured = None if pc.memory_gib is None else int(pc.memory_gib * me.GIB)
     cache_bytes = me.prompt_cache_budget(budget_bytes, footprint.total_bytes, configured) if pc.enabled else 0
     return ModelInfo(model_id, spec, verdict, footprint, on_disk=on_disk, prompt_cache_bytes=cache_bytes, config=cfg,
                      weights_dtype=loaded_as, kv=kv)
+
+
+def with_draft(footprint: me.Footprint, draft: me.Footprint, draft_id: str) -> me.Footprint:
+    """A model's footprint with its draft model's added to its weights (pure):
+    the draft's weights and its KV allowance are held as long as the model is
+    loaded, whatever its requests hold. An unknown draft size leaves the
+    model's as it is, said so."""
+    if footprint.weights_bytes is None:
+        return footprint
+    if draft.weights_bytes is None:
+        return me.Footprint(footprint.weights_bytes, footprint.kv_bytes,
+                            f"{footprint.source}; draft {draft_id} not counted (size unknown)")
+    return me.Footprint(footprint.weights_bytes + draft.weights_bytes + draft.kv_bytes, footprint.kv_bytes,
+                        f"{footprint.source}; with draft {draft_id}")
 
 
 def heavy_models(config: Config, budget_bytes: int) -> dict[str, bool]:

@@ -49,6 +49,7 @@ class ServingPlanReport(Report):
     prompt_cache: bool = True
     cpu_float32: bool = False
     reason: str | None = None  # why max_concurrency is below what was configured
+    speculative: str = "off"  # a request decoded alone: "prompt_lookup", "draft" or "off"
 
 
 @dataclass(frozen=True)

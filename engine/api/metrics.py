@@ -53,8 +53,8 @@ def register_gauges(metrics: EngineMetrics, worker: ModelWorker, admission: Admi
     m.gauge("mlxd_engine_model_unloads", "Models unloaded since start", lambda: w.counters["model_unloads"])
     m.gauge("mlxd_engine_generated_tokens", "Tokens generated since start", lambda: w.counters["generated_tokens"])
     m.gauge("mlxd_engine_prompt_tokens", "Prompt tokens processed since start", lambda: w.counters["prompt_tokens"])
-    for key, doc in (("spec_requests", "Requests decoded by prompt lookup (speculative decoding)"),
-                     ("spec_proposed", "Tokens prompt lookup proposed"),
+    for key, doc in (("spec_requests", "Requests decoded speculatively (prompt lookup or a draft model)"),
+                     ("spec_proposed", "Tokens prompt lookup or the draft model proposed"),
                      ("spec_accepted", "Proposed tokens the model accepted"),
                      ("spec_forwards", "Forward passes of speculatively decoded requests"),
                      ("spec_tokens", "Tokens those forward passes produced")):

@@ -289,12 +289,12 @@ class EngineCore:
         self.counters["generated_tokens"] += len(a.generation.tokens)
         self.counters["prompt_tokens"] += len(a.prompt)
         spec = e.speculation
-        if spec is not None:  # decoded by prompt lookup (engine/model/speculative.py)
+        if spec is not None:  # decoded speculatively (engine/model/speculative.py, draft_model.py)
             for key, value in (("spec_requests", 1), ("spec_proposed", spec.proposed), ("spec_accepted", spec.accepted),
                                ("spec_forwards", spec.forwards), ("spec_tokens", spec.tokens)):
                 self.counters[key] += value
-            log.info("request %s: prompt lookup: %d of %d proposed tokens accepted, %d tokens in %d forwards (%.2f a "
-                     "forward)", a.job.id, spec.accepted, spec.proposed, spec.tokens, spec.forwards,
+            log.info("request %s: %s: %d of %d proposed tokens accepted, %d tokens in %d forwards (%.2f a "
+                     "forward)", a.job.id, spec.mode.replace("_", " "), spec.accepted, spec.proposed, spec.tokens, spec.forwards,
                      spec.tokens_per_forward)
         if a.checkpoint is not None:  # its prompt on disk before the client can see the end (and crash us)
             self.prompt_cache.await_write(a.checkpoint, CHECKPOINT_WAIT_S)

@@ -99,9 +99,11 @@ class Decoders:
     """The one-row and many-row decoders of the resident model (see the module's docstring)."""
 
     def __init__(self, resident: Any, slots: int, pace: Any, faults: Any, link: Any = None,
-                 speculative: str = "off") -> None:
+                 speculative: str = "off", draft: Any = None, draft_tokens: int = 3) -> None:
         self.resident = resident
         self.speculative = speculative  # the serving plan's, for the one-row decoder
+        self.draft = draft  # its DraftModel when the plan says "draft" (engine/model/draft_model.py)
+        self.draft_tokens = draft_tokens
         self.slots = slots
         self.pace = pace
         self.faults = faults
@@ -154,7 +156,8 @@ class Decoders:
         if one_row:
             assert self.one is None and self.many_empty, "a request decoded alone with others running"
             self.one = OneRow(self.resident, admitted, kv, sampling, self.pace, self.faults, heartbeat,
-                              vision=vision, link=self.link, speculative=self.speculative)
+                              vision=vision, link=self.link, speculative=self.speculative, draft=self.draft,
+                              draft_tokens=self.draft_tokens)
             admitted.joined_at = time.monotonic()
             return
         many = self._many()
@@ -192,3 +195,5 @@ class Decoders:
         if self.many is not None:
             self.many.close()
             self.many = None
+        if self.draft is not None:
+            self.draft.close()

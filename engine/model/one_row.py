@@ -75,8 +75,10 @@ def verify_greedy(model: Any, kv: list[Any], last: int, proposed: list[int]) -> 
     import mlx.core as mx
     from mlx_lm.models.cache import trim_prompt_cache
 
+    from .speculative import greedy_choice
+
     logits = model(mx.array([[last, *proposed]], dtype=mx.int32), cache=kv)
-    choice = mx.argmax(logits[0], axis=-1).tolist()  # the model's pick after each position
+    choice = greedy_choice(logits[0]).tolist()  # the model's pick after each position, as generate_step picks
     accepted = 0
     while accepted < len(proposed) and proposed[accepted] == choice[accepted]:
         accepted += 1
@@ -88,12 +90,14 @@ def verify_greedy(model: Any, kv: list[Any], last: int, proposed: list[int]) -> 
 class OneRow:
     def __init__(self, resident: Any, admitted: Admitted, kv: list[Any] | None, sampling: RowSampling, pace: Any,
                  faults: Any, heartbeat: Callable[..., None], vision: Any = None, link: Any = None,
-                 speculative: str = "off") -> None:
+                 speculative: str = "off", draft: Any = None, draft_tokens: int = 3) -> None:
         import mlx.core as mx
 
         self.resident = resident
         self.speculative = speculative
-        self.spec_stats: Any = None  # SpecStats, when this request is decoded by prompt lookup
+        self.draft = draft  # DraftModel (engine/model/draft_model.py) when the plan says "draft"
+        self.draft_tokens = draft_tokens
+        self.spec_stats: Any = None  # SpecStats, when this request is decoded speculatively
         self.admitted = admitted
         self.sampling = sampling
         self.link = link
@@ -154,6 +158,14 @@ class OneRow:
         layout, kv = self.resident.kv, self.kv
         quantize = {"kv_bits": layout.bits, "kv_group_size": layout.group_size,
                     "quantized_kv_start": layout.quantized_start} if layout.quantized else {}
+        if self.speculative == "draft" and self.draft is not None and not s.processors and not layout.quantized:
+            from .draft_model import draft_steps
+            from .speculative import SpecStats
+
+            # The draft proposes, the model verifies (mlx-lm's speculative_generate_step): its own tokens.
+            self.spec_stats = SpecStats(mode="draft")
+            return draft_steps(self.resident.model, kv, self.draft, self.rest, context,
+                               self.admitted.job.params.max_tokens, s.sampler, self.draft_tokens, self.spec_stats)
         if self.speculative == "prompt_lookup" and not s.processors and not layout.quantized:
             from .speculative import SampledTarget, SpecStats, lookup_steps, verify_sampled
 
@@ -220,6 +232,8 @@ class OneRow:
         # Prompt lookup may have run tokens past it (a verify's accepted tokens not taken yet): they go too.
         if self.spec_stats is not None:
             self._trim_speculated()
+            if self.spec_stats.mode == "draft":
+                self.draft.ended(a.prompt + a.generation.tokens)
         else:
             trim_prompt_cache(self.kv, 1)
         if a.generation.grammar is not None:
@@ -232,6 +246,8 @@ class OneRow:
         self.close()
         if self.spec_stats is not None:
             self._trim_speculated()
+            if self.spec_stats.mode == "draft":  # its KV, for the next request's common prefix
+                self.draft.ended(self.admitted.prompt + self.admitted.generation.tokens)
         return Ended(self.admitted, finish, None if self.vision or self.link is not None else self.kv,
                      self.spec_stats)
 

@@ -94,12 +94,33 @@ class ModelRunner:
                                  speculative=self.registry.config.speculative_for(model_id))
         if self.plan.reason and self.registry.max_concurrency(model_id) > 1:
             log.info("%s is served one request at a time: %s", model_id, self.plan.reason)
+        spec = self.registry.config.models[model_id]
+        draft = self._load_draft(model_id, spec.draft, resident) if self.plan.speculative == "draft" else None
         self.decoders = Decoders(resident, self.plan.max_concurrency, self.pace, self.faults, self.link,
-                                 speculative=self.plan.speculative)
+                                 speculative=self.plan.speculative, draft=draft, draft_tokens=spec.draft_tokens)
         from mlx_lm.utils import maybe_set_recommended_wired_limit  # Metal: the weights stay wired, as mlx-lm does
 
         self._wired_before = maybe_set_recommended_wired_limit()
         return self.plan
+
+    def _load_draft(self, model_id: str, draft_id: str, resident: ResidentModel) -> Any:
+        """The model's draft (engine/model/draft_model.py), its tokenizer checked
+        against the model's; a load error (503) for one that cannot propose."""
+        from .draft_model import DraftModel, same_vocabulary
+        from .model_load import load_resident
+
+        target = self.registry.load_target(draft_id)
+        log.info("loading %s's draft model %s from %s", model_id, draft_id, target)
+        try:
+            draft = load_resident(draft_id, target, self.registry.info(draft_id).weights_dtype)
+        except (OSError, ValueError, KeyError, ImportError) as exc:  # the core unloads the model (plan_release)
+            raise EngineError(503, f"could not load {model_id!r}'s draft model {draft_id!r}: {exc}",
+                              code="model_load_failed", param="model", retry_after=30) from exc
+        why = same_vocabulary(resident.tokenizer.get_vocab(), draft.tokenizer.get_vocab())
+        if why is not None:
+            raise EngineError(503, f"{model_id!r}'s draft model {draft_id!r} cannot propose its tokens: {why}",
+                              code="model_load_failed", param="model", retry_after=30)
+        return DraftModel(draft_id, draft.model)
 
     def unload(self) -> None:
         import mlx.core as mx

@@ -28,9 +28,7 @@ NGRAM_MIN = 2
 DRAFT_MAX = 8  # tokens proposed at most per forward
 VERIFY_SLOPE = 0.1  # what each proposed token adds to a verify, in plain steps (memory-bound: little)
 GAIN_MARGIN = 0.05  # a draft must promise this much more than a plain step's tokens a second
-PROBE_STEPS = 32  # plain steps with a match at hand before a probe; doubled after a probe that did not pay
-PROBE_MAX = 512
-DECAY = 0.8  # each verify's weight against the ones before it (acceptance)
+DECAY = 0.8  # each token's weight against the ones before it (acceptance): the last ~5 count
 EMA = 0.25  # each measurement's weight (times)
 
 
@@ -81,22 +79,22 @@ class DraftPolicy:
     it saw and how long it took). It proposes the k that gives the most
     tokens a second, by what it has measured:
       - q, the chance that a proposed token is accepted given the one before
-        it was (each verify: its accepted tokens are successes, a rejection a
-        failure; older ones count less), so a verify of k is expected to give
-        1 + q + q^2 + ... + q^k tokens;
+        it was, counted token by token with the latest counting most (an
+        agent's answer copies in runs: a file's span, then a changed line),
+        so a verify of k is expected to give 1 + q + q^2 + ... + q^k tokens.
+        Every token counts, proposed or not: where it decodes plain steps it
+        still compares each token with what the index would have proposed
+        (`saw_shadow`), so it learns where copying starts without paying for
+        a verify to find out;
       - a verify's cost in plain steps, 1 + overhead + VERIFY_SLOPE * k: on a
         GPU or Apple silicon a few tokens more per forward cost about nothing
         (memory-bound), on a CPU a many-token forward takes another path;
-    and proposes nothing where no k beats a plain step. Acceptance is learned
-    only by proposing: after PROBE_STEPS plain steps with a match at hand it
-    proposes anyway (a probe), and a probe that did not pay doubles that wait."""
+    and proposes nothing where no k beats a plain step by GAIN_MARGIN."""
 
-    hits: float = 1.0  # discounted accepted tokens (the prior: q = 1/2)
+    hits: float = 1.0  # discounted accepted (or would-be accepted) tokens (the prior: q = 1/2)
     misses: float = 1.0  # discounted rejections
     overhead: float = 0.0  # a verify's cost beyond 1 + VERIFY_SLOPE * k plain steps, measured
     step_s: float | None = None  # a plain step's time, measured
-    idle: int = 0  # plain steps with a match at hand since the last proposal
-    probe_after: int = PROBE_STEPS
 
     @property
     def q(self) -> float:
@@ -119,29 +117,33 @@ class DraftPolicy:
         if available <= 0:
             return 0
         k, gain = self.best(available)
-        if gain > 1.0 + GAIN_MARGIN or self.idle >= self.probe_after:
-            return k
-        self.idle += 1
-        return 0
+        return k if gain > 1.0 + GAIN_MARGIN else 0
+
+    def _count(self, accepted: int, rejected: bool) -> None:
+        for _ in range(accepted):
+            self.hits, self.misses = DECAY * self.hits + 1.0, DECAY * self.misses
+        if rejected:
+            self.hits, self.misses = DECAY * self.hits, DECAY * self.misses + 1.0
 
     def saw_step(self, seconds: float) -> None:
         self.step_s = seconds if self.step_s is None else (1 - EMA) * self.step_s + EMA * seconds
 
+    def saw_shadow(self, matched: bool) -> None:
+        """A plain step's token against the first token the index had at hand for it."""
+        self._count(1 if matched else 0, not matched)
+
     def saw_verify(self, proposed: int, accepted: int, seconds: float) -> None:
-        self.idle = 0
-        self.hits = DECAY * self.hits + accepted
-        self.misses = DECAY * self.misses + (1.0 if accepted < proposed else 0.0)
+        self._count(accepted, accepted < proposed)
         if self.step_s:
             measured = max(0.0, seconds / self.step_s - 1.0 - VERIFY_SLOPE * proposed)
             self.overhead = (1 - EMA) * self.overhead + EMA * measured
-        paid = (accepted + 1) / self.cost(proposed) > 1.0
-        self.probe_after = PROBE_STEPS if paid else min(PROBE_MAX, self.probe_after * 2)
 
 
 @dataclass
 class SpecStats:
     """What speculation did for one request: for the log and /metrics."""
 
+    mode: str = "prompt_lookup"  # or "draft" (engine/model/draft_model.py)
     forwards: int = 0  # forward passes of the decode (verifies and plain steps)
     proposed: int = 0
     accepted: int = 0
@@ -201,6 +203,16 @@ def accept_sampled(probs: Any, proposed: list[int]) -> list[int]:
     return out
 
 
+def greedy_choice(logits: Any) -> Any:
+    """The greedy token(s) of logits (... x vocabulary) as mlx-lm's
+    generate_step picks them: argmax of the log-probabilities, computed in
+    the logits' dtype (in bfloat16 the subtraction can round two near logits
+    to a tie, which argmax breaks by index: the same ops, the same tokens)."""
+    import mlx.core as mx
+
+    return mx.argmax(logits - mx.logsumexp(logits, axis=-1, keepdims=True), axis=-1)
+
+
 def verify_sampled(target: SampledTarget) -> Callable[[Any, list[Any], int, list[int]], list[int]]:
     """The verify step of a sampled request: one forward over `last` and the
     proposal, accept_sampled, the rejected positions cut back from the KV (as
@@ -235,7 +247,7 @@ def lookup_steps(model: Any, kv: list[Any], rest: list[int], context: Sequence[i
 
     def pick(logits: Any) -> Any:  # a position's token: greedy, or drawn from a sampled request's target
         if sampled is None:
-            return mx.argmax(logits)
+            return greedy_choice(logits)
         return mx.random.categorical(mx.log(sampled.probs(logits.astype(mx.float32))))
 
     def plain(token: Any) -> Any:  # the next token, lazily: `token`'s forward queued
@@ -253,6 +265,7 @@ def lookup_steps(model: Any, kv: list[Any], rest: list[int], context: Sequence[i
     draft = DraftPolicy()
     pending: Any = None  # the next token being computed by a plain step of `last`
     verify_next = False  # read `pending` without queuing the step after it: proposals pay from there
+    guess: int | None = None  # what the index had at hand for `pending` (acceptance learned without proposing)
     began = time.perf_counter()
     while produced < max_tokens:
         if pending is None:
@@ -273,6 +286,7 @@ def lookup_steps(model: Any, kv: list[Any], rest: list[int], context: Sequence[i
                     produced += 1
                     yield token, None
                 continue
+            guess = at_hand[0] if at_hand else None
             began = time.perf_counter()
             pending = plain(mx.array(last, dtype=mx.int32))
         # A plain stretch: the step after `pending` is queued before `pending` is read, unless it would be the
@@ -281,6 +295,8 @@ def lookup_steps(model: Any, kv: list[Any], rest: list[int], context: Sequence[i
         last = int(pending.item())
         now = time.perf_counter()
         draft.saw_step(now - began)
+        if guess is not None:
+            draft.saw_shadow(guess == last)
         began = now
         stats.forwards += 1
         stats.tokens += 1
@@ -288,4 +304,6 @@ def lookup_steps(model: Any, kv: list[Any], rest: list[int], context: Sequence[i
         produced += 1
         yield last, None
         pending = following
-        verify_next = pending is not None and draft.next_k(len(index.propose(DRAFT_MAX))) > 0
+        at_hand = index.propose(DRAFT_MAX) if pending is not None else []
+        guess = at_hand[0] if at_hand else None
+        verify_next = draft.next_k(len(at_hand)) > 0

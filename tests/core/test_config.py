@@ -48,6 +48,13 @@ def test_the_default_model_is_the_real_one_once_fetched_else_the_demo(tmp_path):
     ({"engine": {"kv_bits": 8}, "models": {"m": {"path": "/x", "max_concurrency": 2}}}, "model 'm'"),
     ({"engine": {"kv_bits": 8, "ranks": {"hosts": ["10.0.0.1", "10.0.0.2"]}}, "models": {"m": {"path": "/x"}}},
      "rank group"),
+    # a draft model: another configured model, without a draft of its own
+    ({"models": {"m": {"path": "/x", "draft": "nope"}}}, "draft 'nope' is not under [models]"),
+    ({"models": {"m": {"path": "/x", "draft": "m"}}}, "another model"),
+    ({"models": {"m": {"path": "/x", "draft": "d"}, "d": {"path": "/y", "draft": "m"}}}, "another model"),
+    ({"models": {"m": {"demo": "vision", "draft": "d"}, "d": {"path": "/y"}}}, "vision"),
+    ({"models": {"m": {"path": "/x", "draft": "d", "draft_tokens": 0}, "d": {"path": "/y"}}},
+     "models.m.draft_tokens"),
 ])
 def test_invalid_configs_name_the_key(doc, key_in_error):
     with pytest.raises(ConfigError) as err:
@@ -67,6 +74,19 @@ def test_invalid_configs_name_the_key(doc, key_in_error):
 def test_kv_settings_per_model_over_the_engine(engine, model, expected):
     config = parse_config({"engine": engine, "models": {"m": {"path": "/x", **model}}}, HOME)
     assert config.kv_settings("m") == expected
+
+
+@pytest.mark.parametrize("engine, model, expected", [
+    ({}, {}, "prompt_lookup"),                                     # the default
+    ({"speculative": "off"}, {}, "off"),
+    ({"speculative": "off"}, {"speculative": "prompt_lookup"}, "prompt_lookup"),  # a model's own wins
+    ({}, {"draft": "d"}, "draft"),                                 # a draft model replaces prompt lookup
+    ({"speculative": "off"}, {"draft": "d"}, "off"),               # off is off, draft or not
+    ({}, {"draft": "d", "speculative": "off"}, "off"),
+])
+def test_speculative_decoding_per_model(engine, model, expected):
+    config = parse_config({"engine": engine, "models": {"m": {"path": "/x", **model}, "d": {"path": "/y"}}}, HOME)
+    assert config.speculative_for("m") == expected
 
 
 def test_aliases_resolve_and_unknown_names_do_not():

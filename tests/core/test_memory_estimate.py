@@ -171,3 +171,15 @@ def test_estimate_prefers_files_then_config_then_name():
 ])
 def test_the_disk_tier_holds_what_the_memory_tier_may_hold(configured, memory_tier, free, expected):
     assert me.disk_tier_budget(configured, memory_tier, free) == expected
+
+
+@pytest.mark.parametrize("model, draft, weights, source_says", [
+    (me.Footprint(100, 10, "safetensors headers"), me.Footprint(20, 5, "safetensors headers"), 125, "with draft d"),
+    (me.Footprint(100, 10, "config shape"), me.Footprint(None, 5, "unknown"), 100, "draft d not counted"),
+    (me.Footprint(None, 10, "unknown"), me.Footprint(20, 5, "config shape"), None, "unknown"),
+])
+def test_a_draft_models_weights_and_kv_count_as_its_models_weights(model, draft, weights, source_says):
+    from mlxd.models import with_draft
+
+    fp = with_draft(model, draft, "d")
+    assert fp.weights_bytes == weights and fp.kv_bytes == model.kv_bytes and source_says in fp.source

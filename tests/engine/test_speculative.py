@@ -9,7 +9,7 @@ import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlxd.engine.model.one_row import verify_greedy
-from mlxd.engine.model.speculative import (DRAFT_MAX, PROBE_STEPS, VERIFY_SLOPE, DraftPolicy, NgramIndex,
+from mlxd.engine.model.speculative import (DRAFT_MAX, VERIFY_SLOPE, DraftPolicy, NgramIndex,
                                            SampledTarget, SpecStats, accept_sampled, lookup_steps, verify_sampled)
 from tiny_models import greedy, tiny_llama
 
@@ -61,20 +61,32 @@ def test_it_proposes_only_where_the_measured_acceptance_and_cost_pay(accepted_of
     assert (d.next_k(8) > 0) is proposes
 
 
-def test_where_proposing_does_not_pay_it_probes_now_and_then_and_less_often_after_a_failed_probe():
+def test_plain_steps_teach_it_where_copying_starts_without_a_verify():
     d = DraftPolicy()
     d.saw_step(0.1)
-    d.saw_verify(8, 0, 0.35)  # rejected outright, and dear: it did not pay
-    waits = []
-    for _ in range(2):
-        plain = 0
-        while d.next_k(8) == 0:
-            plain += 1
-        waits.append(plain)
-        d.saw_verify(3, 0, 0.3)  # the probe did not pay either
-    assert waits == [2 * PROBE_STEPS, 4 * PROBE_STEPS]  # acceptance is learned only by proposing, ever less often
-    d.saw_verify(3, 3, 0.2)  # a probe that paid: back to the first wait
-    assert d.probe_after == PROBE_STEPS
+    for _ in range(6):
+        d.saw_verify(8, 0, 0.35)  # rejected outright, and dear (2.7 steps' overhead): it stops proposing
+    assert d.next_k(8) == 0
+    d.saw_shadow(False)
+    assert d.next_k(8) == 0
+    shadowed = 0
+    while d.next_k(8) == 0:  # the answer starts copying: each plain token was the index's guess
+        d.saw_shadow(True)
+        shadowed += 1
+    assert shadowed <= 8  # a few tokens of evidence, not a probe's wait
+    d.saw_verify(8, 2, 0.35)  # the copy broke off: one rejection...
+    d.saw_shadow(False)  # ...and the next plain token is not the guess either
+    assert d.next_k(8) == 0
+
+
+@pytest.mark.parametrize("matches, proposes", [
+    ([True] * 10, True), ([False] * 10, False), ([True, False] * 5, True),  # half the guesses right: k of 1-2 pays
+])
+def test_shadow_acceptance_alone_decides_when_verifies_are_cheap(matches, proposes):
+    d = DraftPolicy()
+    for m in matches:
+        d.saw_shadow(m)
+    assert (d.next_k(8) > 0) is proposes
 
 
 # --- the generator, on a model ---------------------------------------------------------

@@ -4,8 +4,8 @@ without, on an agent's edit (the model re-emits a file from its prompt with a
 small change; a tool call whose arguments echo the context) and on free chat
 (the control: nothing to copy), side by side in one run.
 
-One `mlxd engine` per arm (`[engine] speculative = "off"` / "prompt_lookup"),
-both up for the whole run, the arms alternating request by request (rotated
+One `mlxd engine` per arm (`[engine] speculative = "off"` / "prompt_lookup",
+and with `--draft` a third whose model has that draft model), all up for the whole run, the arms alternating request by request (rotated
 each round). Greedy, streamed; per request: TTFT, decode tokens a second
 after the first token, the answer (the arms' answers must be identical), and
 from /metrics what prompt lookup proposed and had accepted.
@@ -40,7 +40,7 @@ import requests
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchkit import RESULTS, machine_info, say, start_engine, stop_all_children, write_json  # noqa: E402
 
-ARMS = ("off", "prompt_lookup")
+ARMS = ("off", "prompt_lookup", "draft")  # draft: with --draft only
 
 SOURCE = '''import json
 import os
@@ -122,10 +122,13 @@ def one_request(url: str, messages: list[dict], max_tokens: int) -> dict[str, An
 
 
 def summarize(runs: list[dict]) -> dict[str, dict[str, Any]]:
-    """Per workload and arm: median decode tok/s, tokens per forward, acceptance (pure)."""
+    """Per workload and arm: median decode tok/s, tokens per forward,
+    acceptance, and against the `off` arm: the speedup and whether every
+    answer was the same (pure)."""
     out: dict[str, dict[str, Any]] = {}
     for w in sorted({r["workload"] for r in runs}):
         out[w] = {}
+        texts = {r["arm"]: r["text"] for r in runs if r["workload"] == w}
         for arm in ARMS:
             mine = [r for r in runs if r["workload"] == w and r["arm"] == arm]
             if not mine:
@@ -136,23 +139,30 @@ def summarize(runs: list[dict]) -> dict[str, dict[str, Any]]:
                            "ttft_s": statistics.median(r["ttft_s"] for r in mine),
                            "tokens": statistics.median(r["tokens"] for r in mine),
                            "tokens_per_forward": spec["tokens"] / spec["forwards"] if spec["forwards"] else None,
-                           "acceptance": spec["accepted"] / spec["proposed"] if spec["proposed"] else None}
-        texts = {r["arm"]: r["text"] for r in runs if r["workload"] == w}
-        out[w]["identical"] = all(r["text"] == texts[ARMS[0]] for r in runs if r["workload"] == w)
-        off, on = out[w].get("off", {}).get("decode_tok_s"), out[w].get("prompt_lookup", {}).get("decode_tok_s")
-        out[w]["speedup"] = on / off if on and off else None
+                           "acceptance": spec["accepted"] / spec["proposed"] if spec["proposed"] else None,
+                           "identical": all(r["text"] == texts.get("off") for r in mine)}
+        off = out[w].get("off", {}).get("decode_tok_s")
+        for arm in ARMS[1:]:
+            if arm in out[w]:
+                on = out[w][arm]["decode_tok_s"]
+                out[w][arm]["speedup"] = on / off if on and off else None
+        out[w]["identical"] = all(v["identical"] for v in out[w].values())
+        out[w]["speedup"] = out[w].get("prompt_lookup", {}).get("speedup")
     return out
 
 
 def table(summary: dict) -> str:
-    lines = ["| workload | decode tok/s off | prompt lookup | speedup | tokens a forward | accepted | answers identical |",
-             "|---|---:|---:|---:|---:|---:|---|"]
+    lines = ["| workload | arm | decode tok/s | against off | tokens a forward | accepted | answers as off's |",
+             "|---|---|---:|---:|---:|---:|---|"]
+    fmt = lambda v, f="{:.1f}": "—" if v is None else f.format(v)  # noqa: E731
     for w, s in summary.items():
-        off, on = s.get("off", {}), s.get("prompt_lookup", {})
-        fmt = lambda v, f="{:.1f}": "—" if v is None else f.format(v)  # noqa: E731
-        lines.append(f"| {w} | {fmt(off.get('decode_tok_s'))} | {fmt(on.get('decode_tok_s'))} | "
-                     f"{fmt(s['speedup'], '{:.2f}x')} | {fmt(on.get('tokens_per_forward'), '{:.2f}')} | "
-                     f"{fmt(on.get('acceptance'), '{:.0%}')} | {'yes' if s['identical'] else 'NO'} |")
+        for arm in ARMS:
+            if arm not in s:
+                continue
+            a = s[arm]
+            lines.append(f"| {w} | {arm} | {fmt(a['decode_tok_s'])} | {fmt(a.get('speedup'), '{:.2f}x')} | "
+                         f"{fmt(a['tokens_per_forward'], '{:.2f}')} | {fmt(a['acceptance'], '{:.0%}')} | "
+                         f"{'yes' if a['identical'] else 'NO'} |")
     return "\n".join(lines)
 
 
@@ -186,18 +196,21 @@ def verify_cost(model_path: Path | None, contexts: list[int], reps: int) -> dict
                 at, min(context, at + 2048))]]), cache=kv)[0, -1]])
 
         def forward_s(n: int) -> float:
-            times = []
-            for _ in range(reps):
-                began = time.perf_counter()
-                mx.eval(mx.argmax(model(mx.array([[(13 * i) % 1000 + 10 for i in range(n)]]), cache=kv)[0], axis=-1))
-                times.append(time.perf_counter() - began)
-                trim_prompt_cache(kv, n)
-            return statistics.median(times)
+            began = time.perf_counter()
+            mx.eval(mx.argmax(model(mx.array([[(13 * i) % 1000 + 10 for i in range(n)]]), cache=kv)[0], axis=-1))
+            took = time.perf_counter() - began
+            trim_prompt_cache(kv, n)
+            return took
 
-        forward_s(1), forward_s(VERIFY_TOKENS[-1])  # warm-up: kernels compiled for these shapes
-        step = forward_s(1)
+        for n in VERIFY_TOKENS:  # warm-up: each shape's kernels compiled before any is timed
+            forward_s(n), forward_s(n)
+        times: dict[int, list[float]] = {n: [] for n in VERIFY_TOKENS}
+        for _ in range(reps):  # the sizes interleaved, so drift falls on all of them alike
+            for n in VERIFY_TOKENS:
+                times[n].append(forward_s(n))
+        step = statistics.median(times[1])
         for n in VERIFY_TOKENS:
-            t = step if n == 1 else forward_s(n)
+            t = statistics.median(times[n])
             rows.append({"context": context, "tokens": n, "proposed": n - 1, "ms": t * 1000, "vs_step": t / step})
             say(f"context {context:6d}: {n:2d} tokens a forward {t * 1000:8.2f} ms = {t / step:.2f}x one step")
         del kv
@@ -236,10 +249,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=400)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--draft", type=Path, help="a draft model folder of the model's tokenizer: a third arm")
+    ap.add_argument("--draft-tokens", type=int, default=3, help="tokens the draft proposes per forward")
     ap.add_argument("--clients", type=int, default=1, help="requests at once an arm (max_concurrency the same)")
     ap.add_argument("--verify-cost", action="store_true", help="in process: k + 1 tokens a forward against one")
     ap.add_argument("--context", default="512,4096", help="--verify-cost: context lengths, comma-separated")
-    ap.add_argument("--reps", type=int, default=9, help="--verify-cost: forwards timed per size (median)")
+    ap.add_argument("--reps", type=int, default=21, help="--verify-cost: forwards timed per size (median)")
     ap.add_argument("--out", type=Path, default=RESULTS / "speculative.json")
     args = ap.parse_args(argv)
     if args.quick:
@@ -254,22 +269,31 @@ def main(argv: list[str] | None = None) -> int:
         say(f"results: {out}")
         return 0
     workloads = [w for w in args.workloads.split(",") if w]
+    arms = ARMS if args.draft else ARMS[:2]
     work = Path(tempfile.mkdtemp(prefix="mlxd-spec-"))
     runs: list[dict] = []
     try:
         engines = {}
-        for arm in ARMS:
-            config: dict[str, Any] = {"engine": {"speculative": arm, "stuck_grace_s": 600, "max_tokens_cap": 100000,
+        for arm in arms:
+            config: dict[str, Any] = {"engine": {"speculative": "prompt_lookup" if arm == "draft" else arm,
+                                                 "stuck_grace_s": 600, "max_tokens_cap": 100000,
                                                  "max_concurrency": args.clients}}
-            if args.model:
-                config.update({"models": {"bench": {"path": args.model.resolve()}}, "aliases": {"default": "bench"}})
+            if args.model or arm == "draft":
+                from mlxd import default_model
+
+                target = {"path": args.model.resolve()} if args.model else {"gguf": str(default_model.gguf_path())}
+                models: dict[str, Any] = {"bench": target}
+                if arm == "draft":
+                    models["bench"] = {**target, "draft": "bench-draft", "draft_tokens": args.draft_tokens}
+                    models["bench-draft"] = {"path": args.draft.resolve()}
+                config.update({"models": models, "aliases": {"default": "bench"}})
             say(f"starting the engine, speculative = {arm}")
             engines[arm] = start_engine(work / f"home-{arm}", config, work / f"engine-{arm}.log", name=arm)
             engines[arm].wait_ready(600)
         for arm, server in engines.items():  # warm-up: the first request compiles and fills caches
             one_request(server.url, WORKLOADS["chat"], 8)
         for rnd in range(args.rounds):
-            order = ARMS if rnd % 2 == 0 else ARMS[::-1]
+            order = arms if rnd % 2 == 0 else arms[::-1]
             for w in workloads:
                 for arm in order:
                     r = (one_request(engines[arm].url, WORKLOADS[w], args.max_tokens) if args.clients == 1 else

@@ -72,6 +72,46 @@ class GrammarProcessor:
         moving into the batch re-feeds its last token as a prompt)."""
         self._fresh = True
 
+    # --- driven token by token by prompt lookup (engine/model/speculative.py), not through __call__ ---------------
+    def allowed(self) -> Any:
+        """The tokens the grammar allows next (a bool per vocabulary entry):
+        end-of-sequence only once it is complete (or failed)."""
+        import numpy as np
+
+        if self.failed or self.matcher.is_stopped():
+            allowed = np.zeros(self.vocab_size, dtype=bool)
+            allowed[self.eos_ids] = True
+            return allowed
+        bits = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
+        return np.unpackbits(bits, bitorder="little")[:self.vocab_size].astype(bool)
+
+    def advance(self, token: int) -> None:
+        """`token` was chosen (under the mask `allowed` gave): the matcher takes it."""
+        if not self.matcher.is_stopped() and not self.matcher.consume_token(token) and not self.failed:
+            self.failed = True
+            log.warning("grammar: token %d was not allowed (%s); ending the answer", token, self.matcher.get_error())
+
+    def forced(self, k: int) -> list[int]:
+        """Up to `k` tokens the grammar allows alone from here (a JSON key, a
+        closing quote): proposals the model cannot turn down."""
+        if self.failed or self.matcher.is_stopped():
+            return []
+        return list(self.matcher.compute_ff_tokens())[:k]
+
+    def masks_along(self, proposal: list[int]) -> tuple[list[int], list[Any]]:
+        """The longest prefix of `proposal` the grammar allows, and the mask
+        before each of its tokens and after the last (len + 1 masks); the
+        matcher is left where it was."""
+        masks, kept = [self.allowed()], []
+        for token in proposal:
+            if not masks[-1][token] or self.matcher.is_stopped() or not self.matcher.consume_token(token):
+                break
+            kept.append(token)
+            masks.append(self.allowed())
+        if kept:
+            self.matcher.rollback(len(kept))
+        return kept, masks
+
     def __call__(self, tokens: Any, logits: Any) -> Any:
         import mlx.core as mx
         import numpy as np

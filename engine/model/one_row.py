@@ -63,10 +63,11 @@ def _closing_step_holds_no_token(results: Any) -> Any:
         yield _Step(r.text, int(r.token), None)
 
 
-def verify_greedy(model: Any, kv: list[Any], last: int, proposed: list[int]) -> list[int]:
+def verify_greedy(model: Any, kv: list[Any], last: int, proposed: list[int], masks: Any = None) -> list[int]:
     """The speculative step (greedy): `last` (the row's newest token, its KV
     not in `kv` yet) and `proposed` tokens run through the model in one
-    forward; the longest prefix of `proposed` the model itself would have
+    forward (each position's logits under its grammar mask, `masks`, where
+    the answer has a grammar); the longest prefix of `proposed` the model itself would have
     chosen is accepted, then the model's own next token. What a greedy decode
     yields from here, one to len(proposed) + 1 tokens, exactly. `kv` keeps the
     positions of `last` and the accepted tokens (the rest are cut back: the
@@ -75,10 +76,10 @@ def verify_greedy(model: Any, kv: list[Any], last: int, proposed: list[int]) -> 
     import mlx.core as mx
     from mlx_lm.models.cache import trim_prompt_cache
 
-    from .speculative import greedy_choice
+    from .speculative import apply_masks, greedy_choice
 
-    logits = model(mx.array([[last, *proposed]], dtype=mx.int32), cache=kv)
-    choice = greedy_choice(logits[0]).tolist()  # the model's pick after each position, as generate_step picks
+    logits = apply_masks(model(mx.array([[last, *proposed]], dtype=mx.int32), cache=kv)[0], masks)
+    choice = greedy_choice(logits).tolist()  # the model's pick after each position, as generate_step picks
     accepted = 0
     while accepted < len(proposed) and proposed[accepted] == choice[accepted]:
         accepted += 1
@@ -166,18 +167,21 @@ class OneRow:
             self.spec_stats = SpecStats(mode="draft")
             return draft_steps(self.resident.model, kv, self.draft, self.rest, context,
                                self.admitted.job.params.max_tokens, s.sampler, self.draft_tokens, self.spec_stats)
-        if self.speculative == "prompt_lookup" and not s.processors and not layout.quantized:
+        grammar = self.admitted.generation.grammar
+        penalties = [q for q in s.processors if q is not grammar]
+        if self.speculative == "prompt_lookup" and not penalties and not layout.quantized:
             from .speculative import SampledTarget, SpecStats, lookup_steps, verify_sampled
 
-            # Nothing between the logits and the draw (no penalties, no grammar): greedy answers are the same
-            # tokens, sampled ones drawn from the same distribution (the speculative acceptance rule).
+            # Nothing between the logits and the draw but a grammar (no penalties: they see each token before):
+            # greedy answers are the same tokens, sampled ones drawn from the same distribution (the speculative
+            # acceptance rule); a grammar masks every position, proposals cut where it would not allow them.
             p = self.admitted.job.params
-            sampled = None if s.sampler is None else SampledTarget(
+            sampled = None if p.temperature == 0 else SampledTarget(
                 p.temperature, p.top_p if p.top_p < 1.0 else 0.0, p.min_p,
                 p.top_k if 0 < p.top_k < self.resident.vocab_size() else 0)
             self.spec_stats = SpecStats()
             return lookup_steps(self.resident.model, kv, self.rest, context, p.max_tokens, self.spec_stats,
-                                verify_greedy if sampled is None else verify_sampled(sampled), sampled)
+                                verify_greedy if sampled is None else verify_sampled(sampled), sampled, grammar)
         if self.resident.dequantized_decode:
             from ..cache.kv_cache import prefill_views
 

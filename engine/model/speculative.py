@@ -112,6 +112,10 @@ class DraftPolicy:
         return max(((k, self.expected_tokens(k) / self.cost(k)) for k in range(1, min(DRAFT_MAX, available) + 1)),
                    key=lambda kv: kv[1], default=(0, 0.0))
 
+    def pays_for_certain(self, k: int) -> bool:
+        """Whether a verify of `k` tokens sure to be accepted (forced by a grammar) beats plain steps."""
+        return (k + 1) / self.cost(k) > 1.0 + GAIN_MARGIN
+
     def next_k(self, available: int) -> int:
         """Tokens to propose now, of the `available` the index has (0: a plain step)."""
         if available <= 0:
@@ -213,17 +217,35 @@ def greedy_choice(logits: Any) -> Any:
     return mx.argmax(logits - mx.logsumexp(logits, axis=-1, keepdims=True), axis=-1)
 
 
-def verify_sampled(target: SampledTarget) -> Callable[[Any, list[Any], int, list[int]], list[int]]:
+def apply_masks(logits: Any, masks: Sequence[Any] | None) -> Any:
+    """Each row of logits (positions x width) with the tokens its grammar
+    mask (a bool per vocabulary entry, engine/model/constrained.py) does not
+    allow at -inf, as the grammar's logits processor does; None: as they are."""
+    if not masks:
+        return logits
+    import mlx.core as mx
+    import numpy as np
+
+    width = logits.shape[-1]
+    allowed = np.stack([np.pad(m, (0, max(width - m.shape[0], 0)))[:width] for m in masks])
+    return mx.where(mx.array(allowed), logits, mx.array(-float("inf"), dtype=logits.dtype))
+
+
+Verify = Callable[..., list[int]]  # (model, kv, last, proposed, masks=None) -> the tokens kept
+
+
+def verify_sampled(target: SampledTarget) -> Verify:
     """The verify step of a sampled request: one forward over `last` and the
     proposal, accept_sampled, the rejected positions cut back from the KV (as
     one_row.verify_greedy does for a greedy one)."""
 
-    def verify(model: Any, kv: list[Any], last: int, proposed: list[int]) -> list[int]:
+    def verify(model: Any, kv: list[Any], last: int, proposed: list[int], masks: Sequence[Any] | None = None
+               ) -> list[int]:
         import mlx.core as mx
         from mlx_lm.models.cache import trim_prompt_cache
 
-        logits = model(mx.array([[last, *proposed]], dtype=mx.int32), cache=kv)
-        out = accept_sampled(target.probs(logits[0].astype(mx.float32)), proposed)
+        logits = apply_masks(model(mx.array([[last, *proposed]], dtype=mx.int32), cache=kv)[0], masks)
+        out = accept_sampled(target.probs(logits.astype(mx.float32)), proposed)
         if len(proposed) > len(out) - 1:
             trim_prompt_cache(kv, len(proposed) - (len(out) - 1))
         return out
@@ -232,8 +254,8 @@ def verify_sampled(target: SampledTarget) -> Callable[[Any, list[Any], int, list
 
 
 def lookup_steps(model: Any, kv: list[Any], rest: list[int], context: Sequence[int], max_tokens: int,
-                 stats: SpecStats, verify: Callable[[Any, list[Any], int, list[int]], list[int]],
-                 sampled: SampledTarget | None = None) -> Iterator[tuple[int, None]]:
+                 stats: SpecStats, verify: Verify, sampled: SampledTarget | None = None,
+                 grammar: Any = None) -> Iterator[tuple[int, None]]:
     """Greedy tokens, as mlx-lm's generate_step yields them ((token, None)):
     `rest` (the prompt's last token or tokens, their KV not in `kv` yet) first,
     then prompt-lookup proposals verified `verify(model, kv, last, proposed)`
@@ -242,10 +264,19 @@ def lookup_steps(model: Any, kv: list[Any], rest: list[int], context: Sequence[i
     steps -- pipelined as generate_step's are: the next step's forward is
     queued on the token not yet read, so the host's work overlaps the
     model's. A proposal never runs past `max_tokens`, so the KV allocated at
-    admission is never outgrown."""
+    admission is never outgrown.
+
+    With a `grammar` (engine/model/constrained.py's GrammarProcessor, driven
+    here token by token instead of as a logits processor) every position's
+    logits are masked as the processor masks them, a proposal is cut where
+    the grammar would not allow it, the tokens the grammar forces (a JSON
+    key, a closing quote) are proposed first, and plain steps are not
+    pipelined (each one's mask needs the token before it)."""
     import mlx.core as mx
 
     def pick(logits: Any) -> Any:  # a position's token: greedy, or drawn from a sampled request's target
+        if grammar is not None:
+            logits = apply_masks(logits[None], [grammar.allowed()])[0]
         if sampled is None:
             return greedy_choice(logits)
         return mx.random.categorical(mx.log(sampled.probs(logits.astype(mx.float32))))
@@ -255,8 +286,13 @@ def lookup_steps(model: Any, kv: list[Any], rest: list[int], context: Sequence[i
         mx.async_eval(y)
         return y
 
+    def took(token: int) -> None:  # a token is the answer's: the grammar's matcher takes it
+        if grammar is not None:
+            grammar.advance(token)
+
     logits = model(mx.array([rest], dtype=mx.int32), cache=kv)
     last = int(pick(logits[0, -1]).item())
+    took(last)
     stats.forwards += 1
     stats.tokens += 1
     produced = 1
@@ -269,11 +305,16 @@ def lookup_steps(model: Any, kv: list[Any], rest: list[int], context: Sequence[i
     began = time.perf_counter()
     while produced < max_tokens:
         if pending is None:
-            at_hand = index.propose(min(DRAFT_MAX, max_tokens - produced - 1))
-            proposed = at_hand[:draft.next_k(len(at_hand))]
+            room = min(DRAFT_MAX, max_tokens - produced - 1)
+            forced = grammar.forced(room) if grammar is not None else []
+            at_hand = forced or index.propose(room)
+            proposed = at_hand if forced and draft.pays_for_certain(len(forced)) else at_hand[:draft.next_k(len(at_hand))]
+            masks = None
+            if proposed and grammar is not None:  # cut where the grammar would not allow it, each position masked
+                proposed, masks = grammar.masks_along(proposed)
             if proposed:
                 began = time.perf_counter()
-                out = verify(model, kv, last, proposed)
+                out = verify(model, kv, last, proposed, masks)
                 accepted = len(out) - 1
                 draft.saw_verify(len(proposed), accepted, time.perf_counter() - began)
                 stats.proposed += len(proposed)
@@ -283,6 +324,7 @@ def lookup_steps(model: Any, kv: list[Any], rest: list[int], context: Sequence[i
                 index.extend(out)
                 last = out[-1]
                 for token in out:
+                    took(token)
                     produced += 1
                     yield token, None
                 continue
@@ -291,8 +333,10 @@ def lookup_steps(model: Any, kv: list[Any], rest: list[int], context: Sequence[i
             pending = plain(mx.array(last, dtype=mx.int32))
         # A plain stretch: the step after `pending` is queued before `pending` is read, unless it would be the
         # last token's (its forward is never needed) or proposals pay from `pending` on (verifies go on from it).
-        following = plain(pending) if produced + 1 < max_tokens and not verify_next else None
+        following = (plain(pending) if produced + 1 < max_tokens and not verify_next and grammar is None
+                     else None)
         last = int(pending.item())
+        took(last)
         now = time.perf_counter()
         draft.saw_step(now - began)
         if guess is not None:

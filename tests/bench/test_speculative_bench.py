@@ -26,7 +26,17 @@ def test_the_summary_sets_prompt_lookup_against_off_per_workload():
     assert s["edit"]["prompt_lookup"]["acceptance"] == pytest.approx(80 / 100)
     assert s["edit"]["identical"] and not s["chat"]["identical"]  # a different answer is a failure, said so
     assert s["chat"]["prompt_lookup"]["acceptance"] is None  # nothing proposed
-    assert "| chat |" in spec.table(s) and "NO |" in spec.table(s)
+    assert "| chat | prompt_lookup | 19.0 | 0.95x |" in spec.table(s) and "NO |" in spec.table(s)
+
+
+def test_a_draft_arm_is_set_against_off_as_well():
+    runs = [run("edit", "off", 20.0, "a"), run("edit", "prompt_lookup", 30.0, "a"),
+            run("edit", "draft", 50.0, "b", proposed=30, accepted=15, forwards=20, tokens=100)]
+    s = spec.summarize(runs)
+    assert s["edit"]["draft"]["speedup"] == pytest.approx(2.5) and s["edit"]["speedup"] == pytest.approx(1.5)
+    assert s["edit"]["prompt_lookup"]["identical"] and not s["edit"]["draft"]["identical"]
+    assert not s["edit"]["identical"]
+    assert "| edit | draft | 50.0 | 2.50x | 5.00 | 50% | NO |" in spec.table(s)
 
 
 def test_the_verify_cost_table_has_a_row_per_forward_size_and_a_column_per_context():

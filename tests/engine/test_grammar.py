@@ -543,3 +543,40 @@ def test_a_glm_string_never_spells_its_closing_tag(marker_tokenizer, value, ok):
         ids("</arg_value></tool_call>")
     matcher = llguidance.LLMatcher(ll, llguidance.LLMatcher.grammar_from_lark(grammar))
     assert (matcher.try_consume_tokens(tokens) == len(tokens) and matcher.is_accepting()) is ok
+
+
+@pytest.mark.parametrize("proposal, kept", [
+    ('{"name": "Al', '{"name": "Al'),        # all allowed: kept whole
+    ('{"nope": 1', '{"n'),                  # cut where the grammar stops allowing it ("no" is not a key)
+    ('["x"]', ''),                          # not allowed from the first token: nothing to verify
+])
+def test_prompt_lookups_proposals_are_cut_where_the_grammar_stops_allowing_them(byte_tokenizer, proposal, kept):
+    """engine/model/constrained.py's helpers for speculative decoding: the
+    longest allowed prefix, the mask before each of its tokens and after the
+    last, the matcher left where it was; the tokens the grammar forces."""
+    from mlxd.engine.model.constrained import GrammarProcessor
+
+    g = GrammarProcessor(byte_tokenizer, 'start: %json ' + json.dumps(PERSON), EOS + 1, [EOS])
+    tokens = byte_tokenizer.tokenize_str(proposal)
+    before = g.allowed()
+    got, masks = g.masks_along(tokens)
+    assert byte_tokenizer.decode_str(got) == kept and len(masks) == len(got) + 1
+    assert all(m[t] for m, t in zip(masks, got))  # each kept token allowed by the mask before it
+    assert (g.allowed() == before).all()  # rolled back
+    if got:
+        assert not (masks[1] == masks[0]).all()  # the mask moves along the proposal
+    for t in got:
+        g.advance(t)
+    assert (g.allowed() == masks[-1]).all() and not g.failed
+
+
+def test_the_tokens_a_grammar_forces_are_proposed_first(byte_tokenizer):
+    from mlxd.engine.model.constrained import GrammarProcessor
+
+    g = GrammarProcessor(byte_tokenizer, 'start: %json ' + json.dumps(PERSON), EOS + 1, [EOS])
+    assert byte_tokenizer.decode_str(g.forced(8)) == '{'  # an object (whitespace may follow its brace)
+    for t in byte_tokenizer.tokenize_str('{"name": "Al", "a'):
+        g.advance(t)
+    forced = byte_tokenizer.decode_str(g.forced(20))
+    assert forced.startswith('ge"'), forced  # the one key left that starts so: the rest of it is forced
+    assert g.forced(2) == g.forced(20)[:2]

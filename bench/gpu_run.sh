@@ -88,11 +88,11 @@ speculative)
                   --out "$OUT/speculative_verify_8b.json" | tee "$OUT/speculative_verify_8b.md" ;;
     verifydefault) $PY bench/speculative.py --verify-cost --context "${CONTEXTS:-512,4096,16384}" \
                   --out "$OUT/speculative_verify_default.json" | tee "$OUT/speculative_verify_default.md" ;;
-    default) $PY bench/speculative.py --rounds "${ROUNDS:-3}" --max-tokens 400 \
+    default) $PY bench/speculative.py --rounds "${ROUNDS:-3}" --max-tokens 400 --workloads edit,tool_args,chat,json \
                   --out "$OUT/speculative_default.json" | tee "$OUT/speculative_default.md" ;;
     default4) $PY bench/speculative.py --rounds "${ROUNDS:-3}" --max-tokens 400 --clients 4 \
                   --out "$OUT/speculative_default_4clients.json" | tee "$OUT/speculative_default_4clients.md" ;;
-    8b) $PY bench/speculative.py --model "$MODEL" --rounds "${ROUNDS:-3}" --max-tokens 256 --workloads chat,edit \
+    8b) $PY bench/speculative.py --model "$MODEL" --rounds "${ROUNDS:-3}" --max-tokens 256 --workloads chat,edit,json \
                   --out "$OUT/speculative_8b.json" | tee "$OUT/speculative_8b.md" ;;
     esac
   done

@@ -86,7 +86,16 @@ WORKLOADS = {
                                               "an edit_file call that replaces the body of describe with the same "
                                               "code plus a trailing period: {\"path\": ..., \"old\": ..., \"new\": ...}"}],
     "chat": [{"role": "user", "content": "Write a short story about a lighthouse keeper who befriends a seal."}],
+    "json": [{"role": "user", "content": f"Here is app.py:\n```python\n{SOURCE}```\nDescribe each function of it."}],
 }
+# A bound answer (structured outputs): the grammar forces the keys and the JSON around them.
+FUNCTIONS_SCHEMA = {"type": "object", "properties": {"functions": {"type": "array", "items": {
+    "type": "object", "properties": {"function_name": {"type": "string"}, "description_of_behaviour": {"type": "string"},
+                                     "number_of_parameters": {"type": "integer"}},
+    "required": ["function_name", "description_of_behaviour", "number_of_parameters"]}}}, "required": ["functions"]}
+EXTRA = {"json": {"response_format": {"type": "json_schema", "json_schema": {"name": "functions",
+                                                                            "schema": FUNCTIONS_SCHEMA}}}}
+DEFAULT_WORKLOADS = "edit,tool_args,chat"
 
 
 def spec_counters(url: str) -> dict[str, float]:
@@ -95,14 +104,14 @@ def spec_counters(url: str) -> dict[str, float]:
             for line in text.splitlines() if line.startswith("mlxd_engine_spec_")}
 
 
-def one_request(url: str, messages: list[dict], max_tokens: int) -> dict[str, Any]:
+def one_request(url: str, messages: list[dict], max_tokens: int, extra: dict | None = None) -> dict[str, Any]:
     before = spec_counters(url)
     started = time.perf_counter()
     first = None
     text, usage = "", {}
     with requests.post(url + "/v1/chat/completions", stream=True, timeout=600, json={
             "model": "default", "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}) as r:
+            "stream_options": {"include_usage": True}, **(extra or {})}) as r:
         r.raise_for_status()
         for line in r.iter_lines():
             if not line.startswith(b"data: {"):
@@ -228,13 +237,14 @@ def verify_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def concurrent_round(url: str, messages: list[dict], max_tokens: int, clients: int) -> dict[str, Any]:
+def concurrent_round(url: str, messages: list[dict], max_tokens: int, clients: int, extra: dict | None = None
+                     ) -> dict[str, Any]:
     """`clients` copies of one request at once: their tokens over the wall time (the batch's aggregate)."""
     from concurrent.futures import ThreadPoolExecutor
 
     began = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
-        results = list(pool.map(lambda _: one_request(url, messages, max_tokens), range(clients)))
+        results = list(pool.map(lambda _: one_request(url, messages, max_tokens, extra), range(clients)))
     wall = time.perf_counter() - began
     tokens = sum(r["tokens"] for r in results)
     return {"ttft_s": statistics.median(r["ttft_s"] for r in results), "tokens": tokens, "wall_s": wall,
@@ -245,7 +255,7 @@ def concurrent_round(url: str, messages: list[dict], max_tokens: int, clients: i
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, help="an mlx-lm model folder (default: mlxd's default model)")
-    ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    ap.add_argument("--workloads", default=DEFAULT_WORKLOADS, help=f"of {', '.join(WORKLOADS)}")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=400)
     ap.add_argument("--quick", action="store_true")
@@ -296,8 +306,9 @@ def main(argv: list[str] | None = None) -> int:
             order = arms if rnd % 2 == 0 else arms[::-1]
             for w in workloads:
                 for arm in order:
-                    r = (one_request(engines[arm].url, WORKLOADS[w], args.max_tokens) if args.clients == 1 else
-                         concurrent_round(engines[arm].url, WORKLOADS[w], args.max_tokens, args.clients))
+                    r = (one_request(engines[arm].url, WORKLOADS[w], args.max_tokens, EXTRA.get(w))
+                         if args.clients == 1 else
+                         concurrent_round(engines[arm].url, WORKLOADS[w], args.max_tokens, args.clients, EXTRA.get(w)))
                     r.update({"round": rnd, "workload": w, "arm": arm})
                     runs.append(r)
                     say(f"round {rnd + 1} {w:9s} {arm:13s} {r['tokens']:4d} tokens, decode "

@@ -270,8 +270,8 @@ def lookup_steps(model: Any, kv: list[Any], rest: list[int], context: Sequence[i
     here token by token instead of as a logits processor) every position's
     logits are masked as the processor masks them, a proposal is cut where
     the grammar would not allow it, the tokens the grammar forces (a JSON
-    key, a closing quote) are proposed first, and plain steps are not
-    pipelined (each one's mask needs the token before it)."""
+    key, a closing quote) are proposed first; a plain step's mask is made
+    while its forward runs (it needs the token before it, read meanwhile)."""
     import mlx.core as mx
 
     def pick(logits: Any) -> Any:  # a position's token: greedy, or drawn from a sampled request's target
@@ -281,8 +281,13 @@ def lookup_steps(model: Any, kv: list[Any], rest: list[int], context: Sequence[i
             return greedy_choice(logits)
         return mx.random.categorical(mx.log(sampled.probs(logits.astype(mx.float32))))
 
-    def plain(token: Any) -> Any:  # the next token, lazily: `token`'s forward queued
-        y = pick(model(mx.reshape(token, (1, 1)), cache=kv)[0, -1])
+    def forward(token: Any) -> Any:  # `token`'s logits, lazily: its forward queued
+        logits = model(mx.reshape(token, (1, 1)), cache=kv)[0, -1]
+        mx.async_eval(logits)
+        return logits
+
+    def drawn(logits: Any) -> Any:  # the token from queued logits, lazily (a grammar's mask: as of now)
+        y = pick(logits)
         mx.async_eval(y)
         return y
 
@@ -330,13 +335,15 @@ def lookup_steps(model: Any, kv: list[Any], rest: list[int], context: Sequence[i
                 continue
             guess = at_hand[0] if at_hand else None
             began = time.perf_counter()
-            pending = plain(mx.array(last, dtype=mx.int32))
+            pending = drawn(forward(mx.array(last, dtype=mx.int32)))
         # A plain stretch: the step after `pending` is queued before `pending` is read, unless it would be the
         # last token's (its forward is never needed) or proposals pay from `pending` on (verifies go on from it).
-        following = (plain(pending) if produced + 1 < max_tokens and not verify_next and grammar is None
-                     else None)
+        # A grammar masks the step after `pending` once it has taken `pending`: the forward is queued first, the
+        # mask made while the device computes (as the grammar's logits processor does it).
+        ahead = forward(pending) if produced + 1 < max_tokens and not verify_next else None
         last = int(pending.item())
         took(last)
+        following = drawn(ahead) if ahead is not None else None
         now = time.perf_counter()
         draft.saw_step(now - began)
         if guess is not None:

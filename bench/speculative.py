@@ -300,8 +300,9 @@ def main(argv: list[str] | None = None) -> int:
             say(f"starting the engine, speculative = {arm}")
             engines[arm] = start_engine(work / f"home-{arm}", config, work / f"engine-{arm}.log", name=arm)
             engines[arm].wait_ready(600)
-        for arm, server in engines.items():  # warm-up: the first request compiles and fills caches
-            one_request(server.url, WORKLOADS["chat"], 8)
+        for arm, server in engines.items():  # warm-up: each workload once (a GPU compiles each verify's shapes)
+            for w in workloads:
+                one_request(server.url, WORKLOADS[w], min(128, args.max_tokens), EXTRA.get(w))
         for rnd in range(args.rounds):
             order = arms if rnd % 2 == 0 else arms[::-1]
             for w in workloads:

@@ -276,13 +276,15 @@ def lookup_steps(model: Any, kv: list[Any], rest: list[int], context: Sequence[i
 
     def pick(logits: Any) -> Any:  # a position's token: greedy, or drawn from a sampled request's target
         if grammar is not None:
-            logits = apply_masks(logits[None], [grammar.allowed()])[0]
+            logits = apply_masks(logits, [grammar.allowed()])
         if sampled is None:
             return greedy_choice(logits)
         return mx.random.categorical(mx.log(sampled.probs(logits.astype(mx.float32))))
 
+    # Logits stay 1 x vocabulary, as generate_step has them: a 1-D reduction is another kernel on a GPU, whose
+    # rounding in bfloat16 can break a near tie the other way.
     def forward(token: Any) -> Any:  # `token`'s logits, lazily: its forward queued
-        logits = model(mx.reshape(token, (1, 1)), cache=kv)[0, -1]
+        logits = model(mx.reshape(token, (1, 1)), cache=kv)[:, -1, :]
         mx.async_eval(logits)
         return logits
 
@@ -296,7 +298,7 @@ def lookup_steps(model: Any, kv: list[Any], rest: list[int], context: Sequence[i
             grammar.advance(token)
 
     logits = model(mx.array([rest], dtype=mx.int32), cache=kv)
-    last = int(pick(logits[0, -1]).item())
+    last = int(pick(logits[:, -1, :]).item())
     took(last)
     stats.forwards += 1
     stats.tokens += 1

@@ -214,7 +214,9 @@ def greedy_choice(logits: Any) -> Any:
     to a tie, which argmax breaks by index: the same ops, the same tokens)."""
     import mlx.core as mx
 
-    return mx.argmax(logits - mx.logsumexp(logits, axis=-1, keepdims=True), axis=-1)
+    # One row: generate_step's own reduction (over the whole array: another kernel than a per-row one on a GPU).
+    lse = mx.logsumexp(logits, keepdims=True) if logits.shape[0] == 1 else mx.logsumexp(logits, axis=-1, keepdims=True)
+    return mx.argmax(logits - lse, axis=-1)
 
 
 def apply_masks(logits: Any, masks: Sequence[Any] | None) -> Any:

@@ -15,6 +15,7 @@ import psutil
 
 from mlxd import default_model, exit_codes
 from mlxd.config import DEMO_MODEL_ID, Config, ConfigError, config_path, load_config
+from mlxd.durations import describe
 from mlxd.probe import get_json
 from mlxd.records import StandbyFile, StartedWith
 from mlxd.reports import EngineHealth, PromptCacheReport, ReuseLine, StatusReport
@@ -276,10 +277,15 @@ def format_model(health: EngineHealth | None) -> str:
     """The resident model as status shows it: its id, the default model's
     name, and a quantised KV cache's bits (pure)."""
     model = (health.resident_model if health else None) or "-"
+    if health and health.resident_model is None and health.unloaded_idle_at is not None:
+        at = time.strftime("%H:%M", time.localtime(health.unloaded_idle_at))
+        return f"- (idle, unloaded at {at}: the next request loads it)"
     if model == default_model.MODEL_ID:
         model = f"{model} ({default_model.MODEL_NAME})"
     bits = health.kv_bits if health else 16
     notes = ([f"KV {bits}-bit"] if bits < 16 else []) + (["tools by mlxd"] if health and health.tools == "mlxd" else [])
+    if health and health.unload_in_s is not None:
+        notes.append(f"unloads if idle {describe(health.unload_in_s)} more")
     return f"{model} ({', '.join(notes)})" if notes else model
 
 

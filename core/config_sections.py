@@ -8,7 +8,9 @@ from __future__ import annotations
 import ipaddress
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from mlxd.durations import parse_duration
 
 SOURCES = ("path", "repo", "gguf", "from_ollama", "demo")  # where a model comes from: exactly one per model
 LOCAL_ENGINE = "local"  # in a model's `hosts`: this machine's engine ([engine] host and port)
@@ -270,6 +272,20 @@ class EngineConfig(Strict):
         "copied, or a verify costs several steps (a CPU), it decodes as `off` does; it learns where copying pays from "
         "every token, proposed or not. A model with a `draft` model is decoded by its draft instead. `off`: one "
         "token per forward (engine/model/speculative.py, engine/model/draft_model.py)."))
+    keep_alive: str | int | float = Field(default="5m", description=(
+        "How long the model stays loaded with no request: after it the model, its KV and MLX's buffer cache are "
+        "given back and the next request loads it again (its conversations stay warm in the prompt cache's disk "
+        "tier). A duration as Ollama writes one (`\"5m\"`, `\"1h\"`, `\"90s\"`, seconds as a number); `0` "
+        "unloads after every request, a negative one never. A request's own `keep_alive` sets it for after that "
+        "request. 5 minutes, as Ollama: an agent's turns come seconds apart, so a session keeps its model, while "
+        "memory comes back minutes after the work stops; the reload costs the weights' read (seconds) and no "
+        "conversation's prefill. Health probes are not requests."))
+
+    @field_validator("keep_alive")
+    @classmethod
+    def _a_duration(cls, v: str | int | float) -> str | int | float:
+        parse_duration(v)  # ValueError names what it takes
+        return v
     kv_bits: KVBits = Field(default=16, description=(
         "The KV cache's precision: 16 keeps the model's dtype; 8 or 4 store keys and values quantised (above). "
         "Served alone only: it needs `max_concurrency = 1`."))

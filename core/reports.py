@@ -161,6 +161,9 @@ class EngineHealth(Report):
     counters: dict[str, int] = field(default_factory=dict)
     prompt_cache: PromptCacheReport | None = None
     timings: dict[str, float] = field(default_factory=dict)  # last_load_s, last_unload_s
+    keep_alive_s: float | None = None  # the model's idle time before it is given back; None: never
+    unload_in_s: float | None = None  # until the resident model is given back, idle (None: not due)
+    unloaded_idle_at: float | None = None  # wall clock: the model was given back, idle (none resident since)
     uptime_s: float | None = None
     process_started_at: float | None = None  # wall clock: process spawn -> ready, for recovery timing
     ready_at: float | None = None

@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 from mlxd.api_errors import INVALID_REQUEST, UNSUPPORTED_PARAMETER
+from mlxd.durations import parse_duration
 
 from ..model.grammar import ANY_OBJECT, OutputRules, ToolSpec, schema_problem
 
@@ -221,6 +222,15 @@ class SamplingFields(Lenient):
     repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0)
     logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
     logprobs: bool | int | None = None
+    # Ollama's: how long the model stays loaded after this request ("5m", 0: unload now, -1: never; mlxd.durations).
+    keep_alive: str | int | float | None = None
+
+    @field_validator("keep_alive")
+    @classmethod
+    def _a_duration(cls, v: str | int | float | None) -> str | int | float | None:
+        if v is not None:
+            parse_duration(v)
+        return v
 
     @field_validator("stop")
     @classmethod

@@ -34,16 +34,19 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
+from mlxd.durations import parse_duration
 from mlxd.records import InflightRequest
 from mlxd.reports import PromptCacheReport
 
 from .admission import AdmissionQueue
+
 from ..model.decoding import Admitted, Ended
 from .device_memory import DeviceMemoryWatch
 from .errors import EngineError
 from .events import Failed, Started
 from .faults import FaultInjector
 from .jobs import Job
+from .keep_alive import NEVER, describe, unload_deadline, unload_due
 from .memory_ledger import MemoryLedger, ModelFigures
 from ..model.model_cache import Unload, plan_release, plan_switch
 from ..model.model_registry import ModelRegistry
@@ -105,7 +108,13 @@ class EngineCore:
         self.active_before_first_load: int | None = None
         self.active_after_last_unload: int | None = None
         self.timings: dict[str, float] = {}  # last_load_s, last_unload_s: for benchmarks and status
-        self.counters = {"model_loads": 0, "model_unloads": 0, "generated_tokens": 0, "prompt_tokens": 0,
+        # Idle unload (engine/core/keep_alive.py): the resident model is given back at `unload_at` (monotonic)
+        # with nothing to do; every request's end moves it.
+        self.keep_alive_s = parse_duration(registry.config.engine.keep_alive)
+        self.unload_at = NEVER
+        self.unloaded_idle_at: float | None = None  # wall clock of the last idle unload, while none is resident
+        self.counters = {"model_loads": 0, "model_unloads": 0, "idle_unloads": 0, "generated_tokens": 0,
+                         "prompt_tokens": 0,
                          "jobs": 0, "spec_requests": 0, "spec_proposed": 0, "spec_accepted": 0, "spec_forwards": 0,
                          "spec_tokens": 0}
 
@@ -150,6 +159,9 @@ class EngineCore:
         if self.faults.enabled:
             self.faults.refresh()
             self.faults.check("idle")
+        busy = self.pending is not None or bool(self.runner.rows) or self.admission.has_waiting()
+        if unload_due(time.monotonic(), self.unload_at, self.runner.resident_id is not None, busy):
+            self._unload_idle()
         self.prompt_cache.idle()
         if time.monotonic() - self.memory.taken_at > 1.0:
             self.sample_memory()
@@ -303,8 +315,10 @@ class EngineCore:
 
     def _end(self, e: Ended) -> None:
         """After its answer's end: its memory back to the ledger, its KV to
-        the prompt cache, its place freed."""
+        the prompt cache, its place freed; the model's idle time starts again."""
         a = e.admitted
+        self.unload_at = unload_deadline(time.monotonic(), self.keep_alive_s if a.job.keep_alive_s is None
+                                         else a.job.keep_alive_s)
         self.ledger.release(a.job.id)
         self._sync_ledger()
         if self.runner.plan is not None and self.runner.plan.prompt_cache:
@@ -361,6 +375,7 @@ class EngineCore:
                 log.warning("not preloading %s: %s", default_model, refusal.message)
             else:
                 self.ensure_model(default_model)  # an error here is fatal: exit_codes.PRELOAD_FAILED
+                self.unload_at = unload_deadline(time.monotonic(), self.keep_alive_s)
         self.publish(Phase.IDLE)
 
     def ensure_model(self, model_id: str) -> None:
@@ -373,9 +388,11 @@ class EngineCore:
 
     def unload(self) -> None:
         started = time.monotonic()
+        # Entries never cross models: to disk, out of memory -- before the runner's unload, whose clear of MLX's
+        # buffer cache then takes their buffers too.
+        self.prompt_cache.set_model(None, 0)
         self.runner.unload()
         self.ledger.set_model(None)
-        self.prompt_cache.set_model(None, 0)  # entries never cross models: to disk, out of memory
         self.counters["model_unloads"] += 1
         self.sample_memory()
         self.timings["last_unload_s"] = round(time.monotonic() - started, 4)
@@ -383,6 +400,18 @@ class EngineCore:
         # Peak memory from here on covers the next model alone: with it a
         # test (and an operator) can see that two models never coexisted.
         self.runner.reset_peak()
+
+    def _unload_idle(self) -> None:
+        """The resident model given back after keep_alive with nothing to do:
+        its weights, its KV, MLX's buffer cache (the prompt cache's entries go
+        to disk); the next request loads it again."""
+        model_id, before = self.runner.resident_id, self.memory.active_bytes + self.memory.cache_bytes
+        self.unload()
+        self.unload_at, self.unloaded_idle_at = NEVER, time.time()
+        self.counters["idle_unloads"] += 1
+        log.info("unloaded %s after %s without a request (keep_alive): MLX memory %.0f -> %.0f MiB", model_id,
+                 describe(self.keep_alive_s), before / 2**20, (self.memory.active_bytes + self.memory.cache_bytes) / 2**20)
+        self.publish(Phase.IDLE)
 
     def _load(self, model_id: str) -> None:
         self.registry.check_allowed(model_id)  # re-checked: files may have changed
@@ -402,6 +431,7 @@ class EngineCore:
         else:  # mlx-vlm's generation, a rank group: no prompt cache of ours
             self.prompt_cache.set_model(None, 0)
         self.counters["model_loads"] += 1
+        self.unloaded_idle_at = None
         self.sample_memory()
         self.timings["last_load_s"] = round(time.monotonic() - started, 4)
         log.info("loaded %s in %.1fs (MLX active %.0f MiB%s; %s)", model_id, time.monotonic() - started,

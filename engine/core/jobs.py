@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlxd.config import EngineConfig
+from mlxd.durations import parse_duration
 
 from ..cache.cache_keys import conversation_keys
 from .errors import EngineError, bad_request
@@ -58,6 +59,7 @@ class Job:
     tools: list[dict[str, Any]] | None = None
     prompt: str | list[int] | None = None
     template_kwargs: dict[str, Any] = field(default_factory=dict)  # extra chat-template arguments
+    keep_alive_s: float | None = None  # the model's idle time after this request (engine/core/keep_alive.py); None: the engine's
     images: tuple[bytes, ...] = ()  # encoded, in the order of the messages' image parts
     conversation: tuple[str, ...] = ()  # agent-safe cache keys (engine/cache/cache_keys.py); () when off
     rules: OutputRules = OutputRules()  # how the answer is bound: a JSON schema, a forced tool (engine/model/grammar.py)
@@ -114,7 +116,8 @@ def job_from_request(req: SamplingFields, kind: str, registry: ModelRegistry, li
     return Job(id=uuid.uuid4().hex[:12], kind=kind, model_id=model_id, params=params,
                channel=EventChannel(asyncio.get_running_loop()), deadline_s=limits.request_deadline_s,
                messages=messages, tools=tools, prompt=prompt, template_kwargs=template_kwargs, images=images,
-               rules=rules, conversation=conversation_keys(messages, tools, limits.prompt_cache.normalize))
+               rules=rules, conversation=conversation_keys(messages, tools, limits.prompt_cache.normalize),
+               keep_alive_s=parse_duration(req.keep_alive) if req.keep_alive is not None else None)
 
 
 def read_images(req: ChatCompletionRequest, policy: ImagePolicy) -> tuple[bytes, ...]:

@@ -141,6 +141,15 @@ class ModelWorker(threading.Thread):
         return self.core.active_after_last_unload
 
     @property
+    def idle_unload(self) -> tuple[float, float | None, float | None]:
+        """(keep_alive seconds (inf: never), seconds until the idle unload (None: none due), wall clock of the
+        last idle unload while no model is resident) for /health."""
+        core = self.core
+        left = core.unload_at - time.monotonic()
+        due = None if left == float("inf") or core.runner.resident_id is None else round(max(0.0, left), 1)
+        return core.keep_alive_s, due, core.unloaded_idle_at
+
+    @property
     def plan(self) -> ServingPlan | None:
         """The resident model's serving plan (engine/model/serving_plan.py)."""
         return self.core.runner.plan

@@ -267,6 +267,29 @@ def spawn(name: str, argv: list[str], env: dict[str, str], log_path: Path, port:
     return _started(spawn_server(name, argv, env, log_path, port, health_path, preexec_fn=_PDEATHSIG, kind=Server))
 
 
+def stream_chat(url: str, messages: list[dict], max_tokens: int, extra: dict | None = None,
+                timeout: float = 600) -> dict[str, Any]:
+    """One greedy streamed chat completion from an engine or gateway at `url`:
+    {"started", "first" (the first chunk with text; None: none came), "end"
+    (perf_counter times), "text", "usage"}."""
+    started = time.perf_counter()
+    first, text, usage = None, "", {}
+    with requests.post(url + "/v1/chat/completions", stream=True, timeout=timeout, json={
+            "model": "default", "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}, **(extra or {})}) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith(b"data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            piece = "".join(c["delta"].get("content") or "" for c in chunk.get("choices", []))
+            if piece and first is None:
+                first = time.perf_counter()
+            text += piece
+            usage = chunk.get("usage") or usage
+    return {"started": started, "first": first, "end": time.perf_counter(), "text": text, "usage": usage}
+
+
 def stop_child(proc: subprocess.Popen, grace: float = 15.0) -> None:
     """SIGTERM by pid (the engine drains: it is idle, so that is quick), then SIGKILL."""
     stop_by_pid(proc, grace)

@@ -27,7 +27,6 @@ after each): a verify of k proposed tokens is a forward of k + 1.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -38,7 +37,8 @@ from typing import Any
 import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchkit import RESULTS, machine_info, say, start_engine, stop_all_children, write_json  # noqa: E402
+from benchkit import (RESULTS, machine_info, say, start_engine, stop_all_children, stream_chat,  # noqa: E402
+                      write_json)
 
 ARMS = ("off", "prompt_lookup", "draft")  # draft: with --draft only
 
@@ -106,22 +106,8 @@ def spec_counters(url: str) -> dict[str, float]:
 
 def one_request(url: str, messages: list[dict], max_tokens: int, extra: dict | None = None) -> dict[str, Any]:
     before = spec_counters(url)
-    started = time.perf_counter()
-    first = None
-    text, usage = "", {}
-    with requests.post(url + "/v1/chat/completions", stream=True, timeout=600, json={
-            "model": "default", "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}, **(extra or {})}) as r:
-        r.raise_for_status()
-        for line in r.iter_lines():
-            if not line.startswith(b"data: {"):
-                continue
-            chunk = json.loads(line[6:])
-            piece = "".join(c["delta"].get("content") or "" for c in chunk.get("choices", []))
-            if piece and first is None:
-                first = time.perf_counter()
-            text += piece
-            usage = chunk.get("usage") or usage
+    answer = stream_chat(url, messages, max_tokens, extra)
+    started, first, text, usage = answer["started"], answer["first"], answer["text"], answer["usage"]
     end = time.perf_counter()
     after = spec_counters(url)
     tokens = usage.get("completion_tokens", 0)

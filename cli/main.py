@@ -5,6 +5,7 @@
   mlxd down                 stop everything
   mlxd restart [engine|all] an operator's restart (clears a crash loop)
   mlxd status [--json]      what runs, health, crashes; exit 0 healthy, 1 degraded, 2 down
+  mlxd models [--json]      the configured models: on disk, size, fits or heavy, loaded, aliases
   mlxd logs [component] [-f], mlxd doctor, mlxd config [show|path|validate|reference],
   mlxd key [show|rotate|path], mlxd launchd|systemd install|uninstall|status
 
@@ -78,6 +79,8 @@ def _parser() -> argparse.ArgumentParser:
                     default="all")
     lg.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
     lg.add_argument("-n", "--lines", type=int, default=40, help="lines of history (default 40)")
+    mo = sub.add_parser("models", help="the configured models: on disk, size, fits or heavy, loaded, aliases")
+    mo.add_argument("--json", action="store_true", help="for machines")
     dr = sub.add_parser("doctor", help="check this machine and the config; say what to fix")
     dr.add_argument("--json", action="store_true")
 
@@ -131,6 +134,10 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(map(str, problems)) if problems else f"{path}: valid",
               file=sys.stderr if problems else sys.stdout)
         return exit_codes.CONFIG if problems else exit_codes.OK
+    if args.command == "models":
+        from . import models
+
+        return models.main(config, args.json)
     if args.command == "engine":
         engine_overrides = {k: v for k, v in (("host", args.host), ("port", args.port),
                                                ("default_model", args.model)) if v is not None}

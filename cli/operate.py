@@ -279,7 +279,7 @@ def format_model(health: EngineHealth | None) -> str:
     model = (health.resident_model if health else None) or "-"
     if health and health.resident_model is None and health.unloaded_idle_at is not None:
         at = time.strftime("%H:%M", time.localtime(health.unloaded_idle_at))
-        return f"- (idle, unloaded at {at}: the next request loads it)"
+        return f"- (idle: {health.unloaded_idle_model or 'the model'} unloaded at {at}; the next request loads it)"
     if model == default_model.MODEL_ID:
         model = f"{model} ({default_model.MODEL_NAME})"
     bits = health.kv_bits if health else 16

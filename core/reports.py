@@ -164,6 +164,7 @@ class EngineHealth(Report):
     keep_alive_s: float | None = None  # the model's idle time before it is given back; None: never
     unload_in_s: float | None = None  # until the resident model is given back, idle (None: not due)
     unloaded_idle_at: float | None = None  # wall clock: the model was given back, idle (none resident since)
+    unloaded_idle_model: str | None = None  # the model given back
     uptime_s: float | None = None
     process_started_at: float | None = None  # wall clock: process spawn -> ready, for recovery timing
     ready_at: float | None = None

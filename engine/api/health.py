@@ -95,7 +95,7 @@ class Health:
         w = self.worker
         s, mem, queue, plan = w.status, w.memory, self.admission.snapshot(), w.plan
         device = w.device_memory.latest if w.device_memory is not None else None
-        keep_alive, unload_in, unloaded_at = w.idle_unload
+        keep_alive, unload_in, unloaded_at, unloaded_model = w.idle_unload
         return EngineHealth(
             status=status,
             reason=reason,
@@ -137,6 +137,7 @@ class Health:
             keep_alive_s=None if keep_alive == float("inf") else keep_alive,
             unload_in_s=unload_in,
             unloaded_idle_at=unloaded_at,
+            unloaded_idle_model=unloaded_model,
             uptime_s=round(time.monotonic() - self.started_at, 3),
             process_started_at=mlxd.STARTED_AT,
             ready_at=w.ready_at,

@@ -348,6 +348,12 @@ class PromptCache:
         self._publish()
 
     @_never_fatal()
+    def finish_writes(self, still: Callable[[], bool] = lambda: True) -> None:
+        """Every write under way finished and collected while `still()` holds
+        (the writer goes on: an idle unload waits for its entries' writes, so
+        their staged copies are freed before the memory is handed back)."""
+        self._wait_for_writes(still)
+
     def flush(self) -> None:
         """Every write under way finished and collected, and the writer's thread
         ended (the engine stops: no thread is left writing as the process exits)."""

@@ -34,7 +34,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from mlxd.durations import parse_duration
 from mlxd.records import InflightRequest
 from mlxd.reports import PromptCacheReport
 
@@ -84,7 +83,7 @@ class Prepared:
 class EngineCore:
     def __init__(self, registry: ModelRegistry, admission: AdmissionQueue[Job], faults: FaultInjector, runner: Any,
                  on_fatal: Callable[[BaseException, Job | None], None], inflight_path: Path | None = None,
-                 prefill_step_size: int = 512) -> None:
+                 prefill_step_size: int = 512, keep_alive_s: float = NEVER) -> None:
         self.registry = registry
         self.admission = admission
         self.faults = faults
@@ -110,9 +109,10 @@ class EngineCore:
         self.timings: dict[str, float] = {}  # last_load_s, last_unload_s: for benchmarks and status
         # Idle unload (engine/core/keep_alive.py): the resident model is given back at `unload_at` (monotonic)
         # with nothing to do; every request's end moves it.
-        self.keep_alive_s = parse_duration(registry.config.engine.keep_alive)
+        self.keep_alive_s = keep_alive_s
         self.unload_at = NEVER
         self.unloaded_idle_at: float | None = None  # wall clock of the last idle unload, while none is resident
+        self.unloaded_idle_model: str | None = None  # which model that was
         self.counters = {"model_loads": 0, "model_unloads": 0, "idle_unloads": 0, "generated_tokens": 0,
                          "prompt_tokens": 0,
                          "jobs": 0, "spec_requests": 0, "spec_proposed": 0, "spec_accepted": 0, "spec_forwards": 0,
@@ -407,7 +407,12 @@ class EngineCore:
         to disk); the next request loads it again."""
         model_id, before = self.runner.resident_id, self.memory.active_bytes + self.memory.cache_bytes
         self.unload()
-        self.unload_at, self.unloaded_idle_at = NEVER, time.time()
+        # The entries' writes to disk done (a request arriving stops the wait), their staged copies freed, and
+        # the C heap trimmed again: what they held comes back to the system too.
+        self.prompt_cache.finish_writes(lambda: not self.admission.has_waiting())
+        self.runner.give_heap_back()
+        self.sample_memory()
+        self.unload_at, self.unloaded_idle_at, self.unloaded_idle_model = NEVER, time.time(), model_id
         self.counters["idle_unloads"] += 1
         log.info("unloaded %s after %s without a request (keep_alive): MLX memory %.0f -> %.0f MiB", model_id,
                  describe(self.keep_alive_s), before / 2**20, (self.memory.active_bytes + self.memory.cache_bytes) / 2**20)
@@ -431,7 +436,7 @@ class EngineCore:
         else:  # mlx-vlm's generation, a rank group: no prompt cache of ours
             self.prompt_cache.set_model(None, 0)
         self.counters["model_loads"] += 1
-        self.unloaded_idle_at = None
+        self.unloaded_idle_at = self.unloaded_idle_model = None
         self.sample_memory()
         self.timings["last_load_s"] = round(time.monotonic() - started, 4)
         log.info("loaded %s in %.1fs (MLX active %.0f MiB%s; %s)", model_id, time.monotonic() - started,

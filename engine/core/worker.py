@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import mlxd
+from mlxd.durations import parse_duration
 from mlxd.memory_estimate import KVLayout
 from mlxd.reports import PromptCacheReport
 
@@ -56,7 +57,8 @@ class ModelWorker(threading.Thread):
         # A prefill step's share of the stuck grace: the pace sizes steps to a sixth of it.
         runner = ModelRunner(registry, faults, max_prompt_tokens, prefill_step_size, stuck_grace_s / 6,
                              heartbeat=lambda *_: self.core.heartbeat(), link=link)
-        self.core = EngineCore(registry, admission, faults, runner, on_fatal, inflight_path, prefill_step_size)
+        self.core = EngineCore(registry, admission, faults, runner, on_fatal, inflight_path, prefill_step_size,
+                               parse_duration(registry.config.engine.keep_alive))
         self.ready = threading.Event()  # preload finished (or was skipped)
         self.ready_at: float | None = None  # wall clock, when ready was set
 
@@ -141,13 +143,13 @@ class ModelWorker(threading.Thread):
         return self.core.active_after_last_unload
 
     @property
-    def idle_unload(self) -> tuple[float, float | None, float | None]:
+    def idle_unload(self) -> tuple[float, float | None, float | None, str | None]:
         """(keep_alive seconds (inf: never), seconds until the idle unload (None: none due), wall clock of the
-        last idle unload while no model is resident) for /health."""
+        last idle unload while no model is resident, the model it gave back) for /health."""
         core = self.core
         left = core.unload_at - time.monotonic()
         due = None if left == float("inf") or core.runner.resident_id is None else round(max(0.0, left), 1)
-        return core.keep_alive_s, due, core.unloaded_idle_at
+        return core.keep_alive_s, due, core.unloaded_idle_at, core.unloaded_idle_model
 
     @property
     def plan(self) -> ServingPlan | None:

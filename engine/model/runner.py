@@ -137,6 +137,11 @@ class ModelRunner:
             self.link.share((UNLOAD,))
         gc.collect()
         mx.clear_cache()
+        give_heap_back()
+
+
+    def give_heap_back(self) -> None:
+        give_heap_back()
 
     def reset_peak(self) -> None:
         import mlx.core as mx
@@ -240,3 +245,18 @@ class ModelRunner:
         import mlx.core as mx
 
         mx.set_memory_limit(limit_bytes)
+
+
+def give_heap_back() -> None:
+    """Freed memory back to the system where the C library keeps it (glibc:
+    the weights' and KV's freed CPU buffers stay in its heap, the process's
+    RSS with them, until malloc_trim); nothing elsewhere (macOS, musl)."""
+    import ctypes
+    import sys
+
+    if sys.platform != "linux":
+        return
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass

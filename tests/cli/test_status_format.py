@@ -36,7 +36,8 @@ def test_format_running(health, shown):  # `health`: the /health body's keys
     # idle unload (engine/core/keep_alive.py): when it is due, and that it happened
     ({"resident_model": "qwen", "unload_in_s": 240.0}, "qwen (unloads if idle 4 min more)"),
     ({"resident_model": "qwen", "unload_in_s": 30.0, "tools": "mlxd"}, "qwen (tools by mlxd, unloads if idle 30 s more)"),
-    ({"resident_model": None, "unloaded_idle_at": 1.0e9}, "- (idle, unloaded at {at}: the next request loads it)"),
+    ({"resident_model": None, "unloaded_idle_at": 1.0e9, "unloaded_idle_model": "qwen"},
+     "- (idle: qwen unloaded at {at}; the next request loads it)"),
 ])
 def test_format_model(health, shown):
     if "{at}" in shown:

@@ -116,7 +116,7 @@ def test_a_crash_record_names_what_was_in_flight(data, in_flight, fingerprints):
 WIRE_KEYS = {"status", "reason", "worker_alive", "phase", "resident_model", "kv_cache", "tools", "in_flight",
              "in_flight_fingerprint", "running", "batch_size", "requests", "max_concurrency", "serving", "queue_depth", "queue_capacity",
              "max_observed_concurrency", "memory", "counters", "prompt_cache", "timings", "keep_alive_s",
-             "unload_in_s", "unloaded_idle_at", "uptime_s", "process_started_at", "ready_at", "pid"}
+             "unload_in_s", "unloaded_idle_at", "unloaded_idle_model", "uptime_s", "process_started_at", "ready_at", "pid"}
 
 HEALTH = EngineHealth(
     status="ok", worker_alive=True, phase="decode", resident_model="demo", kv_cache=KVCacheLayout(bits=8),

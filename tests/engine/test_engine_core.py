@@ -12,6 +12,7 @@ test_failures.py), which show the same behaviour through HTTP on a real model.
 from __future__ import annotations
 
 import asyncio
+import math
 import importlib.abc
 import inspect
 import re
@@ -179,6 +180,9 @@ class FakeRunner:
     def reset_peak(self) -> None:
         pass
 
+    def give_heap_back(self) -> None:
+        pass
+
     def generation_prompt_length(self) -> int:
         return 0
 
@@ -282,7 +286,8 @@ class Engine:
     """A core over the fakes, its jobs and what each job's client received."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, concurrency: int = 1, *, others: dict[str, int] | None = None,
-                 sized: bool = False, budget_bytes: int = 2**40, inflight_path: Path | None = None) -> None:
+                 sized: bool = False, budget_bytes: int = 2**40, inflight_path: Path | None = None,
+                 keep_alive_s: float = math.inf) -> None:
         self.loop = loop
         models = {MODEL: concurrency, **(others or {})}
         self.registry = FakeRegistry(models, budget_bytes, WEIGHTS if sized else None, CONFIG if sized else {})
@@ -291,14 +296,16 @@ class Engine:
         self.fatal: list[tuple[BaseException, Job | None]] = []
         self.core = EngineCore(self.registry, self.admission, FaultInjector(None, None),  # type: ignore[arg-type]
                                self.runner, lambda exc, job: self.fatal.append((exc, job)), inflight_path,
-                               PREFILL_STEP)
+                               PREFILL_STEP, keep_alive_s)
         self.jobs: dict[str, Job] = {}
         self._received: dict[str, list] = {}
 
     def submit(self, name: str, *, max_tokens: int = MAX_TOKENS, seed: int | None = None, images: tuple = (),
-               model: str = MODEL, prompt: list[int] = PROMPT, alone: bool = False) -> Job:
+               model: str = MODEL, prompt: list[int] = PROMPT, alone: bool = False,
+               keep_alive_s: float | None = None) -> Job:
         job = Job(id=name, kind="completion", model_id=model, params=SamplingParams(max_tokens, seed=seed),
-                  channel=EventChannel(self.loop), deadline_s=600.0, prompt=list(prompt), images=images, alone=alone)
+                  channel=EventChannel(self.loop), deadline_s=600.0, prompt=list(prompt), images=images, alone=alone,
+                  keep_alive_s=keep_alive_s)
         assert self.admission.offer(job) is None
         self.jobs[name] = job
         return job
@@ -722,6 +729,34 @@ def test_a_model_refused_at_load_fails_its_job_and_the_next_is_served(engine):
     assert (error.status, error.code) == (400, "model_too_large") and e.kinds("x") == ["Failed"]
     assert e.events("z")[-1] == Finished("stop", len(PROMPT), ANSWER)
     assert OTHER not in e.runner.loads and e.runner.resident_id == MODEL
+
+
+# --- idle unload (engine/core/keep_alive.py) -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("engine_keep_alive, job_keep_alive, waiting, unloaded", [
+    pytest.param(0.0, None, False, True, id="keep_alive-0"),
+    pytest.param(math.inf, None, False, False, id="never"),
+    pytest.param(3600.0, None, False, False, id="not-yet"),
+    pytest.param(math.inf, 0.0, False, True, id="the-jobs-0-over-never"),
+    pytest.param(0.0, math.inf, False, False, id="the-jobs-never-over-0"),
+    pytest.param(0.0, None, True, False, id="a-job-waiting"),
+])
+def test_an_idle_model_is_given_back_after_its_keep_alive(engine, engine_keep_alive, job_keep_alive, waiting,
+                                                          unloaded):
+    e = engine(1, keep_alive_s=engine_keep_alive)
+    e.submit("a", keep_alive_s=job_keep_alive)
+    e.run_until(lambda: e.all_ended() and e.idle())
+    if waiting:
+        e.submit("b")
+    e.core.idle()
+    assert (e.runner.unloads == 1) is unloaded and (e.runner.resident_id is None) is unloaded
+    assert e.core.unloaded_idle_model == (MODEL if unloaded else None)
+    assert e.core.counters["idle_unloads"] == (1 if unloaded else 0)
+    e.submit("c")  # the next job loads it again
+    e.run_until(lambda: e.all_ended() and e.idle())
+    assert e.runner.resident_id == MODEL and e.core.unloaded_idle_model is None
+    assert len(e.runner.loads) == (2 if unloaded else 1)
 
 
 # --- the in-flight record --------------------------------------------------------------------------------

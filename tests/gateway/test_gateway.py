@@ -377,3 +377,18 @@ def test_non_json_tool_arguments_are_400_for_a_model_served_by_ollama(client, st
     assert r.status_code == 400 and "arguments is not JSON" in r.json()["error"]["message"], r.text[:300]
     # the engine takes them as they are (a model's own slightly broken JSON, echoed back by an agent)
     assert client.chat.completions.create(model="default", messages=messages, max_tokens=2).choices
+
+
+def test_a_requests_keep_alive_reaches_the_engine_through_the_gateway(client, st):
+    """Ollama's per-request keep_alive, sent as the openai client sends an extra field: 0 unloads the model once
+    answered (engine/core/keep_alive.py); the next request loads it again and the engine answers it, not Ollama."""
+    health = lambda: requests.get(st.url + "/health", timeout=10).json()  # noqa: E731
+    loads = health()["counters"]["model_loads"]
+    r = ask(client, extra_body={"keep_alive": 0})
+    assert not from_ollama(r.choices[0].message.content)
+    wait_until(lambda: health()["resident_model"] is None, 15, what="the unload keep_alive 0 asks for")
+    r = ask(client)
+    assert not from_ollama(r.choices[0].message.content)
+    assert health()["counters"]["model_loads"] == loads + 1 and health()["resident_model"] is not None
+    with pytest.raises(openai.BadRequestError, match="not a duration"):
+        ask(client, extra_body={"keep_alive": "soon"})

@@ -1,0 +1,66 @@
+"""`mlxd models` (cli/models.py): the rows as a table of cases, and the command
+on a config of real model folders (a demo model, a 70B description only, a
+repo not downloaded), as a table and as JSON, with no engine running and with one."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from mlxd.cli.models import format_models, model_rows
+from mlxd.config import parse_config
+from mlxd.models import model_info
+from mlxd.reports import EngineHealth
+from mlxd.toml_text import dumps
+
+MLXD = [sys.executable, "-m", "mlxd.cli"]
+GIB = 2**30
+
+
+@pytest.fixture
+def config(tmp_path, demo_models):
+    return parse_config({"models": {"demo-a": {"path": str(demo_models.a)}, "big": {"path": str(demo_models.heavy)},
+                                    "later": {"repo": "mlx-community/Not-Downloaded-7B-4bit"}},
+                         "aliases": {"default": "demo-a", "huge": "big"}}, tmp_path)
+
+
+@pytest.mark.parametrize("health, states", [
+    (None, ["?", "?", "?"]),                                                         # no engine answered
+    (EngineHealth(status="ok", resident_model="demo-a"), ["loaded", "-", "-"]),
+    (EngineHealth(status="ok", resident_model=None, unloaded_idle_at=1.0, unloaded_idle_model="demo-a"),
+     ["idle, unloaded", "-", "-"]),
+])
+def test_a_row_per_model_with_what_the_engine_holds(config, health, states):
+    infos = {m: model_info(config, m, 16 * GIB) for m in config.models}
+    rows = model_rows(config, infos, {"demo-a": 123}, health)
+    assert [r.id for r in rows] == ["demo-a", "big", "later"] and [r.state for r in rows] == states
+    demo, big, later = rows
+    assert demo.on_disk and demo.disk_bytes == 123 and demo.fits and "default" in demo.aliases
+    assert not big.fits and big.aliases == ["huge"] and "70" in big.verdict  # a 70B model: over 16 GiB
+    assert not later.on_disk and later.disk_bytes is None
+    table = format_models(rows, 16 * GIB)
+    assert "heavy: Ollama" in table and "not yet" in table and "memory budget for a model: 16.0 GiB" in table
+    assert f"big: {big.verdict}" in table  # why it is heavy, said under the table
+
+
+def test_the_command_as_a_table_and_as_json(tmp_path, demo_models):
+    (tmp_path / "mlxd.toml").write_text(dumps({"models": {"demo-a": {"path": str(demo_models.a)},
+                                                          "big": {"path": str(demo_models.heavy)}},
+                                               "engine": {"port": 1}}))  # nothing listens there
+    env = {**os.environ, "MLXD_HOME": str(tmp_path), "MLXD_MEMORY_TOTAL_BYTES": str(32 * GIB)}
+    env.pop("MLXD_CONFIG", None)
+    table = subprocess.run(MLXD + ["models"], env=env, capture_output=True, text=True, timeout=60)
+    assert table.returncode == 0, table.stderr
+    assert table.stdout.splitlines()[0].split() == ["MODEL", "ALIASES", "ON", "DISK", "ESTIMATE", "FITS", "ENGINE",
+                                                    "SOURCE"]
+    out = subprocess.run(MLXD + ["models", "--json"], env=env, capture_output=True, text=True, timeout=60)
+    body = json.loads(out.stdout)
+    rows = {r["id"]: r for r in body["models"]}
+    assert set(rows) == {"demo-a", "big"} and body["budget_bytes"] > 0
+    assert rows["demo-a"]["fits"] and rows["demo-a"]["disk_bytes"] == sum(
+        f.stat().st_size for f in demo_models.a.iterdir() if f.is_file())
+    assert not rows["big"]["fits"] and rows["big"]["state"] == "?"

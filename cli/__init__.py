@@ -13,4 +13,6 @@ each (a test, tests/layout/test_component_maps.py, keeps this list whole):
   started_with.py  what `mlxd up` started with, remembered for the commands after it
   logs.py          `mlxd logs [component] [-f]`: the tail of a component's logs, followed
   doctor.py        `mlxd doctor`: is this machine ready to run mlxd? (changes nothing)
+  models.py        `mlxd models [--json]`: every configured model, its files, estimate, verdict and state
+  pull.py          `mlxd pull` / `mlxd rm`: a Hugging Face repo into the hub cache if it fits, and out again
 """

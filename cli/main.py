@@ -6,6 +6,7 @@
   mlxd restart [engine|all] an operator's restart (clears a crash loop)
   mlxd status [--json]      what runs, health, crashes; exit 0 healthy, 1 degraded, 2 down
   mlxd models [--json]      the configured models: on disk, size, fits or heavy, loaded, aliases
+  mlxd pull NAME, mlxd rm NAME   a Hugging Face repo into the hub cache (if it fits) / out of it
   mlxd logs [component] [-f], mlxd doctor, mlxd config [show|path|validate|reference],
   mlxd key [show|rotate|path], mlxd launchd|systemd install|uninstall|status
 
@@ -79,6 +80,10 @@ def _parser() -> argparse.ArgumentParser:
                     default="all")
     lg.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
     lg.add_argument("-n", "--lines", type=int, default=40, help="lines of history (default 40)")
+    pl = sub.add_parser("pull", help="download a Hugging Face repo (a configured model's, or org/name), if it fits")
+    pl.add_argument("name", help="a configured model id or alias, or a repo id (org/name)")
+    rmp = sub.add_parser("rm", help="remove a repo's files from the Hugging Face cache")
+    rmp.add_argument("name", help="a configured model id or alias, or a repo id (org/name)")
     mo = sub.add_parser("models", help="the configured models: on disk, size, fits or heavy, loaded, aliases")
     mo.add_argument("--json", action="store_true", help="for machines")
     dr = sub.add_parser("doctor", help="check this machine and the config; say what to fix")
@@ -138,6 +143,10 @@ def main(argv: list[str] | None = None) -> int:
         from . import models
 
         return models.main(config, args.json)
+    if args.command in ("pull", "rm"):
+        from . import pull
+
+        return pull.pull(config, args.name) if args.command == "pull" else pull.rm(config, args.name)
     if args.command == "engine":
         engine_overrides = {k: v for k, v in (("host", args.host), ("port", args.port),
                                                ("default_model", args.model)) if v is not None}

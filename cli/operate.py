@@ -121,6 +121,9 @@ def cmd_up(args: argparse.Namespace, config: Config) -> int:
             print("\n".join(map(str, problems)), file=sys.stderr)
             return code
     _first_run(config)
+    from .pull import pull_missing
+
+    pull_missing(config)  # a configured repo not on disk yet: now, with its progress, not at its first request
     started_with.remember(config, config_path(config.home), paths)
     if not args.detach:
         return _run_foreground(config, args.timeout)

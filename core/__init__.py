@@ -19,6 +19,7 @@ Models and memory
   models.py             where each configured model lives and whether it fits the budget (no MLX)
   memory_estimate.py    the heavy-model estimate: weights + KV against the budget (pure)
   default_model.py      the real default model, SmolLM2-135M-Instruct, fetched at set-up
+  durations.py          durations as Ollama writes them ("5m", "1h30m", seconds; negative: never) (pure)
   gguf.py               GGUF files without MLX: header, what MLX can load, the mlx-lm config (pure)
   ollama_store.py       Ollama's own model store, read-only: the GGUF behind a model name
 

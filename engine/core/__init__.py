@@ -13,6 +13,7 @@ it is told (events, errors) and the queue in front of it live here too. Every fi
   device_memory.py        the process's device memory from outside (nvidia-smi), what MLX's limit leaves for it
   admission.py            the bounded FIFO in front of the worker (429, 503; pure policy)
   jobs.py                 a request turned into a job: what to generate, where its events go
+  keep_alive.py           when an idle model is given back (pure)
   events.py               what the worker tells a job's handler, and the channel it goes through
   errors.py               EngineError: status, code, message; rendered in one place
   faults.py               fault injection (crash, hang, MLX error) for tests; off by default

@@ -40,6 +40,8 @@ def test_an_idle_model_is_given_back_and_its_conversation_comes_back_warm(start_
     unloaded = wait_until(lambda: (h := health(ep.url))["resident_model"] is None and h, 15, 0.1, "the idle unload")
     assert unloaded["unloaded_idle_at"] is not None and unloaded["counters"]["idle_unloads"] == 1
     assert unloaded["unloaded_idle_model"] == "demo-a"
+    metrics = requests.get(ep.url + "/metrics", timeout=10).text
+    assert "mlxd_engine_idle_unloads 1.0" in metrics and "mlxd_engine_unload_in_seconds -1.0" in metrics
     left = unloaded["memory"]["mlx_active_bytes"] - unloaded["memory"]["mlx_active_before_first_load"]
     assert left <= 0.05 * held, (left, held)  # >= 95 % of what the model held is back
     assert unloaded["memory"]["mlx_cache_bytes"] <= 0.05 * held  # and MLX's buffer cache with it

@@ -5,7 +5,7 @@
 (a few kB) give the engine's own memory estimate (mlxd.memory_estimate), and
 a model the engine would refuse as heavy is not downloaded: the reason, and
 that Ollama serves such a model, are said instead. Otherwise huggingface_hub
-downloads the files mlx-lm loads (its allow patterns) with a progress bar;
+downloads the files mlx-lm loads (its own allow patterns) with a progress bar;
 an interrupted pull resumes where it stopped. `rm` deletes every revision of
 the repo from the cache and says what it freed.
 
@@ -24,10 +24,14 @@ from pathlib import Path
 from mlxd import exit_codes, memory_estimate as me
 from mlxd.config import Config
 
-# mlx-lm's own (mlx_lm.utils.DEFAULT_ALLOW_PATTERNS): the files its load reads
-ALLOW_PATTERNS = ["*.json", "model*.safetensors", "*.py", "tokenizer.model", "*.tiktoken", "tiktoken.model", "*.txt",
-                  "*.jsonl", "*.jinja"]
 FAILED = 1
+
+
+def allow_patterns() -> list[str]:
+    """The files mlx-lm's load reads (its own download's allow patterns)."""
+    from mlx_lm.utils import DEFAULT_ALLOW_PATTERNS
+
+    return list(DEFAULT_ALLOW_PATTERNS)
 
 
 @dataclass(frozen=True)
@@ -54,10 +58,11 @@ def plan_pull(repo: str, sizes: dict[str, int], model_config: dict | None, confi
               budget_bytes: int) -> PullPlan:
     """What pulling `repo` would download and whether the engine could serve
     it, from its file sizes and config.json (pure)."""
-    files = {f: n for f, n in sizes.items() if any(fnmatch.fnmatch(f.rsplit("/", 1)[-1], p) for p in ALLOW_PATTERNS)}
+    patterns = allow_patterns()
+    files = {f: n for f, n in sizes.items() if any(fnmatch.fnmatch(f.rsplit("/", 1)[-1], p) for p in patterns)}
     weights = sum(n for f, n in files.items() if f.endswith(".safetensors"))
-    bits, group, start = config.kv_settings(model_id) if model_id else (config.engine.kv_bits, config.engine.kv_group_size,
-                                                                         config.engine.quantized_kv_start)
+    e = config.engine
+    bits, group, start = config.kv_settings(model_id) if model_id else (e.kv_bits, e.kv_group_size, e.quantized_kv_start)
     ctx = (config.models[model_id].context_tokens if model_id else None) or config.engine.context_tokens
     kv = me.kv_layout_for(model_config, bits, group, start)
     footprint = me.estimate_footprint(model_config, (weights, "the repo's file sizes") if weights else None, repo, ctx,
@@ -98,7 +103,7 @@ def pull(config: Config, name: str) -> int:
         return FAILED
     print(f"{repo}: {len(plan.files)} files, {_size(plan.download_bytes)}; {plan.verdict.reason}", flush=True)
     try:
-        path = snapshot_download(repo, allow_patterns=ALLOW_PATTERNS)  # a progress bar; resumes a broken pull
+        path = snapshot_download(repo, allow_patterns=allow_patterns())  # a progress bar; resumes a broken pull
     except Exception as exc:  # noqa: BLE001 - a broken connection, a full disk: said, and a rerun resumes
         print(f"mlxd: pulling {repo} failed: {exc} (run it again: it resumes)", file=sys.stderr)
         return FAILED
@@ -115,12 +120,12 @@ def rm(config: Config, name: str) -> int:
     if repo is None:
         print(f"mlxd: {name!r} is neither a configured model with a `repo` nor a repo id (org/name)", file=sys.stderr)
         return exit_codes.USAGE
-    found = [r for r in scan_cache_dir().repos if r.repo_id == repo and r.repo_type == "model"]
+    cache = scan_cache_dir()
+    found = [r for r in cache.repos if r.repo_id == repo and r.repo_type == "model"]
     if not found:
         print(f"mlxd: {repo} is not in the Hugging Face cache", file=sys.stderr)
         return FAILED
-    revisions = [rev.commit_hash for r in found for rev in r.revisions]
-    strategy = scan_cache_dir().delete_revisions(*revisions)
+    strategy = cache.delete_revisions(*(rev.commit_hash for r in found for rev in r.revisions))
     strategy.execute()
     print(f"{repo}: removed, {_size(strategy.expected_freed_size)} freed")
     return exit_codes.OK

@@ -280,12 +280,6 @@ class EngineConfig(Strict):
         "request. 5 minutes, as Ollama: an agent's turns come seconds apart, so a session keeps its model, while "
         "memory comes back minutes after the work stops; the reload costs the weights' read (seconds) and no "
         "conversation's prefill. Health probes are not requests."))
-
-    @field_validator("keep_alive")
-    @classmethod
-    def _a_duration(cls, v: str | int | float) -> str | int | float:
-        parse_duration(v)  # ValueError names what it takes
-        return v
     kv_bits: KVBits = Field(default=16, description=(
         "The KV cache's precision: 16 keeps the model's dtype; 8 or 4 store keys and values quantised (above). "
         "Served alone only: it needs `max_concurrency = 1`."))
@@ -307,6 +301,12 @@ class EngineConfig(Strict):
     prompt_cache: PromptCacheConfig = PromptCacheConfig()
     images: ImagesConfig = ImagesConfig()
     ranks: RanksConfig = RanksConfig()
+
+    @field_validator("keep_alive")
+    @classmethod
+    def _a_duration(cls, v: str | int | float) -> str | int | float:
+        parse_duration(v)  # ValueError names what it takes
+        return v
 
     @model_validator(mode="after")
     def _key_beyond_loopback(self) -> "EngineConfig":

@@ -354,6 +354,7 @@ class PromptCache:
         their staged copies are freed before the memory is handed back)."""
         self._wait_for_writes(still)
 
+    @_never_fatal()
     def flush(self) -> None:
         """Every write under way finished and collected, and the writer's thread
         ended (the engine stops: no thread is left writing as the process exits)."""

@@ -38,7 +38,6 @@ from mlxd.records import InflightRequest
 from mlxd.reports import PromptCacheReport
 
 from .admission import AdmissionQueue
-
 from ..model.decoding import Admitted, Ended
 from .device_memory import DeviceMemoryWatch
 from .errors import EngineError
@@ -114,9 +113,8 @@ class EngineCore:
         self.unloaded_idle_at: float | None = None  # wall clock of the last idle unload, while none is resident
         self.unloaded_idle_model: str | None = None  # which model that was
         self.counters = {"model_loads": 0, "model_unloads": 0, "idle_unloads": 0, "generated_tokens": 0,
-                         "prompt_tokens": 0,
-                         "jobs": 0, "spec_requests": 0, "spec_proposed": 0, "spec_accepted": 0, "spec_forwards": 0,
-                         "spec_tokens": 0}
+                         "prompt_tokens": 0, "jobs": 0, "spec_requests": 0, "spec_proposed": 0, "spec_accepted": 0,
+                         "spec_forwards": 0, "spec_tokens": 0}
 
     def use_prompt_cache(self, cache: PromptCache) -> None:
         self.prompt_cache = cache
@@ -306,8 +304,8 @@ class EngineCore:
                                ("spec_forwards", spec.forwards), ("spec_tokens", spec.tokens)):
                 self.counters[key] += value
             log.info("request %s: %s: %d of %d proposed tokens accepted, %d tokens in %d forwards (%.2f a "
-                     "forward)", a.job.id, spec.mode.replace("_", " "), spec.accepted, spec.proposed, spec.tokens, spec.forwards,
-                     spec.tokens_per_forward)
+                     "forward)", a.job.id, spec.mode.replace("_", " "), spec.accepted, spec.proposed, spec.tokens,
+                     spec.forwards, spec.tokens_per_forward)
         if a.checkpoint is not None:  # its prompt on disk before the client can see the end (and crash us)
             self.prompt_cache.await_write(a.checkpoint, CHECKPOINT_WAIT_S)
             a.checkpoint = None
@@ -414,8 +412,9 @@ class EngineCore:
         self.sample_memory()
         self.unload_at, self.unloaded_idle_at, self.unloaded_idle_model = NEVER, time.time(), model_id
         self.counters["idle_unloads"] += 1
+        after = self.memory.active_bytes + self.memory.cache_bytes
         log.info("unloaded %s after %s without a request (keep_alive): MLX memory %.0f -> %.0f MiB", model_id,
-                 describe(self.keep_alive_s), before / 2**20, (self.memory.active_bytes + self.memory.cache_bytes) / 2**20)
+                 describe(self.keep_alive_s), before / 2**20, after / 2**20)
         self.publish(Phase.IDLE)
 
     def _load(self, model_id: str) -> None:

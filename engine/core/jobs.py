@@ -59,7 +59,7 @@ class Job:
     tools: list[dict[str, Any]] | None = None
     prompt: str | list[int] | None = None
     template_kwargs: dict[str, Any] = field(default_factory=dict)  # extra chat-template arguments
-    keep_alive_s: float | None = None  # the model's idle time after this request (engine/core/keep_alive.py); None: the engine's
+    keep_alive_s: float | None = None  # the model's idle time after it (engine/core/keep_alive.py); None: the engine's
     images: tuple[bytes, ...] = ()  # encoded, in the order of the messages' image parts
     conversation: tuple[str, ...] = ()  # agent-safe cache keys (engine/cache/cache_keys.py); () when off
     rules: OutputRules = OutputRules()  # how the answer is bound: a JSON schema, a forced tool (engine/model/grammar.py)

@@ -12,12 +12,12 @@ seconds.
 
 from __future__ import annotations
 
-from mlxd.durations import NEVER, describe, parse_duration  # noqa: F401 - the engine's names for them
+from mlxd.durations import NEVER, describe  # noqa: F401 - the engine core's names for them
 
 
 def unload_deadline(ended_at: float, keep_alive_s: float) -> float:
-    """When a model left idle at `ended_at` is given back (NEVER: never)."""
-    return NEVER if keep_alive_s == NEVER else ended_at + keep_alive_s
+    """When a model left idle at `ended_at` is given back (NEVER, infinite, stays NEVER)."""
+    return ended_at + keep_alive_s
 
 
 def unload_due(now: float, deadline: float, resident: bool, busy: bool) -> bool:

@@ -12,10 +12,11 @@ mirrored by the other ranks between BEGIN and END (engine/model/ranks.py).
 Speculative decoding lands here, not in a third loop: `verify_greedy` is its
 step (several proposed tokens verified in one forward over the row's own
 KV), and a step source that proposes tokens (engine/model/speculative.py's
-prompt lookup) yields what `generate_step` yields. A request with nothing
-between the logits and the draw (no penalties, no grammar) is decoded so
-when the serving plan says so: greedy, the same tokens; sampled, the same
-distribution (the speculative acceptance rule).
+prompt lookup, engine/model/draft_model.py's draft) yields what
+`generate_step` yields. A request with no penalties between the logits and
+the draw (a grammar composes) is decoded so when the serving plan says so:
+greedy, the same tokens; sampled, the same distribution (the speculative
+acceptance rule).
 
 In a batch, the request decoding alone moves into mlx-lm's batch where it
 stands when a second one joins (`hand_over`): its KV, cut back by the token
@@ -67,8 +68,8 @@ def verify_greedy(model: Any, kv: list[Any], last: int, proposed: list[int], mas
     """The speculative step (greedy): `last` (the row's newest token, its KV
     not in `kv` yet) and `proposed` tokens run through the model in one
     forward (each position's logits under its grammar mask, `masks`, where
-    the answer has a grammar); the longest prefix of `proposed` the model itself would have
-    chosen is accepted, then the model's own next token. What a greedy decode
+    the answer has a grammar); the longest prefix of `proposed` the model
+    itself would have chosen is accepted, then the model's own next token. What a greedy decode
     yields from here, one to len(proposed) + 1 tokens, exactly. `kv` keeps the
     positions of `last` and the accepted tokens (the rest are cut back: the
     KV was allocated at admission, nothing grows); the last token returned
@@ -159,7 +160,8 @@ class OneRow:
         layout, kv = self.resident.kv, self.kv
         quantize = {"kv_bits": layout.bits, "kv_group_size": layout.group_size,
                     "quantized_kv_start": layout.quantized_start} if layout.quantized else {}
-        if self.speculative == "draft" and self.draft is not None and not s.processors and not layout.quantized:
+        # The serving plan is "off" for quantised KV (engine/model/serving_plan.py): nothing to check here.
+        if self.speculative == "draft" and self.draft is not None and not s.processors:
             from .draft_model import draft_steps
             from .speculative import SpecStats
 
@@ -169,7 +171,7 @@ class OneRow:
                                self.admitted.job.params.max_tokens, s.sampler, self.draft_tokens, self.spec_stats)
         grammar = self.admitted.generation.grammar
         penalties = [q for q in s.processors if q is not grammar]
-        if self.speculative == "prompt_lookup" and not penalties and not layout.quantized:
+        if self.speculative == "prompt_lookup" and not penalties:
             from .speculative import SampledTarget, SpecStats, lookup_steps, verify_sampled
 
             # Nothing between the logits and the draw but a grammar (no penalties: they see each token before):
@@ -236,8 +238,6 @@ class OneRow:
         # Prompt lookup may have run tokens past it (a verify's accepted tokens not taken yet): they go too.
         if self.spec_stats is not None:
             self._trim_speculated()
-            if self.spec_stats.mode == "draft":
-                self.draft.ended(a.prompt + a.generation.tokens)
         else:
             trim_prompt_cache(self.kv, 1)
         if a.generation.grammar is not None:
@@ -250,23 +250,25 @@ class OneRow:
         self.close()
         if self.spec_stats is not None:
             self._trim_speculated()
-            if self.spec_stats.mode == "draft":  # its KV, for the next request's common prefix
-                self.draft.ended(self.admitted.prompt + self.admitted.generation.tokens)
         return Ended(self.admitted, finish, None if self.vision or self.link is not None else self.kv,
                      self.spec_stats)
 
     def _trim_speculated(self) -> None:
         """A verify may have run tokens past where the answer ended (a stop, its
-        length): the KV keeps the prompt and the answer but its last token, as
-        generate_step's does."""
+        length) or where it leaves for the batch: the KV keeps the prompt and
+        the answer but its last token, as generate_step's does; a draft keeps
+        its KV for the next request's common prefix."""
         from mlx_lm.models.cache import trim_prompt_cache
 
         from ..cache.prompt_cache import kv_offset
 
-        keep = len(self.admitted.prompt) + max(0, len(self.admitted.generation.tokens) - 1)
+        a = self.admitted
+        keep = len(a.prompt) + max(0, len(a.generation.tokens) - 1)
         held = kv_offset(self.kv) if self.kv else None
         if held is not None and held > keep:
             trim_prompt_cache(self.kv, held - keep)
+        if self.spec_stats.mode == "draft":
+            self.draft.ended(a.prompt + a.generation.tokens)
 
     def close(self) -> None:
         close = getattr(self.steps, "close", None)

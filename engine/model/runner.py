@@ -139,7 +139,6 @@ class ModelRunner:
         mx.clear_cache()
         give_heap_back()
 
-
     def give_heap_back(self) -> None:
         give_heap_back()
 

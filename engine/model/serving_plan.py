@@ -25,7 +25,7 @@ class ServingPlan:
     kv: KVLayout  # how its requests' KV holds values (kv_bits), as this MLX can serve it
     cpu_float32: bool  # the CPU's float32 path (engine/cpu/cpu_linear.py, engine/cpu/cpu_decode.py)
     reason: str | None = None  # why max_concurrency is below what was configured
-    speculative: str = "off"  # a request decoded alone: "prompt_lookup" (speculative.py), "draft" (draft_model.py), "off"
+    speculative: str = "off"  # a lone request: "prompt_lookup" (speculative.py), "draft" (draft_model.py), "off"
 
     @property
     def decoder(self) -> str:

@@ -317,7 +317,8 @@ def lookup_steps(model: Any, kv: list[Any], rest: list[int], context: Sequence[i
             room = min(DRAFT_MAX, max_tokens - produced - 1)
             forced = grammar.forced(room) if grammar is not None else []
             at_hand = forced or index.propose(room)
-            proposed = at_hand if forced and draft.pays_for_certain(len(forced)) else at_hand[:draft.next_k(len(at_hand))]
+            certain = bool(forced) and draft.pays_for_certain(len(forced))
+            proposed = at_hand if certain else at_hand[:draft.next_k(len(at_hand))]
             masks = None
             if proposed and grammar is not None:  # cut where the grammar would not allow it, each position masked
                 proposed, masks = grammar.masks_along(proposed)

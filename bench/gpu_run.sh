@@ -22,6 +22,7 @@
 #   ARMS=faults bash bench/gpu_run.sh faults  # after `stage`, with .whl3: agents while the engine is killed (issue 36)
 #   bash bench/gpu_run.sh recovery  # after `faults`' installs: SIGABRT -> serving, standby against afresh (issue 36)
 #   bash bench/gpu_run.sh load      # after `engine`: the eager load against reading the files (issue 36)
+#   bash bench/gpu_run.sh idle      # after `stage`: the memory an idle model gives back (issue 38)
 # Results go to $OUT (or bench/results/gpu).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -65,6 +66,12 @@ install_gateway() {  # after `stage3` (.whl3 kept in /tmp/stage3), with .whl4 ca
 }
 
 case "${1:-}" in
+idle)
+  # Issue 38: the memory an idle model gives back, from outside (RSS and nvidia-smi), on the 8b demo model.
+  install_engine
+  $PY bench/idle_unload.py --model "$MODEL" --keep-alive "${KEEP_ALIVE:-10s}" --out "$OUT/idle_unload_8b.json" \
+    | tee "$OUT/idle_unload_8b.md"
+  ;;
 stage-model)
   # The real default model's GGUF (~98 MB: more than one transfer), in parts split -b 48M, one carried a call.
   mkdir -p /tmp/stage-model && cp .whl5/smollm2.part* /tmp/stage-model/ && ls -la /tmp/stage-model

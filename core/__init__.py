@@ -17,8 +17,10 @@ The config
 
 Models and memory
   models.py             where each configured model lives and whether it fits the budget (no MLX)
+  model_list.py         the configured models at a glance, one row each (`mlxd models`, the status page)
   memory_estimate.py    the heavy-model estimate: weights + KV against the budget (pure)
   default_model.py      the real default model, SmolLM2-135M-Instruct, fetched at set-up
+  default_embedding.py  the default embedding model, all-MiniLM-L6-v2, fetched at set-up
   durations.py          durations as Ollama writes them ("5m", "1h30m", seconds; negative: never) (pure)
   gguf.py               GGUF files without MLX: header, what MLX can load, the mlx-lm config (pure)
   ollama_store.py       Ollama's own model store, read-only: the GGUF behind a model name

@@ -9,9 +9,9 @@ from pathlib import Path
 
 from pydantic import Field, model_validator
 
-from mlxd import default_model
-from mlxd.config_sections import (LOCAL_ENGINE, EngineConfig, GatewayConfig, ModelSpec, Strict, SupervisorConfig,
-                                  engine_host_url)
+from mlxd import default_embedding, default_model
+from mlxd.config_sections import (LOCAL_ENGINE, EmbeddingSpec, EngineConfig, GatewayConfig, ModelSpec, Strict,
+                                  SupervisorConfig, engine_host_url)
 from mlxd.paths import StatePaths
 
 REQUIRED_ALIASES = ("fast", "default", "coding", "reasoning")
@@ -27,6 +27,14 @@ def default_models(real_gguf: Path) -> dict[str, ModelSpec]:
     if real_gguf.is_file():
         return {default_model.MODEL_ID: ModelSpec(gguf=str(real_gguf), ollama=default_model.OLLAMA_TWIN)}
     return {DEMO_MODEL_ID: ModelSpec(demo="a")}
+
+
+def default_embeddings(folder: Path) -> dict[str, EmbeddingSpec]:
+    """With no embedding model configured: the default one once set-up
+    fetched it (mlxd.default_embedding), else none (Ollama's twin answers)."""
+    if (folder / "model.safetensors").is_file():
+        return {default_embedding.MODEL_ID: EmbeddingSpec(path=str(folder), ollama=default_embedding.OLLAMA_TWIN)}
+    return {}
 
 
 def connect_host(bind_host: str) -> str:
@@ -49,6 +57,10 @@ class Config(Strict):
         default_factory=lambda: default_models(default_model.gguf_path()), description=(
             "The MLX models by id (`[models.ID]`). None configured: the default model, SmolLM2-135M-Instruct, or "
             "the built-in demo model when set-up could not fetch it."))
+    embeddings: dict[str, EmbeddingSpec] = Field(
+        default_factory=lambda: default_embeddings(default_embedding.folder()), description=(
+            "The embedding models by id (`[embeddings.ID]`), for `/v1/embeddings`. None configured: `embedding`, "
+            "all-MiniLM-L6-v2, once set-up fetched it."))
     aliases: dict[str, str] = Field(default_factory=dict, description=(
         "`alias = \"model id\"`. `fast`, `default`, `coding` and `reasoning` always exist; unset ones point at the "
         "first model under [models] (the default model, SmolLM2-135M-Instruct or the built-in demo model, when "
@@ -56,7 +68,10 @@ class Config(Strict):
 
     @model_validator(mode="after")
     def _check_names(self) -> "Config":
-        for name in list(self.models) + list(self.aliases):
+        for name in self.embeddings:
+            if name in self.models or name in self.all_aliases:
+                raise ValueError(f"embeddings.{name} is also a model id or alias; pick one")
+        for name in list(self.models) + list(self.aliases) + list(self.embeddings):
             if not re.match(MODEL_ID_PATTERN, name):
                 raise ValueError(f"model/alias name {name!r} must match {MODEL_ID_PATTERN}")
         if self.gateway.light_model is not None and self.gateway.light_model not in self.models:

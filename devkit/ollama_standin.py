@@ -14,7 +14,10 @@ Endpoints (shapes as in Ollama's docs/api.md; unknown models get 404 {"error": "
   GET  /api/tags     the configured models
   GET  /api/version  {"version": "<VERSION>"}
   POST /api/show     model details (LiteLLM's model-info lookup posts {"name": model})
-Test-only: GET /_standin/stats -> {"chat_requests", "last_request", "requests"}.
+  POST /api/embed    {"model", "embeddings": [[...]], "prompt_eval_count"...} for `input` (a string or a
+                     list): each vector of EMBED_DIMENSIONS unit floats derived from its text's hash,
+                     so the same text gets the same vector (no model: not similar texts' vectors)
+Test-only: GET /_standin/stats -> {"chat_requests", "embed_requests", "last_request", "requests"}.
 
 Run: python -m mlxd.devkit.ollama_standin --port N --models llama3.2:3b,qwen2.5:7b
      [--chunk-delay SECONDS]     (binds 127.0.0.1 only; logs warnings only)
@@ -49,6 +52,7 @@ from mlxd.devkit.ports import free_port
 VERSION = "0.6.8"  # the Ollama version this double claims to be
 DEFAULT_MODELS = ("llama3.2:3b", "qwen2.5:7b")
 CONTEXT_LENGTH = 8192  # what /api/show reports as <arch>.context_length
+EMBED_DIMENSIONS = 384  # all-minilm's
 _DETAILS = {"parent_model": "", "format": "gguf", "family": "llama", "families": ["llama"],
             "parameter_size": "1B", "quantization_level": "Q4_K_M"}
 
@@ -60,6 +64,14 @@ def marker(model: str) -> str:
 def _canonical(name: str) -> str:
     """Ollama's names: a missing tag means ':latest'."""
     return name if ":" in name.rsplit("/", 1)[-1] else name + ":latest"
+
+
+def _text_vector(text: str) -> list[float]:
+    """A unit vector of EMBED_DIMENSIONS floats from the text's hash (the same text, the same vector)."""
+    digest = hashlib.sha256(text.encode()).digest() * (EMBED_DIMENSIONS // 32 + 1)
+    values = [b / 255.0 - 0.5 for b in digest[:EMBED_DIMENSIONS]]
+    norm = sum(v * v for v in values) ** 0.5 or 1.0
+    return [v / norm for v in values]
 
 
 def _now() -> str:
@@ -87,7 +99,7 @@ def create_app(models=DEFAULT_MODELS, chunk_delay: float = 0.0) -> FastAPI:
     """The stand-in as an ASGI app: `models` are the names it has "pulled"; `chunk_delay`
     seconds are slept before each streamed chunk (their sum before a non-streamed answer)."""
     known = {_canonical(m) for m in models}
-    stats: dict = {"chat_requests": 0, "last_request": None, "requests": {}}
+    stats: dict = {"chat_requests": 0, "embed_requests": 0, "last_request": None, "requests": {}}
     app = FastAPI(title="ollama-standin (test double)", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.middleware("http")
@@ -123,19 +135,41 @@ def create_app(models=DEFAULT_MODELS, chunk_delay: float = 0.0) -> FastAPI:
     async def get_stats():
         return stats
 
-    @app.post("/api/chat")
-    async def chat(request: Request):
-        started = time.perf_counter_ns()
+    async def taken(request: Request, counter: str) -> dict | JSONResponse:
+        """A request's body, counted; or the error Ollama answers (bad JSON, no or an unknown model)."""
         body = await _body(request)
         if body is None:
             return _error(400, "invalid JSON body")
-        stats["chat_requests"] += 1
+        stats[counter] += 1
         stats["last_request"] = body
         model = body.get("model") or ""
         if not model:
             return _error(400, "model is required")
         if _canonical(model) not in known:
             return _error(404, f"model '{model}' not found")
+        return body
+
+    @app.post("/api/embed")
+    async def embed(request: Request):
+        started = time.perf_counter_ns()
+        body = await taken(request, "embed_requests")
+        if isinstance(body, JSONResponse):
+            return body
+        model, inputs = body["model"], body.get("input")
+        texts = [inputs] if isinstance(inputs, str) else inputs
+        if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+            return _error(400, "input must be a string or a list of strings")
+        return {"model": model, "embeddings": [_text_vector(t) for t in texts],
+                "total_duration": time.perf_counter_ns() - started, "load_duration": 0,
+                "prompt_eval_count": sum(len(t.split()) for t in texts)}
+
+    @app.post("/api/chat")
+    async def chat(request: Request):
+        started = time.perf_counter_ns()
+        body = await taken(request, "chat_requests")
+        if isinstance(body, JSONResponse):
+            return body
+        model = body["model"]
         messages = body.get("messages") or []
         stream = body.get("stream", True) is not False  # Ollama streams unless told not to
         head = {"model": model, "created_at": _now()}

@@ -14,4 +14,6 @@ whole):
   routing.py         the fast path's decisions (pure): refused, to LiteLLM or to the engine
   litellm_config.py  LiteLLM's proxy config, generated from mlxd's: model groups, Ollama fallbacks
   errors.py          the one way the gateway answers an error (OpenAI's shape, raw ASGI)
+  status_page.py     the status page: /ui's static files (open, no data) and /mlxd/status, its keyed JSON
+  status_history.py  the status page's last hour: memory, requests and tok/s sampled from the engine's /health
 """

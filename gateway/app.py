@@ -6,7 +6,8 @@ format. So every request passes this guard first. LiteLLM itself gets a
 random master key that lives only in this process's memory; the guard
 swaps the client's (checked) key for it. The key file is re-read when it
 changes, so a rotation needs no restart. Only the health routes
-(gateway/health.py) are open.
+(gateway/health.py) and the status page's static files (gateway/status_page.py:
+no data in them) are open; the page's data, /mlxd/status, needs the key.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from .errors import JSON, ApiError, send_error, send_json
 from .health import PATHS as HEALTH_PATHS
 from .health import Health
 from .keys import matches, read_key
+from .status_page import DATA_PATH as STATUS_DATA_PATH
+from .status_page import StatusPage, asset_for
 
 # The OpenAI API is all the gateway serves: LiteLLM's admin routes (keys,
 # users, UI, spend...) are not reachable even with the key.
@@ -30,7 +33,9 @@ SERVED_PATHS = frozenset({"/v1/chat/completions", "/chat/completions", "/v1/comp
                           # OpenAI's Responses API: the engine's own route (engine/api/responses_api.py).
                           "/v1/responses", "/responses",
                           # Anthropic's Messages API, for coding agents: LiteLLM's own route.
-                          "/v1/messages", "/v1/messages/count_tokens"})
+                          "/v1/messages", "/v1/messages/count_tokens",
+                          # Embeddings: the engine's encoder, Ollama's twin as the fallback.
+                          "/v1/embeddings", "/embeddings"})
 # Auth headers never reach LiteLLM (it gets its inner key); nor does
 # accept-encoding: a gzip-compressed error could not be rewritten.
 AUTH_HEADERS = (b"authorization", b"x-api-key", b"api-key", b"accept-encoding")
@@ -50,12 +55,14 @@ def presented_key(headers: list[tuple[bytes, bytes]]) -> str | None:
 
 
 def admit(scope_type: str, path: str, key: str | None, given: str | None) -> ApiError | None:
-    """None: the request goes on to LiteLLM; else why it is refused (pure).
-    No key file (key None) refuses everything rather than serve openly."""
+    """None: the request goes on (to LiteLLM, or to the status page's
+    document); else why it is refused (pure). No key file (key None)
+    refuses everything rather than serve openly."""
     if key is None or not matches(given, key):
         return ApiError(401, "missing API key: send 'Authorization: Bearer <key>' (see `mlxd key show`)"
                         if given is None else "invalid API key", "invalid_api_key")
-    if scope_type != "http" or not (path in SERVED_PATHS or path.startswith("/v1/models/")):
+    served = path in SERVED_PATHS or path == STATUS_DATA_PATH or path.startswith("/v1/models/")
+    if scope_type != "http" or not served:
         return ApiError(404, f"no such route: {path[:100]}", "not_found")
     return None
 
@@ -132,10 +139,11 @@ class ErrorRewriter:
 
 
 class KeyGuard:
-    def __init__(self, app: Any, key_path: Path, inner_key: str, health: Health) -> None:
+    def __init__(self, app: Any, key_path: Path, inner_key: str, health: Health, status_page: StatusPage) -> None:
         self.app = app
         self.key_path = key_path
         self.health = health
+        self.status_page = status_page
         self._inner_auth = (b"authorization", b"Bearer " + inner_key.encode())
         self._key: str | None = None
         self._mtime: float | None = None
@@ -150,11 +158,18 @@ class KeyGuard:
         return self._key
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":  # the status page's sampler lives as long as the gateway
+            await self.app(scope, self.status_page.lifespan_receive(receive), send)
+            return
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
         if scope["type"] == "http" and scope["path"] in HEALTH_PATHS:
             await self.health.answer(scope["path"], send)
+            return
+        asset = asset_for(scope["path"]) if scope["type"] == "http" else None
+        if asset is not None:  # the status page's static files: open, no data in them
+            await self.status_page.serve_asset(asset, scope["method"], send)
             return
         refusal = admit(scope["type"], scope["path"], self.current_key(), presented_key(scope.get("headers", [])))
         if refusal is not None:
@@ -163,6 +178,9 @@ class KeyGuard:
             else:
                 await send_error(send, refusal, [(b"www-authenticate", b'Bearer realm="mlxd"')]
                                  if refusal.status == 401 else None)
+            return
+        if scope["path"] == STATUS_DATA_PATH:
+            await self.status_page.serve_document(scope["method"], send)
             return
         inner_headers = [h for h in scope.get("headers", []) if h[0].lower() not in AUTH_HEADERS]
         await self.app({**scope, "headers": inner_headers + [self._inner_auth]}, receive, ErrorRewriter(send))

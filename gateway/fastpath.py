@@ -176,7 +176,7 @@ class EngineFastPath:
         elif resp.status == 200:
             await send_json(send, 200, rename_model(answer, to.public_name) if to.engine_name else answer, headers)
         else:
-            after = after_refusal(resp.status, answer)
+            after = after_refusal(resp.status, answer, path)
             if after is AfterRefusal.ENGINE_ANSWER:
                 await send_json(send, resp.status, answer)
             else:

@@ -5,7 +5,8 @@ Every model id and alias becomes a LiteLLM model group:
   model's Ollama twin (`ollama_chat/...`) as its fallback group `<name>--ollama`;
 - heavy models (over the engine's memory budget): Ollama directly, the engine
   is never asked;
-- with `only_light`, every alias is the light model on MLX.
+- with `only_light`, every alias is the light model on MLX;
+- embedding models (`[embeddings]`): the engine, then their Ollama twin (`ollama/...`).
 LiteLLM's defaults are wrong for a local fallback: a model on one engine gets
 no retries and no cooldown, so a refused connection falls back at once and
 an engine that is back gets traffic at once. A model on several engines
@@ -72,6 +73,16 @@ def plan_routes(config: Config, heavy: dict[str, bool]) -> list[Route]:
         else:  # with no engine and no Ollama, the local engine says why it cannot (model_too_large)
             routes.append(Route(name, model_id, ollama, engines or (config.engine_url,)))
     return routes
+
+
+DEFAULT_OLLAMA_EMBEDDING = "all-minilm"  # Ollama's all-MiniLM-L6-v2, the default embedding model's twin
+
+
+def plan_embedding_routes(config: Config) -> list[Route]:
+    """Embedding model ids -> routes (pure): this machine's engine, then
+    their Ollama twin."""
+    return [Route(name, name, spec.ollama or DEFAULT_OLLAMA_EMBEDDING, (config.engine_url,))
+            for name, spec in config.embeddings.items()]
 
 
 def sends_engine_key(config: Config) -> bool:
@@ -144,6 +155,15 @@ def render_litellm_config(config: Config, heavy: dict[str, bool]) -> dict[str, A
             model_list.append({"model_name": r.name + OLLAMA_SUFFIX, "litellm_params": ollama_params,
                                "model_info": never_cooled})
             fallbacks.append({r.name: [r.name + OLLAMA_SUFFIX]})
+    for r in plan_embedding_routes(config):
+        embedding = {"mode": "embedding"}
+        model_list.append({"model_name": r.name, "litellm_params": {
+            "model": f"openai/{r.engine_model}", "api_base": config.engine_url + "/v1", "api_key": api_key,
+            "timeout": timeout, "max_retries": 0}, "model_info": embedding | never_cooled})
+        model_list.append({"model_name": r.name + OLLAMA_SUFFIX, "litellm_params": {
+            "model": f"ollama/{r.ollama_model}", "api_base": config.gateway.ollama_url, "timeout": timeout},
+            "model_info": embedding | never_cooled})
+        fallbacks.append({r.name: [r.name + OLLAMA_SUFFIX]})
     return {
         "model_list": model_list,
         "router_settings": {

@@ -27,11 +27,11 @@ from .litellm_config import ENGINE_KEY_ENV, render_litellm_config, sends_engine_
 log = logging.getLogger("mlxd.gateway")
 
 
-def decide_heavy(config: Config) -> dict[str, bool]:
-    """model id -> over the engine's memory budget: the engine's verdict,
-    with Metal asked in a child process so that MLX stays out of this one."""
-    budget, _ = system_memory_budget(config.engine.memory_fraction, device_memory_in_child)
-    return heavy_models(config, budget)
+def memory_budget(config: Config) -> int:
+    """The engine's memory budget for a model, with Metal asked in a child
+    process so that MLX stays out of this one: the heavy models' verdicts
+    and the status page's model list are judged against it."""
+    return system_memory_budget(config.engine.memory_fraction, device_memory_in_child)[0]
 
 
 def write_litellm_config(config: Config, heavy: dict[str, bool]) -> None:
@@ -54,7 +54,8 @@ def build_app(config: Config) -> Any:
     paths = config.paths
     paths.make_dirs()
     ensure_key(paths)
-    heavy = decide_heavy(config)
+    budget = memory_budget(config)
+    heavy = heavy_models(config, budget)  # model id -> over the budget: the engine's verdict
     engine_key = None
     if sends_engine_key(config):  # LiteLLM's deployments read it as os.environ/MLXD_ENGINE_KEY
         engine_key = ensure_key_file(paths.engine_key, ENGINE_KEY_PREFIX)
@@ -73,6 +74,7 @@ def build_app(config: Config) -> Any:
     from .app import KeyGuard
     from .hangup import HangUpWatch
     from .health import Health
+    from .status_page import StatusPage
 
     inner = litellm_app
     if config.gateway.engine_fast_path:
@@ -80,7 +82,8 @@ def build_app(config: Config) -> Any:
 
         inner = EngineFastPath(litellm_app, config, heavy, engine_key)
     inner = HangUpWatch(inner)  # a client that hangs up stops its request, upstream too
-    return KeyGuard(inner, paths.key, inner_key, Health(config.engine_url, config.gateway.ollama_url))
+    return KeyGuard(inner, paths.key, inner_key, Health(config.engine_url, config.gateway.ollama_url),
+                    StatusPage(config, budget))
 
 
 def run_gateway(config: Config) -> int:

@@ -13,12 +13,14 @@ from mlxd.api_errors import CLIENT_MISTAKES, INVALID_REQUEST, UNSUPPORTED_PARAME
 from mlxd.config import Config
 
 from .errors import ApiError
-from .litellm_config import OLLAMA_SUFFIX, plan_routes
+from .litellm_config import OLLAMA_SUFFIX, plan_embedding_routes, plan_routes
 
 # Client path -> the engine's path, for the requests the fast path takes.
 ENGINE_PATHS = {"/v1/chat/completions": "/v1/chat/completions", "/chat/completions": "/v1/chat/completions",
                 "/v1/completions": "/v1/completions", "/completions": "/v1/completions",
-                "/v1/responses": "/v1/responses", "/responses": "/v1/responses"}
+                "/v1/responses": "/v1/responses", "/responses": "/v1/responses",
+                "/v1/embeddings": "/v1/embeddings", "/embeddings": "/v1/embeddings"}
+EMBEDDINGS = "/v1/embeddings"
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,7 @@ class FastRoutes:
     engine: dict[str, str | None]  # public name -> the name the engine gets (None: the same)
     known: frozenset[str]  # every name LiteLLM serves: the routes and their explicit Ollama twins
     ollama_only: frozenset[str] = frozenset()  # names no engine serves (heavy models): Ollama answers
+    embedding: frozenset[str] = frozenset()  # embedding models' names (/v1/embeddings), on the local engine
 
     @classmethod
     def plan(cls, config: Config, heavy: dict[str, bool]) -> FastRoutes:
@@ -42,7 +45,12 @@ class FastRoutes:
             if r.engine_urls != (config.engine_url,):
                 continue  # several or other hosts: LiteLLM's router picks the engine
             engine[r.name] = None if config.resolve(r.name) == r.engine_model else r.engine_model
-        return cls(engine, frozenset(known), frozenset(ollama_only))
+        embedding = set()
+        for r in plan_embedding_routes(config):
+            embedding.add(r.name)
+            known.update((r.name, r.name + OLLAMA_SUFFIX))
+            engine[r.name] = None
+        return cls(engine, frozenset(known), frozenset(ollama_only), frozenset(embedding))
 
 
 @dataclass(frozen=True)
@@ -71,11 +79,12 @@ def invalid_for_any_backend(path: str, req: dict) -> tuple[str, str, str | None]
     drops without a word (measured on 1.108.7), so those are refused here."""
     from pydantic import ValidationError
 
-    from mlxd.engine.api.request_schema import ChatCompletionRequest, CompletionRequest, describe_validation_errors
+    from mlxd.engine.api.request_schema import (ChatCompletionRequest, CompletionRequest, EmbeddingRequest,
+                                                describe_validation_errors)
     from mlxd.engine.api.responses_api import ResponsesRequest
 
-    model = {"/v1/chat/completions": ChatCompletionRequest, "/v1/responses": ResponsesRequest}.get(path,
-                                                                                                 CompletionRequest)
+    model = {"/v1/chat/completions": ChatCompletionRequest, "/v1/responses": ResponsesRequest,
+             EMBEDDINGS: EmbeddingRequest}.get(path, CompletionRequest)
     try:
         model.model_validate(req)
     except ValidationError as exc:
@@ -124,6 +133,11 @@ def route_request(path: str, body: bytes, routes: FastRoutes) -> ApiError | ToLi
         # fan-out to several models and answer 200 with a list of errors.
         return ApiError(404, f"the model {str(name)[:100]!r} does not exist here; GET /v1/models lists the models "
                              "this gateway serves", "model_not_found", param="model")
+    if (path == EMBEDDINGS) != (name.removesuffix(OLLAMA_SUFFIX) in routes.embedding):
+        listed = ", ".join(sorted(routes.embedding)) or "none is configured"
+        return ApiError(400, f"{name!r} is an embedding model: send it to /v1/embeddings" if path != EMBEDDINGS else
+                        f"{name!r} is a chat model; /v1/embeddings takes an embedding model ({listed})",
+                        INVALID_REQUEST, param="model")
     continues = path == "/v1/responses" and req.get("previous_response_id") is not None
     if continues and name in routes.ollama_only:
         return ApiError(400, f"previous_response_id needs the MLX engine, which stores responses; the model {name!r} "
@@ -182,12 +196,15 @@ class AfterRefusal(Enum):
     FALL_BACK_UNLESS_500 = "LiteLLM falls back; if all it makes of it is a 5xx, the engine's 4xx stands"
 
 
-def after_refusal(status: int, body: bytes) -> AfterRefusal:
+def after_refusal(status: int, body: bytes, path: str = "/v1/chat/completions") -> AfterRefusal:
     """Decided on the error's code, never its wording: the engine's 400 stands
     for a client's mistake (mlxd.api_errors.CLIENT_MISTAKES); "this engine
     cannot" (unsupported_parameter, model_too_large, request_quarantined,
-    context_length_exceeded) and every other refusal go on to Ollama."""
-    if status == 400 and _error_code(body) in CLIENT_MISTAKES:
+    context_length_exceeded) and every other refusal go on to Ollama. Except
+    an embedding input over the model's limit: Ollama's twin is the same
+    model, and would cut the input without a word."""
+    code = _error_code(body)
+    if status == 400 and (code in CLIENT_MISTAKES or (path == EMBEDDINGS and code == "context_length_exceeded")):
         return AfterRefusal.ENGINE_ANSWER
     return AfterRefusal.FALL_BACK_UNLESS_500 if 400 <= status < 500 else AfterRefusal.FALL_BACK
 

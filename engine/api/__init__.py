@@ -16,4 +16,5 @@ JSON or SSE; it never touches MLX. Every file, one line each:
   responses_api.py        the Responses API's request and its chat translation (pure; shared with the gateway)
   responses_builder.py    the Responses API's answers: the response object and its streamed events
   responses_store.py      stored responses for previous_response_id: one file each, bounded
+  embeddings_api.py       POST /v1/embeddings: its model and dimensions decided (pure), the answer's formats
 """

@@ -20,6 +20,7 @@ from typing import Callable
 from mlxd import exit_codes
 
 from ..core.admission import AdmissionQueue
+from ..core.embedding_queue import EmbeddingQueue
 from ..core.errors import EngineError
 from ..core.events import Failed
 from ..core.jobs import Job
@@ -32,8 +33,9 @@ ANSWER_BEFORE_EXIT_S = 3.0  # how long a fatal exit waits for the failed request
 
 class Lifecycle:
     def __init__(self, admission: AdmissionQueue[Job], shutdown_grace_s: float,
-                 make_worker: Callable[[OnFatal], ModelWorker]) -> None:
+                 make_worker: Callable[[OnFatal], ModelWorker], embeddings: EmbeddingQueue | None = None) -> None:
         self.admission = admission
+        self.embeddings = embeddings
         self.shutdown_grace_s = shutdown_grace_s
         self.worker = make_worker(self._on_fatal_from_worker)
         self.draining = False
@@ -74,6 +76,8 @@ class Lifecycle:
     def _fail_waiting(self, error: EngineError) -> None:
         for job in self.admission.close():
             job.channel.put(Failed(error))
+        if self.embeddings is not None:
+            self.embeddings.close(error)
 
     def _on_fatal_from_worker(self, exc: BaseException, job: Job | None) -> None:
         # Worker thread: hand over to the loop thread.

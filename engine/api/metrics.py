@@ -61,7 +61,10 @@ def register_gauges(metrics: EngineMetrics, worker: ModelWorker, admission: Admi
                      ("spec_proposed", "Tokens prompt lookup or the draft model proposed"),
                      ("spec_accepted", "Proposed tokens the model accepted"),
                      ("spec_forwards", "Forward passes of speculatively decoded requests"),
-                     ("spec_tokens", "Tokens those forward passes produced")):
+                     ("spec_tokens", "Tokens those forward passes produced"),
+                     ("embedding_requests", "/v1/embeddings requests answered since start"),
+                     ("embedding_inputs", "Inputs embedded since start"),
+                     ("embedding_tokens", "Tokens of the inputs embedded since start")):
         m.gauge(f"mlxd_engine_{key}", doc, lambda k=key: w.counters[k])
     m.gauge("mlxd_engine_mlx_active_bytes", "MLX active memory", lambda: w.memory.active_bytes)
     m.gauge("mlxd_engine_mlx_peak_bytes", "MLX peak memory", lambda: w.memory.peak_bytes)

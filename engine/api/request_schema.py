@@ -17,7 +17,8 @@ import json
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, field_validator,
+                      model_validator)
 
 from mlxd.api_errors import INVALID_REQUEST, UNSUPPORTED_PARAMETER
 from mlxd.durations import parse_duration
@@ -30,6 +31,15 @@ MAX_TOKENS_SANITY = 1_000_000
 MAX_STOP_SEQUENCES = 4
 
 ModelName = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+
+
+def _a_duration(v: str | int | float | None) -> str | int | float | None:
+    if v is not None:
+        parse_duration(v)  # its ValueError names what a duration looks like
+    return v
+
+
+KeepAlive = Annotated[str | int | float | None, AfterValidator(_a_duration)]
 
 
 class Unsupported(ValueError):
@@ -223,14 +233,7 @@ class SamplingFields(Lenient):
     logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
     logprobs: bool | int | None = None
     # Ollama's: how long the model stays loaded after this request ("5m", 0: unload now, -1: never; mlxd.durations).
-    keep_alive: str | int | float | None = None
-
-    @field_validator("keep_alive")
-    @classmethod
-    def _a_duration(cls, v: str | int | float | None) -> str | int | float | None:
-        if v is not None:
-            parse_duration(v)
-        return v
+    keep_alive: KeepAlive = None
 
     @field_validator("stop")
     @classmethod
@@ -420,6 +423,51 @@ class CompletionRequest(SamplingFields):
         if v:
             raise Unsupported("suffix (fill-in-the-middle) is not supported")
         return v
+
+
+# OpenAI's limit on inputs in one embeddings request.
+MAX_EMBEDDING_INPUTS = 2048
+
+
+class EmbeddingRequest(Lenient):
+    """POST /v1/embeddings, as OpenAI's: `input` is a string, a list of
+    strings, a list of token ids (one input) or a list of such lists.
+    `truncate` is Ollama's: cut each input to the model's limit instead of
+    refusing it."""
+
+    model: ModelName
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(default=None, ge=1, le=65_536)
+    truncate: bool = False
+    keep_alive: KeepAlive = None
+
+    @field_validator("input")
+    @classmethod
+    def _some_input(cls, v: str | list) -> str | list:
+        if isinstance(v, list):
+            if not v:
+                raise ValueError("must not be empty")
+            if len(v) > MAX_EMBEDDING_INPUTS:
+                raise ValueError(f"at most {MAX_EMBEDDING_INPUTS} inputs in one request")
+            if isinstance(v[0], list) and any(not ids for ids in v):
+                raise ValueError("a list of token ids must not be empty")
+            if isinstance(v[0], str) and any(not text for text in v):
+                raise ValueError("an input must not be an empty string")
+        elif not v:
+            raise ValueError("must not be an empty string")
+        return v
+
+    def inputs(self) -> list[str] | list[list[int]]:
+        """The inputs as a list: strings (clean Unicode), or token-id lists."""
+        v = self.input
+        if isinstance(v, str):
+            return [clean_text(v)]
+        if isinstance(v[0], int):
+            return [list(v)]  # type: ignore[arg-type]
+        if isinstance(v[0], str):
+            return [clean_text(t) for t in v]  # type: ignore[arg-type]
+        return [list(ids) for ids in v]  # type: ignore[union-attr]
 
 
 _UNION_MEMBER = re.compile(r"^(str|int|float|bool|none|.*\[.*\]|function-.*)$")

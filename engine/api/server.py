@@ -26,6 +26,7 @@ from mlxd.keyfile import bearer, matches
 from mlxd.memory_estimate import GIB, disk_tier_budget
 
 from ..core.admission import AdmissionQueue
+from ..core.embedding_queue import EmbeddingQueue
 from ..core.errors import EngineError
 from ..core.faults import FaultInjector
 from .health import Health
@@ -37,7 +38,8 @@ from ..model.model_registry import ModelRegistry
 from ..cache.prompt_cache import PromptCache
 from .quarantine import QuarantineList
 from .relay import ClientGone, RequestRelay
-from .request_schema import ChatCompletionRequest, CompletionRequest, describe_validation_errors
+from .embeddings_api import answer_embeddings
+from .request_schema import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, describe_validation_errors
 from .responses_api import ResponsesRequest, TranslationError, input_messages, to_chat_request
 from .responses_builder import ResponsesBuilder
 from .responses_store import ResponseStore
@@ -73,11 +75,14 @@ class Engine:
         self.admission: AdmissionQueue[Job] = AdmissionQueue(0 if config.gateway.busy_spill else limits.max_queue,
                                                              slots=1 if link is not None else registry.most_concurrency())
         default = config.resolve(limits.default_model)
+        # Embedding requests: a short line of their own, served between the chat requests' steps.
+        self.embeddings = EmbeddingQueue(self.admission.wake)
         self.lifecycle = Lifecycle(self.admission, limits.shutdown_grace_s, lambda on_fatal: ModelWorker(
             registry, self.admission, faults, on_fatal, limits.max_prompt_tokens, default, paths.inflight,
             limits.prefill_step_size,
             # A rank group keeps no prompt cache: rank 0's KV is only its shard of it.
-            (lambda: make_prompt_cache(config, faults, registry)) if link is None else None, link, limits.stuck_grace_s))
+            (lambda: make_prompt_cache(config, faults, registry)) if link is None else None, link, limits.stuck_grace_s,
+            self.embeddings), self.embeddings)
         self.health = Health(self.lifecycle, self.admission, registry.budget_bytes, limits.stuck_grace_s)
         self.metrics = EngineMetrics()
         register_gauges(self.metrics, self.lifecycle.worker, self.admission, lambda: self.health.state()[0] == "ok")
@@ -111,7 +116,8 @@ class RequestCounter:
     """Counts answers by route and status. A plain ASGI middleware: starlette's
     BaseHTTPMiddleware would hide client disconnects from the handlers."""
 
-    ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models", "/health", "/metrics")
+    ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings", "/v1/models", "/health",
+              "/metrics")
 
     def __init__(self, app, metrics: EngineMetrics) -> None:
         self.app = app
@@ -210,6 +216,15 @@ def create_app(engine: Engine, key: str | None = None) -> FastAPI:
     @app.post("/v1/responses")
     async def responses(body: ResponsesRequest, request: Request) -> Response:
         return await engine.respond(request, body)
+
+    @app.post("/v1/embeddings")
+    async def embeddings(body: EmbeddingRequest) -> dict:
+        engine.lifecycle.request_opened()  # a fatal exit lets its answer out first
+        try:
+            return await answer_embeddings(body, engine.registry.config, engine.embeddings,
+                                           engine.registry.config.engine.request_deadline_s)
+        finally:
+            engine.lifecycle.request_closed()
 
     @app.get("/v1/responses/{response_id}")
     async def stored_response(response_id: str) -> dict:

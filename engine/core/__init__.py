@@ -12,6 +12,7 @@ it is told (events, errors) and the queue in front of it live here too. Every fi
   memory_ledger.py        who holds the memory budget: weights, requests' KV, the prompt cache's room
   device_memory.py        the process's device memory from outside (nvidia-smi), what MLX's limit leaves for it
   admission.py            the bounded FIFO in front of the worker (429, 503; pure policy)
+  embedding_queue.py      embedding requests' own short line, served between the steps
   jobs.py                 a request turned into a job: what to generate, where its events go
   keep_alive.py           when an idle model is given back (pure)
   events.py               what the worker tells a job's handler, and the channel it goes through

@@ -118,6 +118,11 @@ class AdmissionQueue(Generic[T]):
             self._running.append(job)
             return job
 
+    def wake(self) -> None:
+        """A worker waiting in take() returns now (other work came: an embedding request)."""
+        with self._cond:
+            self._cond.notify_all()
+
     def has_waiting(self) -> bool:
         return bool(self._waiting)  # a read of a length: no lock needed for a hint
 

@@ -19,6 +19,8 @@ A step is one of:
                batch has drained; nobody joins it;
 - DECODE       a token for every running request; those that ended get their
                answer's end, their KV goes to the prompt cache, their place is freed.
+Between two of them, a group of an embedding request's forwards runs
+(engine/core/embedding_queue.py; with nothing else to do, one after another).
 
 An exception out of MLX is fatal by design: every request held gets a 500
 and `on_fatal` (the engine's Lifecycle) exits with exit_codes.MLX_ERROR, so
@@ -38,6 +40,7 @@ from mlxd.records import InflightRequest
 from mlxd.reports import PromptCacheReport
 
 from .admission import AdmissionQueue
+from .embedding_queue import EmbeddingQueue, EmbedJob
 from ..model.decoding import Admitted, Ended
 from .device_memory import DeviceMemoryWatch
 from .errors import EngineError
@@ -82,9 +85,13 @@ class Prepared:
 class EngineCore:
     def __init__(self, registry: ModelRegistry, admission: AdmissionQueue[Job], faults: FaultInjector, runner: Any,
                  on_fatal: Callable[[BaseException, Job | None], None], inflight_path: Path | None = None,
-                 prefill_step_size: int = 512, keep_alive_s: float = NEVER) -> None:
+                 prefill_step_size: int = 512, keep_alive_s: float = NEVER,
+                 embeddings: EmbeddingQueue | None = None) -> None:
         self.registry = registry
         self.admission = admission
+        self.embeddings = embeddings
+        self.embedding: tuple[EmbedJob, Any] | None = None  # the embedding request under way and its forwards
+        self._embedded_last = False  # the last step was an embedding's: the next one is the scheduler's
         self.faults = faults
         self.runner = runner
         self.on_fatal = on_fatal
@@ -114,7 +121,8 @@ class EngineCore:
         self.unloaded_idle_model: str | None = None  # which model that was
         self.counters = {"model_loads": 0, "model_unloads": 0, "idle_unloads": 0, "generated_tokens": 0,
                          "prompt_tokens": 0, "jobs": 0, "spec_requests": 0, "spec_proposed": 0, "spec_accepted": 0,
-                         "spec_forwards": 0, "spec_tokens": 0}
+                         "spec_forwards": 0, "spec_tokens": 0, "embedding_requests": 0, "embedding_inputs": 0,
+                         "embedding_tokens": 0}
 
     def use_prompt_cache(self, cache: PromptCache) -> None:
         self.prompt_cache = cache
@@ -124,7 +132,10 @@ class EngineCore:
 
     # --- the step loop ----------------------------------------------------------
     def step(self) -> None:
-        """One decision of the scheduler, done."""
+        """One decision of the scheduler, done; or, between two of them, a
+        group of an embedding request's forwards."""
+        if self._embedding_turn():
+            return
         pending = self.pending
         if pending is not None and pending.job.cancelled.is_set():  # its client left, it waited too long, a drain
             self.pending = None
@@ -157,8 +168,10 @@ class EngineCore:
         if self.faults.enabled:
             self.faults.refresh()
             self.faults.check("idle")
-        busy = self.pending is not None or bool(self.runner.rows) or self.admission.has_waiting()
-        if unload_due(time.monotonic(), self.unload_at, self.runner.resident_id is not None, busy):
+        busy = (self.pending is not None or bool(self.runner.rows) or self.admission.has_waiting()
+                or self.embedding is not None)
+        resident = self.runner.resident_id is not None or self.runner.encoder is not None
+        if unload_due(time.monotonic(), self.unload_at, resident, busy):
             self._unload_idle()
         self.prompt_cache.idle()
         if time.monotonic() - self.memory.taken_at > 1.0:
@@ -243,6 +256,69 @@ class EngineCore:
         self.counters["jobs"] += 1
         self._sync_ledger()
         self._publish_rows()
+
+    # --- an embedding request ---------------------------------------------------------
+    def _embedding_turn(self) -> bool:
+        """Whether this step is an embedding request's: one is under way or
+        waiting, and the last step was the scheduler's or it has nothing to
+        do (a running answer waits a group of forwards, never a whole request)."""
+        if self.embeddings is None or (self.embedding is None and not self.embeddings.has_waiting()):
+            return False
+        others = self.pending is not None or bool(self.runner.rows) or self.admission.has_waiting()
+        if others and self._embedded_last:
+            self._embedded_last = False
+            return False
+        self._embedded_last = True
+        if self.embedding is None:
+            job = self.embeddings.take()
+            if job is None:
+                return False
+            self._start_embedding(job)
+        if self.embedding is not None:
+            self._advance_embedding()
+        return True
+
+    def _start_embedding(self, job: EmbedJob) -> None:
+        """Its encoder resident (loaded when another or none is) and its inputs
+        tokenized; a refusal goes to its future."""
+        try:
+            encoder = self.runner.load_encoder(job.model_id)
+            self.embedding = (job, encoder.start(encoder.tokenize(job.inputs, job.truncate)))
+        except EngineError as exc:
+            job.future.set_exception(exc)
+        except (ValueError, TypeError) as exc:  # the tokenizer's refusal of an input
+            job.future.set_exception(EngineError(400, f"input: {exc}", code="invalid_request", param="input"))
+        except BaseException as exc:  # noqa: BLE001 - an MLX fault in the load: do not limp on
+            self._embedding_fault(job, exc)
+
+    def _advance_embedding(self) -> None:
+        """The request's next group of forwards; its vectors to its future once done."""
+        job, run = self.embedding  # type: ignore[misc]
+        try:
+            done = run.step()
+        except EngineError as exc:
+            self.embedding = None
+            job.future.set_exception(exc)
+            return
+        except BaseException as exc:  # noqa: BLE001 - an MLX fault: do not limp on
+            self.embedding = None
+            self._embedding_fault(job, exc)
+            return
+        self.heartbeat()  # a long request's forwards are progress, not a hang
+        if not done:
+            return
+        self.embedding = None
+        for key, value in (("embedding_requests", 1), ("embedding_inputs", len(run.ids)),
+                           ("embedding_tokens", run.tokens)):
+            self.counters[key] += value
+        self.unload_at = unload_deadline(time.monotonic(), self.keep_alive_s if job.keep_alive_s is None
+                                         else job.keep_alive_s)
+        job.future.set_result((run.vectors(), run.tokens))
+
+    def _embedding_fault(self, job: EmbedJob, exc: BaseException) -> None:
+        job.future.set_exception(EngineError(500, f"MLX error: {exc}; the engine is restarting", code="mlx_error",
+                                             retry_after=5))
+        self._fatal(exc)
 
     # --- decoding -------------------------------------------------------------------
     def _decode(self) -> None:
@@ -404,6 +480,9 @@ class EngineCore:
         its weights, its KV, MLX's buffer cache (the prompt cache's entries go
         to disk); the next request loads it again."""
         model_id, before = self.runner.resident_id, self.memory.active_bytes + self.memory.cache_bytes
+        if model_id is None and self.runner.encoder is not None:
+            model_id = self.runner.encoder.model_id
+        self.runner.unload_encoder()
         self.unload()
         # The entries' writes to disk done (a request arriving stops the wait), their staged copies freed, and
         # the C heap trimmed again: what they held comes back to the system too.
@@ -533,5 +612,8 @@ class EngineCore:
         held = self.table.rows()
         for r in held:
             r.job.channel.put(Failed(error))
+        if self.embedding is not None and not self.embedding[0].future.done():
+            self.embedding[0].future.set_exception(error)
+        self.embedding = None
         self.stopped = True
         self.on_fatal(exc, culprit or next((r.job for r in running(held)), None))

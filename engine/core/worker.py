@@ -23,6 +23,7 @@ from mlxd.reports import PromptCacheReport
 
 from .admission import AdmissionQueue
 from .device_memory import DeviceMemoryWatch
+from .embedding_queue import EmbeddingQueue
 from .engine_core import EngineCore
 from .faults import FaultInjector
 from .jobs import Job
@@ -47,6 +48,7 @@ class ModelWorker(threading.Thread):
         make_prompt_cache: Callable[[], PromptCache] | None = None,
         link: Any = None,
         stuck_grace_s: float = 30.0,
+        embeddings: EmbeddingQueue | None = None,
     ) -> None:
         super().__init__(name="mlxd-model-worker", daemon=True)
         self.default_model = default_model
@@ -58,7 +60,7 @@ class ModelWorker(threading.Thread):
         runner = ModelRunner(registry, faults, max_prompt_tokens, prefill_step_size, stuck_grace_s / 6,
                              heartbeat=lambda *_: self.core.heartbeat(), link=link)
         self.core = EngineCore(registry, admission, faults, runner, on_fatal, inflight_path, prefill_step_size,
-                               parse_duration(registry.config.engine.keep_alive))
+                               parse_duration(registry.config.engine.keep_alive), embeddings)
         self.ready = threading.Event()  # preload finished (or was skipped)
         self.ready_at: float | None = None  # wall clock, when ready was set
 
@@ -161,6 +163,12 @@ class ModelWorker(threading.Thread):
         """The resident model's KV layout as served (for /health)."""
         plan = self.plan
         return plan.kv if plan is not None else None
+
+    @property
+    def resident_encoder(self) -> str | None:
+        """The embedding model resident beside the chat model, if any (for /health)."""
+        encoder = self.core.runner.encoder
+        return encoder.model_id if encoder is not None else None
 
     @property
     def resident_tools(self) -> str | None:

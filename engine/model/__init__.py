@@ -24,6 +24,7 @@ The runner (runner.py) is the core's one way to MLX. Every file, one line each:
   stop_matcher.py         stop strings over streamed text (pure)
   answer_parts.py         an answer split into reasoning, content and tool calls
   tool_calls.py           tool-call bodies in OpenAI's shape
+  encoder.py              an embedding model: its load, limits, inputs' tokens and batched forwards
   gguf_convert.py         a GGUF file -> an MLX model folder, converted once
   demo_model.py           the tiny random-weight demo models, built locally
   demo_text.py            their chat templates and tokenizer corpus (data)

@@ -98,6 +98,21 @@ class ModelRegistry:
             return str(convert_gguf(path, gguf_cache_dir(self.config)))  # type: ignore[arg-type]
         return spec.repo  # type: ignore[return-value]
 
+    def embedding_folder(self, model_id: str) -> Path:
+        """An embedding model's folder: its path, or its repo from the hub
+        cache (downloaded once; an EngineError 503 where it cannot be)."""
+        spec = self.config.embeddings[model_id]
+        if spec.path is not None:
+            return Path(spec.path).expanduser()
+        try:
+            from huggingface_hub import snapshot_download
+
+            return Path(snapshot_download(spec.repo, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model",
+                                                                    "1_Pooling/*"]))
+        except Exception as exc:  # noqa: BLE001 - offline, no such repo: the gateway falls back
+            raise EngineError(503, f"could not fetch embedding model {model_id!r} ({spec.repo}): {exc}",
+                              code="model_load_failed", param="model", retry_after=30) from None
+
     def build_key(self, model_id: str, target: str) -> str:
         """`id@fingerprint` of the files `target` loads and the dtype they
         load in and the layout of their KV: prompt-cache entries never cross

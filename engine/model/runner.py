@@ -62,6 +62,7 @@ class ModelRunner:
         self.plan: ServingPlan | None = None
         self.decoders: Decoders | None = None
         self._wired_before: int | None = None
+        self.encoder: Any = None  # the embedding model (engine/model/encoder.py), resident beside the chat model
 
     @property
     def resident_id(self) -> str | None:
@@ -141,6 +142,35 @@ class ModelRunner:
 
     def give_heap_back(self) -> None:
         give_heap_back()
+
+    # --- the embedding model -------------------------------------------------------
+    def load_encoder(self, model_id: str) -> Any:
+        """The embedding model `model_id`, loaded unless it is the one resident
+        (one at a time); an EngineError (503) for a load that failed outside MLX."""
+        from .encoder import Encoder
+
+        if self.encoder is not None and self.encoder.model_id == model_id:
+            return self.encoder
+        self.unload_encoder()
+        folder = self.registry.embedding_folder(model_id)
+        log.info("loading embedding model %s from %s", model_id, folder)
+        try:
+            self.encoder = Encoder(model_id, folder)
+        except (OSError, ValueError, KeyError, ImportError) as exc:
+            raise EngineError(503, f"could not load embedding model {model_id!r}: {exc}", code="model_load_failed",
+                              param="model", retry_after=30) from exc
+        log.info("loaded embedding model %s in %.2fs (%d dimensions, inputs up to %d tokens)", model_id,
+                 self.encoder.load_s, self.encoder.limits.dimensions, self.encoder.limits.max_tokens)
+        return self.encoder
+
+    def unload_encoder(self) -> None:
+        if self.encoder is None:
+            return
+        import mlx.core as mx
+
+        self.encoder = None
+        gc.collect()
+        mx.clear_cache()
 
     def reset_peak(self) -> None:
         import mlx.core as mx

@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-from mlxd.cli.models import format_models, model_rows
+from mlxd.cli.models import format_models
+from mlxd.model_list import model_rows
 from mlxd.config import parse_config
 from mlxd.models import model_info
 from mlxd.reports import EngineHealth

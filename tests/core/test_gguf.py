@@ -97,7 +97,7 @@ def test_tensor_sizes_follow_ggml_blocks(tmp_path, type_id, type_name, file_byte
 
 
 def test_the_heavy_model_estimate_reads_the_gguf_header(demo_gguf, tmp_path):
-    config = parse_config({"models": {"g": {"gguf": str(demo_gguf)}}}, tmp_path)
+    config = parse_config({"models": {"g": {"gguf": str(demo_gguf)}}, "embeddings": {}}, tmp_path)  # no encoder beside
     info = model_info(config, "g", budget_bytes=10 * 2**30)
     assert info.footprint.source == "GGUF header" and info.on_disk
     assert info.footprint.weights_bytes == gguf.weight_bytes(gguf.read_header(demo_gguf))

@@ -1,6 +1,7 @@
 """mlxd.models: the memory budget's source as a table, and the child
 process that asks the GPU on the gateway's behalf."""
 
+import json
 import pytest
 
 from mlxd.models import (CUDA_SOURCE, METAL_SOURCE, TOTAL_ENV, device_memory, device_memory_in_child,
@@ -51,3 +52,30 @@ def test_the_child_process_sees_what_this_process_sees(caplog):
     # "darwin" forces the child even here, so its code path runs everywhere.
     assert device_memory_in_child("darwin") == device_memory()
     assert "could not ask" not in caplog.text
+
+
+def test_the_largest_embedding_model_on_disk_is_counted_beside_every_chat_model(tmp_path):
+    """At most one encoder is resident beside the chat model: the largest's weights are in each estimate."""
+    from mlxd.config import parse_config
+    from mlxd.models import largest_encoder, model_info
+
+    def folder(name: str, size: int) -> str:
+        d = tmp_path / name
+        d.mkdir()
+        header = json.dumps({"w": {"dtype": "F32", "shape": [size // 4], "data_offsets": [0, size]}}).encode()
+        (d / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + bytes(size))
+        return str(d)
+
+    chat = folder("chat", 1 << 20)
+    (tmp_path / "chat" / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64,
+                                                             "num_hidden_layers": 2, "num_attention_heads": 4}))
+    base = {"models": {"chat": {"path": chat}}, "embeddings": {}}
+    alone = model_info(parse_config(base, tmp_path), "chat", 2**40).footprint
+    assert alone.weights_bytes == 1 << 20
+    config = parse_config({**base, "embeddings": {"small": {"path": folder("small", 4096)},
+                                                  "large": {"path": folder("large", 8192)},
+                                                  "gone": {"path": str(tmp_path / "missing")}}}, tmp_path)
+    assert largest_encoder(config) == ("large", 8192)
+    beside = model_info(config, "chat", 2**40).footprint
+    assert beside.weights_bytes == alone.weights_bytes + 8192 and "embedding model large" in beside.source
+    assert largest_encoder(parse_config(base, tmp_path)) is None

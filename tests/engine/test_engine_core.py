@@ -30,6 +30,7 @@ from mlxd.records import InflightRequest
 
 from mlxd.engine.core import engine_core
 from mlxd.engine.core.admission import AdmissionQueue
+from mlxd.engine.core.embedding_queue import EmbeddingQueue, EmbedJob
 from mlxd.engine.model.decoding import Admitted, Ended
 from mlxd.engine.core.engine_core import EngineCore
 from mlxd.engine.core.errors import EngineError, bad_request
@@ -126,6 +127,38 @@ class FakeGeneration:
         self.grammar = None
 
 
+class FakeEncoder:
+    """engine/model/encoder.py's Encoder without MLX: a token a word, one
+    forward an input, each a vector of (words, the decode steps run before it);
+    `failures[("embed", model)]` raised at the first forward."""
+
+    def __init__(self, model_id: str, runner: "FakeRunner") -> None:
+        self.model_id, self.runner = model_id, runner
+
+    def tokenize(self, inputs: list, truncate: bool) -> list[list[int]]:
+        return [list(range(len(text.split()))) if isinstance(text, str) else list(text) for text in inputs]
+
+    def start(self, ids: list[list[int]]) -> "FakeRun":
+        return FakeRun(self, ids)
+
+
+class FakeRun:
+    def __init__(self, encoder: FakeEncoder, ids: list[list[int]]) -> None:
+        self.encoder, self.ids, self.tokens, self.rows = encoder, ids, sum(map(len, ids)), []
+
+    def step(self) -> bool:
+        runner = self.encoder.runner
+        runner._fail("embed", self.encoder.model_id)
+        self.rows.append([len(self.ids[len(self.rows)]), len(runner.steps)])
+        runner.timeline.append("forward")
+        return len(self.rows) == len(self.ids)
+
+    def vectors(self) -> Any:
+        import numpy as np
+
+        return np.array(self.rows, dtype=np.float32)
+
+
 class FakeRunner:
     """engine/model/runner.py's ModelRunner without MLX: one decoder of rows, a
     token a step each; `answer` tokens make an answer ("stop"), max_tokens
@@ -150,6 +183,9 @@ class FakeRunner:
         self.steps: list[tuple[str, ...]] = []  # the job ids each decode step advanced
         self.broken: list[str] = []
         self.memory_limit: int | None = None
+        self.encoder: FakeEncoder | None = None
+        self.encoder_loads: list[str] = []
+        self.timeline: list[str] = []  # "decode" and "forward" (an embedding's), in order
 
     def _fail(self, stage: str, key: str) -> None:
         exc = self.failures.get((stage, key))
@@ -179,6 +215,17 @@ class FakeRunner:
 
     def reset_peak(self) -> None:
         pass
+
+    # --- the embedding model ----------------------------------------------------------
+    def load_encoder(self, model_id: str) -> "FakeEncoder":
+        self._fail("load_encoder", model_id)
+        if self.encoder is None or self.encoder.model_id != model_id:
+            self.encoder_loads.append(model_id)
+            self.encoder = FakeEncoder(model_id, self)
+        return self.encoder
+
+    def unload_encoder(self) -> None:
+        self.encoder = None
 
     def give_heap_back(self) -> None:
         pass
@@ -227,6 +274,7 @@ class FakeRunner:
         for a in rows:
             self._fail("step", a.job.id)
         self.steps.append(tuple(a.job.id for a in rows))
+        self.timeline.append("decode")
         ended = []
         for a in rows:
             if a.first_token_at is None:
@@ -289,6 +337,7 @@ class Engine:
                  sized: bool = False, budget_bytes: int = 2**40, inflight_path: Path | None = None,
                  keep_alive_s: float = math.inf) -> None:
         self.loop = loop
+        self.embeddings = EmbeddingQueue(lambda: None)
         models = {MODEL: concurrency, **(others or {})}
         self.registry = FakeRegistry(models, budget_bytes, WEIGHTS if sized else None, CONFIG if sized else {})
         self.admission: AdmissionQueue[Job] = AdmissionQueue(capacity=16, slots=max(models.values()))
@@ -296,7 +345,7 @@ class Engine:
         self.fatal: list[tuple[BaseException, Job | None]] = []
         self.core = EngineCore(self.registry, self.admission, FaultInjector(None, None),  # type: ignore[arg-type]
                                self.runner, lambda exc, job: self.fatal.append((exc, job)), inflight_path,
-                               PREFILL_STEP, keep_alive_s)
+                               PREFILL_STEP, keep_alive_s, self.embeddings)
         self.jobs: dict[str, Job] = {}
         self._received: dict[str, list] = {}
 
@@ -308,6 +357,11 @@ class Engine:
                   keep_alive_s=keep_alive_s)
         assert self.admission.offer(job) is None
         self.jobs[name] = job
+        return job
+
+    def embed(self, *texts: str, model: str = "enc", keep_alive_s: float | None = None) -> EmbedJob:
+        job = EmbedJob(model, list(texts), False, keep_alive_s)
+        assert self.embeddings.offer(job) is None
         return job
 
     def events(self, name: str) -> list:
@@ -348,7 +402,8 @@ def run_until(core: EngineCore, done: Callable[[], bool], max_steps: int = 200) 
         core.step()
         seen.append(core.status)
         assert core.runner.broken == [], core.runner.broken
-        idle = not (core.status.requests or core.pending or core.runner.rows or core.admission.has_waiting())
+        idle = not (core.status.requests or core.pending or core.runner.rows or core.admission.has_waiting()
+                    or core.embeddings.has_waiting() or core.embedding is not None)
         assert not idle or done(), f"the core has nothing left to do, and it is not done: {core.status}"
     assert done(), f"not done after {max_steps} steps: {core.status}"
     return seen
@@ -757,6 +812,82 @@ def test_an_idle_model_is_given_back_after_its_keep_alive(engine, engine_keep_al
     e.run_until(lambda: e.all_ended() and e.idle())
     assert e.runner.resident_id == MODEL and e.core.unloaded_idle_model is None
     assert len(e.runner.loads) == (2 if unloaded else 1)
+
+
+# --- embedding requests --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("concurrency, chat_jobs, timeline", [
+    pytest.param(1, ["a"], ["forward", "decode", "forward", "decode", "forward"], id="one-row"),
+    pytest.param(4, ["a", "b"], ["forward", "decode", "forward", "decode", "forward"], id="a-batch"),
+    pytest.param(1, [], ["forward", "forward", "forward"], id="nothing-running"),
+])
+def test_an_embedding_requests_forwards_alternate_with_decode_steps(engine, concurrency, chat_jobs, timeline):
+    """A running answer waits one group of an embedding request's forwards
+    between two of its tokens, never the whole request; with nothing else to
+    do, the forwards run one after another."""
+    e = engine(concurrency)
+    e.runner.answer = 100
+    for name in chat_jobs:
+        e.submit(name, max_tokens=100)
+    if chat_jobs:
+        e.run_until(lambda: len(e.runner.steps) >= 2)
+    e.runner.timeline.clear()
+    job = e.embed("one two three", "four", "five six")
+    e.run_until(job.future.done, max_steps=20)
+    assert e.runner.timeline == timeline
+    vectors, tokens = job.future.result(0)
+    assert tokens == 6 and vectors[:, 0].tolist() == [3, 1, 2]
+    assert e.core.counters["embedding_requests"] == 1 and e.core.counters["embedding_inputs"] == 3
+    for name in chat_jobs:
+        e.jobs[name].cancelled.set()
+    e.run_until(lambda: e.all_ended() and e.idle())
+
+
+def test_embedding_requests_never_starve_the_running_answers(engine):
+    """A flood of embedding requests alternates with the answer's steps."""
+    e = engine(1)
+    e.runner.answer = 100
+    e.submit("a", max_tokens=100)
+    e.run_until(lambda: len(e.runner.steps) >= 1)
+    jobs = [e.embed(f"text {i}") for i in range(5)]
+    for _ in range(10):
+        e.core.step()
+    assert all(j.future.done() for j in jobs) and len(e.runner.steps) >= 5
+
+
+@pytest.mark.parametrize("fails_at, error, fatal", [
+    pytest.param("load_encoder", EngineError(503, "no such folder", code="model_load_failed"), False, id="load"),
+    pytest.param("embed", EngineError(400, "too long", code="context_length_exceeded"), False, id="refused"),
+    pytest.param("embed", RuntimeError("[METAL] Command buffer execution failed"), True, id="mlx-fault"),
+])
+def test_an_embedding_failure_goes_to_its_request(engine, fails_at, error, fatal):
+    e = engine(1)
+    e.runner.failures[(fails_at, "enc")] = error
+    job = e.embed("x")
+    e.core.step()
+    got = job.future.exception(0)
+    assert isinstance(got, EngineError) and got.status == (500 if fatal else error.status)
+    assert bool(e.fatal) is fatal and e.core.stopped is fatal
+
+
+def test_the_encoder_is_one_at_a_time_and_given_back_with_the_idle_model(engine):
+    e = engine(1)
+    e.submit("a")
+    e.run_until(lambda: e.all_ended() and e.idle())
+    for model in ("enc", "enc", "other"):
+        job = e.embed("x", model=model)
+        e.run_until(job.future.done, max_steps=3)
+        assert job.future.result(0)[1] == 1
+    assert e.runner.encoder_loads == ["enc", "other"]  # the second asked for the resident one
+    e.core.unload_at = 0.0  # keep_alive over
+    e.core.idle()
+    assert e.runner.encoder is None and e.runner.resident_id is None
+    assert e.core.unloaded_idle_model == MODEL and e.core.counters["idle_unloads"] == 1
+    job = e.embed("y", keep_alive_s=0.0)  # an encoder alone is given back too
+    e.run_until(job.future.done, max_steps=3)
+    e.core.idle()
+    assert job.future.done() and e.runner.encoder is None and e.core.counters["idle_unloads"] == 2
 
 
 # --- the in-flight record --------------------------------------------------------------------------------

@@ -248,7 +248,8 @@ def test_header_abuse(gw, baseline, key_headers, headers, many, route):
 
 
 GATEWAY_PATHS = [CHAT, COMPLETIONS, "/v1/models", "/chat/completions", "/completions", "/models", "/health",
-                 "/metrics", "/", "/v1/chat/completions/", "/v1/embeddings", "/key/generate", "/ui", "/docs",
+                 "/metrics", "/", "/v1/chat/completions/", "/v1/embeddings", "/key/generate", "/ui", "/ui/login",
+                 "/mlxd/status", "/docs",
                  "/openapi.json", "/v1/models/default", "/%2e%2e/v1/models"]
 
 
@@ -304,7 +305,8 @@ def auth_values(key: str) -> st.SearchStrategy[bytes]:
 @given(data=st.data(), header=st.sampled_from([b"Authorization", b"authorization", b"AUTHORIZATION", b"x-api-key",
                                                b"api-key", b"X-Api-Key", b"Proxy-Authorization", b"x-goog-api-key",
                                                b"Cookie"]),
-       path=st.sampled_from([CHAT, COMPLETIONS, "/v1/models", "/key/generate", "/ui", "/health", "/metrics",
+       path=st.sampled_from([CHAT, COMPLETIONS, "/v1/models", "/key/generate", "/mlxd/status", "/ui/login",
+                             "/ui/..%2F..%2Fmlxd%2Fstatus", "/ui/../mlxd/status", "/health", "/metrics",
                              "/openapi.json", "/docs", "/mlxd/health/", "/mlxd/health/../../v1/models",
                              "/mlxd/health%2F..%2F..%2Fv1%2Fmodels", "//mlxd/health", "/mlxd//health", "/MLXD/HEALTH",
                              "/mlxd/health;/v1/models", "/mlxd", "/x/mlxd/health", "/v1/models?path=/mlxd/health"]),

@@ -92,7 +92,8 @@ def test_missing_or_wrong_key_is_401_in_openai_format(st):
         assert r.status_code == 401, headers
         err = r.json()["error"]
         assert err["code"] == "invalid_api_key" and err["type"] == "authentication_error"
-    for path in ("/v1/models", "/health", "/key/generate", "/ui"):
+    # LiteLLM's admin UI (/ui/...) is none of ours: /ui is mlxd's status page, whose data needs the key.
+    for path in ("/v1/models", "/health", "/key/generate", "/ui/login", "/mlxd/status"):
         assert requests.get(st.gateway_url + path, timeout=10).status_code == 401, path
     assert requests.post(url, json={**body, "max_tokens": 2}, headers={"x-api-key": st.key}, timeout=60).ok
     assert requests.get(st.gateway_url + "/mlxd/health", timeout=5).status_code == 200  # liveness is open
@@ -326,7 +327,7 @@ def test_light_models_take_the_engine_fast_path(st):
 
 def test_litellm_admin_routes_are_not_served_even_with_the_key(st):
     auth = {"Authorization": f"Bearer {st.key}"}
-    for method, path in (("POST", "/key/generate"), ("GET", "/ui"), ("GET", "/user/info"), ("GET", "/health"),
+    for method, path in (("POST", "/key/generate"), ("GET", "/ui/login"), ("GET", "/user/info"), ("GET", "/health"),
                          ("GET", "/spend/logs")):
         r = requests.request(method, st.gateway_url + path, headers=auth, json={}, timeout=30)
         assert r.status_code == 404 and r.json()["error"]["code"] == "not_found", (path, r.status_code, r.text[:200])

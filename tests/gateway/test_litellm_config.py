@@ -161,3 +161,25 @@ def test_max_fallbacks_lets_a_request_fail_over_to_every_host_then_ollama(widths
     routes = [Route(f"m{i}", "m", "llama3.2:3b", tuple(f"http://h{j}:8080" for j in range(n)))
               for i, n in enumerate(widths)]
     assert max_fallbacks(routes) == hops
+
+
+@pytest.mark.parametrize("embeddings, twins", [
+    ({"embedding": {"path": "/e"}}, {"embedding": "all-minilm"}),
+    ({"embedding": {"path": "/e"}, "nomic": {"repo": "org/nomic", "ollama": "nomic-embed-text"}},
+     {"embedding": "all-minilm", "nomic": "nomic-embed-text"}),
+    ({}, {}),
+])
+def test_embedding_models_go_to_the_engine_then_their_ollama_twin(embeddings, twins):
+    config = parse_config({"models": MODELS, "aliases": ALIASES, "embeddings": embeddings,
+                           "gateway": {"ollama_url": "http://127.0.0.1:11434"}}, HOME)
+    out = render_litellm_config(config, HEAVY)
+    groups = {m["model_name"]: m for m in out["model_list"]}
+    for name, twin in twins.items():
+        assert groups[name]["litellm_params"]["model"] == f"openai/{name}"
+        assert groups[name]["litellm_params"]["api_base"] == "http://127.0.0.1:8080/v1"
+        assert groups[name + OLLAMA_SUFFIX]["litellm_params"] == {
+            "model": f"ollama/{twin}", "api_base": "http://127.0.0.1:11434",
+            "timeout": groups[name]["litellm_params"]["timeout"]}
+        assert groups[name]["model_info"]["mode"] == "embedding"
+        assert {name: [name + OLLAMA_SUFFIX]} in out["router_settings"]["fallbacks"]
+    assert FastRoutes.plan(config, HEAVY).embedding == frozenset(twins)

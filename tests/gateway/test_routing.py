@@ -18,6 +18,10 @@ MODELS = {"small": {"repo": "mlx-community/Qwen3-4B-4bit", "ollama": "qwen3:4b"}
           "huge": {"repo": "mlx-community/Llama-3.3-70B-Instruct-4bit", "ollama": "llama3.3:70b"}}
 ALIASES = {"coding": "huge", "fast": "small", "default": "small", "reasoning": "small"}
 ROUTES = FastRoutes.plan(parse_config({"models": MODELS, "aliases": ALIASES}, Path("/nonexistent")), {"huge": True})
+WITH_EMBEDDINGS = FastRoutes.plan(parse_config({"models": MODELS, "aliases": ALIASES,
+                                                "embeddings": {"embedding": {"path": "/x"}}}, Path("/nonexistent")),
+                                   {"huge": True})
+EMBED = "/v1/embeddings"
 ONLY_LIGHT = FastRoutes.plan(parse_config({"models": MODELS, "aliases": ALIASES, "gateway": {"only_light": True}},
                                           Path("/nonexistent")), {"huge": True})
 CHAT = "/v1/chat/completions"
@@ -53,6 +57,13 @@ def error_code(decision):
          "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{oops"}}]},
         {"role": "tool", "tool_call_id": "c", "content": "x"}]}).encode(), "unsupported_parameter"),
     (ONLY_LIGHT, CHAT, chat("coding"), "ToEngine"),  # only_light: every alias is the light model on MLX
+    (WITH_EMBEDDINGS, EMBED, json.dumps({"model": "embedding", "input": "x"}).encode(), "ToEngine"),
+    (WITH_EMBEDDINGS, EMBED, json.dumps({"model": "embedding--ollama", "input": "x"}).encode(), "ToLiteLLM"),
+    (WITH_EMBEDDINGS, EMBED, json.dumps({"model": "small", "input": "x"}).encode(), "invalid_request"),
+    (WITH_EMBEDDINGS, CHAT, chat("embedding"), "invalid_request"),  # an encoder does not chat
+    (WITH_EMBEDDINGS, EMBED, json.dumps({"model": "embedding", "input": []}).encode(), "invalid_request"),
+    (WITH_EMBEDDINGS, EMBED, json.dumps({"model": "nope", "input": "x"}).encode(), "model_not_found"),
+    (ROUTES, EMBED, json.dumps({"model": "small", "input": "x"}).encode(), "invalid_request"),  # none configured
 ])
 def test_where_a_request_goes(routes, path, body, expected):
     assert error_code(route_request(path, body, routes)) == expected
@@ -113,6 +124,15 @@ def test_a_continued_response_stays_with_the_engine():
 def test_what_follows_an_engine_refusal(status, code, expected):
     body = b"not json" if code is None else ApiError(status, "m", code).body()
     assert after_refusal(status, body) is expected
+
+
+@pytest.mark.parametrize("code, expected", [
+    ("context_length_exceeded", AfterRefusal.ENGINE_ANSWER),  # Ollama's twin would cut the input silently
+    ("invalid_request", AfterRefusal.ENGINE_ANSWER),
+    ("model_load_failed", AfterRefusal.FALL_BACK_UNLESS_500),
+])
+def test_what_follows_an_embedding_refusal(code, expected):
+    assert after_refusal(400, ApiError(400, "m", code).body(), "/v1/embeddings") is expected
 
 
 @pytest.mark.parametrize("lost_in_flight, retried, mode, restarting, wait_s, hold", [

@@ -19,8 +19,9 @@ ALLOWED = {
     "core": set(),
     "engine": set(),
     "supervisor": set(),
-    # the OpenAI request schemas only (chat and completions, the Responses API): pydantic, no MLX
-    "gateway": {"engine.api.request_schema", "engine.api.responses_api"},
+    # the OpenAI request schemas only (chat and completions, the Responses API): pydantic, no MLX;
+    # the status page's data (gateway/status_page.py): what `mlxd status` collects, and the crash journal
+    "gateway": {"engine.api.request_schema", "engine.api.responses_api", "supervisor.status", "supervisor.journal"},
     "launchd": {"supervisor"},       # the stop timeout supervisord's config defines
     "cli": {"engine", "gateway", "supervisor", "launchd"},
     "devkit": {"engine", "gateway", "supervisor", "launchd", "cli"},
@@ -81,3 +82,10 @@ def test_the_product_never_imports_the_devkit():
 def test_the_gateway_reaches_the_engine_only_for_its_request_schemas():
     uses = {module for folder, _, module in edges() if folder == "gateway" and component_of(module) == "engine"}
     assert uses <= {"mlxd.engine.api.request_schema", "mlxd.engine.api.responses_api"}
+
+
+def test_the_gateway_reaches_the_supervisor_only_for_the_status_page():
+    uses = {(where, module) for folder, where, module in edges()
+            if folder == "gateway" and component_of(module) == "supervisor"}
+    assert uses <= {("gateway/status_page.py", "mlxd.supervisor.status"),
+                    ("gateway/status_page.py", "mlxd.supervisor.journal")}

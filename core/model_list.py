@@ -1,0 +1,81 @@
+"""The configured models at a glance, one row each: where each comes from,
+whether it is on disk and how big, whether it fits the memory budget (the
+engine's own estimate and verdict, mlxd.models), whether the engine holds it
+now, and its aliases. `mlxd models` prints the rows; the gateway's status
+page (gateway/status_page.py) shows them.
+
+`model_rows` is pure (the config's models, their estimates and the engine's
+/health in; rows out); `gather_rows` reads the disk for it (no MLX).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlxd.config import Config
+from mlxd.models import ModelInfo, gguf_file, local_model_dir, model_info
+from mlxd.reports import EngineHealth
+
+
+@dataclass(frozen=True)
+class ModelRow:
+    id: str
+    aliases: list[str]
+    source: str  # where it comes from: the folder, repo, GGUF, Ollama name or demo
+    on_disk: bool
+    disk_bytes: int | None  # the files on disk (None: not there)
+    estimate_bytes: int | None  # weights + KV allowance (+ its draft's), as the engine estimates
+    fits: bool
+    verdict: str  # the estimate's reason: why it fits, or why it is served by Ollama only
+    state: str  # "loaded", "idle, unloaded", "-" (not resident), "?" (engine not reachable)
+
+
+def source_of(info: ModelInfo) -> str:
+    s = info.spec
+    if s.demo is not None:
+        return f"demo {s.demo}"
+    return s.path or s.repo or s.gguf or f"ollama {s.from_ollama}"
+
+
+def model_rows(config: Config, infos: dict[str, ModelInfo], disk: dict[str, int | None],
+               health: EngineHealth | None) -> list[ModelRow]:
+    """One row per configured model, in the config's order (pure)."""
+    aliases: dict[str, list[str]] = {}
+    for alias, target in config.all_aliases.items():
+        aliases.setdefault(target, []).append(alias)
+    rows = []
+    for model_id, info in infos.items():
+        if health is None:
+            state = "?"
+        elif health.resident_model == model_id:
+            state = "loaded"
+        elif health.resident_model is None and health.unloaded_idle_model == model_id:
+            state = "idle, unloaded"
+        else:
+            state = "-"
+        rows.append(ModelRow(model_id, sorted(aliases.get(model_id, [])), source_of(info), info.on_disk,
+                             disk.get(model_id), info.footprint.total_bytes, info.verdict.allowed, info.verdict.reason,
+                             state))
+    return rows
+
+
+def disk_bytes(config: Config, model_id: str) -> int | None:
+    """What the model's files take on disk (a GGUF's file, a folder's files, a repo's snapshot)."""
+    spec = config.models[model_id]
+    try:
+        if spec.gguf is not None or spec.from_ollama is not None:
+            path = gguf_file(spec)
+            return path.stat().st_size if path is not None and path.is_file() else None
+        folder = local_model_dir(config, spec)
+    except Exception:  # noqa: BLE001 - an unreadable store just means "unknown"
+        return None
+    if folder is None:
+        return None
+    return sum(f.stat().st_size for f in Path(folder).iterdir() if f.is_file())  # a snapshot's links: their blobs
+
+
+def gather_rows(config: Config, budget_bytes: int, health: EngineHealth | None) -> list[ModelRow]:
+    """model_rows from the disk as it is now: each model's estimate and files."""
+    infos = {m: model_info(config, m, budget_bytes) for m in config.models}
+    return model_rows(config, infos, {m: disk_bytes(config, m) for m in config.models}, health)

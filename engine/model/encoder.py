@@ -1,0 +1,216 @@
+"""An embedding model (an encoder) and its forwards: `/v1/embeddings`' model.
+
+mlx-vlm's encoders (MIT: BERT, ModernBERT, XLM-R, Qwen3-Embedding, Gemma
+embeddings...) are loaded as a sentence-transformers folder holds them
+(`load_embedding_model`, the pooling of `1_Pooling/`); the tokenizer is the
+folder's own (transformers). Inputs are tokenized whole: one longer than the
+model's limit is refused (400) unless the request asks to truncate, as
+sentence-transformers would silently. The forwards are batched by length
+(`plan_batches`, pure): sorted, so rows of one forward are padded little, and
+bounded in padded tokens, so a forward's memory is bounded whatever the
+request. Runs on the worker thread only (engine/core/engine_core.py), beside
+the resident chat model (docs/DESIGN.md, "Embeddings beside the chat model").
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from mlxd.api_errors import INVALID_REQUEST
+
+from ..core.errors import EngineError
+
+log = logging.getLogger("mlxd.engine.model.encoder")
+
+# A forward's padded tokens and attention-score elements (rows x heads x length^2): what it holds is bounded.
+# On a GPU large forwards fill the device; on the CPU small ones are faster (arrays that stay in the caches:
+# 512 tokens a forward made 1.6x the inputs a second of 8,192, all-MiniLM-L6-v2 on 2 cores), and forwards
+# go in pairs, one per core, on CPU streams of their own (MLX's elementwise kernels use one core each).
+FORWARD_BOUNDS = {"gpu": (8192, 32 * 2**20), "cpu": (512, 4 * 2**20)}
+LENGTH_BUCKET = 8  # lengths padded to a multiple: fewer distinct shapes (MLX plans and compiles per shape)
+
+
+@dataclass(frozen=True)
+class EncoderLimits:
+    max_tokens: int  # the longest input, with its special tokens
+    dimensions: int  # the embedding's size
+    heads: int  # attention heads (the score bound)
+
+
+def encoder_limits(config: dict, st_config: dict | None, model_max_length: int | None) -> EncoderLimits:
+    """The limits of an encoder folder (pure): sentence-transformers'
+    `max_seq_length` where it has one (what it truncates to), else the
+    tokenizer's or the model's positions."""
+    positions = int(config.get("max_position_embeddings") or 512)
+    limit = (st_config or {}).get("max_seq_length") or model_max_length or positions
+    limit = min(int(limit), positions) if config.get("model_type") == "bert" else int(limit)
+    dims = int(config.get("hidden_size") or config.get("d_model") or 0)
+    return EncoderLimits(limit, dims, int(config.get("num_attention_heads") or 1))
+
+
+def too_long(lengths: Sequence[int], limit: int) -> EngineError | None:
+    """The 400 for the first input over the model's limit (pure), or None."""
+    for i, n in enumerate(lengths):
+        if n > limit:
+            return EngineError(400, f"input[{i}] is {n} tokens, over this embedding model's limit of {limit}; "
+                                    "shorten it, split it, or send \"truncate\": true to cut it",
+                               code="context_length_exceeded", param="input")
+    return None
+
+
+def padded(length: int) -> int:
+    return -(-length // LENGTH_BUCKET) * LENGTH_BUCKET
+
+
+def plan_batches(lengths: Sequence[int], heads: int, max_tokens: int, max_scores: int) -> list[list[int]]:
+    """Input indices in forwards (pure): by length, longest first, as many
+    rows a forward as keep its padded tokens and attention scores within
+    bounds (at least one row)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches: list[list[int]] = []
+    for i in order:
+        if batches:
+            rows = len(batches[-1]) + 1
+            width = padded(lengths[batches[-1][0]])  # the longest of the batch: its first
+            if rows * width <= max_tokens and rows * heads * width * width <= max_scores:
+                batches[-1].append(i)
+                continue
+        batches.append([i])
+    return batches
+
+
+def token_problem(ids: Sequence[Sequence[int]], vocab_size: int) -> EngineError | None:
+    """The 400 for token ids outside the vocabulary (pure), or None."""
+    for i, row in enumerate(ids):
+        bad = next((t for t in row if not 0 <= t < vocab_size), None)
+        if bad is not None:
+            return EngineError(400, f"input[{i}] has the token id {bad}, outside this model's vocabulary "
+                                    f"(0..{vocab_size - 1})", code=INVALID_REQUEST, param="input")
+    return None
+
+
+class Encoder:
+    """One embedding model in memory: weights, tokenizer, pooling."""
+
+    def __init__(self, model_id: str, folder: Path) -> None:
+        from mlx_vlm.embedding_loader import load_embedding_model
+        from mlx_vlm.models.pooling import read_pooling_config
+        from transformers import AutoTokenizer
+
+        import mlx.core as mx
+
+        started = time.monotonic()
+        self.model_id = model_id
+        self.model = load_embedding_model(folder)
+        self.model.pooling_config = read_pooling_config(folder)
+        self.tokenizer = AutoTokenizer.from_pretrained(str(folder))
+        config = json.loads((folder / "config.json").read_text())
+        st_path = folder / "sentence_bert_config.json"
+        st_config = json.loads(st_path.read_text()) if st_path.is_file() else None
+        self.limits = encoder_limits(config, st_config, getattr(self.tokenizer, "model_max_length", None))
+        self.vocab_size = int(config.get("vocab_size") or len(self.tokenizer))
+        self.pad_id = self.tokenizer.pad_token_id or 0
+        on_cpu = mx.default_device().type == mx.DeviceType.cpu
+        self.bounds = FORWARD_BOUNDS["cpu" if on_cpu else "gpu"]
+        self.streams = 1
+        if on_cpu:
+            from ..cpu.cpu_encoder import prepare_encoder
+            from ..cpu.cpu_linear import prompt_streams, usable_cores
+
+            prepare_encoder(self.model)  # the CPU's slow transcendental kernels replaced (engine/cpu/)
+            self.streams = prompt_streams(usable_cores())
+        self.load_s = time.monotonic() - started
+
+    def tokenize(self, inputs: list[str] | list[list[int]], truncate: bool) -> list[list[int]]:
+        """Token ids of each input, with the model's special tokens for text;
+        a 400 for an input over the limit (unless `truncate`) or a foreign id."""
+        limit = self.limits.max_tokens
+        if inputs and isinstance(inputs[0], str):
+            ids = self.tokenizer(list(inputs), add_special_tokens=True, truncation=truncate,
+                                 max_length=limit if truncate else None)["input_ids"]
+        else:
+            ids = [list(row) for row in inputs]  # type: ignore[arg-type]
+            problem = token_problem(ids, self.vocab_size)
+            if problem is not None:
+                raise problem
+            if truncate:
+                ids = [row[:limit] for row in ids]
+        refusal = too_long([len(row) for row in ids], limit)
+        if refusal is not None:
+            raise refusal
+        return ids
+
+    def start(self, ids: list[list[int]]) -> "EmbeddingRun":
+        """A request's forwards, to be run a group at a time (EmbeddingRun.step)."""
+        return EmbeddingRun(self, ids, plan_batches([len(r) for r in ids], self.limits.heads, *self.bounds))
+
+    def embed(self, ids: list[list[int]]) -> Any:
+        """Unit vectors, one row per input in order (numpy float32), all at once."""
+        run = self.start(ids)
+        while not run.step():
+            pass
+        return run.vectors()
+
+    def _forward(self, ids: list[list[int]]) -> Any:
+        """One forward's pooled vectors (lazy), its rows padded to the bucket of the longest."""
+        import mlx.core as mx
+        import numpy as np
+
+        width = padded(len(ids[0]))
+        tokens = np.full((len(ids), width), self.pad_id, dtype=np.int32)
+        mask = np.zeros((len(ids), width), dtype=np.int32)
+        for k, row in enumerate(ids):
+            tokens[k, :len(row)] = row
+            mask[k, :len(row)] = 1
+        return self.model(mx.array(tokens), attention_mask=mx.array(mask)).text_embeds
+
+    def _on_stream(self, k: int) -> Any:
+        from contextlib import nullcontext
+
+        if self.streams == 1:
+            return nullcontext()
+        from ..cpu.cpu_linear import on_stream
+
+        return on_stream(k)
+
+
+class EmbeddingRun:
+    """One request's forwards, a group at a time: as many forwards as the
+    encoder has streams (one per core on the CPU), evaluated together. The
+    engine core runs a group between two decode steps of the chat requests,
+    so a long embedding request slows a running answer by a forward, not by
+    its whole length."""
+
+    def __init__(self, encoder: Encoder, ids: list[list[int]], batches: list[list[int]]) -> None:
+        self.encoder, self.ids, self.batches = encoder, ids, batches
+        self.tokens = sum(len(row) for row in ids)
+        self._rows: list[Any] = [None] * len(ids)
+        self._next = 0
+
+    def step(self) -> bool:
+        """The next group of forwards; whether the request is done."""
+        import mlx.core as mx
+        import numpy as np
+
+        enc = self.encoder
+        group = self.batches[self._next:self._next + enc.streams]
+        self._next += len(group)
+        vectors = []
+        for k, batch in enumerate(group):  # built on a stream each, evaluated together
+            with enc._on_stream(k):
+                vectors.append(enc._forward([self.ids[i] for i in batch]))
+        mx.eval(*vectors)
+        for batch, got in zip(group, vectors):
+            for row, i in zip(np.array(got.astype(mx.float32)), batch):
+                self._rows[i] = row
+        return self._next >= len(self.batches)
+
+    def vectors(self) -> Any:
+        import numpy as np
+
+        return np.stack(self._rows) if self._rows else np.zeros((0, self.encoder.limits.dimensions), np.float32)

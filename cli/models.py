@@ -25,8 +25,8 @@ def _size(n: int | None) -> str:
 
 def format_models(rows: list[ModelRow], budget_bytes: int) -> str:
     """The table (pure)."""
-    header = ["MODEL", "ALIASES", "ON DISK", "ESTIMATE", "FITS", "ENGINE", "SOURCE"]
-    cells = [[r.id, ", ".join(r.aliases) or "-", _size(r.disk_bytes) if r.on_disk else "not yet",
+    header = ["MODEL", "KIND", "ALIASES", "ON DISK", "ESTIMATE", "FITS", "ENGINE", "SOURCE"]
+    cells = [[r.id, r.kind, ", ".join(r.aliases) or "-", _size(r.disk_bytes) if r.on_disk else "not yet",
               _size(r.estimate_bytes), "yes" if r.fits else "heavy: Ollama", r.state, r.source] for r in rows]
     widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(header)]
     line = lambda cs: "  ".join(c.ljust(w) for c, w in zip(cs, widths)).rstrip()  # noqa: E731

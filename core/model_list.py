@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlxd.config import Config
-from mlxd.models import ModelInfo, gguf_file, local_model_dir, model_info
+from mlxd.memory_estimate import read_weight_bytes
+from mlxd.models import ModelInfo, embedding_dir, gguf_file, local_model_dir, model_info
 from mlxd.reports import EngineHealth
 
 
@@ -29,6 +30,7 @@ class ModelRow:
     fits: bool
     verdict: str  # the estimate's reason: why it fits, or why it is served by Ollama only
     state: str  # "loaded", "idle, unloaded", "-" (not resident), "?" (engine not reachable)
+    kind: str = "chat"  # or "embedding": /v1/embeddings' models ([embeddings.ID]), resident beside the chat model
 
 
 def source_of(info: ModelInfo) -> str:
@@ -60,6 +62,27 @@ def model_rows(config: Config, infos: dict[str, ModelInfo], disk: dict[str, int 
     return rows
 
 
+def embedding_rows(config: Config, weights: dict[str, int | None], disk: dict[str, int | None],
+                   budget_bytes: int, health: EngineHealth | None) -> list[ModelRow]:
+    """One row per embedding model (pure): its weights are its estimate, and
+    every chat model's estimate carries the largest one's (mlxd.models.with_encoder)."""
+    rows = []
+    for model_id, spec in config.embeddings.items():
+        size = weights.get(model_id)
+        fits = size is None or size <= budget_bytes
+        state = "?" if health is None else "loaded" if health.embedding_model == model_id else "-"
+        rows.append(ModelRow(model_id, [], spec.path or spec.repo or "", disk.get(model_id) is not None,
+                             disk.get(model_id), size, fits, "resident beside the chat model, counted in its estimate"
+                             if fits else "its weights alone are over the memory budget", state, kind="embedding"))
+    return rows
+
+
+def _folder_bytes(folder: Path | None) -> int | None:
+    if folder is None:
+        return None
+    return sum(f.stat().st_size for f in Path(folder).iterdir() if f.is_file())  # a snapshot's links: their blobs
+
+
 def disk_bytes(config: Config, model_id: str) -> int | None:
     """What the model's files take on disk (a GGUF's file, a folder's files, a repo's snapshot)."""
     spec = config.models[model_id]
@@ -70,12 +93,14 @@ def disk_bytes(config: Config, model_id: str) -> int | None:
         folder = local_model_dir(config, spec)
     except Exception:  # noqa: BLE001 - an unreadable store just means "unknown"
         return None
-    if folder is None:
-        return None
-    return sum(f.stat().st_size for f in Path(folder).iterdir() if f.is_file())  # a snapshot's links: their blobs
+    return _folder_bytes(folder)
 
 
 def gather_rows(config: Config, budget_bytes: int, health: EngineHealth | None) -> list[ModelRow]:
     """model_rows from the disk as it is now: each model's estimate and files."""
     infos = {m: model_info(config, m, budget_bytes) for m in config.models}
-    return model_rows(config, infos, {m: disk_bytes(config, m) for m in config.models}, health)
+    folders = {m: embedding_dir(spec) for m, spec in config.embeddings.items()}
+    weights = {m: (found[0] if (found := read_weight_bytes(f)) else None) if f is not None else None
+               for m, f in folders.items()}
+    return (model_rows(config, infos, {m: disk_bytes(config, m) for m in config.models}, health)
+            + embedding_rows(config, weights, {m: _folder_bytes(f) for m, f in folders.items()}, budget_bytes, health))

@@ -368,7 +368,7 @@ function renderModels(models) {
   fillTable("models", models.models.map((m) => {
     const fits = el("td", m.fits ? "yes" : "heavy: Ollama", m.fits ? "ok" : "bad");
     fits.title = m.verdict;
-    return {id: m.id, cls: m.state === "loaded" ? "loaded" : "", cells: [m.id, m.aliases.join(", ") || "–",
+    return {id: m.id, cls: m.state === "loaded" ? "loaded" : "", cells: [m.id, m.kind, m.aliases.join(", ") || "–",
       m.on_disk ? bytes(m.disk_bytes) : "not yet", bytes(m.estimate_bytes), fits, m.state, m.source]};
   }));
 }

@@ -49,19 +49,42 @@ def test_a_row_per_model_with_what_the_engine_holds(config, health, states):
 
 
 def test_the_command_as_a_table_and_as_json(tmp_path, demo_models):
+    encoder = tmp_path / "encoder"
+    encoder.mkdir()
+    (encoder / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")  # no tensors: 0 bytes
     (tmp_path / "mlxd.toml").write_text(dumps({"models": {"demo-a": {"path": str(demo_models.a)},
                                                           "big": {"path": str(demo_models.heavy)}},
+                                               "embeddings": {"enc": {"path": str(encoder)},
+                                                              "gone": {"path": str(tmp_path / "missing")}},
                                                "engine": {"port": 1}}))  # nothing listens there
     env = {**os.environ, "MLXD_HOME": str(tmp_path), "MLXD_MEMORY_TOTAL_BYTES": str(32 * GIB)}
     env.pop("MLXD_CONFIG", None)
     table = subprocess.run(MLXD + ["models"], env=env, capture_output=True, text=True, timeout=60)
     assert table.returncode == 0, table.stderr
-    assert table.stdout.splitlines()[0].split() == ["MODEL", "ALIASES", "ON", "DISK", "ESTIMATE", "FITS", "ENGINE",
-                                                    "SOURCE"]
+    assert table.stdout.splitlines()[0].split() == ["MODEL", "KIND", "ALIASES", "ON", "DISK", "ESTIMATE", "FITS",
+                                                    "ENGINE", "SOURCE"]
     out = subprocess.run(MLXD + ["models", "--json"], env=env, capture_output=True, text=True, timeout=60)
     body = json.loads(out.stdout)
     rows = {r["id"]: r for r in body["models"]}
-    assert set(rows) == {"demo-a", "big"} and body["budget_bytes"] > 0
+    assert set(rows) == {"demo-a", "big", "enc", "gone"} and body["budget_bytes"] > 0
+    assert [rows[m]["kind"] for m in ("demo-a", "enc")] == ["chat", "embedding"]
+    assert rows["enc"]["on_disk"] and rows["enc"]["fits"] and not rows["gone"]["on_disk"]
     assert rows["demo-a"]["fits"] and rows["demo-a"]["disk_bytes"] == sum(
         f.stat().st_size for f in demo_models.a.iterdir() if f.is_file())
     assert not rows["big"]["fits"] and rows["big"]["state"] == "?"
+
+
+@pytest.mark.parametrize("health, weights, state, fits", [
+    (EngineHealth(status="ok", resident_model="demo-a", embedding_model="enc"), 90 * 2**20, "loaded", True),
+    (EngineHealth(status="ok", resident_model="demo-a"), 90 * 2**20, "-", True),
+    (None, 90 * 2**20, "?", True),
+    (EngineHealth(status="ok"), 32 * GIB, "-", False),  # its weights alone over the budget
+])
+def test_an_embedding_models_row(tmp_path, health, weights, state, fits):
+    from mlxd.model_list import embedding_rows
+
+    config = parse_config({"models": {"demo-a": {"demo": "a"}}, "embeddings": {"enc": {"path": "/e"}}}, tmp_path)
+    (row,) = embedding_rows(config, {"enc": weights}, {"enc": 1234}, 16 * GIB, health)
+    assert (row.id, row.kind, row.state, row.fits, row.estimate_bytes, row.disk_bytes) == (
+        "enc", "embedding", state, fits, weights, 1234)
+    assert ("beside the chat model" in row.verdict) is fits

@@ -90,6 +90,6 @@ def test_the_document_holds_status_journal_models_and_history():
     assert [e["time"] for e in doc["journal"]] == [50.0]
     assert doc["models"] == {"budget_bytes": 1000, "models": [{
         "id": "demo-a", "aliases": ["default"], "source": "/m", "on_disk": True, "disk_bytes": 10,
-        "estimate_bytes": 20, "fits": True, "verdict": "fits", "state": "loaded"}]}
+        "estimate_bytes": 20, "fits": True, "verdict": "fits", "state": "loaded", "kind": "chat"}]}
     assert doc["history"]["interval_s"] == 5.0 and doc["history"]["span_s"] == 3600.0
     assert doc["history"]["points"] == [Point(95.0, running=1).to_json()]

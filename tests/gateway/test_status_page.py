@@ -133,7 +133,8 @@ def test_the_pages_files_are_open_and_its_data_needs_the_key(st):
     doc = r.json()
     assert set(doc) == {"time", "status", "journal", "models", "history"} and st.key not in r.text
     assert doc["status"]["overall"] == "healthy" and doc["status"]["engine"]["health"]["resident_model"] == "demo-a"
-    assert [m["id"] for m in doc["models"]["models"]] == ["demo-a"] and doc["models"]["models"][0]["state"] == "loaded"
+    chat = [m for m in doc["models"]["models"] if m["kind"] == "chat"]
+    assert [m["id"] for m in chat] == ["demo-a"] and chat[0]["state"] == "loaded"
     assert doc["history"]["interval_s"] == EVERY_S
 
 

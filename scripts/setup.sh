@@ -267,12 +267,12 @@ fi
 
 # The real default model, once (see core/default_model.py); offline, the demo model serves.
 if [ ! -f "$("$venv/bin/python" -c 'from mlxd.default_model import gguf_path; print(gguf_path())')" ]; then
-  echo "==> [3/3] fetching the default model, SmolLM2-135M-Instruct (once)"
+  echo "==> [3/3] fetching the default model, SmolLM2-135M-Instruct (once; 93 MB)"
   "$venv/bin/python" -m mlxd.default_model
 fi
 # ...and the default embedding model, all-MiniLM-L6-v2 (core/default_embedding.py); offline, Ollama's twin serves.
 if ! "$venv/bin/python" -c 'import sys; from mlxd.default_embedding import fetched; sys.exit(not fetched())'; then
-  echo "==> [3/3] fetching the default embedding model, all-MiniLM-L6-v2 (once)"
+  echo "==> [3/3] fetching the default embedding model, all-MiniLM-L6-v2 (once; 84 MB)"
   "$venv/bin/python" -m mlxd.default_embedding
 fi
 

@@ -56,8 +56,8 @@ class Point:
 
 def tokens_per_s(last: Counted | None, now: Counted | None) -> float | None:
     """Tokens generated a second between two readings of the counter (pure).
-    The engine counts a request's tokens as it finishes, so this is the
-    tokens of the requests that finished between them. A counter from
+    The engine counts tokens as they are generated (each decode step), so
+    this is the rate of the answers running between them. A counter from
     another process (a restart, a standby's takeover) or one that went back
     started at zero after `last` was read: all of it is new."""
     if last is None or now is None or now.t <= last.t:

@@ -55,7 +55,8 @@ def register_gauges(metrics: EngineMetrics, worker: ModelWorker, admission: Admi
             lambda: w.counters["idle_unloads"])
     m.gauge("mlxd_engine_unload_in_seconds", "Until the resident model is given back if no request comes "
             "(-1: none resident, or keep_alive never)", lambda: -1 if (due := w.idle_unload[1]) is None else due)
-    m.gauge("mlxd_engine_generated_tokens", "Tokens generated since start", lambda: w.counters["generated_tokens"])
+    m.gauge("mlxd_engine_generated_tokens", "Tokens generated since start (counted as they are decoded)",
+            lambda: w.counters["generated_tokens"])
     m.gauge("mlxd_engine_prompt_tokens", "Prompt tokens processed since start", lambda: w.counters["prompt_tokens"])
     for key, doc in (("spec_requests", "Requests decoded speculatively (prompt lookup or a draft model)"),
                      ("spec_proposed", "Tokens prompt lookup or the draft model proposed"),

@@ -119,6 +119,9 @@ class EngineCore:
         self.unload_at = NEVER
         self.unloaded_idle_at: float | None = None  # wall clock of the last idle unload, while none is resident
         self.unloaded_idle_model: str | None = None  # which model that was
+        # Tokens of running requests already in counters["generated_tokens"] (request id -> count): the counter
+        # grows as answers are generated, so a rate read from it (the status page's tok/s) is live.
+        self._counted_tokens: dict[str, int] = {}
         self.counters = {"model_loads": 0, "model_unloads": 0, "idle_unloads": 0, "generated_tokens": 0,
                          "prompt_tokens": 0, "jobs": 0, "spec_requests": 0, "spec_proposed": 0, "spec_accepted": 0,
                          "spec_forwards": 0, "spec_tokens": 0, "embedding_requests": 0, "embedding_inputs": 0,
@@ -328,6 +331,7 @@ class EngineCore:
             self._fatal(exc)
             return
         self.heartbeat()
+        self._count_tokens(self.runner.rows)
         if time.monotonic() - self.memory.taken_at > MEMORY_SAMPLE_S:  # /health's memory while requests run
             self.sample_memory()
         for e in ended:  # every answer's end goes out before any row's KV is stored (a copy, maybe an eviction)
@@ -342,6 +346,13 @@ class EngineCore:
             self.sample_memory()
         elif sum(1 for a in self.runner.rows if a.first_token_at is not None) != self._decoding_published:
             self._publish_rows()  # a row has its first token: decoding now (nothing else changes between ends)
+
+    def _count_tokens(self, rows: list[Admitted]) -> None:
+        """The rows' tokens generated since they were last counted, into counters["generated_tokens"]."""
+        for a in rows:
+            done = len(a.generation.tokens)
+            self.counters["generated_tokens"] += done - self._counted_tokens.get(a.job.id, 0)
+            self._counted_tokens[a.job.id] = done
 
     def _checkpoint_prompts(self) -> None:
         """Prompts prefilled whose first token is out: their KV to disk now
@@ -372,7 +383,8 @@ class EngineCore:
         """A request ended: its answer's end, to its client. Counted before the
         last event: a client that reads /metrics right after sees its tokens."""
         a = e.admitted
-        self.counters["generated_tokens"] += len(a.generation.tokens)
+        self._count_tokens([a])
+        self._counted_tokens.pop(a.job.id, None)
         self.counters["prompt_tokens"] += len(a.prompt)
         spec = e.speculation
         if spec is not None:  # decoded speculatively (engine/model/speculative.py, draft_model.py)
@@ -580,6 +592,7 @@ class EngineCore:
     def _let_go(self, job: Job, held_s: float) -> None:
         """A request the core holds no more (answered, refused, or gone): out
         of the request table, published, its place in admission freed."""
+        self._counted_tokens.pop(job.id, None)
         self.table.release(job)
         self.publish()
         self.admission.done(job, held_s)

@@ -911,3 +911,23 @@ def test_the_inflight_record_names_the_running_jobs_until_they_end(engine, tmp_p
     assert record.all_requests() == tuple((i, e.jobs[i].fingerprint) for i in running)
     e.run_until(lambda: e.all_ended() and e.idle())
     assert not path.exists()
+
+
+@pytest.mark.parametrize("concurrency, jobs", [pytest.param(1, ["a"], id="one-row"), pytest.param(4, ["a", "b"],
+                                                                                                   id="a-batch")])
+def test_generated_tokens_are_counted_as_they_come(engine, concurrency, jobs):
+    """The counter a rate is read from (the status page's tok/s) grows with every
+    step, not at the answers' ends, and ends at every answer's tokens once."""
+    e = engine(concurrency)
+    e.runner.answer = 100
+    for name in jobs:
+        e.submit(name, max_tokens=100)
+    e.run_until(lambda: len(e.runner.steps) >= 5)
+    assert not any(e.ended(n) for n in jobs)
+    running = e.core.counters["generated_tokens"]
+    assert running >= 4 * len(jobs)
+    e.run_until(lambda: len(e.runner.steps) >= 10)
+    assert e.core.counters["generated_tokens"] > running
+    e.run_until(lambda: e.all_ended() and e.idle())
+    answered = sum(e.events(n)[-1].completion_tokens for n in jobs)
+    assert e.core.counters["generated_tokens"] == answered == 100 * len(jobs)

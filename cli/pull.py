@@ -9,7 +9,8 @@ downloads the files mlx-lm loads (its own allow patterns) with a progress bar;
 an interrupted pull resumes where it stopped. `rm` deletes every revision of
 the repo from the cache and says what it freed.
 
-A NAME is a configured model id (its `repo`) or a repo id (`org/name`).
+A NAME is a configured model id (its `repo`), an embedding model's id
+(`[embeddings.ID] repo`) or a repo id (`org/name`).
 """
 
 from __future__ import annotations
@@ -47,7 +48,10 @@ class PullPlan:
 
 
 def repo_of(config: Config, name: str) -> str | None:
-    """The repo a NAME means: a configured model's `repo`, or NAME itself when it is `org/name` (pure)."""
+    """The repo a NAME means: a configured model's or embedding model's `repo`, or NAME itself when it is
+    `org/name` (pure)."""
+    if name in config.embeddings:
+        return config.embeddings[name].repo
     model_id = config.resolve(name)
     if model_id is not None:
         return config.models[model_id].repo
@@ -97,9 +101,10 @@ def pull(config: Config, name: str) -> int:
     budget = system_memory_budget(config.engine.memory_fraction)[0]
     plan = plan_pull(repo, sizes, model_config, config, model_id, budget)
     if not plan.verdict.allowed:
+        table = f"embeddings.{name}" if name in config.embeddings else f"models.{model_id or 'ID'}"
         print(f"mlxd: not pulling {repo} ({_size(plan.download_bytes)}): {plan.verdict.reason}; the engine would refuse "
               f"it as heavy. Ollama serves models this size: set `ollama = \"<an Ollama model>\"` under "
-              f"[models.{model_id or 'ID'}] and such requests go there.", file=sys.stderr)
+              f"[{table}] and such requests go there.", file=sys.stderr)
         return FAILED
     print(f"{repo}: {len(plan.files)} files, {_size(plan.download_bytes)}; {plan.verdict.reason}", flush=True)
     try:
@@ -108,7 +113,7 @@ def pull(config: Config, name: str) -> int:
         print(f"mlxd: pulling {repo} failed: {exc} (run it again: it resumes)", file=sys.stderr)
         return FAILED
     print(f"{repo}: pulled into {path}")
-    if model_id is None:
+    if model_id is None and name not in config.embeddings:
         print(f"  serve it: add [models.<id>] repo = \"{repo}\" to the config (`mlxd config path`)")
     return exit_codes.OK
 
@@ -139,16 +144,17 @@ def pull_missing(config: Config) -> list[str]:
     from huggingface_hub import constants
 
     from mlxd.config_sections import LOCAL_ENGINE
-    from mlxd.models import local_model_dir
+    from mlxd.models import embedding_dir, local_model_dir
 
     missing = [m for m, spec in config.models.items()
                if spec.repo is not None and LOCAL_ENGINE in spec.hosts and local_model_dir(config, spec) is None]
+    missing += [m for m, spec in config.embeddings.items() if spec.repo is not None and embedding_dir(spec) is None]
     if missing and constants.HF_HUB_OFFLINE:
         print(f"mlxd: not on disk, and HF_HUB_OFFLINE is set: {', '.join(missing)} (Ollama answers for them)",
               file=sys.stderr)
         return []
     for model_id in missing:
-        print(f"mlxd: {model_id}: {config.models[model_id].repo} is not on disk yet; pulling it", file=sys.stderr)
+        print(f"mlxd: {model_id}: {repo_of(config, model_id)} is not on disk yet; pulling it", file=sys.stderr)
         if pull(config, model_id) != exit_codes.OK:
             print(f"mlxd: {model_id} was not pulled (above); the engine fetches it at its first request",
                   file=sys.stderr)

@@ -22,13 +22,15 @@ from mlxd.toml_text import dumps
 
 MLXD = [sys.executable, "-m", "mlxd.cli"]
 GIB = 2**30
-SMALL, HEAVY = "acme/demo-a-mlx", "acme/Big-70B-Instruct-4bit"
+SMALL, HEAVY, ENCODER = "acme/demo-a-mlx", "acme/Big-70B-Instruct-4bit", "acme/encoder"
 
 
 @pytest.mark.parametrize("name, repo", [("demo", SMALL), ("fast", SMALL), ("org/model", "org/model"),
-                                        ("local", None), ("nonsense", None), ("a/b/c", None)])
+                                        ("local", None), ("nonsense", None), ("a/b/c", None), ("enc", ENCODER),
+                                        ("enc-here", None)])
 def test_what_a_name_pulls(tmp_path, name, repo):
     config = parse_config({"models": {"demo": {"repo": SMALL}, "local": {"path": "/x"}},
+                           "embeddings": {"enc": {"repo": ENCODER}, "enc-here": {"path": "/e"}},
                            "aliases": {"fast": "demo"}}, tmp_path)
     assert repo_of(config, name) == repo
 
@@ -54,6 +56,7 @@ def test_the_plan_counts_the_files_mlx_lm_loads_and_judges_them(tmp_path, sizes,
 def hub(tmp_path, demo_models):
     root = tmp_path / "hub"
     shutil.copytree(demo_models.a, root / SMALL)
+    shutil.copytree(demo_models.a, root / ENCODER)  # pulled, not loaded: any small folder does
     big = root / HEAVY
     big.mkdir(parents=True)
     (big / "config.json").write_text(json.dumps(LLAMA_70B))
@@ -105,7 +108,8 @@ def test_up_pulls_the_configured_repos_not_on_disk_yet(tmp_path, hub):
     home.mkdir()
     (home / "mlxd.toml").write_text(dumps({"models": {
         "demo": {"repo": SMALL}, "big": {"repo": HEAVY},
-        "elsewhere": {"repo": "acme/other-host-model", "hosts": ["10.0.0.9:8080"]}}}))
+        "elsewhere": {"repo": "acme/other-host-model", "hosts": ["10.0.0.9:8080"]}},
+        "embeddings": {"enc": {"repo": ENCODER}}}))
     code = ("import sys; from mlxd.config import load_config, config_path; from pathlib import Path; "
             "from mlxd.cli.pull import pull_missing; home = Path(sys.argv[1]); "
             "print(pull_missing(load_config(config_path(home), home)))")
@@ -115,8 +119,9 @@ def test_up_pulls_the_configured_repos_not_on_disk_yet(tmp_path, hub):
         env.pop(k, None)
     r = subprocess.run([sys.executable, "-c", code, str(home)], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip().splitlines()[-1] == "['demo', 'big']"
+    assert r.stdout.strip().splitlines()[-1] == "['demo', 'big', 'enc']"
     assert (home / "hf" / "models--acme--demo-a-mlx" / "snapshots").is_dir()
+    assert (home / "hf" / "models--acme--encoder" / "snapshots").is_dir()  # the embedding model's repo too
     assert "heavy" in r.stderr and not any(p.endswith("model.safetensors") and "Big" in p for p in hub.requests)
     assert not any("other-host-model" in p for p in hub.requests)
     # Offline: nothing is tried, and that is said.

@@ -171,8 +171,7 @@ class EngineCore:
         if self.faults.enabled:
             self.faults.refresh()
             self.faults.check("idle")
-        busy = (self.pending is not None or bool(self.runner.rows) or self.admission.has_waiting()
-                or self.embedding is not None)
+        busy = self._chat_work() or self.embedding is not None
         resident = self.runner.resident_id is not None or self.runner.encoder is not None
         if unload_due(time.monotonic(), self.unload_at, resident, busy):
             self._unload_idle()
@@ -267,8 +266,7 @@ class EngineCore:
         do (a running answer waits a group of forwards, never a whole request)."""
         if self.embeddings is None or (self.embedding is None and not self.embeddings.has_waiting()):
             return False
-        others = self.pending is not None or bool(self.runner.rows) or self.admission.has_waiting()
-        if others and self._embedded_last:
+        if self._chat_work() and self._embedded_last:
             self._embedded_last = False
             return False
         self._embedded_last = True
@@ -280,6 +278,10 @@ class EngineCore:
         if self.embedding is not None:
             self._advance_embedding()
         return True
+
+    def _chat_work(self) -> bool:
+        """A chat request taken, running or waiting."""
+        return self.pending is not None or bool(self.runner.rows) or self.admission.has_waiting()
 
     def _start_embedding(self, job: EmbedJob) -> None:
         """Its encoder resident (loaded when another or none is) and its inputs
@@ -383,8 +385,7 @@ class EngineCore:
         """A request ended: its answer's end, to its client. Counted before the
         last event: a client that reads /metrics right after sees its tokens."""
         a = e.admitted
-        self._count_tokens([a])
-        self._counted_tokens.pop(a.job.id, None)
+        self._count_tokens([a])  # its last tokens (_let_go forgets it)
         self.counters["prompt_tokens"] += len(a.prompt)
         spec = e.speculation
         if spec is not None:  # decoded speculatively (engine/model/speculative.py, draft_model.py)

@@ -149,13 +149,6 @@ class Encoder:
         """A request's forwards, to be run a group at a time (EmbeddingRun.step)."""
         return EmbeddingRun(self, ids, plan_batches([len(r) for r in ids], self.limits.heads, *self.bounds))
 
-    def embed(self, ids: list[list[int]]) -> Any:
-        """Unit vectors, one row per input in order (numpy float32), all at once."""
-        run = self.start(ids)
-        while not run.step():
-            pass
-        return run.vectors()
-
     def _forward(self, ids: list[list[int]]) -> Any:
         """One forward's pooled vectors (lazy), its rows padded to the bucket of the longest."""
         import mlx.core as mx

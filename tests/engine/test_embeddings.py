@@ -139,7 +139,7 @@ def test_embeddings_are_served_between_a_chat_answers_steps(engine):
 
     def long_answer() -> None:
         with requests.post(engine.url + "/v1/chat/completions", stream=True, timeout=120, json={
-                "model": "default", "messages": [{"role": "user", "content": "go on"}], "max_tokens": 400,
+                "model": "default", "messages": [{"role": "user", "content": "go on"}], "max_tokens": 2000,
                 "temperature": 0, "stream": True, "ignore_eos": True}) as resp:
             for line in resp.iter_lines():
                 if line.startswith(b"data: {"):

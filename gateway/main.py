@@ -71,6 +71,8 @@ def build_app(config: Config) -> Any:
     for name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy", "litellm"):
         logging.getLogger(name).setLevel(logging.WARNING)  # no per-request lines (and never message content)
 
+    from mlxd.engine.api.set_aside import SetAsideMiddleware
+
     from .app import KeyGuard
     from .hangup import HangUpWatch
     from .health import Health
@@ -81,6 +83,8 @@ def build_app(config: Config) -> Any:
         from .fastpath import EngineFastPath
 
         inner = EngineFastPath(litellm_app, config, heavy, engine_key)
+    # Hosted tools and their calls out of every body, whichever backend answers (engine/api/set_aside.py).
+    inner = SetAsideMiddleware(inner)
     inner = HangUpWatch(inner)  # a client that hangs up stops its request, upstream too
     return KeyGuard(inner, paths.key, inner_key, Health(config.engine_url, config.gateway.ollama_url),
                     StatusPage(config, budget))

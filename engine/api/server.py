@@ -43,6 +43,7 @@ from .request_schema import ChatCompletionRequest, CompletionRequest, EmbeddingR
 from .responses_api import ResponsesRequest, TranslationError, input_messages, to_chat_request
 from .responses_builder import ResponsesBuilder
 from .responses_store import ResponseStore
+from .set_aside import SetAsideMiddleware
 from ..cache.reuse import ApproxPolicy
 from ..core.worker import ModelWorker
 
@@ -174,6 +175,8 @@ def create_app(engine: Engine, key: str | None = None) -> FastAPI:
         await asyncio.to_thread(engine.lifecycle.stop, 5.0)
 
     app = FastAPI(title="mlxd engine", version="0.1.0", lifespan=lifespan)
+    # Starlette runs the last added first: the key check, then hosted tools out of the body (named in a header).
+    app.add_middleware(SetAsideMiddleware)
     if key is not None:
         app.add_middleware(KeyCheck, key=key)
     app.add_middleware(RequestCounter, metrics=engine.metrics)  # added last: runs first, so 401s count too

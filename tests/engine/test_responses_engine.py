@@ -71,11 +71,14 @@ def test_previous_response_id_continues_the_conversation_from_the_prompt_cache(c
     assert second.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens
 
 
-def test_a_built_in_tool_is_refused_naming_it(client):
-    with pytest.raises(openai.BadRequestError) as info:
-        client.responses.create(model="default", input="search", tools=[{"type": "web_search"}], **FEW)
-    err = info.value.body
-    assert err["code"] == "unsupported_parameter" and err["param"] == "tools" and "web_search" in err["message"]
+def test_a_hosted_tool_is_set_aside_and_named_in_a_header(client):
+    tools = [{"type": "web_search"}, {"type": "file_search", "vector_store_ids": ["vs_1"]}]
+    raw = client.responses.with_raw_response.create(model="default", input="search", tools=tools, **FEW)
+    assert raw.status_code == 200 and raw.parse().usage.output_tokens == 8
+    warning = raw.headers["x-mlxd-warning"]
+    assert "web_search tool" in warning and "file_search tool" in warning
+    plain = client.responses.with_raw_response.create(model="default", input="search", **FEW)
+    assert "x-mlxd-warning" not in plain.headers
 
 
 def test_store_false_keeps_nothing_to_continue_from(client, shared_engine):

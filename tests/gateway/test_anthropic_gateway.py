@@ -76,6 +76,30 @@ def test_a_generated_tool_use_and_its_round_trip(client):
     assert answer.stop_reason == "end_turn"
 
 
+def test_server_tools_are_set_aside_and_the_client_tool_still_called(client):
+    """Claude Code's hosted tools (web search and fetch, code execution) and a replayed server tool's
+    blocks: the model gets the rest, the answer names what was set aside."""
+    server_tools = [{"type": "web_search_20250305", "name": "web_search", "max_uses": 3},
+                    {"type": "web_fetch_20250910", "name": "web_fetch"},
+                    {"type": "code_execution_20250825", "name": "code_execution"}]
+    earlier = [{"role": "user", "content": "search the news"},
+               {"role": "assistant", "content": [
+                   {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {"query": "x"}},
+                   {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": []},
+                   {"type": "text", "text": "Nothing found."}]}]
+    kw = dict(model="agent", max_tokens=64, extra_body=GREEDY, thinking=NO_THINKING, tools=[WEATHER_TOOL, *server_tools])
+    raw = client.messages.with_raw_response.create(**kw, messages=[{"role": "user", "content": agent.WEATHER_QUESTION}])
+    for name in ("web_search_20250305", "web_fetch_20250910", "code_execution_20250825"):
+        assert name in raw.headers["x-mlxd-warning"]
+    message = raw.parse()
+    assert [(b.name, b.input) for b in message.content if b.type == "tool_use"] == [("get_weather",
+                                                                                    agent.WEATHER_ARGS)]
+    raw = client.messages.with_raw_response.create(**kw, messages=[*earlier, {"role": "user", "content": "and now?"}])
+    assert "server_tool_use" in raw.headers["x-mlxd-warning"] and "web_search_tool_result" in raw.headers[
+        "x-mlxd-warning"]
+    assert raw.parse().usage.output_tokens > 0
+
+
 @pytest.mark.parametrize("thinking", [{"type": "enabled", "budget_tokens": 1024}, None],
                          ids=["thinking-enabled", "model-default"])
 def test_reasoning_arrives_as_a_thinking_block(client, thinking):

@@ -42,8 +42,24 @@ def test_the_engine_answers_whole_and_streamed_and_continues(client):
 
 def test_what_neither_backend_honours_is_refused_at_the_gateway(client):
     with pytest.raises(openai.BadRequestError) as info:
-        client.responses.create(model="default", input="search", tools=[{"type": "web_search"}], **FEW)
-    assert info.value.body["code"] == "unsupported_parameter" and "web_search" in info.value.body["message"]
+        client.responses.create(model="default", input="search", background=True, **FEW)
+    assert info.value.body["code"] == "unsupported_parameter" and "background" in info.value.body["message"]
+
+
+def test_a_hosted_tool_is_set_aside_and_named_whichever_backend_answers(client, st):
+    """Codex CLI sends its hosted web search with every request: the turn runs on the function tools."""
+    tools = [{"type": "web_search"}, {"type": "function", "name": "shell", "parameters": {"type": "object"}}]
+    raw = client.responses.with_raw_response.create(model="default", input="search", tools=tools, **FEW)
+    assert "web_search" in raw.headers["x-mlxd-warning"] and raw.parse().status == "incomplete"
+    assert not raw.parse().output_text.startswith(marker(OLLAMA_MODEL)[:15])
+    rpc(st.paths).supervisor.stopProcess("engine", True)
+    try:
+        raw = client.responses.with_raw_response.create(model="default", input="search", tools=tools[:1], **FEW)
+        assert raw.parse().output_text.startswith(marker(OLLAMA_MODEL)) and "web_search" in raw.headers[
+            "x-mlxd-warning"]
+    finally:
+        rpc(st.paths).supervisor.startProcess("engine", False)
+        wait_until(st.healthy, 60, what="engine back")
 
 
 def test_with_the_engine_stopped_ollama_answers_but_a_continued_conversation_waits(client, st):

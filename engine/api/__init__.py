@@ -10,6 +10,7 @@ JSON or SSE; it never touches MLX. Every file, one line each:
   metrics.py              GET /metrics (Prometheus, read from published snapshots)
   request_schema.py       the OpenAI request models (pydantic; shared with the gateway)
   request_metadata.py     agents' per-request metadata removed before the chat template (pure)
+  set_aside.py            hosted tools no local model can run, out of the body and named in a header (pure + ASGI)
   images.py               where an image_url may come from (pure), and its bytes
   quarantine.py           refuses requests the crash listener quarantined
   response_builder.py     the answers in OpenAI's shape: whole bodies, SSE chunks, usage

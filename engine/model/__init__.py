@@ -19,11 +19,14 @@ The runner (runner.py) is the core's one way to MLX. Every file, one line each:
   prefill_pace.py         each prefill step's size from the measured speed (pure)
   sampling.py             a request's sampler and logits processors
   grammar.py              what binds an answer: a JSON schema, a forced tool call, as a grammar (pure)
+  call_grammars.py        the tool-call bodies of Kimi K2, Gemma 4, FunctionGemma, pythonic, MiniMax as grammars (pure)
+  harmony.py              gpt-oss's harmony: its channels split, its calls bound and read (pure)
   constrained.py          that grammar applied token by token (llguidance), a logits processor
   tool_prompt.py          tools written into the prompt where the chat template drops them
   stop_matcher.py         stop strings over streamed text (pure)
   answer_parts.py         an answer split into reasoning, content and tool calls
   tool_calls.py           tool-call bodies in OpenAI's shape
+  call_repair.py          malformed tool calls seen in the field, repaired before they are given up as text (pure)
   encoder.py              an embedding model: its load, limits, inputs' tokens and batched forwards
   gguf_convert.py         a GGUF file -> an MLX model folder, converted once
   demo_model.py           the tiny random-weight demo models, built locally

@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, Sequence
 
+from .harmony import CALL_END, CALL_START, harmony_edges, is_harmony
+
 PartKind = Literal["content", "reasoning", "tool"]
 
 
@@ -34,9 +36,12 @@ class Markers:
 
     think: tuple[str, str] | None = None
     tool: tuple[str, str | None] | None = None  # no end marker: a call runs to the end
+    harmony: bool = False  # gpt-oss's channels (engine/model/harmony.py) instead of think markers
 
 
 def markers_of(tokenizer: Any, tools_requested: bool) -> Markers:
+    if is_harmony(tokenizer):
+        return Markers(None, (CALL_START, CALL_END) if tools_requested else None, harmony=True)
     think = ((tokenizer.think_start, tokenizer.think_end)
              if getattr(tokenizer, "has_thinking", False) and tokenizer.think_end else None)
     tool = ((tokenizer.tool_call_start, tokenizer.tool_call_end or None)
@@ -57,7 +62,10 @@ def opens_in_reasoning(tokenizer: Any, prompt: Sequence[int]) -> bool:
 
 def transitions_for(markers: Markers) -> dict[str, list[tuple[str, str]]]:
     """The state machine's edges: normal -> reasoning -> normal on the think
-    markers, normal (and reasoning) -> tool -> normal on the tool markers."""
+    markers, normal (and reasoning) -> tool -> normal on the tool markers;
+    harmony's channels where the model speaks it."""
+    if markers.harmony:
+        return harmony_edges(markers.tool is not None)
     edges: dict[str, list[tuple[str, str]]] = {"normal": []}
     if markers.think is not None:
         start, end = markers.think

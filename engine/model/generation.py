@@ -27,7 +27,7 @@ from .prompt_tokens import PieceEncoder, template_tokens
 from .stop_matcher import StopMatcher
 from .answer_parts import AnswerSplitter, Markers, Part, markers_of, opens_in_reasoning
 from .grammar import MLXD_TOOL_FORMAT, GrammarUnsupported, ToolFormat, answer_grammar, grammar_problem
-from .tool_calls import format_tool_calls
+from .tool_calls import format_tool_calls, model_parser
 from .tool_prompt import with_rendered_tools
 
 # Prompt tokens looked at for an open reasoning block (the template opens it
@@ -78,7 +78,7 @@ class ResidentModel:
             from mlx_lm.tool_parsers.json_tools import parse_tool_call
 
             return parse_tool_call
-        return self.tokenizer.tool_parser
+        return model_parser(self.tokenizer)  # type: ignore[return-value]
 
     def grammar_tokenizer(self) -> Any:
         if "grammar_tokenizer" not in self.built:

@@ -144,6 +144,19 @@ LAYOUTS = {
     "mistral": CallLayout("", "", "", ""),
     # GLM-4.7 writes calls back to back, GLM-4.5 a newline before each: the parser reads either.
     "glm": CallLayout("", "", '"\\n"?', '"\\n"?'),
+    "longcat": CallLayout("", "", '"\\n"?', '"\\n"?'),
+    # Kimi K2: one section of calls back to back, `<|tool_calls_section_begin|><|tool_call_begin|>...`.
+    "kimi": CallLayout("", "", "", ""),
+    # Gemma 4 and FunctionGemma: each call in its own markers, back to back.
+    "gemma4": CallLayout("", "", "", ""),
+    "function_gemma": CallLayout("", "", "", ""),
+    # LFM2's `<|tool_call_start|>[a(x=1), b(y=2)]<|tool_call_end|>`: one list, ", " between its calls.
+    "pythonic": CallLayout('"["', '"]"', '", "', ""),
+    # MiniMax M2: `<minimax:tool_call>\n<invoke ...>\n...</invoke>\n</minimax:tool_call>`.
+    "minimax": NEWLINES,
+    # gpt-oss's harmony: `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>`,
+    # one call a turn (`<|call|>` ends it); engine/model/harmony.py.
+    "harmony": CallLayout("", "", "", ""),
 }
 
 
@@ -158,7 +171,10 @@ class ToolFormat:
     qwen3_coder parser); "mistral": `NAME[ARGS]{arguments}` after
     `[TOOL_CALLS]`, no end marker (mistral parser); "glm": `NAME` then
     `<arg_key>K</arg_key><arg_value>V</arg_value>` per argument (GLM-4.5 /
-    4.7, glm47 parser). `source`: "template" (the model's own) or "mlxd"."""
+    4.7, glm47 parser); "longcat": the same with `<longcat_arg_key>` tags;
+    "kimi", "gemma4", "function_gemma", "pythonic", "minimax": those mlx-lm
+    parsers' formats (engine/model/call_grammars.py); "harmony": gpt-oss's
+    (engine/model/harmony.py). `source`: "template" (the model's own) or "mlxd"."""
 
     start: str = "<tool_call>"
     end: str = "</tool_call>"
@@ -170,13 +186,23 @@ class ToolFormat:
         return LAYOUTS[self.body]
 
 
-# mlx-lm's tool parsers whose calls a grammar can bind here, and their bodies.
+# mlx-lm's tool parsers whose calls a grammar can bind here, and their bodies (and mlx-vlm's harmony parser,
+# for gpt-oss, which mlx-lm has none for).
 BOUND_PARSERS = {"mlx_lm.tool_parsers.json_tools": "json", "mlx_lm.tool_parsers.qwen3_coder": "xml",
-                 "mlx_lm.tool_parsers.mistral": "mistral", "mlx_lm.tool_parsers.glm47": "glm"}
+                 "mlx_lm.tool_parsers.mistral": "mistral", "mlx_lm.tool_parsers.glm47": "glm",
+                 "mlx_lm.tool_parsers.longcat": "longcat", "mlx_lm.tool_parsers.kimi_k2": "kimi",
+                 "mlx_lm.tool_parsers.gemma4": "gemma4", "mlx_lm.tool_parsers.function_gemma": "function_gemma",
+                 "mlx_lm.tool_parsers.pythonic": "pythonic", "mlx_lm.tool_parsers.minimax_m2": "minimax",
+                 "mlx_vlm.tools.parsers.harmony": "harmony"}
 ENDLESS_BODIES = frozenset({"mistral"})  # bodies whose parser reads a call to the end of the answer (no end marker)
+# Bodies whose markers hold all of an answer's calls (`<|tool_calls_section_begin|>` ... `_end|>`): several
+# calls go inside one pair of markers, `between` apart.
+SECTION_BODIES = frozenset({"kimi", "pythonic", "minimax"})
+ONE_CALL_BODIES = frozenset({"harmony"})  # a call ends the model's turn: one call an answer
 UNBOUND_FORMAT = ("this model's tool-call format cannot be bound by mlxd; bound are mlx-lm's json_tools (Qwen, "
-                  "Hermes), qwen3_coder, mistral and glm47 formats, not yet Kimi, Gemma, pythonic, MiniMax, "
-                  "LongCat, MiniCPM or others")
+                  "Hermes), qwen3_coder, mistral, glm47, longcat, kimi_k2, gemma4, function_gemma, pythonic "
+                  "(LFM2) and minimax_m2 formats and gpt-oss's harmony, not yet MiniCPM, Kimi K3, Laguna, "
+                  "Muse Spark or others")
 MLXD_TOOL_FORMAT = ToolFormat(source="mlxd")
 
 
@@ -252,7 +278,22 @@ def _regex_escape(text: str) -> str:
 
 def call_body_rules(tools: tuple[ToolSpec, ...], fmt: ToolFormat, literal: Literal_ = quoted) -> list[str]:
     """The rules of `call_body`: one call of one of `tools` in the format's body."""
+    if fmt.body not in BODY_RULES:  # the later formats' bodies (imported here: they build on this module)
+        from . import call_grammars, harmony
+
+        more = {"kimi": call_grammars.kimi_body, "gemma4": call_grammars.gemma4_body,
+                "function_gemma": call_grammars.function_gemma_body, "pythonic": call_grammars.pythonic_body,
+                "minimax": call_grammars.minimax_body, "harmony": harmony.harmony_body}
+        return more[fmt.body](tools, literal)
     return BODY_RULES[fmt.body](tools, literal)
+
+
+def spelled(text: str, literal: Literal_) -> str:
+    """A marker as Lark: where it holds `<|...|>` tokens among text (harmony's
+    `<|channel|>commentary to=`), each token and each text piece written on
+    its own, so a special token is named by id."""
+    pieces = [p for p in re.split(r"(<\|[^|<>]*\|>)", text) if p]
+    return " ".join(literal(p) for p in pieces) if len(pieces) > 1 else literal(text)
 
 
 def _json_body(tools: tuple[ToolSpec, ...], literal: Literal_) -> list[str]:
@@ -310,31 +351,42 @@ def _mistral_body(tools: tuple[ToolSpec, ...], literal: Literal_) -> list[str]:
 
 OPTIONAL_NEWLINE = '"\\n"?'
 GLM_TAGS = ("<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")  # special tokens in GLM's vocabulary
+LONGCAT_TAGS = ("<longcat_arg_key>", "</longcat_arg_key>", "<longcat_arg_value>", "</longcat_arg_value>")
 
 
 def _glm_body(tools: tuple[ToolSpec, ...], literal: Literal_) -> list[str]:
-    """`NAME` then `<arg_key>K</arg_key><arg_value>V</arg_value>` per argument.
-    The glm47 parser strips names, keys and values, keeps a value whose schema
+    return _arg_key_body(tools, literal, GLM_TAGS, "GLM", "glm")
+
+
+def _longcat_body(tools: tuple[ToolSpec, ...], literal: Literal_) -> list[str]:
+    """LongCat's calls: GLM's with `<longcat_arg_key>` tags; its longcat parser reads them as glm47 does."""
+    return _arg_key_body(tools, literal, LONGCAT_TAGS, "LongCat", "lc")
+
+
+def _arg_key_body(tools: tuple[ToolSpec, ...], literal: Literal_, tags: tuple[str, str, str, str], model: str,
+                  prefix: str) -> list[str]:
+    """`NAME` then `<arg_key>K</arg_key><arg_value>V</arg_value>` per argument
+    (`tags`: the four tags' texts). The glm47 parser strips names, keys and values, keeps a value whose schema
     says `"type": "string"` as raw text and reads any other as JSON; a newline
     where GLM-4.5 writes one (after the name, between the tags) is allowed."""
-    key_open, key_close, value_open, value_close = (literal(t) for t in GLM_TAGS)
-    lines = ["call_body: " + " | ".join(f"glm_{i}" for i in range(len(tools)))]
+    key_open, key_close, value_open, value_close = (literal(t) for t in tags)
+    lines = ["call_body: " + " | ".join(f"{prefix}_{i}" for i in range(len(tools)))]
     if value_close.startswith('"'):  # text: a raw value ends at its first closing tag (lazy), as the parser's does
-        lines.append("GLM_TEXT: /(.|\\n)*/")
+        lines.append(f"{prefix.upper()}_TEXT: /(.|\\n)*/")
     else:  # a special token: the value's text may not spell it either, or the parser would cut the value there
-        lines.append(f"GLM_TEXT: /(?s:.*)/ & ~/(?s:.*{_regex_escape(GLM_TAGS[3])}.*)/")
+        lines.append(f"{prefix.upper()}_TEXT: /(?s:.*)/ & ~/(?s:.*{_regex_escape(tags[3])}.*)/")
     for i, tool in enumerate(tools):
-        _check_name(tool.name, r"[^\s<]+", "GLM")  # the parser strips a name, and splits one at a space
+        _check_name(tool.name, r"[^\s<]+", model)  # the parser strips a name, and splits one at a space
         props = tool.parameters.get("properties") or {}
         required = set(tool.parameters.get("required") or [])
         args = []
         for j, (name, schema) in enumerate(props.items()):
-            rule = f"glm_{i}_{j}"
+            rule = f"{prefix}_{i}_{j}"
             schema = schema if isinstance(schema, dict) else {}
             if schema.get("type") == "string" and isinstance(schema.get("enum"), list):
                 value = "(" + " | ".join(quoted(str(v)) for v in schema["enum"]) + f") {value_close}"
             elif schema.get("type") == "string":  # raw text, exactly where the parser keeps it raw
-                lines.append(f"{rule}_text{_lazy(value_close)}: GLM_TEXT {value_close}")
+                lines.append(f"{rule}_text{_lazy(value_close)}: {prefix.upper()}_TEXT {value_close}")
                 value = f"{rule}_text"
             else:  # JSON, which the parser decodes
                 lines.append(f"{rule}_value: {json_rule(schema)}")
@@ -342,7 +394,7 @@ def _glm_body(tools: tuple[ToolSpec, ...], literal: Literal_) -> list[str]:
             lines.append(f"{rule}: {key_open} {quoted(name)} {key_close} {OPTIONAL_NEWLINE} {value_open} {value} "
                          f"{OPTIONAL_NEWLINE}")
             args.append(rule if name in required else f"{rule}?")
-        lines.append(f"glm_{i}: " + _seq(quoted(tool.name), OPTIONAL_NEWLINE, *args))
+        lines.append(f"{prefix}_{i}: " + _seq(quoted(tool.name), OPTIONAL_NEWLINE, *args))
     return lines
 
 
@@ -358,7 +410,7 @@ def _seq(*parts: str) -> str:
 
 
 BODY_RULES: dict[str, Callable[[tuple[ToolSpec, ...], Literal_], list[str]]] = {
-    "json": _json_body, "xml": _xml_body, "mistral": _mistral_body, "glm": _glm_body}
+    "json": _json_body, "xml": _xml_body, "mistral": _mistral_body, "glm": _glm_body, "longcat": _longcat_body}
 
 
 def answer_grammar(rules: OutputRules, tool_format: ToolFormat | None, think_end: str | None = None,
@@ -376,6 +428,10 @@ def answer_grammar(rules: OutputRules, tool_format: ToolFormat | None, think_end
     if rules.tool_choice != "none" and rules.tools and (rules.forces_tool or any(t.strict for t in rules.tools)):
         if tool_format is None:
             raise GrammarUnsupported(UNBOUND_FORMAT)
+    if tool_format is not None and tool_format.body == "harmony":  # channels, not think tags
+        from .harmony import harmony_grammar
+
+        return harmony_grammar(rules, tool_format, literal)
     lines = ["%llguidance {}"]
     body = _body_rules(rules, tool_format, literal, lines)
     if think_end is not None and (in_reasoning or think_start is not None):
@@ -395,15 +451,19 @@ def _body_rules(rules: OutputRules, fmt: ToolFormat | None, literal: Literal_, l
     """Adds the answer's rules to `lines`; returns the expression of the answer itself."""
     def call_rule() -> str:
         assert fmt is not None
-        lines.append("call: " + _seq(literal(fmt.start), fmt.layout.opened, "call_body", fmt.layout.closing,
-                                     _end(fmt, literal)))
-        lines.extend(call_body_rules(rules.forced_tools(), fmt, literal))
         # A named function is called once (as OpenAI's API answers it); "required" allows several unless
         # parallel_tool_calls is false. Between several calls a newline may end the answer, so that a model
         # that writes one after a call is not forced into another call by it.
         # Several calls are capped: a small model may repeat its call until max_tokens (the default model does).
-        one = not rules.parallel_tool_calls or rules.tool_choice not in ("required", "auto")
-        return "call" if one else _seq("call", more_calls(), fmt.layout.after)
+        one = (not rules.parallel_tool_calls or rules.tool_choice not in ("required", "auto")
+               or fmt.body in ONE_CALL_BODIES)
+        calls = "call_body"
+        if fmt.body in SECTION_BODIES and not one:  # several calls inside the one pair of markers
+            calls = f"call_body ({_seq(fmt.layout.between, 'call_body')}){{0,{MAX_PARALLEL_CALLS - 1}}}"
+        lines.append("call: " + _seq(spelled(fmt.start, literal), fmt.layout.opened, calls, fmt.layout.closing,
+                                     _end(fmt, literal)))
+        lines.extend(call_body_rules(rules.forced_tools(), fmt, literal))
+        return "call" if one or fmt.body in SECTION_BODIES else _seq("call", more_calls(), fmt.layout.after)
 
     def more_calls() -> str:
         assert fmt is not None
@@ -418,7 +478,7 @@ def _body_rules(rules: OutputRules, fmt: ToolFormat | None, literal: Literal_, l
         return "json_answer"
     if rules.tool_choice == "none":  # free text that never opens a call
         assert fmt is not None
-        start = literal(fmt.start)
+        start = spelled(fmt.start, literal)
         if start.startswith('"'):  # text: excluded from the text (a special token never matches text anyway)
             lines.append(f"TEXT: /(?s:.*)/ & ~/(?s:.*{_regex_escape(fmt.start)}.*)/")
         else:
@@ -428,8 +488,11 @@ def _body_rules(rules: OutputRules, fmt: ToolFormat | None, literal: Literal_, l
     # (a lazy lexeme ends at the first start marker), then the call is bound
     assert fmt is not None
     lines.append("TEXT: /(.|\\n)*/")
-    lines.append(f"call_opened{_lazy(literal(fmt.start))}: TEXT {literal(fmt.start)}")
-    lines.append("bound_call: " + _seq("call_opened", fmt.layout.opened, "call_body", fmt.layout.closing,
+    lines.append(f"call_opened{_lazy(literal(fmt.start))}: TEXT {spelled(fmt.start, literal)}")
+    calls = "call_body"
+    if fmt.body in SECTION_BODIES and rules.parallel_tool_calls:
+        calls = f"call_body ({_seq(fmt.layout.between, 'call_body')}){{0,{MAX_PARALLEL_CALLS - 1}}}"
+    lines.append("bound_call: " + _seq("call_opened", fmt.layout.opened, calls, fmt.layout.closing,
                                        _end(fmt, literal)))
     if fmt.end or not rules.parallel_tool_calls:
         lines.extend(call_body_rules(rules.forced_tools(), fmt, literal))
@@ -441,4 +504,4 @@ def _body_rules(rules: OutputRules, fmt: ToolFormat | None, literal: Literal_, l
 
 def _end(fmt: ToolFormat, literal: Literal_) -> str:
     """The end marker as a Lark literal; nothing where the format has none."""
-    return literal(fmt.end) if fmt.end else ""
+    return spelled(fmt.end, literal) if fmt.end else ""

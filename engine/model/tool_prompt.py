@@ -24,6 +24,7 @@ import json
 from typing import Any
 
 from .grammar import MLXD_TOOL_FORMAT, ToolFormat, tool_format_of
+from .harmony import CALL_END, CALL_START, HARMONY_PARSER, is_harmony
 
 TOOLS_PROMPT = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -58,6 +59,8 @@ def tool_support(tokenizer: Any) -> tuple[bool, ToolFormat | None]:
     """(whether the template renders tools, the tool-call format a grammar
     can bind) for a model's tokenizer (mlx-lm's wrapper)."""
     renders, _ = template_renders(tokenizer) if getattr(tokenizer, "chat_template", None) else (False, False)
+    if is_harmony(tokenizer):  # gpt-oss: mlx-lm has no parser for it (engine/model/harmony.py)
+        return renders, tool_format_of(HARMONY_PARSER, CALL_START, CALL_END, renders)
     parser = getattr(tokenizer, "tool_parser", None)
     return renders, tool_format_of(getattr(parser, "__module__", None), getattr(tokenizer, "tool_call_start", None),
                                    getattr(tokenizer, "tool_call_end", None), renders)

@@ -152,7 +152,8 @@ def test_a_model_whose_call_format_cannot_be_bound_says_so():
      ToolFormat("<tool_call>", "</tool_call>", "template", "glm")),
     ("mlx_lm.tool_parsers.json_tools", "<tool_call>", "", True, None),  # a format with an end marker needs it
     ("mlx_lm.tool_parsers.kimi_k2", "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", True,
-     None),  # a format not bound yet
+     ToolFormat("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "template", "kimi")),
+    ("mlx_lm.tool_parsers.minicpm5", "<function", "</function>", True, None),  # a format not bound yet
     (None, None, None, True, None),  # a template with tools but no parser mlx-lm knows
     (None, None, None, False, MLXD_TOOL_FORMAT),  # the template drops tools: mlxd's own format
     ("mlx_lm.tool_parsers.mistral", "[TOOL_CALLS]", "", False, MLXD_TOOL_FORMAT),

@@ -245,7 +245,8 @@ class CrashRecord(Record):
 
     @property
     def is_crash(self) -> bool:
-        return self.klass != "clean_stop"
+        # backend_unsupported: a line the engine wrote while it served on (no exit: supervisor/exit_classes.py)
+        return self.klass not in ("clean_stop", "backend_unsupported")
 
     def in_flight(self) -> tuple[tuple[str, str], ...]:
         """((request_id, fingerprint), ...) of every request in flight at this

@@ -27,6 +27,12 @@ class ExitClass(enum.Enum):
     CONFIG_ERROR = "config_error"
     PYTHON_EXCEPTION = "python_exception"
     UNKNOWN = "unknown"
+    # Not an exit: the engine met an op or dtype its MLX backend cannot run, answered the requests and reloaded
+    # the model as float32 (engine/core/errors.py, backend_limit); it journals this line itself.
+    BACKEND_UNSUPPORTED = "backend_unsupported"
+
+
+NOT_EXITS = frozenset({ExitClass.BACKEND_UNSUPPORTED.value})  # journal lines the engine wrote while it served on
 
 
 METAL_PATTERNS = (

@@ -1,4 +1,6 @@
-"""The crash journal: one JSON line per engine exit, in state/crashes.jsonl.
+"""The crash journal: one JSON line per engine exit, in state/crashes.jsonl
+(and one per backend limit the engine survived, `backend_unsupported`, which
+the engine appends itself: no exit, no crash, no evidence).
 
 Appends are a single write() of a whole line on an O_APPEND descriptor, so a
 kill -9 of the writer at any moment leaves whole records (a torn last line,
@@ -21,7 +23,7 @@ from typing import Iterable
 from mlxd.records import CrashRecord
 from mlxd.reports import EngineHealth
 
-from .exit_classes import ExitClass, classify_exit, exit_signal, signal_name
+from .exit_classes import NOT_EXITS, ExitClass, classify_exit, exit_signal, signal_name
 from .policy import RecordCrash
 
 STDERR_TAIL_LINES = 12
@@ -101,8 +103,9 @@ def crash_counts(records: Iterable[CrashRecord], now: float) -> dict[str, int]:
 
 
 # Exits that say nothing about the requests in flight: kills from outside (the OS's out-of-memory killer's
-# SIGKILL; an operator's SIGTERM is a clean stop), and exits before any request ran.
-NOT_EVIDENCE = frozenset({"clean_stop", "sigkill", "preload_failed", "config_error"})
+# SIGKILL; an operator's SIGTERM is a clean stop), exits before any request ran, and a backend's limit (every
+# request fails on that model as loaded: the model's, not the request's).
+NOT_EVIDENCE = frozenset({"clean_stop", "sigkill", "preload_failed", "config_error"}) | NOT_EXITS
 # Signals other than SIGABRT/SIGKILL that a fault raises in the process itself (the rest are sent from outside).
 FAULT_SIGNALS = frozenset({"SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGTRAP", "SIGSYS"})
 

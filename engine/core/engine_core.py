@@ -24,7 +24,10 @@ Between two of them, a group of an embedding request's forwards runs
 
 An exception out of MLX is fatal by design: every request held gets a 500
 and `on_fatal` (the engine's Lifecycle) exits with exit_codes.MLX_ERROR, so
-the supervisor restarts the engine clean rather than let it limp on.
+the supervisor restarts the engine clean rather than let it limp on. The one
+exception: a backend's capability limit (an op or dtype it cannot run) is no
+device fault; its requests get `backend_unsupported` and the model is
+reloaded as float32 (`_forward_failed`).
 """
 
 from __future__ import annotations
@@ -43,9 +46,9 @@ from .admission import AdmissionQueue
 from .embedding_queue import EmbeddingQueue, EmbedJob
 from ..model.decoding import Admitted, Ended
 from .device_memory import DeviceMemoryWatch
-from .errors import EngineError
+from .errors import EngineError, backend_limit, backend_unsupported
 from .events import Failed, Started
-from .faults import FaultInjector
+from .faults import FaultInjector, append_to_journal, backend_limit_record
 from .jobs import Job
 from .keep_alive import NEVER, describe, unload_deadline, unload_due
 from .memory_ledger import MemoryLedger, ModelFigures
@@ -252,8 +255,8 @@ class EngineCore:
             self._let_go(job, time.monotonic() - p.taken_at)
             self.record_inflight()
             return
-        except BaseException as exc:  # noqa: BLE001 - an MLX fault: do not limp on
-            self._fatal(exc, job)
+        except BaseException as exc:  # noqa: BLE001 - an MLX fault: do not limp on (a backend limit: reload)
+            self._forward_failed(exc, job)
             return
         self.counters["jobs"] += 1
         self._sync_ledger()
@@ -330,7 +333,7 @@ class EngineCore:
         try:
             ended = self.runner.step()
         except BaseException as exc:  # noqa: BLE001 - an MLX fault mid-step: every request is told
-            self._fatal(exc)
+            self._forward_failed(exc)
             return
         self.heartbeat()
         self._count_tokens(self.runner.rows)
@@ -615,6 +618,46 @@ class EngineCore:
                                         "mlx_cache_bytes": m.cache_bytes}).write(self.inflight_path, durable=False)
         except OSError as exc:  # a full disk must not take requests down
             log.warning("cannot record the in-flight request: %s", exc)
+
+    def _forward_failed(self, exc: BaseException, culprit: Job | None = None) -> None:
+        """A forward raised. A backend's capability limit (an op or dtype it
+        cannot run: errors.backend_limit) is no device fault: the requests
+        running get `backend_unsupported`, the crash journal a line, and the
+        model is reloaded as float32 (once: after that it is unloaded, and
+        the next request loads it again); the engine serves on. Anything
+        else is an MLX fault (_fatal)."""
+        model_id, limit = self.runner.resident_id, backend_limit(exc)
+        if limit is None or model_id is None:
+            self._fatal(exc, culprit)
+            return
+        reloading = self.registry.serve_as_float32(model_id)
+        log.warning("model %s met a limit of its MLX backend: %s; %s", model_id, limit,
+                    "reloading it as float32" if reloading else "it is float32 already: unloading it")
+        error = backend_unsupported(model_id, limit, reloading)
+        jobs = [r.job for r in running(self.table.rows())]
+        if culprit is not None and culprit not in jobs:
+            jobs.append(culprit)
+        try:
+            append_to_journal(self.registry.journal_path, backend_limit_record(
+                time.time(), os.getpid(), model_id, limit, [(j.id, j.fingerprint) for j in jobs], reloading))
+        except OSError as exc_journal:  # a full disk must not take the engine down
+            log.warning("cannot journal the backend limit: %s", exc_journal)
+        for job in jobs:
+            job.channel.put(Failed(error))
+            self.ledger.release(job.id)
+            self._let_go(job, 0.0)
+        self.unload()  # the decoders' state is the failed step's: none of it is kept
+        self._sync_ledger()
+        self.record_inflight()
+        if reloading:
+            try:
+                self.ensure_model(model_id)
+            except EngineError as refusal:  # the next request tries again
+                log.warning("reloading %s as float32 failed: %s", model_id, refusal.message)
+            except BaseException as fault:  # noqa: BLE001 - an MLX fault in the load: do not limp on
+                self._fatal(fault)
+                return
+        self.publish(Phase.IDLE)
 
     def _fatal(self, exc: BaseException, culprit: Job | None = None) -> None:
         """An MLX fault: every request held (one waiting for the batch too)

@@ -7,6 +7,8 @@ gateway) and a stable `code` (the gateway and tests match on the code).
 
 from __future__ import annotations
 
+import re
+
 from mlxd.api_errors import INVALID_REQUEST, error_body, error_type
 
 
@@ -43,3 +45,37 @@ class EngineError(Exception):
 
 def bad_request(message: str, *, param: str | None = None, code: str = INVALID_REQUEST) -> EngineError:
     return EngineError(400, message, code=code, param=param)
+
+
+# An MLX error that is the backend's capability limit (an op or dtype it does not run), not a device fault:
+# deterministic for the model as loaded, so the engine answers it and reloads the model in float32 instead of
+# exiting (engine/core/engine_core.py). Device faults (Metal's, CUDA's, memory) never match.
+BACKEND_LIMIT_PATTERNS = (r"Currently only supports", r"\bnot (?:yet )?supported\b", r"\bnot implemented\b",
+                          r"\bno implementation\b", r"^\[[\w:]+::eval\]")
+DEVICE_FAULT_PATTERNS = (r"\[METAL\]", r"\[CUDA\]", r"\bcuda\w*Error", r"[Oo]ut of memory", r"Insufficient Memory",
+                         r"\[metal::malloc\]", r"\[malloc\]", r"Command buffer")
+_BACKEND_LIMIT = re.compile("|".join(BACKEND_LIMIT_PATTERNS), re.IGNORECASE | re.MULTILINE)
+_DEVICE_FAULT = re.compile("|".join(DEVICE_FAULT_PATTERNS))
+BACKEND_UNSUPPORTED = "backend_unsupported"
+
+
+def backend_limit(exc: BaseException) -> str | None:
+    """The backend's capability limit that `exc` reports (its message, one
+    line), or None for anything else -- a device fault above all (pure)."""
+    message = str(exc).strip()
+    if type(exc) is NotImplementedError:  # mlx-lm's "... NYI": deterministic, never a device's fault
+        return (message.splitlines()[0][:300] if message else "not implemented")
+    if type(exc) not in (ValueError, RuntimeError):  # MLX raises exactly these; subclasses are ours or a test's
+        return None
+    if not message or _DEVICE_FAULT.search(message) or not _BACKEND_LIMIT.search(message):
+        return None
+    return message.splitlines()[0][:300]
+
+
+def backend_unsupported(model_id: str, limit: str, reloading: bool) -> EngineError:
+    """The answer to the requests a backend limit failed (a 500: the server's
+    side; the gateway's fallback answers a retry meanwhile)."""
+    then = ("the engine reloads it with float32 weights; retry" if reloading
+            else "it is loaded as float32 already; this backend cannot serve it")
+    return EngineError(500, f"the MLX backend cannot run model {model_id!r} as loaded ({limit}): {then}",
+                       code=BACKEND_UNSUPPORTED, retry_after=5 if reloading else None)

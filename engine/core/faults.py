@@ -27,6 +27,11 @@ A spec in the file may end in "/once": the file is removed as the fault
 fires, so the restarted engine serves the retry. Several specs may be joined with commas. MLXD_FAULT_MATCH="text" limits
 start/token faults to requests whose prompt contains the text (a "poison"
 request, for the quarantine tests).
+
+Beside the injection: the crash journal's line for a backend limit
+(`backend_limit_record`), the one fault the engine survives -- an op or
+dtype the backend cannot run, answered and reloaded in float32, not an exit
+(engine/core/errors.py, `backend_limit`).
 """
 
 from __future__ import annotations
@@ -37,6 +42,10 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from mlxd.records import CrashRecord
+
+from .errors import BACKEND_UNSUPPORTED
 
 ACTIONS = ("abort", "oom", "hang", "raise", "exit", "kill", "slow")
 POINTS = ("boot", "load", "start", "token", "idle", "kv_write", "prefill")
@@ -153,3 +162,27 @@ class FaultInjector:
                     self._file.unlink(missing_ok=True)
                     self.active = self._fixed
                 trigger(fault)
+
+
+def backend_limit_record(now: float, pid: int, model_id: str, limit: str,
+                         requests: list[tuple[str, str]], reloading: bool) -> CrashRecord:
+    """The crash journal's line for a backend limit (pure): the class
+    `backend_unsupported` (supervisor/exit_classes.py), which is no exit and
+    no evidence against the requests in flight (every request fails on the
+    model as loaded); `requests`: (request id, fingerprint), oldest first."""
+    return CrashRecord(time=now, klass=BACKEND_UNSUPPORTED, handled_at=now, pid=pid, model=model_id,
+                       request_id=requests[0][0] if requests else None,
+                       fingerprint=requests[0][1] if requests else None,
+                       requests=[{"request_id": rid, "fingerprint": fp} for rid, fp in requests],
+                       stderr_tail=f"{limit} ({'reloading the model as float32' if reloading else 'float32 already'})")
+
+
+def append_to_journal(path: Path, record: CrashRecord) -> None:
+    """One whole line appended with a single write (O_APPEND), as the crash
+    listener appends (supervisor/journal.py; it rotates the file, not us)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, record.to_line())
+    finally:
+        os.close(fd)

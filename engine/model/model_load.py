@@ -79,16 +79,7 @@ def load_resident(model_id: str, target: str, weights_dtype: str | None = None) 
         # holds the stored and the converted copy of every weight at once
         # (peak -23 % on the default model; bench/weights_load.py).
         model, tokenizer = load(str(folder), lazy=True)
-        if weights_dtype == "float32":
-            import mlx.core as mx
-            from mlx_lm.utils import dequantize_model
-
-            from ..cpu.cpu_decode import prepare_float32
-
-            model = dequantize_model(model)
-            model.set_dtype(mx.float32)
-            # Laid out as OpenBLAS reads it fastest, a decoded token in a quarter of the MLX ops (engine/cpu/)
-            log.info("CPU weights: %s", prepare_float32(model))
+        model = with_weights_plan(model_id, model, weights_dtype == "float32")
         evaluate_in_chunks(model.parameters())
         renders_tools, tool_format = tool_support(tokenizer)
         if not renders_tools:
@@ -103,6 +94,30 @@ def load_resident(model_id: str, target: str, weights_dtype: str | None = None) 
     # mlx-vlm's own chat template renders the prompt: tools are its to render
     renders_tools, tool_format = tool_support(tokenizer)
     return ResidentModel(model_id, model, tokenizer, None, processor, tool_format=tool_format if renders_tools else None)
+
+
+def with_weights_plan(model_id: str, model: Any, whole_float32: bool) -> Any:
+    """The model with its weights in the dtypes its backend runs
+    (engine/cpu/backend_ops.py: decided from its modules' ops, the backend
+    and the registry's float32 verdict), said in the log."""
+    import mlx.core as mx
+
+    from ..cpu.backend_ops import backend_of, cast_modules, model_ops, weights_plan
+
+    plan = weights_plan(backend_of(mx.default_device()), model_ops(model), whole_float32)
+    if plan.whole == "float32":
+        from mlx_lm.utils import dequantize_model
+
+        from ..cpu.cpu_decode import prepare_float32
+
+        model = dequantize_model(model)
+        model.set_dtype(mx.float32)
+        # Laid out as OpenBLAS reads it fastest, a decoded token in a quarter of the MLX ops (engine/cpu/)
+        log.info("CPU weights: %s", prepare_float32(model))
+    elif plan.cast_ops:
+        cast = cast_modules(model, plan.cast_ops)
+        log.info("weights of %s: %s (%.1f MiB of them)", model_id, plan.why, cast / 2**20)
+    return model
 
 
 def load_shard(model_id: str, target: str, link: Any) -> ResidentModel:
@@ -131,14 +146,42 @@ def with_kv_layout(resident: ResidentModel, kv: KVLayout) -> ResidentModel:
         return resident
     from ..cache.kv_cache import quantized_decode_works, unquantised_kinds
 
-    dequantized = not quantized_decode_works(resident.model, kv)
-    if dequantized:
-        kv = replace(kv, quantized_start=0)
     kept = unquantised_kinds(resident.model)
+    try:
+        works: bool | None = quantized_decode_works(resident.model, kv)
+    except (AttributeError, TypeError, KeyError):  # args it cannot read (a text_config inside: mistral3)
+        works = None
+    # Multi-head latent attention (DeepSeek's MLA: a kv_lora_rank) multiplies by its cache's arrays directly.
+    latent = getattr(getattr(resident.model, "args", None), "kv_lora_rank", None) is not None
+    why = why_decode_dequantized(works, kept, latent)
+    if why is not None:
+        kv = replace(kv, quantized_start=0)
     log.info("KV cache of %s: %d-bit, groups of %d, from position %d%s%s", resident.model_id, kv.bits,
              kv.group_size, kv.quantized_start,
              f"; layers of kind {', '.join(kept)} keep the model's dtype (mlx-lm cannot quantise them)"
-             if kept else "",
-             "; this MLX has no kernel for attention over quantised KV, so decoding dequantises it"
-             " a layer at a time" if dequantized else "")
-    return replace(resident, kv=kv, dequantized_decode=dequantized)
+             if kept else "", f"; {why}, so decoding dequantises it a layer at a time" if why else "")
+    return replace(resident, kv=kv, dequantized_decode=why is not None)
+
+
+# Cache kinds whose to_quantized raises NotImplementedError in mlx-lm 0.32 ("RotatingKVCache Quantization NYI"):
+# mlx-lm's generate_step, given kv_bits, quantises every layer that has the method, so a model with a sliding
+# window (gemma3, olmo3, gpt-oss...) would fail its first request.
+KINDS_MLX_LM_FAILS_TO_QUANTISE = frozenset({"RotatingKVCache", "BatchRotatingKVCache"})
+
+
+def why_decode_dequantized(quantized_decode_works: bool | None, kept_kinds: list[str],
+                           latent_attention: bool = False) -> str | None:
+    """Why mlxd quantises the KV itself from the first position and decodes
+    over it dequantised, rather than leave the quantisation to mlx-lm's
+    generate_step (None: it need not) (pure). `quantized_decode_works`:
+    None where the model's shape could not be probed (the safe way then)."""
+    if quantized_decode_works is None:
+        return "its attention over quantised KV could not be probed"
+    if not quantized_decode_works:
+        return "this MLX has no kernel for attention over quantised KV"
+    if latent_attention:
+        return "mlx-lm's latent attention (MLA) reads its KV as plain arrays"
+    failing = sorted(KINDS_MLX_LM_FAILS_TO_QUANTISE.intersection(kept_kinds))
+    if failing:
+        return f"mlx-lm's generate_step would try to quantise its {', '.join(failing)} layers and fail"
+    return None

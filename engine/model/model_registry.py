@@ -20,12 +20,20 @@ from ..core.errors import EngineError
 from ..cpu.fast_blas import weights_dtype_on_cpu
 
 
+def stored_dtype(config: dict | None) -> str | None:
+    """The dtype a model's weights are stored in, by its config (None: quantised, or not said) (pure)."""
+    return None if not config or "quantization" in config else config.get("torch_dtype")
+
+
 class ModelRegistry:
     def __init__(self, config: Config, budget_bytes: int, cpu_float32: bool = False) -> None:
         self.config = config
         self.budget_bytes = budget_bytes
         # On the CPU with a fast BLAS, small models load as float32 (engine/cpu/fast_blas.py).
         self.cpu_float32 = cpu_float32
+        # Models a backend limit was met on (engine/core/errors.py, backend_limit): float32 from then on,
+        # whatever the heuristic says, for this process's life.
+        self.float32_after_limit: set[str] = set()
         self._info: dict[str, ModelInfo] = {}
 
     def resolve(self, name: str) -> str:
@@ -42,15 +50,32 @@ class ModelRegistry:
         there yet (a repo still to download) is looked at again each time."""
         if refresh or model_id not in self._info:
             info = model_info(self.config, model_id, self.budget_bytes)
-            stored = None if not info.config or "quantization" in info.config else info.config.get("torch_dtype")
+            stored = stored_dtype(info.config)
             dtype = weights_dtype_on_cpu(self.cpu_float32, stored, info.footprint.weights_bytes,
                                          params_from_config(info.config) if info.config else None, self.budget_bytes)
+            if model_id in self.float32_after_limit and stored != "float32":
+                dtype = "float32"
             if dtype is not None:
                 info = model_info(self.config, model_id, self.budget_bytes, weights_dtype=dtype)
             if not info.on_disk:
                 return info
             self._info[model_id] = info  # same value from any thread: benign
         return self._info[model_id]
+
+    @property
+    def journal_path(self) -> Path:
+        """The crash journal, where the core notes a backend limit it survived."""
+        return self.config.paths.journal
+
+    def serve_as_float32(self, model_id: str) -> bool:
+        """After a backend limit: the model's next load is float32 whole.
+        False when it is float32 already (a reload would not help)."""
+        info = self.info(model_id)
+        if info.weights_dtype == "float32" or stored_dtype(info.config) == "float32":
+            return False
+        self.float32_after_limit.add(model_id)
+        self._info.pop(model_id, None)
+        return True
 
     def max_concurrency(self, model_id: str) -> int:
         """Requests generated at once for this model (its own setting, else the engine's)."""

@@ -100,6 +100,18 @@ class FakeRegistry:
     weights_bytes: int | None = None  # None: the model's size is unknown (the ledger counts nothing)
     config: dict = field(default_factory=dict)
     too_large: frozenset[str] = frozenset()
+    journal: Path = Path("/nonexistent/state/crashes.jsonl")  # a test of the journal gives its own
+    float32: set[str] = field(default_factory=set)  # models serve_as_float32 turned to float32
+
+    @property
+    def journal_path(self) -> Path:
+        return self.journal
+
+    def serve_as_float32(self, model_id: str) -> bool:
+        if model_id in self.float32:
+            return False
+        self.float32.add(model_id)
+        return True
 
     def max_concurrency(self, model_id: str) -> int:
         return self.concurrency[model_id]
@@ -178,6 +190,7 @@ class FakeRunner:
         self.many: list[Admitted] = []  # the batch's rows
         self.save_progress = None  # the core's hook for a long prefill (ModelRunner.save_progress)
         self.failures: dict[tuple[str, str], BaseException] = {}
+        self.raised = False
         self.loads: list[str] = []
         self.unloads = 0
         self.steps: list[tuple[str, ...]] = []  # the job ids each decode step advanced
@@ -190,6 +203,7 @@ class FakeRunner:
     def _fail(self, stage: str, key: str) -> None:
         exc = self.failures.get((stage, key))
         if exc is not None:
+            self.raised = True  # the core may drop the failed step's rows (an unload under them)
             raise exc
 
     @property
@@ -208,8 +222,9 @@ class FakeRunner:
         return self.plan
 
     def unload(self) -> None:
-        if self.rows:
+        if self.rows and not self.raised:
             self.broken.append("unload under running rows")
+        self.one, self.many, self.raised = None, [], False
         self.unloads += 1
         self._resident = self.plan = None
 
@@ -676,6 +691,51 @@ def test_a_runner_error_is_fatal_and_every_held_job_gets_a_500(engine, concurren
     queued = [n for n in jobs if n not in held]  # still the queue's: the Lifecycle fails them (admission.close)
     assert all(e.events(n) == [] for n in queued)
     assert e.admission.snapshot()["waiting"] == len(queued)
+
+
+@pytest.mark.parametrize("concurrency, jobs, fails_at, failed, already_float32, loads", [
+    pytest.param(4, {"a": {}, "b": {}, "c": {}}, ("step", "a"), {"a", "b", "c"}, False, [MODEL, MODEL],
+                 id="decode-step-of-a-batch-reloads-as-float32"),
+    pytest.param(1, {"a": {}, "b": {}}, ("admit", "a"), {"a"}, False, [MODEL, MODEL],
+                 id="prefill-alone-reloads-and-the-next-request-is-served"),
+    pytest.param(1, {"a": {}, "b": {}}, ("step", "a"), {"a"}, True, [MODEL, MODEL],
+                 id="float32-already-unloads-and-the-next-request-loads-it-again"),
+])
+def test_a_backend_limit_answers_its_requests_and_reloads_instead_of_exiting(engine, tmp_path, concurrency, jobs,
+                                                                               fails_at, failed, already_float32,
+                                                                               loads):
+    """An op the MLX backend cannot run (GatherMM on bf16 weights on the CPU) is
+    no device fault: the requests running get a 500 `backend_unsupported`, the
+    crash journal a `backend_unsupported` line naming them, the model is
+    reloaded as float32 (or, float32 already, unloaded), and the engine serves
+    the requests that come next; no exit, no on_fatal."""
+    from mlxd.engine.core.errors import BACKEND_UNSUPPORTED
+    from mlxd.supervisor.journal import read_records
+
+    e = engine(concurrency)
+    e.registry.journal = tmp_path / "crashes.jsonl"
+    if already_float32:
+        e.registry.float32.add(MODEL)
+    for name, kw in jobs.items():
+        e.submit(name, **kw)
+    e.runner.failures[fails_at] = RuntimeError("[GatherMM::eval] Currently only supports float32.")
+    e.run_until(lambda: all(e.ended(n) for n in failed))
+    e.runner.failures.clear()
+    e.run_until(e.all_ended)
+
+    assert not e.core.stopped and e.fatal == []
+    for name in jobs:
+        events = e.events(name)
+        if name in failed:
+            error = failed_with(events)
+            assert (error.status, error.code) == (500, BACKEND_UNSUPPORTED) and "GatherMM" in error.message
+        else:
+            assert isinstance(events[-1], Finished), (name, events)
+    assert e.runner.loads == loads
+    (record,) = read_records(e.registry.journal)
+    assert record.klass == BACKEND_UNSUPPORTED and not record.is_crash and record.model == MODEL
+    assert {r["request_id"] for r in record.requests} == failed
+    assert e.idle()
 
 
 # --- 7. the drain's view -------------------------------------------------------------------------

@@ -12,6 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from mlxd.durations import parse_duration
 
+ContextOverflow = Literal["error", "truncate_middle"]  # engine/model/context_overflow.py
+
 SOURCES = ("path", "repo", "gguf", "from_ollama", "demo")  # where a model comes from: exactly one per model
 LOCAL_ENGINE = "local"  # in a model's `hosts`: this machine's engine ([engine] host and port)
 
@@ -89,6 +91,8 @@ class ModelSpec(Strict):
         "The KV allowance in this model's memory estimate. Unset: `engine.context_tokens`."))
     max_concurrency: int | None = Field(default=None, ge=1, le=64, description=(
         "Requests generated at once for this model. Unset: `engine.max_concurrency`."))
+    context_overflow: ContextOverflow | None = Field(default=None, description=(
+        "A conversation longer than this model's context. Unset: `engine.context_overflow`."))
     speculative: Speculative | None = Field(default=None, description=(
         "Speculative decoding for this model. Unset: `engine.speculative`."))
     draft: str | None = Field(default=None, description=(
@@ -262,6 +266,13 @@ class EngineConfig(Strict):
     request_deadline_s: float = Field(default=600.0, gt=0, description="The wall-clock limit of one generation.")
     max_prompt_tokens: int = Field(default=32768, gt=0, description=(
         "The longest prompt, in tokens; a longer one is refused (`context_length_exceeded`)."))
+    context_overflow: ContextOverflow = Field(default="error", description=(
+        "A conversation longer than the model's context: `\"error\"` answers 400 `context_length_exceeded` (the "
+        "gateway may send it to the Ollama fallback); `\"truncate_middle\"` keeps the system prompt, the tools and "
+        "the newest turn and drops whole older turns (a user message and all that answered it, tool calls with "
+        "their results), oldest first, until it fits with room for the answer, and says so: the answer's "
+        "`X-Mlxd-Context-Truncated` header and `dropped_prompt_tokens` in its usage. Per model: "
+        "`[models.ID] context_overflow`."))
     max_tokens_cap: int = Field(default=8192, gt=0, description="The ceiling on a request's `max_tokens`.")
     default_max_tokens: int = Field(default=1024, gt=0, description="`max_tokens` where a request gives none.")
     memory_fraction: float = Field(default=0.75, gt=0, le=1.0, description=(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections import deque
+from dataclasses import replace
 from typing import Any, AsyncIterator, Callable
 
 from fastapi import Request
@@ -28,7 +29,8 @@ from .metrics import EngineMetrics
 from ..model.model_registry import ModelRegistry
 from .quarantine import QuarantineList
 from .request_schema import SamplingFields
-from .response_builder import ChatPresenter, Presenter, ResponseBuilder
+from .response_builder import ChatPresenter, Presenter, ResponseBuilder, Usage
+from ..model.context_overflow import TRUNCATED_HEADER
 
 POLL_S = 0.25  # how often a waiting handler checks for disconnects and timeouts
 FINGERPRINT = "mlxd-" + uuid.uuid4().hex[:8]  # changes with every engine process
@@ -87,7 +89,7 @@ class RequestRelay:
                 raise
             return RelayedStream(self._stream(feed, builder, first), self._closer(job),
                                  media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Request-Id": job.id})
+                                 headers={"Cache-Control": "no-cache", **feed.headers()})
         try:
             return await self._collect(feed, builder)
         finally:
@@ -105,8 +107,8 @@ class RequestRelay:
                 elif isinstance(ev, ToolCalls):
                     calls.extend(ev.calls)
                 elif isinstance(ev, Finished):
-                    body = builder.full("".join(parts), ev.finish_reason, ev.usage, calls, "".join(reasoning))
-                    return JSONResponse(body, headers={"X-Request-Id": feed.job.id})
+                    body = builder.full("".join(parts), ev.finish_reason, feed.usage(ev), calls, "".join(reasoning))
+                    return JSONResponse(body, headers=feed.headers())
                 elif isinstance(ev, Failed):
                     raise ev.error
 
@@ -129,7 +131,7 @@ class RequestRelay:
                 elif isinstance(ev, ToolCalls):
                     out += builder.tool_calls(ev.calls)
                 elif isinstance(ev, Finished):
-                    out += builder.finished(ev.finish_reason, ev.usage)
+                    out += builder.finished(ev.finish_reason, feed.usage(ev))
                     done = True
                 elif isinstance(ev, Failed):
                     # An explicit error event and no [DONE]: never a silent truncation.
@@ -183,12 +185,27 @@ class JobFeed:
         self.pending: deque[Event] = deque()
         self.queued_at = time.monotonic()
         self.first_token_seen = False
+        self.started: Started | None = None
+
+    def headers(self) -> dict[str, str]:
+        """The answer's headers: its id, and what truncate_middle dropped of its prompt."""
+        out = {"X-Request-Id": self.job.id}
+        truncation = self.started.truncation if self.started is not None else None
+        if truncation is not None:
+            out[TRUNCATED_HEADER] = truncation.header()
+        return out
+
+    def usage(self, finished: Finished) -> Usage:
+        """The finished answer's usage, with the prompt tokens truncate_middle dropped."""
+        truncation = self.started.truncation if self.started is not None else None
+        return replace(finished.usage, dropped_prompt_tokens=truncation.dropped_tokens) if truncation else finished.usage
 
     async def wait_started(self) -> Started:
         while True:
             for ev in await self.batch(check_disconnect=True):
                 if isinstance(ev, Started):
                     self.metrics.queue_wait.observe(time.monotonic() - self.queued_at)
+                    self.started = ev
                     return ev
                 if isinstance(ev, Failed):
                     raise ev.error

@@ -21,14 +21,18 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
+    dropped_prompt_tokens: int = 0  # the conversation's tokens context_overflow = "truncate_middle" dropped
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
         }
+        if self.dropped_prompt_tokens:
+            out["dropped_prompt_tokens"] = self.dropped_prompt_tokens
+        return out
 
 
 class ResponseBuilder:

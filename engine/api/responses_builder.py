@@ -46,7 +46,8 @@ def usage_object(usage: Usage) -> dict[str, Any]:
             "input_tokens_details": {"cached_tokens": usage.cached_tokens, "cache_write_tokens": 0},
             "output_tokens": usage.completion_tokens,
             "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": usage.prompt_tokens + usage.completion_tokens}
+            "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+            **({"dropped_input_tokens": usage.dropped_prompt_tokens} if usage.dropped_prompt_tokens else {})}
 
 
 def text_part(text: str) -> dict[str, Any]:

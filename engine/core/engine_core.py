@@ -80,7 +80,7 @@ class Prepared:
     may join the batch (else when it is decoded alone)."""
 
     job: Job
-    tokens: list[int] | None
+    prompt: Prompt | None
     view: Pending  # what the scheduler sees of it
     taken_at: float = field(default_factory=time.monotonic)
 
@@ -202,9 +202,10 @@ class EngineCore:
                 self.publish(Phase.IDLE)
             if not self.runner.can_batch(job):
                 return Prepared(job, None, Pending(False))
-            tokens = self.runner.tokenize(job).tokens
-            self.ledger.check_alone(len(tokens) + job.params.max_tokens)  # the 400 for one that cannot fit even alone
-            return Prepared(job, tokens, Pending(True, Row(len(tokens), job.params.max_tokens)))
+            prompt = self.runner.tokenize(job)
+            tokens = len(prompt.tokens)
+            self.ledger.check_alone(tokens + job.params.max_tokens)  # the 400 for one that cannot fit even alone
+            return Prepared(job, prompt, Pending(True, Row(tokens, job.params.max_tokens)))
         except _Gone:
             job.channel.put(Failed(cancelled_error()))
         except EngineError as exc:
@@ -233,9 +234,9 @@ class EngineCore:
                 self.publish(Phase.PREFILL)
             if job.alone and self.slots() > 1:
                 log.info("request %s was in flight at a crash with others: decoded alone", job.id)
-            prompt = self.runner.tokenize(job) if p.tokens is None else Prompt(p.tokens)
+            prompt = self.runner.tokenize(job) if p.prompt is None else p.prompt
             self.heartbeat()  # tokenizing a long prompt is progress, not a hang
-            job.channel.put(Started(len(prompt.tokens)))
+            job.channel.put(Started(len(prompt.tokens), prompt.truncation))
             one_row = self.runner.decodes_alone(alone, self.admission.has_waiting())
             tokens = len(prompt.tokens)
             if one_row:

@@ -10,8 +10,12 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .errors import EngineError
+
+if TYPE_CHECKING:
+    from ..model.context_overflow import Truncation
 
 FLUSH_S = 0.02  # once tokens flow, the handler collects them this often
 
@@ -19,6 +23,7 @@ FLUSH_S = 0.02  # once tokens flow, the handler collects them this often
 @dataclass(frozen=True)
 class Started:
     prompt_tokens: int
+    truncation: "Truncation | None" = None  # what context_overflow = "truncate_middle" dropped of the prompt
 
 
 @dataclass(frozen=True)

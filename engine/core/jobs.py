@@ -66,6 +66,8 @@ class Job:
     cancelled: threading.Event = field(default_factory=threading.Event)
     # Decoded alone, never batched: it was in flight at a crash with others (a suspect, engine/api/quarantine.py).
     alone: bool = False
+    # Over the model's context: "error" (400) or "truncate_middle" (engine/model/context_overflow.py).
+    context_overflow: str = "error"
 
     @property
     def text(self) -> str:
@@ -117,6 +119,7 @@ def job_from_request(req: SamplingFields, kind: str, registry: ModelRegistry, li
                channel=EventChannel(asyncio.get_running_loop()), deadline_s=limits.request_deadline_s,
                messages=messages, tools=tools, prompt=prompt, template_kwargs=template_kwargs, images=images,
                rules=rules, conversation=conversation_keys(messages, tools, limits.prompt_cache.normalize),
+               context_overflow=registry.context_overflow(model_id),
                keep_alive_s=parse_duration(req.keep_alive) if req.keep_alive is not None else None)
 
 

@@ -24,6 +24,7 @@ The runner (runner.py) is the core's one way to MLX. Every file, one line each:
   constrained.py          that grammar applied token by token (llguidance), a logits processor
   tool_prompt.py          tools written into the prompt where the chat template drops them
   stop_matcher.py         stop strings over streamed text (pure)
+  context_overflow.py     a conversation over the model's context: refused, or its oldest whole turns dropped (pure)
   answer_parts.py         an answer split into reasoning, content and tool calls
   tool_calls.py           tool-call bodies in OpenAI's shape
   call_repair.py          malformed tool calls seen in the field, repaired before they are given up as text (pure)

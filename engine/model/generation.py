@@ -29,6 +29,7 @@ from .answer_parts import AnswerSplitter, Markers, Part, markers_of, opens_in_re
 from .grammar import MLXD_TOOL_FORMAT, GrammarUnsupported, ToolFormat, answer_grammar, grammar_problem
 from .tool_calls import format_tool_calls, model_parser
 from .tool_prompt import with_rendered_tools
+from .context_overflow import Truncation, answer_room, fewest_turns_to_drop, turns, without_oldest
 
 # Prompt tokens looked at for an open reasoning block (the template opens it
 # at the very end of the prompt).
@@ -119,13 +120,15 @@ def answer_finish(finish: str, called_tools: bool) -> str:
     return "tool_calls" if called_tools and finish == "stop" else finish
 
 
-def tokenize(resident: ResidentModel, job: Job, max_prompt_tokens: int) -> list[int]:
-    """The job's prompt as token ids; raises the 400 for a prompt the model cannot take."""
+def tokenize(resident: ResidentModel, job: Job, max_prompt_tokens: int) -> tuple[list[int], Truncation | None]:
+    """The job's prompt as token ids, and what truncate_middle dropped of it
+    (None: nothing); raises the 400 for a prompt the model cannot take."""
     if job.images:
         raise EngineError(400, f"the model {job.model_id!r} is a text model and cannot see images; send the "
                                "request to a vision model, or without image_url parts",
                           code="images_not_supported", param="messages")
     tok = resident.tokenizer
+    truncation = None
     if job.kind == "completion":
         if isinstance(job.prompt, list):
             _check_token_ids(job.prompt, resident.vocab_size(), "prompt")
@@ -136,16 +139,9 @@ def tokenize(resident: ResidentModel, job: Job, max_prompt_tokens: int) -> list[
         messages, tools = job.messages or [], job.tools
         if not resident.renders_tools:  # the template would drop them silently: mlxd writes them in
             messages, tools = with_rendered_tools(messages, tools), None
-        try:
-            if resident.encoder is not None and resident.encoder.enabled:
-                text = tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
-                                               tokenize=False, **job.template_kwargs)
-                tokens = resident.encoder.encode(text)
-            else:
-                tokens = template_tokens(tok, messages, tools, **job.template_kwargs)
-        except Exception as exc:  # noqa: BLE001 - templates raise anything; it is the input's fault
-            raise bad_request(f"the model's chat template rejected the messages: {exc}", param="messages",
-                              code=INVALID_MESSAGES) from exc
+        tokens = _chat_tokens(resident, job, messages, tools)
+        if job.context_overflow == "truncate_middle" and _over(tokens, resident, max_prompt_tokens):
+            tokens, truncation = _truncate_middle(resident, job, messages, tools, tokens, max_prompt_tokens)
     else:
         from mlx_lm.server import convert_chat
 
@@ -169,7 +165,50 @@ def tokenize(resident: ResidentModel, job: Job, max_prompt_tokens: int) -> list[
             raise bad_request(f"the answer's grammar cannot be enforced for this model: {problem}",
                               param="response_format" if job.rules.schema is not None else "tool_choice",
                               code=UNSUPPORTED_PARAMETER)
-    return tokens
+    return tokens, truncation
+
+
+def _chat_tokens(resident: ResidentModel, job: Job, messages: list[dict], tools: list[dict] | None) -> list[int]:
+    """The chat template's tokens for these messages; the 400 where it rejects them."""
+    tok = resident.tokenizer
+    try:
+        if resident.encoder is not None and resident.encoder.enabled:
+            text = tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
+                                           tokenize=False, **job.template_kwargs)
+            return resident.encoder.encode(text)
+        return template_tokens(tok, messages, tools, **job.template_kwargs)
+    except Exception as exc:  # noqa: BLE001 - templates raise anything; it is the input's fault
+        raise bad_request(f"the model's chat template rejected the messages: {exc}", param="messages",
+                          code=INVALID_MESSAGES) from exc
+
+
+def _over(tokens: list[int], resident: ResidentModel, max_prompt_tokens: int) -> bool:
+    return len(tokens) > max_prompt_tokens or bool(resident.context_tokens and len(tokens) >= resident.context_tokens)
+
+
+def _truncate_middle(resident: ResidentModel, job: Job, messages: list[dict], tools: list[dict] | None,
+                     tokens: list[int], max_prompt_tokens: int) -> tuple[list[int], Truncation | None]:
+    """The prompt with the fewest oldest turns dropped that fits the model's
+    context with room for the answer (engine/model/context_overflow.py); as
+    it was (and so the 400 after) when even the newest turn alone does not."""
+    context = min(max_prompt_tokens + 1, resident.context_tokens or max_prompt_tokens + 1)
+    limit = context - 1 - answer_room(context, job.params.max_tokens)
+    groups = turns(messages)
+    rendered: dict[int, list[int]] = {0: tokens}
+
+    def count(k: int) -> int:
+        if k not in rendered:
+            rendered[k] = _chat_tokens(resident, job, without_oldest(messages, groups, k), tools)
+        return len(rendered[k])
+
+    k = fewest_turns_to_drop(count, len(groups), limit)
+    if k is None:
+        return tokens, None
+    kept = rendered[k]
+    truncation = Truncation(len(tokens) - len(kept), sum(len(g) for g in groups[:k]), len(kept),
+                            resident.context_tokens)
+    log.info("request %s: %s", job.id, truncation.header())
+    return kept, truncation
 
 
 def bound_grammar(resident: ResidentModel, job: Job, prompt_tail: list[int]) -> str | None:

@@ -77,6 +77,10 @@ class ModelRegistry:
         self._info.pop(model_id, None)
         return True
 
+    def context_overflow(self, model_id: str) -> str:
+        """What a conversation longer than this model's context gets (its own setting, else the engine's)."""
+        return self.config.models[model_id].context_overflow or self.config.engine.context_overflow
+
     def max_concurrency(self, model_id: str) -> int:
         """Requests generated at once for this model (its own setting, else the engine's)."""
         return self.config.models[model_id].max_concurrency or self.config.engine.max_concurrency

@@ -21,6 +21,7 @@ from mlxd.memory_estimate import KVLayout
 from .decoding import Admitted, Decoders, Ended
 from ..core.errors import EngineError
 from ..core.faults import FaultInjector
+from .context_overflow import Truncation
 from .generation import Generation, ResidentModel, VisionPrompt, tokenize, vision_prompt
 from ..core.jobs import Job
 from .model_registry import ModelRegistry
@@ -38,6 +39,7 @@ class Prompt:
 
     tokens: list[int]
     vision: VisionPrompt | None = None
+    truncation: Truncation | None = None  # what context_overflow = "truncate_middle" dropped
 
     @property
     def image_tokens(self) -> int:
@@ -195,7 +197,8 @@ class ModelRunner:
         if self.resident.vision:
             vision = vision_prompt(self.resident, job, self.max_prompt_tokens)
             return Prompt(vision.tokens, vision)
-        return Prompt(tokenize(self.resident, job, self.max_prompt_tokens))
+        tokens, truncation = tokenize(self.resident, job, self.max_prompt_tokens)
+        return Prompt(tokens, truncation=truncation)
 
     def decodes_alone(self, alone: bool, others_waiting: bool) -> bool:
         return self.decoders.decodes_alone(alone, others_waiting)

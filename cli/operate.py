@@ -107,12 +107,26 @@ def _wait_engine(config: Config, deadline: float, alive, supervisord: int | None
     return None
 
 
+def with_default_model(config: Config) -> Config:
+    """With no model configured, the real default model: fetched now, with
+    its progress, where set-up did not (mlxd installed with pip alone), and
+    the config read again to serve it. Where it cannot be had, the fetch says
+    why in one line and `_first_run` that the demo model answers instead."""
+    if list(config.models) != [DEMO_MODEL_ID] or default_model.gguf_path().is_file():
+        return config
+    print(f"mlxd: no model is configured: fetching the default model, {default_model.MODEL_NAME}", file=sys.stderr)
+    if default_model.fetch(lambda line: print(f"mlxd:   {line}", file=sys.stderr, flush=True)) is None:
+        return config
+    return load_config(home=config.home)
+
+
 def cmd_up(args: argparse.Namespace, config: Config) -> int:
     paths = config.paths
     pid = control.supervisord_pid(paths)
     if pid is not None:
         print(f"mlxd is already running (supervisord pid {pid}); see `mlxd status`")
         return exit_codes.OK
+    config = with_default_model(config)
     for note in control.clean_stale(paths):
         print(f"mlxd: {note}", file=sys.stderr)
     for problems, code in ((preflight.model_problems(config), exit_codes.CONFIG),

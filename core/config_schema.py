@@ -25,7 +25,8 @@ def default_models(real_gguf: Path) -> dict[str, ModelSpec]:
     """With no model configured: the real default model once set-up fetched
     it (mlxd.default_model), else the random-weight demo model."""
     if real_gguf.is_file():
-        return {default_model.MODEL_ID: ModelSpec(gguf=str(real_gguf), ollama=default_model.OLLAMA_TWIN)}
+        return {default_model.MODEL_ID: ModelSpec(gguf=str(real_gguf), ollama=default_model.OLLAMA_TWIN,
+                                                  extend_context=default_model.CONTEXT_TOKENS)}
     return {DEMO_MODEL_ID: ModelSpec(demo="a")}
 
 

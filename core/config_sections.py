@@ -93,6 +93,12 @@ class ModelSpec(Strict):
         "Requests generated at once for this model. Unset: `engine.max_concurrency`."))
     context_overflow: ContextOverflow | None = Field(default=None, description=(
         "A conversation longer than this model's context. Unset: `engine.context_overflow`."))
+    extend_context: int | None = Field(default=None, ge=1024, le=1 << 21, description=(
+        "Serve the model with this context, in tokens, by YaRN RoPE scaling over the one it was trained on (its "
+        "config's `max_position_embeddings`; a model whose config already scales its RoPE is served as it is). "
+        "The default model (SmolLM2-135M, trained on 8,192) is served with 32,768: an agent's 20k-token prompt "
+        "fits. Quality falls with the factor (docs/BENCHMARKS.md measures it): prefer a model trained on the "
+        "context you need."))
     speculative: Speculative | None = Field(default=None, description=(
         "Speculative decoding for this model. Unset: `engine.speculative`."))
     draft: str | None = Field(default=None, description=(

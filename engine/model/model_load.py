@@ -64,21 +64,46 @@ def context_tokens(config: dict[str, Any]) -> int | None:
     return value if isinstance(value, int) and value > 0 else None
 
 
-def load_resident(model_id: str, target: str, weights_dtype: str | None = None) -> ResidentModel:
+def context_extension(config: dict[str, Any], extend_to: int | None) -> dict[str, Any]:
+    """The config overrides that serve a model with `extend_to` tokens of
+    context by YaRN RoPE scaling (pure): none where it is not asked for, not
+    longer than the model's own context, or the model already scales its
+    RoPE (its own scheme is what it was trained with; scaling twice is not a
+    thing mlx-lm does). Without YaRN's attention temperature (mscale equal to
+    mscale_all_dim): a model never tuned with it answers short prompts as it
+    did unscaled only without it (the default model's "Paris" became French
+    nonsense with it; docs/BENCHMARKS.md, "The default model's context")."""
+    trained = context_tokens(config)
+    if extend_to is None or trained is None or extend_to <= trained or config.get("rope_scaling"):
+        return {}
+    return {"max_position_embeddings": extend_to,
+            "rope_scaling": {"type": "yarn", "factor": extend_to / trained, "original_max_position_embeddings": trained,
+                             "mscale": 1.0, "mscale_all_dim": 1.0}}
+
+
+def load_resident(model_id: str, target: str, weights_dtype: str | None = None,
+                  extend_context: int | None = None) -> ResidentModel:
     """Loads a model folder or repo (downloading it first, as mlx-lm does):
     a vision-language model through mlx-vlm, any other through mlx-lm.
-    `weights_dtype` "float32": dequantised and cast (the CPU's fast path)."""
+    `weights_dtype` "float32": dequantised and cast (the CPU's fast path);
+    `extend_context`: its context extended by YaRN (context_extension)."""
     from mlx_lm.utils import _download, load, load_tokenizer
 
     folder = _download(target)
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     if not is_vision_config(config):
+        overrides = context_extension(config, extend_context)
+        if overrides:
+            log.info("%s: context %d tokens by YaRN RoPE scaling (%.1fx the %d it was trained on)", model_id,
+                     overrides["max_position_embeddings"], overrides["rope_scaling"]["factor"],
+                     overrides["rope_scaling"]["original_max_position_embeddings"])
+            config = {**config, **overrides}
         # Lazily, then read a chunk at a time: every weight is resident before
         # the engine says ready (a first request that read them would take the
         # whole read into its first prefill step), and a float32 load never
         # holds the stored and the converted copy of every weight at once
         # (peak -23 % on the default model; bench/weights_load.py).
-        model, tokenizer = load(str(folder), lazy=True)
+        model, tokenizer = load(str(folder), lazy=True, model_config=overrides)
         model = with_weights_plan(model_id, model, weights_dtype == "float32")
         evaluate_in_chunks(model.parameters())
         renders_tools, tool_format = tool_support(tokenizer)

@@ -81,7 +81,8 @@ class ModelRunner:
         target = self.registry.load_target(model_id)
         log.info("loading model %s from %s", model_id, target)
         try:
-            resident = (load_resident(model_id, target, info.weights_dtype) if self.link is None
+            resident = (load_resident(model_id, target, info.weights_dtype,
+                                      self.registry.config.models[model_id].extend_context) if self.link is None
                         else load_shard(model_id, target, self.link))
         except (OSError, ValueError, KeyError, ImportError) as exc:
             raise EngineError(503, f"could not load model {model_id!r}: {exc}", code="model_load_failed",

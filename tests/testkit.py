@@ -150,3 +150,41 @@ def load_bench(name: str):
     sys.modules[spec.name] = module  # dataclasses look their module up
     spec.loader.exec_module(module)
     return module
+
+
+def steered(ll_tokenizer, tok, grammar: str, wish: str, fallback: list[int], eos: int, max_tokens: int = 300) -> str:
+    """The text a model that wants to write `wish` writes under a Lark grammar (llguidance): each of its tokens
+    the mask allows (the others are dropped), then the first allowed of `fallback` (then of the rest) until
+    `eos`. For tests of grammars against their formats' parsers."""
+    import llguidance
+    import numpy as np
+
+    matcher = llguidance.LLMatcher(ll_tokenizer, llguidance.LLMatcher.grammar_from_lark(grammar))
+    assert not matcher.is_error(), matcher.get_error()
+    wanted = tok.encode(wish, add_special_tokens=False).ids
+    order = fallback + [t for t in range(ll_tokenizer.vocab_size) if t not in fallback]
+    out: list[int] = []
+    for _ in range(max_tokens):
+        bits = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)
+        allowed = np.unpackbits(bits, bitorder="little")[:ll_tokenizer.vocab_size].astype(bool)
+        while wanted and not allowed[wanted[0]]:
+            wanted.pop(0)
+        token = wanted.pop(0) if wanted else next(t for t in order if allowed[t])
+        if token == eos:
+            return tok.decode(out, skip_special_tokens=False)
+        assert matcher.consume_token(token), matcher.get_error()
+        out.append(token)
+    raise AssertionError(f"no end in {max_tokens} tokens: {tok.decode(out, skip_special_tokens=False)!r}")
+
+
+def byte_level_chars() -> list[str]:
+    """GPT-2's printable stand-ins for the 256 bytes (as a byte-level BPE writes them), for tests' tokenizers."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return [chars[b] for b in range(256)]

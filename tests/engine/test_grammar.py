@@ -17,6 +17,7 @@ from mlxd.engine.model.grammar import (ANY_OBJECT, MAX_PARALLEL_CALLS, MLXD_TOOL
                                  tool_format_of)
 from mlxd.engine.api.request_schema import ChatCompletionRequest, describe_validation_errors
 from mlxd.engine.model.tool_prompt import with_rendered_tools
+import testkit
 
 EOS = 256
 
@@ -26,7 +27,7 @@ def byte_tokenizer():
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
     from tokenizers.pre_tokenizers import ByteLevel
 
-    alphabet = {b: c for b, c in zip(range(256), _byte_chars())}
+    alphabet = {b: c for b, c in zip(range(256), testkit.byte_level_chars())}
     vocab = {c: b for b, c in alphabet.items()} | {"<eos>": EOS}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
@@ -34,19 +35,6 @@ def byte_tokenizer():
     tok.add_special_tokens([AddedToken("<eos>", special=True)])
     assert len(ByteLevel.alphabet()) == 256
     return llguidance.LLTokenizer(tok.to_str(), n_vocab=EOS + 1, eos_token=EOS)
-
-
-def _byte_chars() -> list[str]:
-    """GPT-2's printable stand-ins for the 256 bytes (as the byte-level BPE writes them)."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            chars[b] = chr(b)
-        else:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    return [chars[b] for b in range(256)]
 
 
 def accepts(tokenizer, grammar: str, text: str) -> bool:
@@ -421,7 +409,7 @@ def marker_tokenizer():
     """(llguidance's tokenizer, the tokenizer): bytes, <eos> and the markers as special tokens after them."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-    vocab = {c: b for b, c in enumerate(_byte_chars())} | {"<eos>": EOS}
+    vocab = {c: b for b, c in enumerate(testkit.byte_level_chars())} | {"<eos>": EOS}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
@@ -434,27 +422,9 @@ FALLBACK = [EOS, *range(EOS + 1, EOS + 1 + len(SPECIALS)), *b'"}]:,1']
 
 
 def steered(marker_tokenizer, grammar: str, wish: str, max_tokens: int = 300) -> str:
-    """The text a model that wants to write `wish` writes under the grammar: each of its tokens the mask
-    allows (the others are dropped), then the first allowed of FALLBACK (then of the rest) until the end."""
-    import numpy as np
-
+    """The text a model that wants to write `wish` writes under the grammar (testkit.steered)."""
     ll, tok = marker_tokenizer
-    matcher = llguidance.LLMatcher(ll, llguidance.LLMatcher.grammar_from_lark(grammar))
-    assert not matcher.is_error(), matcher.get_error()
-    wanted = tok.encode(wish, add_special_tokens=False).ids
-    order = FALLBACK + [t for t in range(ll.vocab_size) if t not in FALLBACK]
-    out: list[int] = []
-    for _ in range(max_tokens):
-        bits = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)
-        allowed = np.unpackbits(bits, bitorder="little")[:ll.vocab_size].astype(bool)
-        while wanted and not allowed[wanted[0]]:
-            wanted.pop(0)
-        token = wanted.pop(0) if wanted else next(t for t in order if allowed[t])
-        if token == EOS:
-            return tok.decode(out, skip_special_tokens=False)
-        assert matcher.consume_token(token), matcher.get_error()
-        out.append(token)
-    raise AssertionError(f"no end in {max_tokens} tokens: {tok.decode(out, skip_special_tokens=False)!r}")
+    return testkit.steered(ll, tok, grammar, wish, FALLBACK, EOS, max_tokens)
 
 
 def read_back(text: str, fmt: ToolFormat, tools: tuple[ToolSpec, ...]) -> tuple[list[dict], str]:

@@ -21,6 +21,7 @@ from mlxd.engine.model.grammar import (MAX_PARALLEL_CALLS, GrammarUnsupported, O
                                        answer_grammar, grammar_problem, tool_format_of)
 from mlxd.engine.model.harmony import CALL_END, CALL_START, HARMONY_PARSER, harmony_edges
 from mlxd.engine.model.tool_calls import format_tool_calls, model_parser
+import testkit
 
 PARSERS = {"kimi": "mlx_lm.tool_parsers.kimi_k2", "gemma4": "mlx_lm.tool_parsers.gemma4",
            "function_gemma": "mlx_lm.tool_parsers.function_gemma", "pythonic": "mlx_lm.tool_parsers.pythonic",
@@ -195,19 +196,6 @@ def test_harmony_channels_are_the_splitters_edges(tools, expected):
 EOS = 256
 
 
-def _byte_chars() -> list[str]:
-    """GPT-2's printable stand-ins for the 256 bytes (as the byte-level BPE writes them)."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            chars[b] = chr(b)
-        else:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    return [chars[b] for b in range(256)]
-
-
 # The markers, as special tokens in the models' vocabularies.
 SPECIALS = ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
             "<|tool_call_argument_begin|>", "<|tool_call_end|>", "<|tool_call>", "<tool_call|>", '<|"|>',
@@ -220,7 +208,7 @@ SPECIALS = ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|too
 def _tokenizer(specials: tuple[str, ...]):
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-    vocab = {c: b for b, c in enumerate(_byte_chars())} | {"<eos>": EOS}
+    vocab = {c: b for b, c in enumerate(testkit.byte_level_chars())} | {"<eos>": EOS}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
@@ -421,28 +409,9 @@ def _fallback(tok) -> list[int]:
 
 
 def steered(tokenizer, grammar: str, wish: str, max_tokens: int = 400) -> str:
-    """The text a model that wants to write `wish` writes under the grammar: each of its tokens the mask
-    allows (the others are dropped), then the first allowed of the fallbacks (then of the rest) until the end."""
-    import numpy as np
-
+    """The text a model that wants to write `wish` writes under the grammar (testkit.steered)."""
     ll, tok = tokenizer
-    matcher = llguidance.LLMatcher(ll, llguidance.LLMatcher.grammar_from_lark(grammar))
-    assert not matcher.is_error(), matcher.get_error()
-    wanted = tok.encode(wish, add_special_tokens=False).ids
-    fallback = _fallback(tok)
-    order = fallback + [t for t in range(ll.vocab_size) if t not in fallback]
-    out: list[int] = []
-    for _ in range(max_tokens):
-        bits = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)
-        allowed = np.unpackbits(bits, bitorder="little")[:ll.vocab_size].astype(bool)
-        while wanted and not allowed[wanted[0]]:
-            wanted.pop(0)
-        token = wanted.pop(0) if wanted else next(t for t in order if allowed[t])
-        if token == EOS:
-            return tok.decode(out, skip_special_tokens=False)
-        assert matcher.consume_token(token), matcher.get_error()
-        out.append(token)
-    raise AssertionError(f"no end in {max_tokens} tokens: {tok.decode(out, skip_special_tokens=False)!r}")
+    return testkit.steered(ll, tok, grammar, wish, _fallback(tok), EOS, max_tokens)
 
 
 @pytest.mark.parametrize("body", NEW_FORMATS)

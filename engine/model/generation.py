@@ -26,7 +26,8 @@ from .prefill import cancelled_error
 from .prompt_tokens import PieceEncoder, template_tokens
 from .stop_matcher import StopMatcher
 from .answer_parts import AnswerSplitter, Markers, Part, markers_of, opens_in_reasoning
-from .grammar import MLXD_TOOL_FORMAT, GrammarUnsupported, ToolFormat, answer_grammar, grammar_problem
+from .grammar import (MLXD_TOOL_FORMAT, GrammarUnsupported, ToolFormat, answer_grammar, grammar_problem,
+                      reasoning_budget)
 from .tool_calls import format_tool_calls, model_parser
 from .tool_prompt import with_rendered_tools
 from .context_overflow import Truncation, answer_room, fewest_turns_to_drop, turns, without_oldest
@@ -224,7 +225,7 @@ def bound_grammar(resident: ResidentModel, job: Job, prompt_tail: list[int]) -> 
     literal = marker_literal(resident.grammar_tokenizer(), getattr(resident.tokenizer, "_tokenizer", resident.tokenizer))
     try:
         return answer_grammar(job.rules, resident.tool_format, think[1] if think else None, in_reasoning,
-                              think[0] if think else None, literal)
+                              think[0] if think else None, literal, reasoning_budget(job.params.max_tokens))
     except GrammarUnsupported as exc:
         raise bad_request(f"tool_choice / strict tools: {exc}", param="tool_choice",
                           code=UNSUPPORTED_PARAMETER) from exc

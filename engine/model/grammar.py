@@ -413,12 +413,32 @@ BODY_RULES: dict[str, Callable[[tuple[ToolSpec, ...], Literal_], list[str]]] = {
     "json": _json_body, "xml": _xml_body, "mistral": _mistral_body, "glm": _glm_body, "longcat": _longcat_body}
 
 
+def think_rules(end: str, budget: int | None) -> list[str]:
+    """The reasoning block's rules, up to its `end` marker: where the marker
+    is text, one lazy rule (it ends at the marker's first match: _lazy);
+    where it is a special token, which text never holds, at most `budget`
+    tokens of text before it (llguidance caps a terminal only, and not a
+    lazy rule's), after which the grammar closes the block."""
+    if _lazy(end) or not budget:
+        return ["THINK_TEXT: /(.|\\n)*/", f"think{_lazy(end)}: THINK_TEXT {end}"]
+    return [f"think_text[max_tokens={budget}]: /(.|\\n)*/", f"think: think_text {end}"]
+
+
+def reasoning_budget(max_tokens: int) -> int:
+    """The most tokens a bound harmony answer's analysis may take (pure):
+    half the answer's max_tokens, so that the call or JSON it must end in
+    always has room -- a model that reasons to max_tokens would otherwise end
+    with no call at all (a random-weight or looping model never closes it)."""
+    return max(1, max_tokens // 2)
+
+
 def answer_grammar(rules: OutputRules, tool_format: ToolFormat | None, think_end: str | None = None,
                    in_reasoning: bool = False, think_start: str | None = None,
-                   literal: Literal_ = quoted) -> str | None:
+                   literal: Literal_ = quoted, think_budget: int | None = None) -> str | None:
     """The Lark grammar (llguidance's dialect) the answer must follow, or
     None for free text (pure). `think_end`: the model's end-of-reasoning
-    marker where it reasons (the grammar lets it think first, freely);
+    marker where it reasons (the grammar lets it think first, freely; a
+    harmony model's analysis channel for at most `think_budget` tokens);
     `in_reasoning`: the prompt already opened the block. `literal` writes a
     marker (a special token must be named by id, not spelled as text)."""
     if not rules.constrained:
@@ -431,12 +451,13 @@ def answer_grammar(rules: OutputRules, tool_format: ToolFormat | None, think_end
     if tool_format is not None and tool_format.body == "harmony":  # channels, not think tags
         from .harmony import harmony_grammar
 
-        return harmony_grammar(rules, tool_format, literal)
+        return harmony_grammar(rules, tool_format, literal, think_budget)
     lines = ["%llguidance {}"]
     body = _body_rules(rules, tool_format, literal, lines)
     if think_end is not None and (in_reasoning or think_start is not None):
-        lines.append("THINK_TEXT: /(.|\\n)*/")
-        lines.append(f"think{_lazy(literal(think_end))}: THINK_TEXT {literal(think_end)}")
+        # No budget here: a think block's text before a special-token end, capped, changed how the answer after it
+        # was lexed (test_agent_round_trip's JSON after reasoning became newlines); only harmony's is capped.
+        lines += think_rules(literal(think_end), None)
         if in_reasoning:
             lines.insert(1, f"start: think WS? {body}")
         else:  # the model may open a block of its own first

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .grammar import Literal_, OutputRules, ToolFormat, ToolSpec, _check_name, _lazy, json_rule, quoted, spelled
+from .grammar import Literal_, OutputRules, ToolFormat, ToolSpec, _check_name, json_rule, quoted, spelled, think_rules
 
 CALL_START = "<|channel|>commentary to="  # mlx-vlm's harmony parser's markers
 CALL_END = "<|call|>"
@@ -76,7 +76,7 @@ def harmony_body(tools: tuple[ToolSpec, ...], literal: Literal_) -> list[str]:
     return lines
 
 
-def harmony_grammar(rules: OutputRules, fmt: ToolFormat, literal: Literal_) -> str:
+def harmony_grammar(rules: OutputRules, fmt: ToolFormat, literal: Literal_, think_budget: int | None = None) -> str:
     """The Lark grammar of a bound harmony answer: reasoning in the analysis
     channel first (free, and optional), then the call (one: `<|call|>` ends
     the turn), or the final channel's JSON answer or text."""
@@ -85,8 +85,7 @@ def harmony_grammar(rules: OutputRules, fmt: ToolFormat, literal: Literal_) -> s
     next_message = spelled(NEXT_MESSAGE, literal)
     end = literal(ENDS[0])
     lines = ["%llguidance {}", "",
-             "THINK_TEXT: /(.|\\n)*/",
-             f"think{_lazy(end)}: THINK_TEXT {end}",
+             *think_rules(end, think_budget),
              f"analysis: {spelled(ANALYSIS, literal)} think {next_message}",
              f"call: {spelled(fmt.start, literal)} call_body {spelled(fmt.end, literal)}",
              f"final: {spelled(FINAL, literal)}"]

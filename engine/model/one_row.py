@@ -171,7 +171,10 @@ class OneRow:
                                self.admitted.job.params.max_tokens, s.sampler, self.draft_tokens, self.spec_stats)
         grammar = self.admitted.generation.grammar
         penalties = [q for q in s.processors if q is not grammar]
-        if self.speculative == "prompt_lookup" and not penalties:
+        # Under a harmony grammar prompt lookup ended bound answers after the analysis channel's forced markers (the
+        # model zoo's gpt-oss, an open bug): those decode a token a forward, as with speculative = "off".
+        harmony_bound = grammar is not None and getattr(self.resident.tool_format, "body", None) == "harmony"
+        if self.speculative == "prompt_lookup" and not penalties and not harmony_bound:
             from .speculative import SampledTarget, SpecStats, lookup_steps, verify_sampled
 
             # Nothing between the logits and the draw but a grammar (no penalties: they see each token before):

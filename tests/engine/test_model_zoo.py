@@ -34,13 +34,6 @@ TOOL = {"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
                    "required": ["city"], "additionalProperties": False}}}
 NO_ATTENTION = {"mamba2"}  # state-space layers only: no KV for kv_bits to quantise
-# Cases that cannot pass for a reason outside this change, each with its reason.
-# A random-weight harmony model opens the analysis channel and never closes it: the bound answer (the call, the
-# final channel's JSON) never comes before max_tokens. The grammar leaves reasoning free (a real gpt-oss closes it);
-# capping it (half of max_tokens, as an llguidance max_tokens on the channel's text) is the open fix.
-HARMONY_PENDING = {"gpt_oss_harmony": "a random-weight harmony model never ends its analysis channel; the grammar "
-                                      "leaves reasoning unbounded (engine/model/harmony.py)"}
-TOOL_FORMAT_PENDING = HARMONY_PENDING
 
 
 @dataclass
@@ -126,8 +119,7 @@ def test_8_bit_kv(zoo, model):
     assert kv is not None and kv["bits"] == (16 if model in NO_ATTENTION else 8), kv
 
 
-@pytest.mark.parametrize("model", [pytest.param(m, marks=pytest.mark.xfail(reason=HARMONY_PENDING[m]))
-                                   if m in HARMONY_PENDING else m for m in ZOO])
+@pytest.mark.parametrize("model", ZOO)
 def test_json_schema_answer(zoo, model):
     answer = post(zoo.url, model, [{"role": "user", "content": "Is it ok? Answer as JSON."}], max_tokens=256,
                   response_format={"type": "json_schema", "json_schema": {"name": "ok", "schema": SCHEMA,
@@ -137,8 +129,7 @@ def test_json_schema_answer(zoo, model):
     assert set(json.loads(choice["message"]["content"])) == {"ok"}
 
 
-@pytest.mark.parametrize("model", [pytest.param(m, marks=pytest.mark.xfail(reason=TOOL_FORMAT_PENDING[m]))
-                                   if m in TOOL_FORMAT_PENDING else m for m in ZOO])
+@pytest.mark.parametrize("model", ZOO)
 def test_forced_tool_call(zoo, model):
     answer = post(zoo.url, model, [{"role": "user", "content": "The weather in Paris?"}], max_tokens=256,
                   tools=[TOOL], tool_choice="required", parallel_tool_calls=False)

@@ -461,3 +461,22 @@ def test_max_parallel_calls_caps_a_section(marker_tokenizer):
         grammar = grammar_for(marker_tokenizer, REQUIRED, body)
         assert accepts(marker_tokenizer, grammar, WRITERS[body](many[:MAX_PARALLEL_CALLS]))
         assert not accepts(marker_tokenizer, grammar, WRITERS[body](many))
+
+
+@pytest.mark.parametrize("rules", [REQUIRED, OutputRules(schema={"type": "object", "properties": {
+    "ok": {"type": "boolean"}}, "required": ["ok"]})], ids=["forced call", "schema"])
+def test_harmony_reasoning_has_a_budget_so_the_bound_answer_always_comes(marker_tokenizer, rules):
+    """A model that would reason forever (a random-weight one does) is made to close its analysis after the
+    budget, and then writes the call or the JSON it must end in."""
+    from mlxd.engine.model.constrained import marker_literal
+
+    grammar = answer_grammar(rules, fmt_of("harmony"), literal=marker_literal(marker_tokenizer[0],
+                                                                              _Encoder(marker_tokenizer[1])),
+                             think_budget=12)
+    text = steered(marker_tokenizer, grammar, "<|channel|>analysis<|message|>" + "thinking and thinking " * 40,
+                   max_tokens=400)
+    assert text.startswith("<|channel|>analysis<|message|>") and "<|end|>" in text
+    reasoning = text.split("<|message|>", 1)[1].split("<|end|>", 1)[0]
+    assert 0 < len(marker_tokenizer[1].encode(reasoning, add_special_tokens=False).ids) <= 12
+    after = text.split("<|end|>", 1)[1]
+    assert ("to=functions." in after) if rules is REQUIRED else ("<|channel|>final<|message|>" in after)

@@ -303,7 +303,13 @@ class PromptCache:
             return None
         layout = layer_layout(kv)
         if layout is None:
-            return None  # whole-entry files: written as the entry leaves memory, or when idle
+            # A layer that cannot be cut into blocks (rotating, state-space): the whole entry in one file, now
+            # and behind, when the writer is free -- a crash right after the answer finds it (at idle, or as it
+            # leaves memory, otherwise). A prompt's checkpoint has no entry to write yet.
+            if entry is None or self._writing:
+                return None
+            self._write(entry, in_memory=True)
+            return self._writing_of(entry)
         names = self.files.block_names(self.model_key, tokens, layout)
         copies = int(self.files.unwritten_tokens(tokens, names) * bytes_per_token(kv))
         room = self._room_now()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -38,12 +38,11 @@ NO_ATTENTION = {"mamba2"}  # state-space layers only: no KV for kv_bits to quant
 
 @dataclass
 class Zoo:
-    """The engine serving the zoo (replaced by the SIGABRT's restart), and each model's conversation so far."""
+    """The engine serving the zoo (replaced by the SIGABRT's restart)."""
 
     home: Path
     config: str
     engine: object = None
-    conversations: dict[str, list[dict]] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -63,7 +62,7 @@ def zoo_config(folders: dict[str, Path], cpu_float32: bool) -> str:
     for name, folder in folders.items():
         models[name] = {"path": str(folder)}
         models[f"{name}-kv8"] = {"path": str(folder), "kv_bits": 8, "max_concurrency": 1}
-    return dumps({"embeddings": {}, "aliases": {"default": "llama"}, "models": models,
+    return dumps({"embeddings": {}, "aliases": {"default": next(iter(folders))}, "models": models,
                   "engine": {"max_tokens_cap": 1024, "max_concurrency": 2, "cpu_float32": cpu_float32,
                              "stuck_grace_s": 60}})
 
@@ -107,7 +106,6 @@ def test_chat_and_the_next_turn_reuses_the_prompt(zoo, model):
     second = post(zoo.url, model, messages)
     usage = second["usage"]
     assert cached(usage) >= 0.9 * usage["prompt_tokens"], usage
-    zoo.conversations[model] = messages + [reply_of(second), {"role": "user", "content": "third question"}]
 
 
 @pytest.mark.parametrize("model", ZOO)
@@ -160,22 +158,55 @@ def test_two_requests_are_decoded_together(zoo, model):
     settled_health(zoo.url)  # the long one cancelled as its client left
 
 
+def two_turns(url: str, model: str, opening: str) -> list[dict]:
+    """A conversation of two turns with `model`, and the third turn's messages."""
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"{opening} first"}]
+    messages += [reply_of(post(url, model, messages)), {"role": "user", "content": f"{opening} second"}]
+    return messages + [reply_of(post(url, model, messages)), {"role": "user", "content": f"{opening} third"}]
+
+
+def writes_settled(url: str) -> dict:
+    return wait_until(lambda: (lambda h: h if h["prompt_cache"]["disk_writes_pending"] == 0 else None)(
+        settled_health(url)), 60, what="the prompt cache's writes")
+
+
 @pytest.fixture(scope="module")
-def aborted(zoo) -> Zoo:
-    """The engine SIGABRTed (as Metal aborts) once its writes are on disk, and started again on the same home."""
-    wait_until(lambda: settled_health(zoo.url)["prompt_cache"]["disk_writes_pending"] == 0, 60,
-               what="the prompt cache's writes")
+def aborted(zoo) -> tuple[Zoo, dict[str, list[dict]]]:
+    """Two turns with every model, then the engine SIGABRTed (as Metal
+    aborts) once its writes are on disk, and started again on the same home;
+    each model's third turn to send."""
+    conversations = {model: two_turns(zoo.url, model, "before the abort") for model in ZOO}
+    writes_settled(zoo.url)
     os.kill(zoo.engine.proc.pid, signal.SIGABRT)
     zoo.engine.proc.wait(30)
     zoo.start()
-    return zoo
+    return zoo, conversations
 
 
 @pytest.mark.parametrize("model", ZOO)
 def test_the_next_turn_after_a_sigabrt_reuses_the_disk_tier(aborted, model):
-    messages = aborted.conversations.get(model)
-    if messages is None:
-        pytest.skip("its chat test did not pass")
-    usage = post(aborted.url, model, messages)["usage"]
+    zoo, conversations = aborted
+    usage = post(zoo.url, model, conversations[model])["usage"]
     assert cached(usage) >= 0.9 * usage["prompt_tokens"], usage
 
+
+@pytest.mark.parametrize("model", ["gpt_oss", "mamba2"])  # rotating (sliding-window) layers; state-space layers
+def test_a_turn_of_a_model_without_kv_blocks_is_on_disk_as_soon_as_its_answer_is_out(zoo_folders, tmp_path, model):
+    """Layers that cannot be cut into blocks go to disk as one file per turn:
+    written as the turn ends (not only once the engine idles, or the model
+    leaves memory), so a SIGABRT right after an answer loses nothing."""
+    home = tmp_path / "home"
+    config = zoo_config({model: zoo_folders[model]}, cpu_float32=False)
+    z = Zoo(home, config)
+    z.start()
+    try:
+        messages = two_turns(z.url, model, "right after the answer")
+        report = writes_settled(z.url)["prompt_cache"]
+        assert report["disk_writes"] >= 1, report
+        os.kill(z.engine.proc.pid, signal.SIGABRT)
+        z.engine.proc.wait(30)
+        z.start()
+        usage = post(z.url, model, messages)["usage"]
+        assert cached(usage) >= 0.9 * usage["prompt_tokens"], usage
+    finally:
+        z.stop()

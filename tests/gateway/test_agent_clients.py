@@ -3,8 +3,10 @@ the key, on the real default model (issue 34): each makes the call its users
 make, and gets back what its users read: openai-agents (Chat Completions and
 the Responses API: a forced tool call, then the structured final output),
 instructor (tools, JSON schema, JSON modes), pydantic-ai (tool, native and
-prompted output) and langchain-openai (structured output by each method, a
-named tool); then one of each at once, in the batch.
+prompted output), langchain-openai (structured output by each method, a
+named tool) and Simon Willison's llm (an extra OpenAI model of its
+extra-openai-models.yaml: a streamed answer, a schema, a tool call); then one
+of each at once, in the batch.
 
 Greedy and bounded: the 135M model loops in unbounded strings, arrays and
 integers until max_tokens (the schema still holds, the answer is cut), and in
@@ -21,12 +23,14 @@ import asyncio
 import json
 
 import instructor
+import llm
 import openai
 import pytest
 from agents import (Agent, ModelSettings, OpenAIChatCompletionsModel, OpenAIResponsesModel, Runner, ToolCallItem,
                     function_tool, set_tracing_disabled)
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
+from llm.parts import ToolCallPart, ToolResultPart
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_ai import Agent as PydanticAgent
 from pydantic_ai import NativeOutput, PromptedOutput, ToolOutput
@@ -206,6 +210,65 @@ def test_langchain_bind_tools_with_a_named_tool_makes_the_call(st):
     call = message.tool_calls[0]
     assert call["name"] == "get_weather" and set(call["args"]) == {"city", "days"}, call
     assert isinstance(call["args"]["city"], str) and isinstance(call["args"]["days"], int), call
+
+
+# --- llm (Simon Willison's) --------------------------------------------------------------------------------------
+
+LLM_MODEL_ID = "mlxd"
+
+
+@pytest.fixture
+def llm_model(st, tmp_path, monkeypatch):
+    """mlxd as llm's users add it: an OpenAI-compatible model in
+    extra-openai-models.yaml, its key as `llm keys set mlxd` keeps it, in a
+    user dir of its own (LLM_USER_PATH: none of this machine's llm set-up)."""
+    (tmp_path / "extra-openai-models.yaml").write_text(
+        f"- model_id: {LLM_MODEL_ID}\n  model_name: {MODEL}\n  api_base: {st.gateway_url}/v1\n"
+        "  api_key_name: mlxd\n  supports_tools: true\n  supports_schema: true\n")
+    (tmp_path / "keys.json").write_text(json.dumps({"mlxd": st.key}))
+    monkeypatch.setenv("LLM_USER_PATH", str(tmp_path))
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    return llm.get_model(LLM_MODEL_ID)
+
+
+def test_llm_streams_an_answer_with_its_usage(llm_model):
+    """llm streams by default, asking for the usage in the last chunk (stream_options)."""
+    response = llm_model.prompt("What is the capital of France? Answer in one word.", temperature=0, max_tokens=20)
+    assert response.text().strip(), response.json()
+    usage = response.usage()
+    assert usage.input and usage.input > 0 and usage.output and 0 < usage.output <= 20, usage
+
+
+def test_llm_answers_in_the_schema(llm_model):
+    """A schema: response_format json_schema (not strict)."""
+    response = llm_model.prompt(PROMPTED, schema=City, temperature=0, max_tokens=60)
+    assert City.model_validate_json(response.text()), response.text()
+
+
+def test_llm_tool_turns_are_answered(llm_model):
+    """llm's tool loop, both of its requests: a Python function offered as a
+    tool, then the call and its result handed back (llm's messages: an
+    assistant tool_calls message, a tool message). llm has no option for
+    tool_choice, so the model decides whether to call ("auto"), and the 135M
+    model answers in text instead (seen on every wording tried, greedy); a
+    call it does make must be the function's."""
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        return f"Sunny, 21 C in {city}"
+
+    question = "What's the weather in Oslo?"
+    first = llm_model.prompt(question, tools=[get_weather], temperature=0, max_tokens=60)
+    calls = first.tool_calls()
+    assert calls or first.text().strip(), first.json()
+    for call in calls:
+        assert call.name == "get_weather" and set(call.arguments) == {"city"}, call
+    call = calls[0] if calls else llm.ToolCall(name="get_weather", arguments={"city": "Oslo"}, tool_call_id="call_1")
+    history = [llm.user(question),
+               llm.assistant(ToolCallPart(name=call.name, arguments=call.arguments, tool_call_id=call.tool_call_id)),
+               llm.tool_message(ToolResultPart(name=call.name, output=get_weather(**call.arguments),
+                                               tool_call_id=call.tool_call_id))]
+    second = llm_model.prompt(messages=history, tools=[get_weather], temperature=0, max_tokens=60)
+    assert second.text().strip() or second.tool_calls(), second.json()
 
 
 # --- all at once --------------------------------------------------------------------------------------------------

@@ -1,10 +1,13 @@
 """The first request of each agent client, as it was released, replayed
 (tests/fixtures/clients/, recorded by bench/client_requests.py through a
-loopback recorder): mlxd takes every one of them -- hosted tools set aside
-and named, never a 400 for the whole request -- and answers it through the
-gateway. The demo model's context (4,096) is shorter than most of these
-prompts, so the engine refuses those with context_length_exceeded and the
-Ollama fallback answers; the request itself is what is checked here."""
+loopback recorder): the CLI clients (Codex CLI, Claude Code, opencode,
+aider, OpenClaw) and the Python agent libraries (openai-agents on Chat Completions and
+on the Responses API, pydantic-ai, instructor, langchain-openai, llm). mlxd
+takes every one of them -- hosted tools set aside and named, never a 400 for
+the whole request -- and answers it through the gateway. The demo model's
+context (4,096) is shorter than most of the CLI clients' prompts, so the
+engine refuses those with context_length_exceeded and the Ollama fallback
+answers; the request itself is what is checked here."""
 
 from __future__ import annotations
 
@@ -31,12 +34,33 @@ def fixture(name: str) -> dict:
     return json.loads((FIXTURES / f"{name}.json").read_text())
 
 
+CLI_CLIENTS = {"codex", "claude", "opencode", "aider", "openclaw"}
+LIBRARIES = {"openai-agents", "openai-agents-responses", "pydantic-ai", "instructor", "langchain-openai", "llm"}
+
+
 def test_every_client_of_the_issue_has_a_fixture():
-    assert {"codex", "claude", "opencode", "aider"} <= set(CLIENTS)
+    assert CLI_CLIENTS | LIBRARIES <= set(CLIENTS)
     for name in CLIENTS:
         fx = fixture(name)
         assert fx["method"] == "POST" and fx["path"] in ("/v1/responses", "/v1/messages", "/v1/chat/completions")
         assert "<key>" not in json.dumps(fx["headers"]) and "authorization" not in fx["headers"]
+        assert fx["package"] and fx["version"], name  # which release sent it
+        text = json.dumps(fx)  # the recording's key and temporary folder written as placeholders
+        assert "mlxd-recording-key" not in text and "client-requests-" not in text, name
+
+
+def test_each_library_sends_its_tools_and_structured_output():
+    """What each library's recorded call carries (so a re-recording that lost
+    it is seen): its function tools, and the structured output by its own way."""
+    tools = {name: [(t.get("function") or t)["name"] for t in fixture(name)["body"].get("tools", [])]
+             for name in LIBRARIES}
+    assert tools == {"openai-agents": ["get_weather"], "openai-agents-responses": ["get_weather"],
+                     "pydantic-ai": ["get_weather", "final_result"], "instructor": ["Person"],
+                     "langchain-openai": ["get_time", "get_weather"], "llm": ["get_weather"]}
+    assert fixture("openai-agents")["body"]["response_format"]["type"] == "json_schema"
+    assert fixture("openai-agents-responses")["body"]["text"]["format"]["type"] == "json_schema"
+    assert fixture("instructor")["body"]["tool_choice"]["function"]["name"] == "Person"
+    assert fixture("llm")["body"]["stream"] is True
 
 
 @pytest.mark.parametrize("name", [c for c in CLIENTS if fixture(c)["path"] in ENGINE_PATHS])

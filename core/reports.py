@@ -50,6 +50,7 @@ class ServingPlanReport(Report):
     cpu_float32: bool = False
     reason: str | None = None  # why max_concurrency is below what was configured
     speculative: str = "off"  # a request decoded alone: "prompt_lookup", "draft" or "off"
+    rows_apart: bool = False  # the batch decodes each row over its own cache (no padding, no mask)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,9 @@ The runner (runner.py) is the core's one way to MLX. Every file, one line each:
   one_row.py              one request decoded alone, as mlx-lm decodes one (generate_step; mlx-vlm's for images)
   speculative.py          prompt-lookup decoding for the one-row decoder: proposals, their length, the step source
   draft_model.py          speculative decoding by a draft model: its tokenizer check, its KV kept for the next turn
-  many_rows.py            many requests decoded as one batch (mlx-lm's BatchGenerator), joining rows prefilled alone
+  many_rows.py            many requests decoded as one batch, joining rows prefilled alone
+  row_batch.py            the batch's decode loop: rows of any length, each over its own cache, a token a step
+  row_attention.py        a step's attention row by row without a mask; checked exact per model at load
   generation.py           one job's prompt tokenized, and its answer relayed from the tokens a decoder gives
   model_registry.py       which models exist and where they live (configured names only)
   model_cache.py          one model resident: which to unload, then load (pure)

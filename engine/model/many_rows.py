@@ -1,5 +1,8 @@
 """The many-row decoder (`max_concurrency` > 1): the running requests decoded
-as one batch by mlx-lm's BatchGenerator.
+as one batch -- by mlxd's RowBatch (engine/model/row_batch.py: each row over
+its own cache, attention row by row, no padding, no mask) where the model was
+found to decode rows apart exactly at its load, else by mlx-lm's
+BatchGenerator (padded rows behind a mask; what follows describes that one).
 
 A joining request's prompt is prefilled by itself, a paced chunk a step
 (engine/model/prefill.py, the one-row decoder's prefill), between the batch's
@@ -54,21 +57,31 @@ class _Prefilling:
 
 
 class ManyRows:
-    def __init__(self, resident: Any, slots: int, pace: Any, faults: Any = None) -> None:
-        from mlx_lm.generate import BatchGenerator
-
+    def __init__(self, resident: Any, slots: int, pace: Any, faults: Any = None, rows_apart: bool = False) -> None:
         self.resident = resident
         self.pace = pace  # the size of each prefill chunk a joining row is given, from the speed measured
         self.faults = faults
         eos = sorted(resident.tokenizer.eos_token_ids)
-        self.generator = BatchGenerator(resident.model, stop_tokens=[[t] for t in eos],
-                                        completion_batch_size=slots, prefill_batch_size=slots)
+        self.generator: Any = None  # mlx-lm's BatchGenerator, for a model whose rows cannot be decoded apart
+        self.batch: Any = None  # mlxd's RowBatch (engine/model/row_batch.py)
+        if rows_apart:
+            from .row_batch import RowBatch
+
+            self.batch = RowBatch(resident.model, frozenset(eos))
+        else:
+            from mlx_lm.generate import BatchGenerator
+
+            self.generator = BatchGenerator(resident.model, stop_tokens=[[t] for t in eos],
+                                            completion_batch_size=slots, prefill_batch_size=slots)
         self.rows: dict[int, Admitted] = {}
         self._prefilling: list[_Prefilling] = []  # in order of admission; the first is prefilled a chunk a step
         self._next_key = -2
 
     def close(self) -> None:
-        self.generator.close()
+        if self.generator is not None:
+            self.generator.close()
+        if self.batch is not None:
+            self.batch.close()
 
     def admit(self, admitted: Admitted, kv: list[Any], sampling: RowSampling) -> None:
         """Into the batch: its prompt after the cached part is prefilled by
@@ -85,7 +98,14 @@ class ManyRows:
             self.take_over(Joining(admitted, rest, kv, prompt[:start], admitted.job.params.max_tokens, sampling))
 
     def take_over(self, j: Joining) -> None:
-        """A request into mlx-lm's batch, with its KV and the tokens still to run."""
+        """A request into the batch, with its KV and the tokens still to run."""
+        if self.batch is not None:
+            if len(j.segment) > 1:  # a lone request that had not started: its prompt first, by itself
+                prefill(self.resident.model, j.kv, j.segment[:-1], self.pace, lambda: None, self.faults)
+            uid = self.batch.insert(j.segment[-1], j.kv, j.max_tokens, list(j.context) + j.segment[:-1],
+                                    j.sampling.sampler, j.sampling.processors)
+            self.rows[uid] = j.admitted
+            return
         from ..cache.batch_kv import rows_for_batch  # MLX: imported after the engine chose its BLAS
 
         kv = rows_for_batch(j.kv, len(j.segment), j.max_tokens)  # the batch's array sized for its grant
@@ -133,7 +153,10 @@ class ManyRows:
         last prompt token only (`_prefill_chunk`), so its own prefill never
         runs: a joining row's one token goes straight to decoding."""
         began = time.perf_counter()
-        joined, responses = self.generator.next()
+        if self.batch is not None:
+            joined, responses = [], self.batch.next()
+        else:
+            joined, responses = self.generator.next()
         if log.isEnabledFor(logging.DEBUG):  # where a batch's time goes
             log.debug("batch step %.1f ms: %d rows joined, %d tokens decoded, %d rows in the batch",
                       1000 * (time.perf_counter() - began), len(joined), len(responses), len(self.rows))
@@ -155,6 +178,8 @@ class ManyRows:
         if uid < 0:  # still prefilling: nothing of it in mlx-lm's batch, nothing partial kept
             self._prefilling = [p for p in self._prefilling if p.key != uid]
             return Ended(a, finish, None)
+        if self.batch is not None:
+            return Ended(a, finish, self.batch.remove(uid))
         caches = self.generator.remove([uid], return_prompt_caches=True)
         kv, _ = caches.get(uid, (None, []))
         return Ended(a, finish, kv)

@@ -76,6 +76,7 @@ class ModelRunner:
         for a load that failed outside MLX (missing files, no network)."""
         from .many_rows import batchable_model
         from .model_load import load_resident, load_shard, with_kv_layout
+        from .row_attention import rows_decode_exact
 
         info = self.registry.info(model_id)
         target = self.registry.load_target(model_id)
@@ -91,17 +92,21 @@ class ModelRunner:
             resident = with_kv_layout(resident, info.kv)
         self.resident = resident
         self.pace = PrefillPace(self.prefill_step_size, self.prefill_step_budget_s)
-        batchable = not resident.vision and self.link is None and batchable_model(resident.model)
-        self.plan = serving_plan(model_id, self.registry.max_concurrency(model_id), vision=resident.vision,
+        concurrency = self.registry.max_concurrency(model_id)
+        text_alone = not resident.vision and self.link is None
+        batchable = text_alone and batchable_model(resident.model)
+        rows_apart = text_alone and concurrency > 1 and not resident.kv.quantized and rows_decode_exact(resident.model)
+        self.plan = serving_plan(model_id, concurrency, vision=resident.vision,
                                  rank_group=self.link is not None, batchable=batchable, kv=resident.kv,
                                  cpu_float32=info.weights_dtype == "float32",
-                                 speculative=self.registry.config.speculative_for(model_id))
+                                 speculative=self.registry.config.speculative_for(model_id), rows_apart=rows_apart)
         if self.plan.reason and self.registry.max_concurrency(model_id) > 1:
             log.info("%s is served one request at a time: %s", model_id, self.plan.reason)
         spec = self.registry.config.models[model_id]
         draft = self._load_draft(model_id, spec.draft, resident) if self.plan.speculative == "draft" else None
         self.decoders = Decoders(resident, self.plan.max_concurrency, self.pace, self.faults, self.link,
-                                 speculative=self.plan.speculative, draft=draft, draft_tokens=spec.draft_tokens)
+                                 speculative=self.plan.speculative, draft=draft, draft_tokens=spec.draft_tokens,
+                                 rows_apart=self.plan.rows_apart)
         from mlx_lm.utils import maybe_set_recommended_wired_limit  # Metal: the weights stay wired, as mlx-lm does
 
         self._wired_before = maybe_set_recommended_wired_limit()

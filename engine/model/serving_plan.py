@@ -26,6 +26,9 @@ class ServingPlan:
     cpu_float32: bool  # the CPU's float32 path (engine/cpu/cpu_linear.py, engine/cpu/cpu_decode.py)
     reason: str | None = None  # why max_concurrency is below what was configured
     speculative: str = "off"  # a lone request: "prompt_lookup" (speculative.py), "draft" (draft_model.py), "off"
+    # The batch decodes each row over its own cache, attention row by row (engine/model/row_batch.py), where the
+    # model was checked at load to give each row what it gets alone; else mlx-lm's padded, masked batch.
+    rows_apart: bool = False
 
     @property
     def decoder(self) -> str:
@@ -42,10 +45,13 @@ def speculative_mode(configured: str, *, vision: bool, rank_group: bool, kv: KVL
 
 
 def serving_plan(model_id: str, configured_concurrency: int, *, vision: bool, rank_group: bool,
-                 batchable: bool, kv: KVLayout, cpu_float32: bool, speculative: str = "off") -> ServingPlan:
+                 batchable: bool, kv: KVLayout, cpu_float32: bool, speculative: str = "off",
+                 rows_apart: bool = False) -> ServingPlan:
     """The plan for a model just loaded (pure; the first reason that holds
     limits it to one request at a time). `batchable`: every layer's cache
-    can be merged into mlx-lm's batch."""
+    can be merged into mlx-lm's batch; `rows_apart`: a step over rows each
+    with its own cache gives every row what it gets alone (checked at load:
+    engine/model/row_attention.py), so no merge is needed."""
     reason = None
     if configured_concurrency > 1:
         if rank_group:
@@ -54,8 +60,9 @@ def serving_plan(model_id: str, configured_concurrency: int, *, vision: bool, ra
             reason = "a vision model is served by mlx-vlm, one request at a time"
         elif kv.quantized:
             reason = "mlx-lm's batch has no quantised KV cache"
-        elif not batchable:
+        elif not batchable and not rows_apart:
             reason = "mlx-lm cannot merge this model's cache into a batch"
     return ServingPlan(model_id, 1 if reason else configured_concurrency, vision, rank_group,
                        not vision and not rank_group, kv, cpu_float32, reason,
-                       speculative_mode(speculative, vision=vision, rank_group=rank_group, kv=kv))
+                       speculative_mode(speculative, vision=vision, rank_group=rank_group, kv=kv),
+                       rows_apart and not reason and configured_concurrency > 1)

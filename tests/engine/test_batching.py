@@ -62,7 +62,8 @@ PROMPTS = [f"Request {i}: " + " ".join(["word"] * (5 + 7 * i)) for i in range(4)
 
 def test_batched_answers_equal_the_answers_alone(start_engine):
     """Greedy answers of four requests decoded together are those each gets
-    alone (prompts of different lengths: the batch pads them)."""
+    alone (prompts of different lengths: each row decoded over its own
+    cache, attention row by row, engine/model/row_batch.py)."""
     single = start_engine({"max_tokens_cap": 256})
     alone = [complete(single.url, p).json() for p in PROMPTS]
     eng = start_engine({"max_concurrency": 4, "max_tokens_cap": 256, "prompt_cache": {"enabled": False}})
@@ -70,7 +71,7 @@ def test_batched_answers_equal_the_answers_alone(start_engine):
     assert [t["choices"][0]["text"] for t in together] == [a["choices"][0]["text"] for a in alone]
     assert [t["usage"] for t in together] == [a["usage"] for a in alone]
     assert metric(eng.url, "mlxd_engine_max_observed_concurrency") >= 2  # they really ran together
-    assert eng.health()["max_concurrency"] == 4
+    assert eng.health()["max_concurrency"] == 4 and eng.health()["serving"]["rows_apart"]
 
 
 def test_per_request_settings_hold_in_a_batch(start_engine):

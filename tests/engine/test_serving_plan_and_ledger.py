@@ -14,19 +14,23 @@ from mlxd.memory_estimate import KVLayout, kv_allocated_tokens, kv_cache_bytes
 Q4 = KVLayout(bits=4)
 
 
-@pytest.mark.parametrize("configured, vision, rank_group, batchable, kv, concurrency, decoder, why", [
-    (1, False, False, True, KVLayout(), 1, ONE_ROW, None),
-    (4, False, False, True, KVLayout(), 4, MANY_ROWS, None),
-    (4, True, False, False, KVLayout(), 1, ONE_ROW, "vision"),
-    (4, False, True, True, KVLayout(), 1, ONE_ROW, "rank group"),
-    (4, False, False, True, Q4, 1, ONE_ROW, "quantised"),
-    (4, False, False, False, KVLayout(), 1, ONE_ROW, "merge"),
-    (1, True, False, False, KVLayout(), 1, ONE_ROW, None),  # nothing lowered: no reason to give
-], ids=["single", "batched", "vision", "rank-group", "kv-bits", "unmergeable", "vision-single"])
-def test_serving_plan(configured, vision, rank_group, batchable, kv, concurrency, decoder, why):
+@pytest.mark.parametrize("configured, vision, rank_group, batchable, apart, kv, concurrency, decoder, why, rows_apart", [
+    (1, False, False, True, False, KVLayout(), 1, ONE_ROW, None, False),
+    (4, False, False, True, False, KVLayout(), 4, MANY_ROWS, None, False),
+    (4, False, False, True, True, KVLayout(), 4, MANY_ROWS, None, True),
+    (4, True, False, False, False, KVLayout(), 1, ONE_ROW, "vision", False),
+    (4, False, True, True, True, KVLayout(), 1, ONE_ROW, "rank group", False),
+    (4, False, False, True, False, Q4, 1, ONE_ROW, "quantised", False),
+    (4, False, False, False, False, KVLayout(), 1, ONE_ROW, "merge", False),
+    (4, False, False, False, True, KVLayout(), 4, MANY_ROWS, None, True),  # a hybrid cache: rows apart need no merge
+    (1, False, False, True, True, KVLayout(), 1, ONE_ROW, None, False),  # one row: no batch to decode apart
+    (1, True, False, False, False, KVLayout(), 1, ONE_ROW, None, False),  # nothing lowered: no reason to give
+], ids=["single", "batched", "batched-apart", "vision", "rank-group", "kv-bits", "unmergeable", "unmergeable-apart",
+        "single-apart", "vision-single"])
+def test_serving_plan(configured, vision, rank_group, batchable, apart, kv, concurrency, decoder, why, rows_apart):
     plan = serving_plan("m", configured, vision=vision, rank_group=rank_group, batchable=batchable, kv=kv,
-                        cpu_float32=False)
-    assert (plan.max_concurrency, plan.decoder) == (concurrency, decoder)
+                        cpu_float32=False, rows_apart=apart)
+    assert (plan.max_concurrency, plan.decoder, plan.rows_apart) == (concurrency, decoder, rows_apart)
     assert (plan.reason is None) if why is None else (why in plan.reason)
     assert plan.prompt_cache is (not vision and not rank_group)  # mlx-vlm's generation and a rank group: none of ours
 

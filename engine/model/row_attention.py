@@ -1,0 +1,186 @@
+"""Attention over rows of any length, each with its own cache, in one forward.
+
+mlx-lm batches rows of different lengths by padding them into one array and
+masking the padding (BatchKVCache): every decode step then runs attention
+with an explicit array mask, which backends fuse less well (MLX's CUDA
+backend runs its unfused path: the scores materialised), over every row's
+padding too. Here a decode step's input is the rows' last tokens, [B, 1],
+and every matrix product of the model runs on them together, but each
+layer's cache is a `RowsLayer`: each row's own cache (KVCache,
+RotatingKVCache, QuantizedKVCache...) is updated with its row, and attention
+is computed row by row over that row's own length, with MLX's fused kernel
+and no mask. State-space layers (ArraysCache) are stacked for the step and
+split back after it (`RowsArrays`).
+
+mlx-lm's models compute attention by calling
+`mlx_lm.models.base.scaled_dot_product_attention(queries, keys, values,
+cache, ...)`; each model module imports that function by name, so
+`route_attention` points each loaded model module's name at
+`attention_by_rows`, which hands a RowsLayer's attention to it and every
+other call to mlx-lm's function unchanged. A model that uses the keys
+itself (DeepSeek's latent attention) would compute something else, so
+`rows_decode_exact` checks, once per load, that a step over two rows of
+different lengths gives each row the logits it gets alone; a model that
+fails it is batched by mlx-lm's BatchGenerator instead.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import sys
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models import base as mlx_lm_base
+
+log = logging.getLogger("mlxd.engine.core.worker")
+
+_MLX_LM_ATTENTION = mlx_lm_base.scaled_dot_product_attention
+
+
+class RowsLayer:
+    """One attention layer's caches for a decode step over several rows."""
+
+    def __init__(self, caches: list[Any], offsets: mx.array) -> None:
+        self.caches = caches
+        self.offset = offsets  # each row's position, for RoPE (MLX's rope takes one per row)
+        self._fetched: list[tuple[Any, Any]] = []
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        self._fetched = [c.update_and_fetch(keys[i:i + 1], values[i:i + 1]) for i, c in enumerate(self.caches)]
+        return keys, values  # not the context: attention reads each row's own (attend)
+
+    def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None) -> None:
+        assert n == 1, "a RowsLayer decodes one token a row"
+        return None  # one query against its row's own keys: nothing to mask
+
+    def attend(self, queries: mx.array, scale: float, sinks: mx.array | None) -> mx.array:
+        rows = [_MLX_LM_ATTENTION(queries[i:i + 1], k, v, cache=c, scale=scale, mask=None, sinks=sinks)
+                for i, ((k, v), c) in enumerate(zip(self._fetched, self.caches))]
+        self._fetched = []
+        return rows[0] if len(rows) == 1 else mx.concatenate(rows, axis=0)
+
+
+class RowsArrays:
+    """One state-space layer's caches (ArraysCache) for a step: the rows'
+    states stacked when the layer reads them, split back when it writes."""
+
+    def __init__(self, caches: list[Any]) -> None:
+        self.caches = caches
+        self.lengths = None
+        self.left_padding = None
+
+    def __getitem__(self, idx: int) -> mx.array | None:
+        states = [c[idx] for c in self.caches]
+        if any(s is None for s in states):
+            return None  # a row that has not started this state yet: the layer starts them all
+        return states[0] if len(states) == 1 else mx.concatenate(states, axis=0)
+
+    def __setitem__(self, idx: int, value: mx.array) -> None:
+        for i, c in enumerate(self.caches):
+            c[idx] = value[i:i + 1]
+
+    def make_mask(self, n: int) -> None:
+        return None
+
+    def advance(self, n: int) -> None:
+        for c in self.caches:
+            c.advance(n)
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.caches)
+
+
+def attention_by_rows(queries: mx.array, keys: mx.array, values: mx.array, cache: Any, scale: float,
+                      mask: mx.array | None, sinks: mx.array | None = None) -> mx.array:
+    """mlx-lm's attention, except over a RowsLayer: row by row."""
+    if isinstance(cache, RowsLayer):
+        return cache.attend(queries, scale, sinks)
+    return _MLX_LM_ATTENTION(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
+
+
+def route_attention() -> None:
+    """Every loaded mlx-lm model module's attention through attention_by_rows
+    (idempotent; run after a model's load, which imports its module)."""
+    for name, module in list(sys.modules.items()):
+        if name.startswith("mlx_lm.models.") and getattr(module, "scaled_dot_product_attention", None) \
+                is _MLX_LM_ATTENTION:
+            module.scaled_dot_product_attention = attention_by_rows
+
+
+class RowsList:
+    """One layer's CacheList (a hybrid layer's caches: state-space and attention) for a step."""
+
+    def __init__(self, caches: list[Any], offsets: mx.array) -> None:
+        self.caches = caches
+        self.offsets = offsets
+
+    def __getitem__(self, idx: int) -> Any:
+        return rows_of([c[idx] for c in self.caches], self.offsets)
+
+
+def rows_of(caches: list[Any], offsets: mx.array) -> Any:
+    """The rows' caches of one layer as one cache for the step."""
+    from mlx_lm.models.cache import ArraysCache, CacheList
+
+    if isinstance(caches[0], CacheList):
+        return RowsList(caches, offsets)
+    return RowsArrays(caches) if isinstance(caches[0], ArraysCache) else RowsLayer(caches, offsets)
+
+
+def row_caches(kv_per_row: list[list[Any]], offsets: mx.array) -> list[Any]:
+    """The step's layer caches: layer l of every row, as one cache."""
+    return [rows_of([kv[l] for kv in kv_per_row], offsets) for l in range(len(kv_per_row[0]))]
+
+
+def positions(kv_per_row: list[list[Any]]) -> mx.array:
+    """Each row's position (the tokens its cache has seen), from its first cache that counts them."""
+    out = []
+    for kv in kv_per_row:
+        layers = [c for layer in kv for c in (getattr(layer, "caches", None) or (layer,))]  # a CacheList's too
+        counted = next((c for c in layers if isinstance(getattr(c, "offset", None), int)), None)
+        out.append(counted.offset if counted is not None else 0)
+    return mx.array(out, dtype=mx.int32)
+
+
+def rows_decode_exact(model: Any, tolerance: float | None = None) -> bool:
+    """Whether a decode step over two rows of different lengths, each with its
+    own cache, gives each row the logits it gets decoded alone (checked once
+    a load, on a few tokens; any error: not exact)."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    route_attention()
+    try:
+        prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10]]
+        caches = [make_prompt_cache(model) for _ in prompts]
+        for prompt, cache in zip(prompts, caches):
+            model(mx.array([prompt]), cache=cache)
+        alone = copy.deepcopy(caches)
+        last = [11, 12]
+        together = model(mx.array([[t] for t in last]), cache=row_caches(caches, positions(caches)))[:, -1, :]
+        each = mx.concatenate([model(mx.array([[t]]), cache=c)[:, -1, :] for t, c in zip(last, alone)], axis=0)
+        together, each = together.astype(mx.float32), each.astype(mx.float32)
+        if tolerance is None:  # a half-precision product of one row and of two differ in their last bits
+            tolerance = 1e-3 if model_dtype(model) == mx.float32 else 5e-2
+        scale = float(mx.abs(each).max()) + 1e-6
+        worst = float(mx.abs(together - each).max()) / scale
+        exact = worst <= tolerance and bool(mx.all(together.argmax(-1) == each.argmax(-1)))
+        if not exact:
+            log.info("decoding rows apart is not exact for this model (worst %.3g of the logits' scale): "
+                     "mlx-lm's padded batch instead", worst)
+        return exact
+    except Exception as exc:  # a model whose attention does not go through mlx-lm's function as it should
+        log.info("decoding rows apart does not run for this model (%s: %s): mlx-lm's padded batch instead",
+                 type(exc).__name__, exc)
+        return False
+
+
+def model_dtype(model: Any) -> Any:
+    from mlx.utils import tree_flatten
+
+    for _, p in tree_flatten(model.parameters()):
+        if mx.issubdtype(p.dtype, mx.floating):
+            return p.dtype
+    return mx.float32

@@ -99,9 +99,11 @@ class Decoders:
     """The one-row and many-row decoders of the resident model (see the module's docstring)."""
 
     def __init__(self, resident: Any, slots: int, pace: Any, faults: Any, link: Any = None,
-                 speculative: str = "off", draft: Any = None, draft_tokens: int = 3, rows_apart: bool = False) -> None:
+                 speculative: str = "off", draft: Any = None, draft_tokens: int = 3, rows_apart: bool = False,
+                 rows_lookup: bool = False) -> None:
         self.resident = resident
         self.rows_apart = rows_apart  # the batch decodes rows over their own caches (engine/model/row_batch.py)
+        self.rows_lookup = rows_lookup  # and verifies each row's prompt-lookup proposals in its steps
         self.speculative = speculative  # the serving plan's, for the one-row decoder
         self.draft = draft  # its DraftModel when the plan says "draft" (engine/model/draft_model.py)
         self.draft_tokens = draft_tokens
@@ -176,7 +178,8 @@ class Decoders:
         from .many_rows import ManyRows
 
         if self.many is None:
-            self.many = ManyRows(self.resident, self.slots, self.pace, self.faults, rows_apart=self.rows_apart)
+            self.many = ManyRows(self.resident, self.slots, self.pace, self.faults, rows_apart=self.rows_apart,
+                                 rows_lookup=self.rows_lookup)
         return self.many
 
     def step(self) -> list[Ended]:

@@ -35,6 +35,16 @@ from .prefill import prefill
 log = logging.getLogger("mlxd.engine.core.worker")
 
 
+def sampled_target(params: Any, resident: Any) -> Any:
+    """A sampled request's distribution, for verifying its proposals (None: greedy)."""
+    from .speculative import SampledTarget
+
+    if params.temperature == 0:
+        return None
+    return SampledTarget(params.temperature, params.top_p if params.top_p < 1.0 else 0.0, params.min_p,
+                         params.top_k if 0 < params.top_k < resident.vocab_size() else 0)
+
+
 def batchable_model(model: Any) -> bool:
     """Whether mlx-lm can batch this model: every layer's cache can be merged
     (mlx_lm.server asks the same)."""
@@ -57,7 +67,8 @@ class _Prefilling:
 
 
 class ManyRows:
-    def __init__(self, resident: Any, slots: int, pace: Any, faults: Any = None, rows_apart: bool = False) -> None:
+    def __init__(self, resident: Any, slots: int, pace: Any, faults: Any = None, rows_apart: bool = False,
+                 rows_lookup: bool = False) -> None:
         self.resident = resident
         self.pace = pace  # the size of each prefill chunk a joining row is given, from the speed measured
         self.faults = faults
@@ -67,7 +78,7 @@ class ManyRows:
         if rows_apart:
             from .row_batch import RowBatch
 
-            self.batch = RowBatch(resident.model, frozenset(eos))
+            self.batch = RowBatch(resident.model, frozenset(eos), lookup=rows_lookup)
         else:
             from mlx_lm.generate import BatchGenerator
 
@@ -103,7 +114,8 @@ class ManyRows:
             if len(j.segment) > 1:  # a lone request that had not started: its prompt first, by itself
                 prefill(self.resident.model, j.kv, j.segment[:-1], self.pace, lambda: None, self.faults)
             uid = self.batch.insert(j.segment[-1], j.kv, j.max_tokens, list(j.context) + j.segment[:-1],
-                                    j.sampling.sampler, j.sampling.processors)
+                                    j.sampling.sampler, j.sampling.processors, sampled_target(j.admitted.job.params,
+                                                                                               self.resident))
             self.rows[uid] = j.admitted
             return
         from ..cache.batch_kv import rows_for_batch  # MLX: imported after the engine chose its BLAS
@@ -168,7 +180,7 @@ class ManyRows:
             finish = a.feed(r.token, None, r.finish_reason)
             if r.finish_reason is not None:  # mlx-lm ended it (and took it out of the batch)
                 del self.rows[r.uid]
-                ended.append(Ended(a, finish or r.finish_reason, r.prompt_cache))
+                ended.append(Ended(a, finish or r.finish_reason, r.prompt_cache, getattr(r, "speculation", None)))
             elif finish is not None:
                 ended.append(self._remove(r.uid, finish))
         return ended
@@ -179,7 +191,8 @@ class ManyRows:
             self._prefilling = [p for p in self._prefilling if p.key != uid]
             return Ended(a, finish, None)
         if self.batch is not None:
-            return Ended(a, finish, self.batch.remove(uid))
+            speculation = self.batch.spec_stats(uid)
+            return Ended(a, finish, self.batch.remove(uid), speculation)
         caches = self.generator.remove([uid], return_prompt_caches=True)
         kv, _ = caches.get(uid, (None, []))
         return Ended(a, finish, kv)

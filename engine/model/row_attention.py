@@ -52,11 +52,13 @@ class RowsLayer:
         return keys, values  # not the context: attention reads each row's own (attend)
 
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None) -> None:
-        assert n == 1, "a RowsLayer decodes one token a row"
-        return None  # one query against its row's own keys: nothing to mask
+        return None  # each row's own (attend): none for one query, causal for a verify's few
 
     def attend(self, queries: mx.array, scale: float, sinks: mx.array | None) -> mx.array:
-        rows = [_MLX_LM_ATTENTION(queries[i:i + 1], k, v, cache=c, scale=scale, mask=None, sinks=sinks)
+        # One query sees all its row's keys; a verify's n queries (the last token and a proposal) each see the
+        # keys up to its own: MLX's "causal" aligns the queries to the end of the keys.
+        mask = "causal" if queries.shape[2] > 1 else None
+        rows = [_MLX_LM_ATTENTION(queries[i:i + 1], k, v, cache=c, scale=scale, mask=mask, sinks=sinks)
                 for i, ((k, v), c) in enumerate(zip(self._fetched, self.caches))]
         self._fetched = []
         return rows[0] if len(rows) == 1 else mx.concatenate(rows, axis=0)
@@ -145,36 +147,43 @@ def positions(kv_per_row: list[list[Any]]) -> mx.array:
     return mx.array(out, dtype=mx.int32)
 
 
-def rows_decode_exact(model: Any, tolerance: float | None = None) -> bool:
-    """Whether a decode step over two rows of different lengths, each with its
-    own cache, gives each row the logits it gets decoded alone (checked once
-    a load, on a few tokens; any error: not exact)."""
-    from mlx_lm.models.cache import make_prompt_cache
+def rows_decode_exact(model: Any, tolerance: float | None = None) -> tuple[bool, bool]:
+    """Whether a step over two rows of different lengths, each with its own
+    cache, gives each row the logits it gets alone: (a decode step of one
+    token a row, a verify step of three). Checked once a load, on a few
+    tokens; any error: not exact."""
+    from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 
     route_attention()
     try:
+        if tolerance is None:  # a half-precision product of one row and of two differ in their last bits
+            tolerance = 1e-3 if model_dtype(model) == mx.float32 else 5e-2
         prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10]]
         caches = [make_prompt_cache(model) for _ in prompts]
         for prompt, cache in zip(prompts, caches):
             model(mx.array([prompt]), cache=cache)
         alone = copy.deepcopy(caches)
-        last = [11, 12]
-        together = model(mx.array([[t] for t in last]), cache=row_caches(caches, positions(caches)))[:, -1, :]
-        each = mx.concatenate([model(mx.array([[t]]), cache=c)[:, -1, :] for t, c in zip(last, alone)], axis=0)
-        together, each = together.astype(mx.float32), each.astype(mx.float32)
-        if tolerance is None:  # a half-precision product of one row and of two differ in their last bits
-            tolerance = 1e-3 if model_dtype(model) == mx.float32 else 5e-2
-        scale = float(mx.abs(each).max()) + 1e-6
-        worst = float(mx.abs(together - each).max()) / scale
-        exact = worst <= tolerance and bool(mx.all(together.argmax(-1) == each.argmax(-1)))
-        if not exact:
-            log.info("decoding rows apart is not exact for this model (worst %.3g of the logits' scale): "
-                     "mlx-lm's padded batch instead", worst)
-        return exact
+        decode = _same_as_alone(model, caches, alone, [[11], [12]], tolerance)
+        verify = decode and can_trim_prompt_cache(caches[0]) and \
+            _same_as_alone(model, caches, alone, [[13, 14, 15], [16, 17, 18]], tolerance)
+        return decode, verify
     except Exception as exc:  # a model whose attention does not go through mlx-lm's function as it should
         log.info("decoding rows apart does not run for this model (%s: %s): mlx-lm's padded batch instead",
                  type(exc).__name__, exc)
-        return False
+        return False, False
+
+
+def _same_as_alone(model: Any, caches: list[list[Any]], alone: list[list[Any]], tokens: list[list[int]],
+                   tolerance: float) -> bool:
+    together = model(mx.array(tokens), cache=row_caches(caches, positions(caches))).astype(mx.float32)
+    each = mx.concatenate([model(mx.array([t]), cache=c) for t, c in zip(tokens, alone)], axis=0).astype(mx.float32)
+    worst = float(mx.abs(together - each).max()) / (float(mx.abs(each).max()) + 1e-6)
+    exact = worst <= tolerance and bool(mx.all(together.argmax(-1) == each.argmax(-1)))
+    if not exact:
+        log.info("decoding rows apart (%d tokens a row) is not exact for this model (worst %.3g of the logits' "
+                 "scale): %s", len(tokens[0]), worst,
+                 "mlx-lm's padded batch instead" if len(tokens[0]) == 1 else "no prompt lookup in the batch")
+    return exact
 
 
 def model_dtype(model: Any) -> Any:

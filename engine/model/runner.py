@@ -95,7 +95,8 @@ class ModelRunner:
         concurrency = self.registry.max_concurrency(model_id)
         text_alone = not resident.vision and self.link is None
         batchable = text_alone and batchable_model(resident.model)
-        rows_apart = text_alone and concurrency > 1 and not resident.kv.quantized and rows_decode_exact(resident.model)
+        rows_apart, rows_verify = (rows_decode_exact(resident.model) if text_alone and concurrency > 1
+                                   and not resident.kv.quantized else (False, False))
         self.plan = serving_plan(model_id, concurrency, vision=resident.vision,
                                  rank_group=self.link is not None, batchable=batchable, kv=resident.kv,
                                  cpu_float32=info.weights_dtype == "float32",
@@ -106,7 +107,8 @@ class ModelRunner:
         draft = self._load_draft(model_id, spec.draft, resident) if self.plan.speculative == "draft" else None
         self.decoders = Decoders(resident, self.plan.max_concurrency, self.pace, self.faults, self.link,
                                  speculative=self.plan.speculative, draft=draft, draft_tokens=spec.draft_tokens,
-                                 rows_apart=self.plan.rows_apart)
+                                 rows_apart=self.plan.rows_apart,
+                                 rows_lookup=rows_verify and self.plan.speculative == "prompt_lookup")
         from mlx_lm.utils import maybe_set_recommended_wired_limit  # Metal: the weights stay wired, as mlx-lm does
 
         self._wired_before = maybe_set_recommended_wired_limit()

@@ -111,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--keep-logs", type=Path, default=None, help="copy the engine's log into this folder")
     p.add_argument("--engine-log-level", default="info", help="debug: every batch step's time in the engine's log")
+    p.add_argument("--shared-system", action="store_true",
+                   help="every agent gets the first agent's system prompt (Claude-Code-shaped agents of one user)")
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args(argv)
     interrupt_on_sigterm()
@@ -119,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     say(f"writing {args.agents} system prompts of {args.system_tokens} tokens and their turns ({count_source})")
     systems, user_turns = agent_prompts(args.agents, args.system_tokens, args.turn_tokens, args.turns, count,
                                         args.seed)
+    if args.shared_system:  # one system prompt for all: the turns still differ from the first on
+        systems = [systems[0]] * args.agents
     config = one_model_config(model)
     config["engine"].update(engine_extra(max(8, args.agents), args.engine_log_level), max_concurrency=args.concurrency or args.agents,
                             max_prompt_tokens=131072)
@@ -169,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     peak, src = headline_memory(mem)
     print(f"### Agents at once — {doc['machine']['date']}\n")
     print(f"{doc['machine'].get('gpu') or doc['machine']['cpu_count']}; model {model.name}; {args.agents} agents, "
-          f"max_concurrency {args.concurrency or args.agents}, system prompts {args.system_tokens} tokens, "
+          f"max_concurrency {args.concurrency or args.agents}, "
+          f"{'one shared system prompt' if args.shared_system else 'system prompts'} {args.system_tokens} tokens, "
           f"+{args.turn_tokens} a turn, {args.turns} turns, {args.max_tokens}-token answers, prompt cache "
           f"{'memory_gib ' + str(args.prompt_cache_gib) if args.prompt_cache_gib is not None else 'defaults'}\n")
     print("| turns done | turns/min | TTFT p50 by turn (s) | TTFT p50 / p95 turns 2+ (s) | cached share turns 2+ "

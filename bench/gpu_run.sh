@@ -193,7 +193,8 @@ squeeze)
   ;;
 agents)
   # Issue 35: four coding agents at once (bench/agents_load.py): 12k-token system prompts, +1.7k tokens a turn,
-  # 6 turns, 128-token answers, max_concurrency 4, memory_gib 2, for BUILDS as in `squeeze`.
+  # 6 turns, 128-token answers, max_concurrency 4, memory_gib 2, for BUILDS as in `squeeze`; SHARED=1: one
+  # system prompt for all four (Claude-Code-shaped agents of one user).
   install_engine
   [ -d /tmp/site-old/mlxd ] || pip_target /tmp/site-old .whl2/old/*.whl
   cache_arg="--prompt-cache-gib ${PROMPT_CACHE_GIB:-2}"; [ "${PROMPT_CACHE_GIB:-}" = default ] && cache_arg=""
@@ -201,8 +202,9 @@ agents)
     path=$PYTHONPATH; [ "$build" = old ] && path=/tmp/site-old:$PYTHONPATH
     PYTHONPATH=$path $PY bench/agents_load.py --model "$MODEL" --agents "${AGENTS:-4}" \
         --system-tokens "${SYSTEM_TOKENS:-12000}" --turn-tokens "${TURN_TOKENS:-1700}" --turns "${TURNS:-6}" \
-        --max-tokens 128 $cache_arg --engine-log-level "${ENGINE_LOG_LEVEL:-info}" --keep-logs "$OUT/logs-agents-$build" \
-        --out "$OUT/agents_$build.json" 2> >(tee "$OUT/agents_$build.progress" >&2) | tee "$OUT/agents_$build.md"
+        --max-tokens 128 $cache_arg ${SHARED:+--shared-system} --engine-log-level "${ENGINE_LOG_LEVEL:-info}" \
+        --keep-logs "$OUT/logs-agents-$build${SHARED:+-shared}" --out "$OUT/agents_$build${SHARED:+_shared}.json" \
+        2> >(tee "$OUT/agents_$build${SHARED:+_shared}.progress" >&2) | tee "$OUT/agents_$build${SHARED:+_shared}.md"
   done
   ;;
 faults)

@@ -4,6 +4,8 @@ Both answer errors in OpenAI's shape, `{"error": {"message", "type",
 "param", "code"}}`. The `type` follows from the HTTP status, by the one
 table below; the `code` is ours and stable: the gateway decides on codes,
 never on a message's wording, so a reworded message changes no routing.
+Anthropic's Messages routes answer in Anthropic's shape instead, with the
+same code inside (`error_body_for`).
 """
 
 from __future__ import annotations
@@ -46,3 +48,35 @@ def error_body(status: int, message: str, code: str, param: str | None = None,
                type: str | None = None) -> dict[str, Any]:
     """The error object; `type` defaults to the status's."""
     return {"error": {"message": message, "type": type or error_type(status), "param": param, "code": code}}
+
+
+# Anthropic's Messages API answers errors in its own shape,
+# `{"type": "error", "error": {"type", "message"}}`, typed by status with its
+# own names; its clients (Claude Code, the `anthropic` SDK) read that.
+ANTHROPIC_PATHS = frozenset({"/v1/messages", "/v1/messages/count_tokens"})
+ANTHROPIC_ERROR_TYPE_BY_STATUS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+
+
+def anthropic_error_body(status: int, message: str, code: str, param: str | None = None) -> dict[str, Any]:
+    """The error object in Anthropic's shape (pure), our `code` and `param`
+    kept inside it: the gateway decides on the code, as on the other routes."""
+    kind = ANTHROPIC_ERROR_TYPE_BY_STATUS.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": message, "code": code, "param": param}}
+
+
+def error_body_for(path: str, status: int, message: str, code: str, param: str | None = None,
+                   type: str | None = None) -> dict[str, Any]:
+    """The error object in the shape the route's clients read: Anthropic's on
+    its Messages routes, else OpenAI's (pure)."""
+    if path in ANTHROPIC_PATHS:
+        return anthropic_error_body(status, message, code, param)
+    return error_body(status, message, code, param, type)

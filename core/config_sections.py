@@ -277,7 +277,8 @@ class EngineConfig(Strict):
         "gateway may send it to the Ollama fallback); `\"truncate_middle\"` keeps the system prompt, the tools and "
         "the newest turn and drops whole older turns (a user message and all that answered it, tool calls with "
         "their results), oldest first, until it fits with room for the answer, and says so: the answer's "
-        "`X-Mlxd-Context-Truncated` header and `dropped_prompt_tokens` in its usage. Per model: "
+        "`X-Mlxd-Context-Truncated` header and `dropped_prompt_tokens` in its usage (`dropped_input_tokens` on the "
+        "Responses and Messages APIs). Per model: "
         "`[models.ID] context_overflow`."))
     max_tokens_cap: int = Field(default=8192, gt=0, description="The ceiling on a request's `max_tokens`.")
     default_max_tokens: int = Field(default=1024, gt=0, description="`max_tokens` where a request gives none.")

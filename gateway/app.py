@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from mlxd.api_errors import error_type
+from mlxd.api_errors import ANTHROPIC_PATHS, anthropic_error_body, error_type
 
 from .errors import JSON, ApiError, send_error, send_json
 from .health import PATHS as HEALTH_PATHS
@@ -32,7 +32,8 @@ SERVED_PATHS = frozenset({"/v1/chat/completions", "/chat/completions", "/v1/comp
                           "/v1/models", "/models",
                           # OpenAI's Responses API: the engine's own route (engine/api/responses_api.py).
                           "/v1/responses", "/responses",
-                          # Anthropic's Messages API, for coding agents: LiteLLM's own route.
+                          # Anthropic's Messages API, for coding agents: the engine's own route
+                          # (engine/api/messages_api.py), LiteLLM's adapter for the fallback and count_tokens.
                           "/v1/messages", "/v1/messages/count_tokens",
                           # Embeddings: the engine's encoder, Ollama's twin as the fallback.
                           "/v1/embeddings", "/embeddings"})
@@ -113,12 +114,31 @@ def rewrite_backend_error(status: int, body: bytes) -> tuple[int, bytes]:
     return status, body
 
 
+def in_route_shape(path: str, status: int, body: bytes) -> bytes:
+    """An error body in OpenAI's shape (LiteLLM's, after rewrite_backend_error)
+    in Anthropic's on its Messages routes, the code kept inside (pure); any
+    other, or one already in Anthropic's shape (the engine's), as it is."""
+    if path not in ANTHROPIC_PATHS:
+        return body
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return body
+    err = doc.get("error") if isinstance(doc, dict) else None
+    if not isinstance(err, dict) or doc.get("type") == "error":
+        return body
+    code = err.get("code") if _word_code(err.get("code")) else CODE_BY_STATUS.get(status, "backend_error")
+    return json.dumps(anthropic_error_body(status, str(err.get("message") or ""), code, err.get("param"))).encode()
+
+
 class ErrorRewriter:
     """Wraps `send`: error responses (>= 400) are held back and passed
-    through rewrite_backend_error; everything else streams as is."""
+    through rewrite_backend_error (and in_route_shape for the request's
+    `path`); everything else streams as is."""
 
-    def __init__(self, send: Any) -> None:
+    def __init__(self, send: Any, path: str = "") -> None:
         self.send = send
+        self.path = path
         self.start: dict | None = None
         self.parts: list[bytes] = []
 
@@ -133,6 +153,7 @@ class ErrorRewriter:
         if message.get("more_body"):
             return
         status, body = rewrite_backend_error(self.start["status"], b"".join(self.parts))
+        body = in_route_shape(self.path, status, body)
         headers = [(k, v) for k, v in self.start.get("headers", [])
                    if k.lower() not in (b"content-length", b"content-type")]
         await send_json(self.send, status, body, [*headers, JSON])
@@ -177,10 +198,11 @@ class KeyGuard:
                 await send({"type": "websocket.close", "code": 4000 + refusal.status})
             else:
                 await send_error(send, refusal, [(b"www-authenticate", b'Bearer realm="mlxd"')]
-                                 if refusal.status == 401 else None)
+                                 if refusal.status == 401 else None, scope["path"])
             return
         if scope["path"] == STATUS_DATA_PATH:
             await self.status_page.serve_document(scope["method"], send)
             return
         inner_headers = [h for h in scope.get("headers", []) if h[0].lower() not in AUTH_HEADERS]
-        await self.app({**scope, "headers": inner_headers + [self._inner_auth]}, receive, ErrorRewriter(send))
+        await self.app({**scope, "headers": inner_headers + [self._inner_auth]}, receive,
+                       ErrorRewriter(send, scope.get("path", "")))

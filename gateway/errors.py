@@ -1,6 +1,6 @@
 """The one way the gateway answers an error: OpenAI's shape
 (`{"error": {"message", "type", "param", "code"}}`, mlxd.api_errors, shared
-with the engine), sent over raw ASGI."""
+with the engine), or Anthropic's on its Messages routes, sent over raw ASGI."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from mlxd.api_errors import error_body
+from mlxd.api_errors import error_body_for
 
 Headers = list[tuple[bytes, bytes]]
 JSON = (b"content-type", b"application/json")
@@ -23,8 +23,9 @@ class ApiError:
     type: str | None = None  # None: the status's (mlxd.api_errors.error_type)
     param: str | None = None
 
-    def body(self) -> bytes:
-        return json.dumps(error_body(self.status, self.message, self.code, self.param, self.type)).encode()
+    def body(self, path: str = "") -> bytes:
+        """The error object in the shape of the route at `path` (Anthropic's on /v1/messages, else OpenAI's)."""
+        return json.dumps(error_body_for(path, self.status, self.message, self.code, self.param, self.type)).encode()
 
 
 async def send_json(send: Any, status: int, body: bytes, headers: Iterable[tuple[bytes, bytes]] = (JSON,)) -> None:
@@ -34,5 +35,5 @@ async def send_json(send: Any, status: int, body: bytes, headers: Iterable[tuple
     await send({"type": "http.response.body", "body": body})
 
 
-async def send_error(send: Any, error: ApiError, extra_headers: Headers | None = None) -> None:
-    await send_json(send, error.status, error.body(), [JSON, *(extra_headers or [])])
+async def send_error(send: Any, error: ApiError, extra_headers: Headers | None = None, path: str = "") -> None:
+    await send_json(send, error.status, error.body(path), [JSON, *(extra_headers or [])])

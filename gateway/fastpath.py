@@ -4,11 +4,12 @@ Through LiteLLM every streamed chunk is parsed by the openai SDK, rebuilt by
 LiteLLM's stream wrapper and serialised again, and no LiteLLM setting
 changes that (the cost measured: docs/BENCHMARKS.md). So this ASGI wrapper
 sits where KeyGuard hands the (authenticated) request to LiteLLM's
-app. A POST /v1/chat/completions, /v1/completions or /v1/responses whose
-`model` routes to the engine (gateway/routing.py decides) goes
-straight to the engine over a pooled aiohttp connection; the engine's bytes
-are relayed as they arrive (no per-chunk parsing; an alias renamed for the
-engine gets its public name back line by line). Anything else, and every
+app. A POST /v1/chat/completions, /v1/completions, /v1/responses,
+/v1/embeddings or Anthropic's /v1/messages whose `model` routes to the
+engine (gateway/routing.py decides) goes straight to the engine over a
+pooled aiohttp connection; the engine's bytes are relayed as they arrive (no
+per-chunk parsing; an alias renamed for the engine gets its public name back
+line by line). Anything else, and every
 request the engine does not answer with 200 *before its first byte*
 (connection refused/reset, 4xx/5xx: the engine sends its headers with the
 first token), is replayed to LiteLLM unchanged, so the fallbacks (Ollama on
@@ -128,7 +129,7 @@ class EngineFastPath:
             return
         decision = route_request(path, body, self.routes)
         if isinstance(decision, ApiError):
-            await send_error(send, decision)
+            await send_error(send, decision, path=path)
         elif isinstance(decision, ToEngine):
             await self._via_engine(scope, path, decision, Replay(body, receive), send)
         else:
@@ -167,7 +168,7 @@ class EngineFastPath:
             retried = True
         if resp is None or answer is None:  # down, or died with it (and not back in time, or twice)
             if to.stays:
-                await send_error(send, ENGINE_GONE, [(b"retry-after", b"2")])
+                await send_error(send, ENGINE_GONE, [(b"retry-after", b"2")], path)
             else:
                 await self.app(scope, replay, send)  # LiteLLM falls back
             return

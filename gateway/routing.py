@@ -19,8 +19,10 @@ from .litellm_config import OLLAMA_SUFFIX, plan_embedding_routes, plan_routes
 ENGINE_PATHS = {"/v1/chat/completions": "/v1/chat/completions", "/chat/completions": "/v1/chat/completions",
                 "/v1/completions": "/v1/completions", "/completions": "/v1/completions",
                 "/v1/responses": "/v1/responses", "/responses": "/v1/responses",
+                "/v1/messages": "/v1/messages",
                 "/v1/embeddings": "/v1/embeddings", "/embeddings": "/v1/embeddings"}
 EMBEDDINGS = "/v1/embeddings"
+MESSAGES = "/v1/messages"  # Anthropic's Messages API: its errors, in the gateway too, have Anthropic's shape
 
 
 @dataclass(frozen=True)
@@ -76,15 +78,19 @@ def invalid_for_any_backend(path: str, req: dict) -> tuple[str, str, str | None]
     Not so for the Responses API: what its model refuses as unsupported
     (hosted tools, background, prompt templates, conversations, logprobs,
     item references, files) LiteLLM's Responses-to-chat bridge for Ollama
-    drops without a word (measured on 1.108.7), so those are refused here."""
+    drops without a word (measured on 1.108.7), so those are refused here.
+    Anthropic's Messages API is as chat: what its model refuses as
+    unsupported (a PDF, an image in a tool result) LiteLLM's adapter may
+    still give Ollama."""
     from pydantic import ValidationError
 
+    from mlxd.engine.api.messages_api import MessagesRequest
     from mlxd.engine.api.request_schema import (ChatCompletionRequest, CompletionRequest, EmbeddingRequest,
                                                 describe_validation_errors)
     from mlxd.engine.api.responses_api import ResponsesRequest
 
     model = {"/v1/chat/completions": ChatCompletionRequest, "/v1/responses": ResponsesRequest,
-             EMBEDDINGS: EmbeddingRequest}.get(path, CompletionRequest)
+             MESSAGES: MessagesRequest, EMBEDDINGS: EmbeddingRequest}.get(path, CompletionRequest)
     try:
         model.model_validate(req)
     except ValidationError as exc:
@@ -211,8 +217,11 @@ def after_refusal(status: int, body: bytes, path: str = "/v1/chat/completions") 
 
 def stream_failure(path: str, error: ApiError) -> bytes:
     """The last event of a stream the engine broke off (pure): an `error`
-    event in the Responses API's shape on /v1/responses (what its clients
-    read), else the error object as a chat stream's data line (no [DONE])."""
+    event in the Responses API's shape on /v1/responses and in Anthropic's on
+    /v1/messages (what their clients read), else the error object as a chat
+    stream's data line (no [DONE])."""
+    if path == MESSAGES:
+        return b"event: error\ndata: " + error.body(path) + b"\n\n"
     if path == "/v1/responses":
         body = json.loads(error.body())["error"]
         event = {"type": "error", "code": body["code"], "message": body["message"], "param": body.get("param"),

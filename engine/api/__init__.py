@@ -1,4 +1,5 @@
-"""The engine's HTTP side: the FastAPI app, one request's relay, the answers in OpenAI's shape.
+"""The engine's HTTP side: the FastAPI app, one request's relay, the answers in OpenAI's shape
+(and Anthropic's, on /v1/messages).
 
 It puts a job on the core's admission queue (engine/core/) and turns the job's events into
 JSON or SSE; it never touches MLX. Every file, one line each:
@@ -17,5 +18,7 @@ JSON or SSE; it never touches MLX. Every file, one line each:
   responses_api.py        the Responses API's request and its chat translation (pure; shared with the gateway)
   responses_builder.py    the Responses API's answers: the response object and its streamed events
   responses_store.py      stored responses for previous_response_id: one file each, bounded
+  messages_api.py         Anthropic's Messages API request and its chat translation (pure; shared with the gateway)
+  messages_builder.py     the Messages API's answers: the message and its streamed events, Anthropic's errors
   embeddings_api.py       POST /v1/embeddings: its model and dimensions decided (pure), the answer's formats
 """

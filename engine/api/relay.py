@@ -1,6 +1,7 @@
 """The request flow: admit a job, wait for the worker, relay its events as
 one OpenAI response or as an SSE stream, in the route's shape (a
-`Presenter`: chat and completions by default, or the Responses API's).
+`Presenter`: chat and completions by default, or the Responses API's, or
+Anthropic's Messages API's).
 
 `RequestRelay` holds no state of its own beyond its collaborators; each
 request's waiting lives in its `JobFeed`, whose every wait is bounded.
@@ -52,9 +53,9 @@ class RequestRelay:
         self.metrics = metrics
 
     async def answer(self, request: Request, req: SamplingFields, kind: str,
-                     presenter: Callable[[], Presenter] | None = None) -> Response:
-        """`presenter` makes the answer's presenter once the job started
-        (default: chat or completion chunks, ResponseBuilder's)."""
+                     presenter: Callable[[Started], Presenter] | None = None) -> Response:
+        """`presenter` makes the answer's presenter once the job started, from
+        its Started event (default: chat or completion chunks, ResponseBuilder's)."""
         job = job_from_request(req, kind, self.registry, self.limits)
         self.quarantine.check(job.fingerprint)
         job.alone = self.quarantine.suspect(job.fingerprint)  # a retry alone clears it or is the evidence
@@ -66,14 +67,14 @@ class RequestRelay:
         self.lifecycle.request_opened()
         feed = JobFeed(job, request, self.admission, self.limits.queue_timeout_s, self.health, self.metrics)
         try:
-            await feed.wait_started()
+            started = await feed.wait_started()
         except BaseException:
             job.cancelled.set()
             self.admission.withdraw(job)
             self.lifecycle.request_closed()
             raise
         if presenter is not None:
-            builder = presenter()
+            builder = presenter(started)
         else:
             builder = ChatPresenter(ResponseBuilder(kind, req.model, FINGERPRINT),  # type: ignore[arg-type]
                                     bool(req.stream_options and req.stream_options.include_usage))
@@ -107,7 +108,8 @@ class RequestRelay:
                 elif isinstance(ev, ToolCalls):
                     calls.extend(ev.calls)
                 elif isinstance(ev, Finished):
-                    body = builder.full("".join(parts), ev.finish_reason, feed.usage(ev), calls, "".join(reasoning))
+                    body = builder.full("".join(parts), ev.finish_reason, feed.usage(ev), calls, "".join(reasoning),
+                                        ev.stop_sequence)
                     return JSONResponse(body, headers=feed.headers())
                 elif isinstance(ev, Failed):
                     raise ev.error
@@ -131,7 +133,7 @@ class RequestRelay:
                 elif isinstance(ev, ToolCalls):
                     out += builder.tool_calls(ev.calls)
                 elif isinstance(ev, Finished):
-                    out += builder.finished(ev.finish_reason, feed.usage(ev))
+                    out += builder.finished(ev.finish_reason, feed.usage(ev), ev.stop_sequence)
                     done = True
                 elif isinstance(ev, Failed):
                     # An explicit error event and no [DONE]: never a silent truncation.

@@ -2,7 +2,8 @@
 SSE chunks (chat or text completion), and the usage they report. The
 requests they answer are engine/api/request_schema.py's. `Presenter` is what the
 relay drives, one per request: `ChatPresenter` over `ResponseBuilder` here,
-engine/api/responses_builder.py's for the Responses API."""
+engine/api/responses_builder.py's for the Responses API, engine/api/messages_builder.py's
+for Anthropic's Messages API."""
 
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ class ResponseBuilder:
         self._chunk_head = json.dumps(head)[:-1]
 
     def full(self, text: str, finish_reason: str, usage: Usage, tool_calls: list[dict] | None = None,
-             reasoning: str = "") -> dict[str, Any]:
+             reasoning: str = "", stop_sequence: str | None = None) -> dict[str, Any]:
         if self.kind == "chat":
             # the whitespace a model writes between or after its calls is no answer
             message: dict[str, Any] = {"role": "assistant",
@@ -102,8 +103,9 @@ class Presenter(Protocol):
     """One request's answer in a route's shape, as the relay produces it: a
     whole body, or a stream's bytes event by event."""
 
+    # stop_sequence: the request's stop string that ended the answer (Anthropic's answers name it)
     def full(self, text: str, finish_reason: str, usage: Usage, tool_calls: list[dict] | None = None,
-             reasoning: str = "") -> dict[str, Any]: ...
+             reasoning: str = "", stop_sequence: str | None = None) -> dict[str, Any]: ...
 
     def opening(self) -> bytes: ...  # a stream's first bytes, sent with the first output
 
@@ -111,7 +113,8 @@ class Presenter(Protocol):
 
     def tool_calls(self, calls: list[dict]) -> bytes: ...
 
-    def finished(self, finish_reason: str, usage: Usage) -> bytes: ...  # the stream's last bytes
+    def finished(self, finish_reason: str, usage: Usage,
+                 stop_sequence: str | None = None) -> bytes: ...  # the stream's last bytes
 
     def failed(self, err: EngineError) -> bytes: ...  # the stream's last bytes: never a silent truncation
 
@@ -137,7 +140,7 @@ class ChatPresenter:
         self.calls_sent += len(calls)
         return chunk
 
-    def finished(self, finish_reason: str, usage: Usage) -> bytes:
+    def finished(self, finish_reason: str, usage: Usage, stop_sequence: str | None = None) -> bytes:
         out = self.builder.finish_chunk(finish_reason)
         if self.include_usage:
             out += self.builder.usage_chunk(usage)

@@ -437,11 +437,12 @@ def to_chat_request(req: ResponsesRequest, history: Sequence[dict[str, Any]] = (
 
 
 class TranslationError(ValueError):
-    """A Responses request whose chat translation is refused (400)."""
+    """A Responses (or Messages) request whose chat translation is refused
+    (400); `renames`: chat's field names -> the request's (the Responses API's by default)."""
 
-    def __init__(self, message: str, param: str | None, code: str) -> None:
+    def __init__(self, message: str, param: str | None, code: str, renames: dict[str, str] | None = None) -> None:
         head, dot, rest = (param or "").partition(".")
-        renamed = _RESPONSES_PARAM.get(head)
+        renamed = (_RESPONSES_PARAM if renames is None else renames).get(head)
         if renamed is not None:
             where = renamed if head == "messages" else renamed + dot + rest
             message = message.replace(param or "", where, 1) if param else message

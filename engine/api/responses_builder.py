@@ -141,7 +141,7 @@ class ResponsesBuilder:
         return "incomplete" if finish_reason == "length" else "completed"
 
     def full(self, text: str, finish_reason: str, usage: Usage, tool_calls: list[dict] | None = None,
-             reasoning: str = "") -> dict[str, Any]:
+             reasoning: str = "", stop_sequence: str | None = None) -> dict[str, Any]:
         """The whole (non-streamed) response object."""
         status = self._status(finish_reason)
         self._text, self._reasoning, self._calls = [text], [reasoning], list(tool_calls or [])
@@ -229,7 +229,7 @@ class ResponsesBuilder:
             self._items[index] = done
         return out
 
-    def finished(self, finish_reason: str, usage: Usage) -> bytes:
+    def finished(self, finish_reason: str, usage: Usage, stop_sequence: str | None = None) -> bytes:
         status = self._status(finish_reason)
         out = self._close_open(status)
         body = self._complete(status, list(self._items), usage)

@@ -39,6 +39,9 @@ from ..cache.prompt_cache import PromptCache
 from .quarantine import QuarantineList
 from .relay import ClientGone, RequestRelay
 from .embeddings_api import answer_embeddings
+from .messages_api import MessagesRequest
+from .messages_api import to_chat_request as messages_to_chat
+from .messages_builder import MessagesBuilder
 from .request_schema import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, describe_validation_errors
 from .responses_api import ResponsesRequest, TranslationError, input_messages, to_chat_request
 from .responses_builder import ResponsesBuilder
@@ -104,21 +107,31 @@ class Engine:
             self.responses.put(response, [*history, *input_messages(body.input), answer])
 
         return await self.relay.answer(request, chat, "chat",
-                                       lambda: ResponsesBuilder(body, on_complete=store if body.store else None))
+                                       lambda _: ResponsesBuilder(body, on_complete=store if body.store else None))
+
+    async def message(self, request: Request, body: MessagesRequest) -> Response:
+        """POST /v1/messages: Anthropic's request as a chat job, answered in Anthropic's shape."""
+        try:
+            chat = messages_to_chat(body)
+        except TranslationError as exc:
+            raise EngineError(400, exc.message, code=exc.code, param=exc.param) from None
+        return await self.relay.answer(request, chat, "chat",
+                                       lambda started: MessagesBuilder(body, started))
 
 
 # --- the FastAPI app -----------------------------------------------------------
 
-def error_response(err: EngineError) -> JSONResponse:
-    return JSONResponse(err.body(), status_code=err.status, headers=err.headers())
+def error_response(err: EngineError, path: str = "") -> JSONResponse:
+    """The error in the shape of the route at `path` (Anthropic's on /v1/messages, else OpenAI's)."""
+    return JSONResponse(err.body(path), status_code=err.status, headers=err.headers())
 
 
 class RequestCounter:
     """Counts answers by route and status. A plain ASGI middleware: starlette's
     BaseHTTPMiddleware would hide client disconnects from the handlers."""
 
-    ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings", "/v1/models", "/health",
-              "/metrics")
+    ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/embeddings",
+              "/v1/models", "/health", "/metrics")
 
     def __init__(self, app, metrics: EngineMetrics) -> None:
         self.app = app
@@ -160,7 +173,7 @@ class KeyCheck:
             if not matches(given, self.key):
                 response = error_response(EngineError(401, "this engine requires its key: send 'Authorization: "
                                                            "Bearer <key>' with the key in $MLXD_HOME/engine.key",
-                                                      code="invalid_api_key"))
+                                                      code="invalid_api_key"), scope["path"])
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
@@ -184,25 +197,26 @@ def create_app(engine: Engine, key: str | None = None) -> FastAPI:
     @app.exception_handler(EngineError)
     async def _engine_error(request: Request, exc: EngineError) -> JSONResponse:
         engine.metrics.rejections.labels(exc.code).inc()
-        return error_response(exc)
+        return error_response(exc, request.url.path)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         # An engine limit (request_schema.Unsupported) is not the client's
         # mistake: its code sends the gateway on to Ollama (malformed input's does not).
         message, param, code = describe_validation_errors(exc.errors())
-        return error_response(EngineError(400, message, code=code, param=param))
+        return error_response(EngineError(400, message, code=code, param=param), request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "invalid_request")
         status = exc.status_code if 400 <= exc.status_code < 500 else 400
-        return error_response(EngineError(status, str(exc.detail), code=code))
+        return error_response(EngineError(status, str(exc.detail), code=code), request.url.path)
 
     @app.exception_handler(Exception)
     async def _bug(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error answering %s", request.url.path)
-        return error_response(EngineError(500, f"internal error: {type(exc).__name__}", code="internal_error"))
+        return error_response(EngineError(500, f"internal error: {type(exc).__name__}", code="internal_error"),
+                              request.url.path)
 
     @app.exception_handler(ClientGone)
     async def _gone(request: Request, exc: ClientGone) -> Response:
@@ -219,6 +233,10 @@ def create_app(engine: Engine, key: str | None = None) -> FastAPI:
     @app.post("/v1/responses")
     async def responses(body: ResponsesRequest, request: Request) -> Response:
         return await engine.respond(request, body)
+
+    @app.post("/v1/messages")
+    async def messages(body: MessagesRequest, request: Request) -> Response:
+        return await engine.message(request, body)
 
     @app.post("/v1/embeddings")
     async def embeddings(body: EmbeddingRequest) -> dict:

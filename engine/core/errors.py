@@ -1,4 +1,5 @@
-"""Errors in OpenAI's format: one exception type, one place that renders it.
+"""Errors in OpenAI's format (Anthropic's on its Messages routes): one
+exception type, one place that renders it.
 
 Every failure a request can meet is an EngineError with a status, an OpenAI
 error `type` (from the status, by mlxd.api_errors' table, shared with the
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from mlxd.api_errors import INVALID_REQUEST, error_body, error_type
+from mlxd.api_errors import INVALID_REQUEST, error_body_for, error_type
 
 
 class EngineError(Exception):
@@ -33,8 +34,9 @@ class EngineError(Exception):
     def type(self) -> str:
         return error_type(self.status)
 
-    def body(self) -> dict:
-        return error_body(self.status, self.message, self.code, self.param)
+    def body(self, path: str = "") -> dict:
+        """The error object in the shape of the route at `path` (OpenAI's but on Anthropic's routes)."""
+        return error_body_for(path, self.status, self.message, self.code, self.param)
 
     def headers(self) -> dict[str, str]:
         return {"Retry-After": str(self.retry_after)} if self.retry_after is not None else {}

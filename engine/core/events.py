@@ -43,6 +43,7 @@ class Finished:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0  # prompt tokens whose KV came from the prompt cache
+    stop_sequence: str | None = None  # the request's stop string that ended the answer, if one did
 
     @property
     def usage(self) -> "Usage":

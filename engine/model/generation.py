@@ -363,7 +363,8 @@ class Generation:
             channel.put(Failed(cancelled_error()))
             return
         self._send(self.splitter.feed(self.stops.flush()) + self.splitter.flush())
-        channel.put(Finished(answer_finish(finish, self.called_tools), prompt_tokens, generated, cached_tokens))
+        channel.put(Finished(answer_finish(finish, self.called_tools), prompt_tokens, generated, cached_tokens,
+                             self.stops.matched))
 
     def _relay(self, piece: str) -> None:
         self._send(self.splitter.feed(self.stops.feed(piece)))

@@ -13,6 +13,7 @@ class StopMatcher:
         self.stops = [s for s in stops if s]
         self._held = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the text (Anthropic's answer names it)
 
     def feed(self, piece: str) -> str:
         """Add generated text; return the text that is safe to emit now."""
@@ -22,8 +23,9 @@ class StopMatcher:
         if not self.stops:
             self._held = ""
             return text
-        cut = min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=-1)
-        if cut >= 0:
+        found = [(i, s) for s in self.stops if (i := text.find(s)) >= 0]
+        if found:
+            cut, self.matched = min(found, key=lambda f: f[0])  # the first to occur; on a tie, the first listed
             self.stopped = True
             self._held = ""
             return text[:cut]

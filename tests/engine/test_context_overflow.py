@@ -3,6 +3,7 @@ the pure rules as tables, then truncate_middle served over HTTP with real client
 
 from __future__ import annotations
 
+import anthropic
 import openai
 import pytest
 import requests
@@ -139,7 +140,7 @@ def test_truncate_middle_keeps_the_system_prompt_and_the_newest_turns_and_says_s
     assert post(ep.url, longer).json()["usage"].get("dropped_prompt_tokens", 0) > 0
 
 
-def test_truncate_middle_streamed_and_through_the_responses_api(start_engine, demo_models):
+def test_truncate_middle_streamed_and_through_the_responses_and_messages_apis(start_engine, demo_models):
     ep = start_engine(toml=engine_config(demo_models.a, None, per_model="truncate_middle"))
     client = openai.OpenAI(base_url=ep.url + "/v1", api_key="x", max_retries=0)
     raw = client.chat.completions.with_raw_response.create(
@@ -153,6 +154,16 @@ def test_truncate_middle_streamed_and_through_the_responses_api(start_engine, de
     ], max_output_tokens=8, temperature=0)
     assert "dropped" in raw.headers[TRUNCATED_HEADER.lower()]
     assert raw.parse().usage.model_extra["dropped_input_tokens"] > 0
+    claude = anthropic.Anthropic(base_url=ep.url, api_key="x", max_retries=0)
+    history = [{"role": "user" if n % 2 == 0 else "assistant", "content": "step %d: " % n + "explain the build " * 12}
+               for n in range(23)]
+    raw = claude.messages.with_raw_response.create(model="default", messages=history, max_tokens=8)
+    assert "dropped" in raw.headers[TRUNCATED_HEADER.lower()]
+    usage = raw.parse().usage
+    assert usage.model_extra["dropped_input_tokens"] > 0 and usage.input_tokens <= LIMIT
+    with claude.messages.stream(model="default", messages=history, max_tokens=8) as stream:
+        assert "dropped" in stream.response.headers[TRUNCATED_HEADER.lower()]
+        assert stream.get_final_message().usage.model_extra["dropped_input_tokens"] > 0
 
 
 def test_error_stays_the_default_and_a_newest_turn_too_long_is_still_refused(start_engine, demo_models):

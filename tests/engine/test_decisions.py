@@ -110,6 +110,20 @@ def test_stop_matcher(stops, pieces, emitted, stopped):
     assert out == emitted and m.stopped == stopped
 
 
+@pytest.mark.parametrize("stops, pieces, matched", [
+    (["ab", "b"], ["xab"], "ab"),      # the first to occur
+    (["b", "ab"], ["xab"], "ab"),
+    (["xy", "ab"], ["ab", "xy"], "ab"),
+    (["END"], ["xE", "N", "Dy"], "END"),
+    (["END"], ["xEN"], None),          # no stop string ended it
+])
+def test_stop_matcher_names_the_stop_string_that_ended_the_text(stops, pieces, matched):
+    m = StopMatcher(stops)
+    for p in pieces:
+        m.feed(p)
+    assert m.matched == matched
+
+
 @pytest.mark.parametrize("spec, faults", [
     ("abort@token:3", (Fault("abort", "token", 3),)),
     ("hang@start", (Fault("hang", "start", 1),)),

@@ -43,9 +43,12 @@ def test_anthropic_messages_are_cut_to_fit_too(st):
     assert message.usage.output_tokens > 0 and message.usage.input_tokens <= LIMIT
 
 
-@pytest.mark.xfail(strict=True, reason="LiteLLM's Messages route (its Anthropic-to-chat adapter) keeps neither the "
-                                       "engine's response headers nor usage fields it does not know")
 def test_anthropic_messages_say_what_was_dropped(st):
+    """The engine's own Messages route, on the fast path: the header and the usage, whole and streamed."""
     client = anthropic.Anthropic(base_url=st.gateway_url, api_key=st.key, max_retries=0, timeout=120)
     raw = client.messages.with_raw_response.create(model="default", max_tokens=4, messages=turns(12))
-    assert any("truncated" in k.lower() for k, _ in raw.headers.items())
+    assert "dropped" in raw.headers["x-mlxd-context-truncated"]
+    assert raw.parse().usage.model_extra["dropped_input_tokens"] > 0
+    with client.messages.stream(model="default", max_tokens=4, messages=turns(12)) as stream:
+        assert "dropped" in stream.response.headers["x-mlxd-context-truncated"]
+        assert stream.get_final_message().usage.model_extra["dropped_input_tokens"] > 0

@@ -2,10 +2,10 @@
 
 The engine holds an answer's headers until its first token, so during a
 prefill a client that gives up has read nothing. Before, the request ran on
-upstream of it: through LiteLLM (/v1/messages, or every route with the fast
-path off) and on the fast path before the first byte the gateway kept its
-connection to the engine open, and the engine's prefill never looked at the
-cancel. With `slow@prefill:40` a 700-token prompt takes ~28 s to prefill;
+upstream of it: through LiteLLM (every route with the fast path off) and on
+the fast path (Anthropic's /v1/messages too) before the first byte the
+gateway kept its connection to the engine open, and the engine's prefill
+never looked at the cancel. With `slow@prefill:40` a 700-token prompt takes ~28 s to prefill;
 each case hangs up once the engine is prefilling and needs it idle within a
 few seconds, then answering the next request.
 """
@@ -61,7 +61,7 @@ MESSAGES = {"model": "default", "max_tokens": 8, "messages": [{"role": "user", "
 CASES = [
     ("fast path, streamed", "", "/v1/chat/completions", {**CHAT, "stream": True}),
     ("fast path, whole answer", "", "/v1/chat/completions", CHAT),
-    ("LiteLLM, Anthropic's messages streamed", "", "/v1/messages", {**MESSAGES, "stream": True}),
+    ("fast path, Anthropic's messages streamed", "", "/v1/messages", {**MESSAGES, "stream": True}),
     ("LiteLLM, fast path off", "engine_fast_path = false\n", "/v1/chat/completions", {**CHAT, "stream": True}),
 ]
 

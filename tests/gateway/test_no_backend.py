@@ -29,6 +29,10 @@ def test_no_engine_and_no_ollama_is_a_clear_503(stack):
         # No retry loop, no waiting out a timeout (30 s here): refused connections answer at once
         # (well under a second when the machine is not loaded; bounded loosely for a busy CI box).
         assert time.monotonic() - t0 < 8
+    # Anthropic's route: LiteLLM's adapter answers it then; its error has Anthropic's shape, the code kept
+    r = requests.post(st.gateway_url + "/v1/messages", json=body, timeout=30, headers={"x-api-key": st.key})
+    assert r.status_code == 503 and r.json()["type"] == "error", r.text
+    assert (r.json()["error"]["type"], r.json()["error"]["code"]) == ("overloaded_error", "backends_unavailable")
     assert st.status()["overall"] == "down"  # stopped by an operator, no fallback answers
     ready = st.gateway_url + "/health/readiness"  # LiteLLM's probe: open, and false with no backend
     assert requests.get(ready, timeout=10).json() == {"status": "unhealthy", "db": "Not connected"}

@@ -259,11 +259,71 @@ def test_backend_errors_become_openai_shaped(status, body, expected_status, expe
     assert (new_status, err["code"], err["type"]) == (expected_status, expected_code, expected_type)
 
 
+@pytest.mark.parametrize("path, status, body, expected", [
+    # LiteLLM's (OpenAI-shaped) errors on Anthropic's route: Anthropic's shape, the code kept
+    ("/v1/messages", 503, ApiError(503, "no backend", "backends_unavailable").body(),
+     {"type": "error", "error": {"type": "overloaded_error", "message": "no backend", "code": "backends_unavailable",
+                                 "param": None}}),
+    ("/v1/messages/count_tokens", 400, b'{"error": {"message": "bad", "type": "x", "code": null}}',
+     {"type": "error", "error": {"type": "invalid_request_error", "message": "bad", "code": "invalid_request",
+                                 "param": None}}),
+    # the engine's own (already Anthropic's), and every other route's, as they are
+    ("/v1/messages", 400, ApiError(400, "bad", "invalid_request").body("/v1/messages"), None),
+    ("/v1/chat/completions", 503, ApiError(503, "no backend", "backends_unavailable").body(), None),
+    ("/v1/messages", 500, b"plain text", None),
+    ("/v1/messages", 500, b"[1]", None),
+])
+def test_errors_on_anthropics_routes_get_its_shape(path, status, body, expected):
+    from mlxd.gateway.app import in_route_shape
+
+    assert json.loads(in_route_shape(path, status, body)) == expected if expected else \
+        in_route_shape(path, status, body) == body
+
+
 @pytest.mark.parametrize("engine, ollama, status", [(True, True, 200), (True, False, 200), (False, True, 200),
                                                     (False, False, 503)])
 def test_ready_when_a_backend_can_answer(engine, ollama, status):
     got_status, doc = readiness(engine, ollama)
     assert got_status == status and set(doc) == {"status", "db"}
+
+
+MESSAGES = "/v1/messages"
+
+
+def messages(model, **extra) -> bytes:
+    return json.dumps({"model": model, "max_tokens": 8, "messages": HI, **extra}).encode()
+
+
+@pytest.mark.parametrize("body, expected", [
+    (messages("small"), "ToEngine"),  # Anthropic's Messages API: the engine's own route
+    (messages("coding"), "ToLiteLLM"),  # heavy: LiteLLM's Anthropic adapter to Ollama
+    (json.dumps({"model": "small", "messages": HI}).encode(), "invalid_request"),  # max_tokens is required
+    (messages("small", messages=[{"role": "tool", "content": "x"}]), "invalid_request"),
+    (messages("small", messages=[*HI, {"role": "system", "content": "a reminder"}]), "ToEngine"),  # Claude Code's
+    (messages("small", tool_choice={"type": "tool"}), "invalid_request"),  # which tool?
+    # An engine limit: LiteLLM's adapter may still get Ollama to serve it.
+    (messages("small", messages=[{"role": "user", "content": [
+        {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBE"}}]}]),
+     "ToEngine"),
+    (messages("nope"), "model_not_found"),
+])
+def test_where_a_messages_request_goes(body, expected):
+    assert error_code(route_request(MESSAGES, body, ROUTES)) == expected
+
+
+def test_the_gateways_own_errors_on_the_messages_route_have_anthropics_shape():
+    refused = route_request(MESSAGES, json.dumps({"model": "small", "messages": HI}).encode(), ROUTES)
+    body = json.loads(refused.body(MESSAGES))
+    assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+    assert body["error"]["code"] == "invalid_request" and "max_tokens" in body["error"]["message"]
+    missing = json.loads(route_request(MESSAGES, messages("nope"), ROUTES).body(MESSAGES))
+    assert missing["error"]["type"] == "not_found_error" and missing["error"]["code"] == "model_not_found"
+    assert "type" not in json.loads(refused.body(CHAT))  # OpenAI's shape elsewhere
+    # what follows the engine's refusal reads the code inside Anthropic's shape as inside OpenAI's
+    engine_said = ApiError(400, "bad", "invalid_request").body(MESSAGES)
+    assert after_refusal(400, engine_said, MESSAGES) is AfterRefusal.ENGINE_ANSWER
+    assert after_refusal(400, ApiError(400, "no", "unsupported_parameter").body(MESSAGES),
+                         MESSAGES) is AfterRefusal.FALL_BACK_UNLESS_500
 
 
 def test_the_engines_reason_comes_before_the_failed_fallbacks():
@@ -292,3 +352,8 @@ def test_a_broken_stream_ends_in_its_apis_error_event():
     event = json.loads(data.removeprefix(b"data: "))
     assert head == b"event: error" and event["type"] == "error" and event["code"] == "engine_failed_mid_stream"
     assert responses.endswith(b"\n\n") and b"[DONE]" not in responses
+    anthropic = stream_failure("/v1/messages", error)
+    head, data = anthropic.split(b"\n", 1)
+    event = json.loads(data.removeprefix(b"data: "))
+    assert head == b"event: error" and event["type"] == "error"
+    assert (event["error"]["type"], event["error"]["code"]) == ("overloaded_error", "engine_failed_mid_stream")

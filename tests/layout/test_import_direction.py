@@ -19,11 +19,11 @@ ALLOWED = {
     "core": set(),
     "engine": set(),
     "supervisor": set(),
-    # the OpenAI request schemas only (chat and completions, the Responses API) and what is set aside of a
-    # request before they read it (hosted tools): pydantic and the standard library, no MLX;
+    # the request schemas only (chat and completions, the Responses API, Anthropic's Messages API) and what is
+    # set aside of a request before they read it (hosted tools): pydantic and the standard library, no MLX;
     # the status page's data (gateway/status_page.py): what `mlxd status` collects, and the crash journal
-    "gateway": {"engine.api.request_schema", "engine.api.responses_api", "engine.api.set_aside", "supervisor.status",
-                "supervisor.journal"},
+    "gateway": {"engine.api.request_schema", "engine.api.responses_api", "engine.api.messages_api",
+                "engine.api.set_aside", "supervisor.status", "supervisor.journal"},
     "launchd": {"supervisor"},       # the stop timeout supervisord's config defines
     "cli": {"engine", "gateway", "supervisor", "launchd"},
     "devkit": {"engine", "gateway", "supervisor", "launchd", "cli"},
@@ -83,7 +83,8 @@ def test_the_product_never_imports_the_devkit():
 
 def test_the_gateway_reaches_the_engine_only_for_its_request_schemas():
     uses = {module for folder, _, module in edges() if folder == "gateway" and component_of(module) == "engine"}
-    assert uses <= {"mlxd.engine.api.request_schema", "mlxd.engine.api.responses_api", "mlxd.engine.api.set_aside"}
+    assert uses <= {"mlxd.engine.api.request_schema", "mlxd.engine.api.responses_api", "mlxd.engine.api.messages_api",
+                    "mlxd.engine.api.set_aside"}
 
 
 def test_the_gateway_reaches_the_supervisor_only_for_the_status_page():

@@ -524,7 +524,7 @@ class EngineCore:
                 self.unload()
             raise
         info = self.registry.info(model_id)
-        self.ledger.set_model(ModelFigures(info.footprint.weights_bytes, info.config or {}, plan.kv))
+        self.ledger.set_model(ModelFigures(info.footprint.weights_bytes, info.config or {}, plan.kv, plan.rows_apart))
         if plan.prompt_cache:
             self.prompt_cache.set_model(self.registry.build_key(model_id, self.registry.load_target(model_id)),
                                         info.prompt_cache_bytes, self.runner.generation_prompt_length())

@@ -32,6 +32,7 @@ class ModelFigures:
     weights_bytes: int | None  # None: its size is unknown (nothing to count by)
     config: dict  # its config.json: KV per position
     kv: KVLayout  # how a request decoded alone holds its KV (kv_bits)
+    rows_apart: bool = False  # the batch decodes each row over its own cache (engine/model/row_batch.py)
 
 
 class MemoryLedger:
@@ -61,7 +62,8 @@ class MemoryLedger:
             self.memory = Memory(self.limit_bytes, m.weights_bytes, 0)
         else:
             self.memory = Memory(self.limit_bytes, m.weights_bytes, kv_cache_bytes(m.config, 1),
-                                 attention_bytes_per_position(attention_heads(m.config), self.prefill_step))
+                                 attention_bytes_per_position(attention_heads(m.config), self.prefill_step),
+                                 rows_apart=m.rows_apart)
 
     def lower_limit(self, outside_bytes: int) -> int | None:
         """MLX's limit after measuring `outside_bytes` held outside it: the new

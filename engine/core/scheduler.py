@@ -14,8 +14,9 @@ Each step of the core (engine/core/engine_core.py) asks `next_step` once:
           batch's, after a chunk of a joining request's prompt);
 - WAIT    nothing to do: wait for the queue.
 
-Memory is admitted by construction: `batch_kv_tokens` bounds what the batch's
-KV can grow to before any of it is allocated, and the prompt cache gets only
+Memory is admitted by construction: `batch_kv_tokens` (`rows_kv_tokens` for
+rows decoded apart) bounds what the batch's KV can grow to before any of it
+is allocated, and the prompt cache gets only
 what the running requests leave (`cache_room`) — it yields to them, never the
 other way round.
 """
@@ -58,6 +59,9 @@ class Memory:
     # left uncounted, or undercounted, it ran a GPU out of memory in the batch's
     # prefill (docs/BENCHMARKS.md, "Why the engine is built as it is").
     attention_bytes_per_position: int = 0
+    # The batch decodes each row over its own cache (engine/model/row_batch.py): a row's KV is its own
+    # length, allocated once when it is admitted; nothing padded, nothing copied, no mask materialised.
+    rows_apart: bool = False
 
 
 @dataclass(frozen=True)
@@ -96,8 +100,17 @@ def batch_kv_tokens(rows: Sequence[Row]) -> int:
     return len(rows) * longest * (2 if len(rows) > 1 else 1)
 
 
+def rows_kv_tokens(rows: Sequence[Row]) -> int:
+    """KV positions of rows decoded apart at their peak: each row its own
+    length plus what it may still generate, in whole steps."""
+    return sum(round_up(r.length + r.remaining, STEP_TOKENS) for r in rows)
+
+
 def batch_kv_bytes(memory: Memory, rows: Sequence[Row]) -> int:
-    """The batch's KV at its peak, and its rows' attention during a prefill step."""
+    """The batch's KV at its peak, and its rows' attention during a prefill
+    step (mlx-lm's padded batch; rows decoded apart prefill alone, fused)."""
+    if memory.rows_apart:
+        return rows_kv_tokens(rows) * memory.kv_bytes_per_token
     attention = len(rows) * batch_context(rows) * memory.attention_bytes_per_position
     return batch_kv_tokens(rows) * memory.kv_bytes_per_token + attention
 

@@ -203,10 +203,10 @@ def test_memory_admission_keeps_the_batch_under_the_budget(start_engine, demo_mo
 
     config = json.loads((demo_models.a / "config.json").read_text())
     weights = sum(f.stat().st_size for f in demo_models.a.glob("*.safetensors"))
-    # Rows of 512 positions at their peak (512 + the 256 they grow from, and a
-    # prefill step's attention over them): room for 2, not 3.
+    # Rows of 512 positions at their peak, each its own (the demo model's rows are decoded apart): room for 2,
+    # not 3.
     shape = Memory(0, weights, kv_cache_bytes(config, 1),
-                   attention_bytes_per_position(config["num_attention_heads"], 512))
+                   attention_bytes_per_position(config["num_attention_heads"], 512), rows_apart=True)
     two, three = (batch_kv_bytes(shape, [Row(500, 12)] * n) for n in (2, 3))
     budget = weights + (two + three) // 2
     eng = start_engine({"max_concurrency": 4, "max_tokens_cap": 4096, "memory_fraction": 1.0, "context_tokens": 256,

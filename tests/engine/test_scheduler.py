@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from mlxd.engine.core.scheduler import (Memory, Pending, Row, Step, batch_kv_tokens, cache_room, fits, next_step,
-                                   starts_alone)
+from mlxd.engine.core.scheduler import (Memory, Pending, Row, Step, batch_kv_bytes, batch_kv_tokens, cache_room, fits,
+                                        next_step, rows_kv_tokens, starts_alone)
 
 MB = 2**20
 # A model of 100 MiB whose KV takes 1 KiB a position, in a 110 MiB budget: 10 MiB = 10,240 positions of KV.
@@ -22,6 +22,25 @@ UNKNOWN = Memory(budget_bytes=110 * MB, weights_bytes=None, kv_bytes_per_token=0
 ])
 def test_batch_kv_tokens(rows, positions):
     assert batch_kv_tokens(rows) == positions
+
+
+@pytest.mark.parametrize("rows, positions", [
+    ([], 0),
+    ([Row(100, 100)], 256),
+    ([Row(100, 100), Row(10, 20)], 256 + 256),       # each row its own: nothing padded, nothing copied
+    ([Row(1000, 24), Row(10, 500)], 1024 + 512),
+    ([Row(20000, 128)] + [Row(300, 128)] * 3, 20224 + 3 * 512),  # a long agent beside short ones
+])
+def test_rows_kv_tokens(rows, positions):
+    assert rows_kv_tokens(rows) == positions
+
+
+def test_rows_apart_count_their_own_kv_and_no_padded_attention():
+    apart = Memory(budget_bytes=110 * MB, weights_bytes=100 * MB, kv_bytes_per_token=1024,
+                   attention_bytes_per_position=1024, rows_apart=True)
+    rows = [Row(1000, 24), Row(10, 500)]
+    assert batch_kv_bytes(apart, rows) == (1024 + 512) * 1024
+    assert fits(apart, [Row(100, 100)] * 40) and not fits(apart, [Row(100, 100)] * 41)  # 40 x 256 = 10,240
 
 
 @pytest.mark.parametrize("rows, fit", [

@@ -72,16 +72,24 @@ def rank_link(config: Config):
     if group.size() == 1:
         log.warning("engine.ranks is set but this engine was not started by mlx.launch: serving alone, unsharded")
         return None
-    threading.Thread(target=_exit_with_launcher, args=(os.getppid(),), daemon=True).start()
+    threading.Thread(target=_exit_with_launcher, args=(os.getppid(), "the rank group's launcher"), daemon=True).start()
     return RankLink(group)
 
 
-def _exit_with_launcher(parent: int) -> None:
-    """A rank whose launcher is gone (killed for a hang, say) exits too: no
-    orphan keeps the port, the memory or the group's sockets."""
+# Set by mlxd's engine runner (supervisor/engine_runner.py) to its pid for the engine it starts: the engine
+# exits with it (a runner gone before the engine looked is gone all the same).
+EXIT_WITH_PARENT_ENV = "MLXD_EXIT_WITH_PARENT"
+
+
+def _exit_with_launcher(parent: int, who: str) -> None:
+    """An engine whose launcher is gone exits too: a rank whose launcher was
+    killed for a hang, an engine whose runner was killed with supervisord
+    (`mlxd down`'s last resort kills by pid, and a runner killed between its
+    start and its pid file leaves nobody to stop it). No orphan keeps the
+    port, the memory or the group's sockets."""
     while os.getppid() == parent:
         time.sleep(0.5)
-    log.warning("the rank group's launcher is gone; exiting")
+    log.warning("%s is gone; exiting", who)
     os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -106,6 +114,9 @@ def run_engine(config: Config) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     logging.getLogger("mlxd").setLevel(config.engine.log_level.upper())  # ours only: libraries stay at info
+    runner = os.environ.pop(EXIT_WITH_PARENT_ENV, "")
+    if runner.isdigit():
+        threading.Thread(target=_exit_with_launcher, args=(int(runner), "the engine's runner"), daemon=True).start()
     blas = activate_fast_blas()  # before anything imports MLX
     (log.info if blas.fast else log.warning)("%s", blas.why)
     try:

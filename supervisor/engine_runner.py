@@ -129,7 +129,10 @@ def main() -> int:
     if use_standby and not launcher:
         child = _adopt_standby(paths, cmd)
     if child is None:
-        child = subprocess.Popen(cmd, stderr=subprocess.PIPE if launcher else None)
+        # The engine exits with this runner (engine/main.py): killed by pid with supervisord, the runner can leave
+        # no orphan holding the port and the memory. (A launcher's ranks watch the launcher instead.)
+        env = os.environ if launcher else {**os.environ, "MLXD_EXIT_WITH_PARENT": str(os.getpid())}
+        child = subprocess.Popen(cmd, stderr=subprocess.PIPE if launcher else None, env=env)
     rank_lines: list[str] = []
     relay = None
     if launcher:

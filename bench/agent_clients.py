@@ -78,6 +78,9 @@ ALIAS = "default"
 # engine's and the clients' request time limits are raised to an hour here.
 CONTEXT_TOKENS = 32768
 REQUEST_LIMIT_S = 3600
+# Answers bounded as the clients that take a limit are told (1,024): the 135M model rarely stops by itself, and a
+# CPU decodes it at ~30 tokens a second (Claude Code asks for 32,000; the engine's own ceiling is 8,192).
+ANSWER_TOKENS = 1024
 TEXT_PROMPT = "What is the capital of France? Answer in one word."
 SHELL_PROMPT = "Run the shell command `echo mlxd-ok` and tell me its output."
 SHELL_MARK = "mlxd-ok"
@@ -494,7 +497,8 @@ def start_stack(home: Path, gguf: Path) -> Any:
     home.mkdir(parents=True, exist_ok=True)
     (home / "mlxd.toml").write_text(dumps({
         "gateway": {"port": free_port()},
-        "engine": {"port": free_port(), "request_deadline_s": REQUEST_LIMIT_S, "queue_timeout_s": REQUEST_LIMIT_S},
+        "engine": {"port": free_port(), "request_deadline_s": REQUEST_LIMIT_S, "queue_timeout_s": REQUEST_LIMIT_S,
+                   "max_tokens_cap": ANSWER_TOKENS},
         "models": {MODEL_ID: {"gguf": gguf, "extend_context": CONTEXT_TOKENS}}, "aliases": {ALIAS: MODEL_ID}}))
     st = Stack(home, stack_env(home))
     st.up(timeout=600)
@@ -733,7 +737,8 @@ def claude_env(gateway: str, key: str) -> dict[str, str]:
             "DISABLE_TELEMETRY": "1", "DISABLE_ERROR_REPORTING": "1", "DISABLE_AUTOUPDATER": "1",
             "DISABLE_BUG_COMMAND": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
             "DISABLE_NON_ESSENTIAL_MODEL_CALLS": "1", "CLAUDE_CODE_DISABLE_FEEDBACK_SURVEY": "1",
-            "CLAUDE_CODE_MAX_RETRIES": "0", "API_TIMEOUT_MS": str(REQUEST_LIMIT_S * 1000)}
+            "CLAUDE_CODE_MAX_RETRIES": "0", "API_TIMEOUT_MS": str(REQUEST_LIMIT_S * 1000),
+            "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(ANSWER_TOKENS)}
 
 
 def claude_check(run: Run) -> dict:

@@ -31,18 +31,9 @@ from typing import Any
 from .decoding import CHECKPOINT_TOKENS, Admitted, Ended, RowSampling
 from .one_row import Joining
 from .prefill import prefill
+from .speculative import SampledTarget
 
 log = logging.getLogger("mlxd.engine.core.worker")
-
-
-def sampled_target(params: Any, resident: Any) -> Any:
-    """A sampled request's distribution, for verifying its proposals (None: greedy)."""
-    from .speculative import SampledTarget
-
-    if params.temperature == 0:
-        return None
-    return SampledTarget(params.temperature, params.top_p if params.top_p < 1.0 else 0.0, params.min_p,
-                         params.top_k if 0 < params.top_k < resident.vocab_size() else 0)
 
 
 def batchable_model(model: Any) -> bool:
@@ -114,8 +105,8 @@ class ManyRows:
             if len(j.segment) > 1:  # a lone request that had not started: its prompt first, by itself
                 prefill(self.resident.model, j.kv, j.segment[:-1], self.pace, lambda: None, self.faults)
             uid = self.batch.insert(j.segment[-1], j.kv, j.max_tokens, list(j.context) + j.segment[:-1],
-                                    j.sampling.sampler, j.sampling.processors, sampled_target(j.admitted.job.params,
-                                                                                               self.resident))
+                                    j.sampling.sampler, j.sampling.processors,
+                                    SampledTarget.of(j.admitted.job.params, self.resident.vocab_size()))
             self.rows[uid] = j.admitted
             return
         from ..cache.batch_kv import rows_for_batch  # MLX: imported after the engine chose its BLAS

@@ -181,9 +181,7 @@ class OneRow:
             # greedy answers are the same tokens, sampled ones drawn from the same distribution (the speculative
             # acceptance rule); a grammar masks every position, proposals cut where it would not allow them.
             p = self.admitted.job.params
-            sampled = None if p.temperature == 0 else SampledTarget(
-                p.temperature, p.top_p if p.top_p < 1.0 else 0.0, p.min_p,
-                p.top_k if 0 < p.top_k < self.resident.vocab_size() else 0)
+            sampled = SampledTarget.of(p, self.resident.vocab_size())
             self.spec_stats = SpecStats()
             return lookup_steps(self.resident.model, kv, self.rest, context, p.max_tokens, self.spec_stats,
                                 verify_greedy if sampled is None else verify_sampled(sampled), sampled, grammar)

@@ -169,6 +169,14 @@ class SampledTarget:
     min_p: float = 0.0
     top_k: int = 0
 
+    @classmethod
+    def of(cls, params: Any, vocab_size: int) -> "SampledTarget | None":
+        """A request's distribution (its SamplingParams); None for a greedy one."""
+        if params.temperature == 0:
+            return None
+        return cls(params.temperature, params.top_p if params.top_p < 1.0 else 0.0, params.min_p,
+                   params.top_k if 0 < params.top_k < vocab_size else 0)
+
     def probs(self, logits: Any) -> Any:
         """Each position's distribution (positions x vocabulary)."""
         import mlx.core as mx

@@ -84,11 +84,6 @@ class Config(Strict):
                 raise ValueError(f"aliases.{alias} is also a model id; pick one")
         for name, spec in self.models.items():
             bits = spec.kv_bits or self.engine.kv_bits
-            concurrency = spec.max_concurrency or self.engine.max_concurrency
-            if bits < 16 and concurrency > 1:
-                raise ValueError(f"model {name!r}: kv_bits = {bits} needs max_concurrency = 1 (it is {concurrency}): "
-                                 "mlx-lm's batched generation has no quantised KV cache; set kv_bits = 16 for it "
-                                 f"([models.{name}] kv_bits = 16) or serve it one request at a time")
             if spec.draft is not None:
                 draft = self.models.get(spec.draft)
                 if draft is None:

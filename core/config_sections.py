@@ -249,9 +249,10 @@ class EngineConfig(Strict):
     `kv_bits` 8 or 4 (per model too) keeps the KV cache quantised (mlx-lm's QuantizedKVCache: per `kv_group_size`
     values a scale and a bias): about 1.9x or 3.5x the context, or the prompt cache's conversations, in the same
     memory, at a small cost in quality that docs/BENCHMARKS.md measures; the memory estimate, admission and the
-    prompt cache count the quantised size, and cached entries are never reused across kv_bits. It needs
-    max_concurrency = 1 (mlx-lm's batch has no quantised cache) and no rank group; vision models and layers mlx-lm
-    cannot quantise (rotating windows, recurrent state) keep the model's dtype, and the engine's log says so. Every
+    prompt cache count the quantised size, and cached entries are never reused across kv_bits. It batches
+    (max_concurrency > 1: each row of mlxd's batch keeps its own quantised cache; a model whose rows cannot be
+    decoded apart, such as DeepSeek's latent attention, is served one request at a time, and /health says why) and
+    needs no rank group; vision models and layers mlx-lm cannot quantise (rotating windows, recurrent state) keep the model's dtype, and the engine's log says so. Every
     request's KV is allocated once, at the length its admission counted (prompt + max_tokens), so memory does not
     grow while it generates."""
 
@@ -321,7 +322,7 @@ class EngineConfig(Strict):
         "conversation's prefill. Health probes are not requests."))
     kv_bits: KVBits = Field(default=16, description=(
         "The KV cache's precision: 16 keeps the model's dtype; 8 or 4 store keys and values quantised (above). "
-        "Served alone only: it needs `max_concurrency = 1`."))
+        "Batches as the model's dtype does (`max_concurrency`)."))
     kv_group_size: KVGroupSize = Field(default=64, description=(
         "Values per scale and bias in a quantised KV cache (a smaller size where a model's head is not a "
         "multiple)."))

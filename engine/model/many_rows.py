@@ -69,7 +69,8 @@ class ManyRows:
         if rows_apart:
             from .row_batch import RowBatch
 
-            self.batch = RowBatch(resident.model, frozenset(eos), lookup=rows_lookup)
+            self.batch = RowBatch(resident.model, frozenset(eos), lookup=rows_lookup, kv_layout=resident.kv,
+                                  dequantized=resident.dequantized_decode)
         else:
             from mlx_lm.generate import BatchGenerator
 
@@ -103,7 +104,8 @@ class ManyRows:
         """A request into the batch, with its KV and the tokens still to run."""
         if self.batch is not None:
             if len(j.segment) > 1:  # a lone request that had not started: its prompt first, by itself
-                prefill(self.resident.model, j.kv, j.segment[:-1], self.pace, lambda: None, self.faults)
+                prefill(self.resident.model, j.kv, j.segment[:-1], self.pace, lambda: None, self.faults,
+                        self.resident.kv)
             uid = self.batch.insert(j.segment[-1], j.kv, j.max_tokens, list(j.context) + j.segment[:-1],
                                     j.sampling.sampler, j.sampling.processors,
                                     SampledTarget.of(j.admitted.job.params, self.resident.vocab_size()))
@@ -122,7 +124,7 @@ class ManyRows:
         request joins mlx-lm's batch once only its last token is left."""
         p = self._prefilling[0]
         chunk = p.rest[:min(self.pace.step(), len(p.rest) - 1)]
-        prefill(self.resident.model, p.kv, chunk, self.pace, lambda: None, self.faults)
+        prefill(self.resident.model, p.kv, chunk, self.pace, lambda: None, self.faults, self.resident.kv)
         p.context += chunk
         p.rest = p.rest[len(chunk):]
         if len(p.rest) > 1:

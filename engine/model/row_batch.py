@@ -26,6 +26,13 @@ cache is cut back to what it kept. Rows with logits processors (penalties,
 a grammar) propose nothing; a verify step is not run one ahead (what comes
 next depends on what was kept), so it is taken only where a row has
 something to propose: rows that copy nothing pay a dictionary lookup a token.
+
+Quantised KV (`kv_bits`) batches too: each row's quantised layers go to
+mlx-lm's quantised attention with its own cache, as alone; a row's plain
+layers are quantised once they hold the layout's start (as mlx-lm's
+generate_step does); where this MLX has no kernel for attention over
+quantised KV, a step reads each layer dequantised (`dequantized`), as the
+one-row decoder does.
 """
 
 from __future__ import annotations
@@ -36,8 +43,11 @@ from typing import Any
 
 import mlx.core as mx
 from mlx_lm.generate import generation_stream
-from mlx_lm.models.cache import TokenBuffer, can_trim_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import KVCache, TokenBuffer, can_trim_prompt_cache, trim_prompt_cache
 
+from mlxd.memory_estimate import KVLayout
+
+from ..cache.kv_cache import prefill_views, quantize_from
 from .row_attention import positions, row_caches
 from .speculative import DRAFT_MAX, DraftPolicy, NgramIndex, SampledTarget, SpecStats, accept_sampled
 
@@ -56,6 +66,7 @@ class _Row:
     policy: DraftPolicy = field(default_factory=DraftPolicy)
     stats: SpecStats = field(default_factory=SpecStats)
     answered: int = 0
+    plain_layers: bool = False  # layers still at the model's dtype that kv_bits quantises once they reach its start
     joining: bool = True  # its first input is its prompt's last token, not a token it answered
 
     def room(self) -> int:
@@ -79,6 +90,8 @@ class RowBatch:
     model: Any
     stop_tokens: frozenset[int]
     lookup: bool = False  # prompt lookup in the batch: the model's verify step was found exact at load
+    kv_layout: KVLayout = KVLayout()  # kv_bits: rows' layers quantised once they hold its start (as alone)
+    dequantized: bool = False  # this MLX cannot attend over quantised KV: a step reads it dequantised, a layer at a time
     rows: list[_Row] = field(default_factory=list)
     _next_uid: int = 0
 
@@ -89,7 +102,8 @@ class RowBatch:
         proposes = self.lookup and not processors and can_trim_prompt_cache(kv)
         self.rows.append(_Row(uid, kv, mx.array([token], dtype=mx.int32), max_tokens, sampler, list(processors),
                               TokenBuffer(list(context)) if processors else None,
-                              NgramIndex([*context, token]) if proposes else None, target))
+                              NgramIndex([*context, token]) if proposes else None, target,
+                              plain_layers=self.kv_layout.quantized and _has_plain_layers(kv)))
         return uid
 
     def remove(self, uid: int) -> list[Any] | None:
@@ -122,6 +136,7 @@ class RowBatch:
             sampled, contexts = self._sample(rows, logits, inputs)
         for i, r in enumerate(rows):
             r.next_input = sampled[i:i + 1]
+        self._quantize(rows)
         mx.async_eval(sampled, *contexts)  # the next step's tokens computed while these are relayed
         tokens = inputs.tolist()
         seconds = time.perf_counter() - began
@@ -134,8 +149,16 @@ class RowBatch:
         return out
 
     def _caches(self, rows: list[_Row]) -> list[Any]:
-        kv = [r.kv for r in rows]
+        kv = [prefill_views(r.kv) if self.dequantized else r.kv for r in rows]
         return row_caches(kv, positions(kv))
+
+    def _quantize(self, rows: list[_Row]) -> None:
+        """kv_bits: a row's plain layers quantised in place once they hold
+        `quantized_start` positions, as mlx-lm's generate_step does alone."""
+        for r in rows:
+            if r.plain_layers:
+                quantize_from(r.kv, self.kv_layout)
+                r.plain_layers = _has_plain_layers(r.kv)
 
     def _sample(self, rows: list[_Row], logits: mx.array, inputs: mx.array) -> tuple[mx.array, list[mx.array]]:
         """Each row's processors and sampler over its logits (one position a row): the tokens drawn."""
@@ -217,6 +240,7 @@ class RowBatch:
                     r.policy.saw_verify(len(proposed), len(kept), seconds)
                 r.lookup.extend(kept)
             out += self._answer(r, [last, *kept], indexed=True)
+        self._quantize(rows)
         return out
 
     # --- the answer ----------------------------------------------------------------------------
@@ -245,3 +269,7 @@ class RowBatch:
                 return out
             out.append(RowToken(r.uid, token, None))
         return out
+
+
+def _has_plain_layers(kv: list[Any]) -> bool:
+    return any(isinstance(c, KVCache) for c in kv)

@@ -96,7 +96,7 @@ class ModelRunner:
         text_alone = not resident.vision and self.link is None
         batchable = text_alone and batchable_model(resident.model)
         rows_apart, rows_verify = (rows_decode_exact(resident.model) if text_alone and concurrency > 1
-                                   and not resident.kv.quantized else (False, False))
+                                   else (False, False))
         self.plan = serving_plan(model_id, concurrency, vision=resident.vision,
                                  rank_group=self.link is not None, batchable=batchable, kv=resident.kv,
                                  cpu_float32=info.weights_dtype == "float32",

@@ -58,8 +58,8 @@ def serving_plan(model_id: str, configured_concurrency: int, *, vision: bool, ra
             reason = "a rank group serves one request at a time"
         elif vision:
             reason = "a vision model is served by mlx-vlm, one request at a time"
-        elif kv.quantized:
-            reason = "mlx-lm's batch has no quantised KV cache"
+        elif kv.quantized and not rows_apart:
+            reason = "mlx-lm's batch has no quantised KV cache (mlxd's rows apart have: not for this model)"
         elif not batchable and not rows_apart:
             reason = "mlx-lm cannot merge this model's cache into a batch"
     return ServingPlan(model_id, 1 if reason else configured_concurrency, vision, rank_group,

@@ -42,10 +42,7 @@ def test_the_default_model_is_the_real_one_once_fetched_else_the_demo(tmp_path):
     ({"engine": {"kv_bits": 6}}, "engine.kv_bits"),
     ({"engine": {"kv_group_size": 48}}, "engine.kv_group_size"),
     ({"models": {"m": {"path": "/x", "quantized_kv_start": -1}}}, "models.m.quantized_kv_start"),
-    # mlx-lm's batch has no quantised cache; a rank group keeps its own caches
-    ({"engine": {"kv_bits": 8, "max_concurrency": 2}, "models": {"m": {"path": "/x"}}}, "model 'm': kv_bits = 8"),
-    ({"engine": {"max_concurrency": 4}, "models": {"m": {"path": "/x", "kv_bits": 4}}}, "max_concurrency = 1"),
-    ({"engine": {"kv_bits": 8}, "models": {"m": {"path": "/x", "max_concurrency": 2}}}, "model 'm'"),
+    # a rank group keeps its own caches
     ({"engine": {"kv_bits": 8, "ranks": {"hosts": ["10.0.0.1", "10.0.0.2"]}}, "models": {"m": {"path": "/x"}}},
      "rank group"),
     # a draft model: another configured model, without a draft of its own
@@ -68,8 +65,10 @@ def test_invalid_configs_name_the_key(doc, key_in_error):
     ({"kv_bits": 8}, {"kv_bits": 16}, (16, 64, 0)),  # a model keeps the model's dtype
     ({}, {"kv_bits": 4, "kv_group_size": 32, "quantized_kv_start": 1024}, (4, 32, 1024)),
     ({"kv_bits": 8, "quantized_kv_start": 512}, {"quantized_kv_start": 0}, (8, 64, 0)),
-    # batching is fine where the model keeps 16 bits
+    # batching is fine where the model keeps 16 bits, and quantised (the batch's rows each keep their own cache)
     ({"kv_bits": 8}, {"kv_bits": 16, "max_concurrency": 4}, (16, 64, 0)),
+    ({"kv_bits": 8, "max_concurrency": 4}, {}, (8, 64, 0)),
+    ({"max_concurrency": 2}, {"kv_bits": 4, "quantized_kv_start": 256}, (4, 64, 256)),
 ])
 def test_kv_settings_per_model_over_the_engine(engine, model, expected):
     config = parse_config({"engine": engine, "models": {"m": {"path": "/x", **model}}}, HOME)

@@ -21,11 +21,13 @@ Q4 = KVLayout(bits=4)
     (4, True, False, False, False, KVLayout(), 1, ONE_ROW, "vision", False),
     (4, False, True, True, True, KVLayout(), 1, ONE_ROW, "rank group", False),
     (4, False, False, True, False, Q4, 1, ONE_ROW, "quantised", False),
+    (4, False, False, True, True, Q4, 4, MANY_ROWS, None, True),  # rows apart keep their own quantised caches
     (4, False, False, False, False, KVLayout(), 1, ONE_ROW, "merge", False),
     (4, False, False, False, True, KVLayout(), 4, MANY_ROWS, None, True),  # a hybrid cache: rows apart need no merge
     (1, False, False, True, True, KVLayout(), 1, ONE_ROW, None, False),  # one row: no batch to decode apart
     (1, True, False, False, False, KVLayout(), 1, ONE_ROW, None, False),  # nothing lowered: no reason to give
-], ids=["single", "batched", "batched-apart", "vision", "rank-group", "kv-bits", "unmergeable", "unmergeable-apart",
+], ids=["single", "batched", "batched-apart", "vision", "rank-group", "kv-bits", "kv-bits-apart", "unmergeable",
+        "unmergeable-apart",
         "single-apart", "vision-single"])
 def test_serving_plan(configured, vision, rank_group, batchable, apart, kv, concurrency, decoder, why, rows_apart):
     plan = serving_plan("m", configured, vision=vision, rank_group=rank_group, batchable=batchable, kv=kv,

@@ -1,0 +1,78 @@
+"""The batch's decode loop (engine/model/row_batch.py), in process: rows of
+different lengths, each over its own cache, decode the tokens each decodes
+alone -- quantised KV included (kv_bits), from the first position or from a
+start some rows cross while they decode together."""
+
+from __future__ import annotations
+
+import pytest
+
+from tiny_models import tiny
+
+mx = pytest.importorskip("mlx.core")
+
+from mlxd.engine.cache.kv_cache import make_kv, prefill_views, quantize_from  # noqa: E402
+from mlxd.engine.model.row_attention import route_attention  # noqa: E402
+from mlxd.engine.model.row_batch import RowBatch  # noqa: E402
+from mlxd.memory_estimate import KVLayout  # noqa: E402
+
+PROMPTS = [[(3 * j + i) % 101 for j in range(n)] for i, n in enumerate((5, 17, 40))]
+ANSWER = 24
+
+
+@pytest.fixture(scope="module")
+def model():
+    route_attention()  # as the runner does at load: RowsLayer attention row by row
+    return tiny("llama")
+
+
+def _prefilled(model, prompt: list[int], layout: KVLayout) -> list:
+    kv = make_kv(model, len(prompt) + ANSWER + 8, layout)
+    model(mx.array([prompt[:-1]]), cache=prefill_views(kv))
+    quantize_from(kv, layout)
+    return kv
+
+
+def _alone(model, prompt: list[int], layout: KVLayout, dequantized: bool) -> list[int]:
+    """Greedy tokens of one row by itself, a token a forward."""
+    kv = _prefilled(model, prompt, layout)
+    token, out = prompt[-1], []
+    for _ in range(ANSWER):
+        logits = model(mx.array([[token]]), cache=prefill_views(kv) if dequantized else kv)
+        quantize_from(kv, layout)
+        token = int(logits[0, -1].argmax())
+        out.append(token)
+    return out
+
+
+def _together(model, layout: KVLayout, dequantized: bool) -> tuple[dict[int, list[int]], list]:
+    batch = RowBatch(model, frozenset(), kv_layout=layout, dequantized=dequantized)
+    kvs = [_prefilled(model, p, layout) for p in PROMPTS]
+    uids = [batch.insert(p[-1], kv, ANSWER, p[:-1], None, []) for p, kv in zip(PROMPTS, kvs)]
+    out: dict[int, list[int]] = {u: [] for u in uids}
+    for _ in range(ANSWER + 2):
+        for t in batch.next():
+            out[t.uid].append(t.token)
+    return out, kvs
+
+
+@pytest.mark.parametrize("layout, dequantized", [
+    (KVLayout(), False),
+    (KVLayout(8, 32, 0), False),     # quantised from the first position: mlx-lm's quantised attention per row
+    (KVLayout(4, 32, 0), False),
+    (KVLayout(8, 32, 30), False),    # the rows cross the start at different steps, while decoding together
+    (KVLayout(8, 32, 0), True),      # a backend without quantised attention reads each layer dequantised
+], ids=["16-bit", "8-bit", "4-bit", "8-bit-from-30", "8-bit-dequantized"])
+def test_rows_decode_together_what_each_decodes_alone(model, layout, dequantized):
+    from mlx_lm.models.cache import KVCache, QuantizedKVCache
+
+    out, kvs = _together(model, layout, dequantized)
+    assert list(out.values()) == [_alone(model, p, layout, dequantized) for p in PROMPTS]
+    assert all(len(tokens) == ANSWER for tokens in out.values())
+    if layout.quantized:  # a row is quantised once it holds the start, however long it was when it joined
+        for kv in kvs:
+            held = kv[0].offset
+            assert all(isinstance(c, QuantizedKVCache) == (held >= layout.quantized_start) for c in kv), held
+        assert any(isinstance(c, QuantizedKVCache) and c.bits == layout.bits for kv in kvs for c in kv)
+    else:
+        assert all(isinstance(c, KVCache) for kv in kvs for c in kv)

@@ -20,6 +20,10 @@ against /health's budget and MLX peak.
   .venv/bin/python bench/agents_load.py --system-tokens 1500 --turn-tokens 200 --turns 3 --max-tokens 16   # CPU-sized
   bash bench/gpu_run.sh agents      # the 8B demo model: 4 agents, 12k-token system prompts, +1.7k a turn
 
+--floors (issue 51): then, in the same run and on the same conversations, mlx-lm alone in process
+(bench/mlx_lm_floors.py, each floor a process of its own, its memory from outside): equal rows in one plain
+batch, unequal rows through BatchKVCache, one row at a time; mlxd's turns a minute against each.
+
 Progress to stderr, a Markdown summary to stdout, every turn to --out (JSON).
 """
 
@@ -41,6 +45,7 @@ from benchkit import (DEFAULT_CACHE, RESULTS, BenchError, HttpWay, demo_model, i
                       stop_child, write_json)
 from concurrency import (MemoryWatch, add_agent_args, agent_prompts, engine_extra, fmt_mib,  # noqa: E402
                          gpu_used_bytes, headline_memory, token_counter)
+from mlx_lm_floors import FLOORS, run_floors  # noqa: E402
 
 OUT = RESULTS / "agents_load.json"
 
@@ -102,6 +107,31 @@ def summarize(turns: list[Turn], agents: int) -> dict[str, Any]:
             "agents": agents}
 
 
+def floors_table(engine: dict[str, Any], floors: dict[str, dict[str, Any]]) -> list[str]:
+    """The Markdown rows: each floor's figures (bench/mlx_lm_floors.py) and mlxd's turns a minute over its."""
+    f2 = (lambda v, d=2: "—" if v is None else f"{v:.{d}f}")
+    ours = engine.get("turns_per_minute")
+    lines = ["| mlx-lm alone, in process | turns done | turns/min | TTFT p50 turn 1 (s) "
+             "| TTFT p50 / p95 turns 2+ (s) | tokens prefilled | peak memory (from outside) | MLX peak "
+             "| mlxd ÷ floor (turns/min) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for doc in floors.values():
+        peak, src = headline_memory(doc.get("memory"))
+        if doc["status"] != "ok":
+            lines.append(f"| {doc['title']} | {doc['status']} | — | — | — | — | {fmt_mib(peak)} ({src}) "
+                         "| — | — |")
+            continue
+        s = doc["summary"]
+        tpm = s["turns_per_minute"]
+        ratio = f"**{ours / tpm:.2f}x**" if ours and tpm else "—"
+        lines.append(f"| {doc['title']} | {s['turns_completed']} | {f2(tpm, 1)} | "
+                     f"{f2(s['ttft_s_p50_by_turn'].get(1, s['ttft_s_p50_by_turn'].get('1')))} | "
+                     f"{f2(s['ttft_s_p50_turns_2_on'])} / {f2(s['ttft_s_p95_turns_2_on'])} | "
+                     f"{s['prefilled_tokens']:,} | "
+                     f"{fmt_mib(peak)} ({src}) | {fmt_mib(doc.get('mlx_peak_bytes'))} | {ratio} |")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_agent_args(p)
@@ -113,8 +143,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--engine-log-level", default="info", help="debug: every batch step's time in the engine's log")
     p.add_argument("--shared-system", action="store_true",
                    help="every agent gets the first agent's system prompt (Claude-Code-shaped agents of one user)")
+    p.add_argument("--floors", nargs="?", const=",".join(FLOORS), default="",
+                   help="then mlx-lm alone on the same conversations: a subset of plain,batch,serial (all when bare)")
+    p.add_argument("--floor-timeout", type=float, default=1800.0, help="seconds a floor may take")
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args(argv)
+    floors = [f.strip() for f in args.floors.split(",") if f.strip()]
+    if any(f not in FLOORS for f in floors):
+        p.error(f"--floors: a subset of {','.join(FLOORS)}")
     interrupt_on_sigterm()
     model = args.model or demo_model("a", DEFAULT_CACHE)[1]
     count, count_source = token_counter(model)
@@ -167,6 +203,11 @@ def main(argv: list[str] | None = None) -> int:
             args.keep_logs.mkdir(parents=True, exist_ok=True)
             (args.keep_logs / "engine-agents.log").write_bytes((work / "engine.log").read_bytes())
         stop_all_children()
+    if floors:
+        say(f"the floors, mlx-lm alone on the same conversations: {', '.join(floors)}")
+        doc["floors"] = run_floors(floors, {"model": str(model), "systems": systems, "user_turns": user_turns,
+                                            "max_tokens": args.max_tokens, "shared_prefix": args.shared_system},
+                                   work / "floors", args.floor_timeout)
     doc["turns"] = [asdict(t) for t in sorted(turns, key=lambda t: (t.agent, t.turn))]
     write_json(args.out, doc)
     s, mem = doc["summary"], doc["memory"]
@@ -186,8 +227,13 @@ def main(argv: list[str] | None = None) -> int:
           f"{fmt(s['ttft_s_p50_turns_2_on'])} / {fmt(s['ttft_s_p95_turns_2_on'])} | "
           f"{fmt(s['cached_share_turns_2_on'], 3)} | {fmt_mib(peak)} ({src}) | {fmt_mib(mem.get('mlx_peak_bytes'))} / "
           f"{fmt_mib(mem.get('budget_bytes'))} | {len(s['errors'])} |")
+    if floors:
+        print("\nThe floors, mlx-lm alone in process on the same conversations (bench/mlx_lm_floors.py), and mlxd's "
+              f"{fmt(s['turns_per_minute'], 1)} turns a minute against each:\n")
+        print("\n".join(floors_table(s, doc["floors"])))
     say(f"every turn: {args.out}")
-    return 0 if not s["errors"] else 1
+    failed = [f for f, d in doc.get("floors", {}).items() if d["status"] not in ("ok", "out of memory")]
+    return 0 if not s["errors"] and not failed else 1
 
 
 if __name__ == "__main__":

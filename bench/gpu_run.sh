@@ -18,7 +18,8 @@
 #   bash bench/gpu_run.sh structured  # after `stage`: bench/structured_outputs.py (bound answers' cost) on the 8b model
 #   BUILDS=old bash bench/gpu_run.sh squeeze  # after `stage`: a squeezed prompt cache, an earlier mlxd (.whl2/old/)
 #   BUILDS=new bash bench/gpu_run.sh squeeze  #   against this tree's (issue 35), one call each
-#   BUILDS=old bash bench/gpu_run.sh agents   # likewise: four agents at once (bench/agents_load.py)
+#   BUILDS=old bash bench/gpu_run.sh agents   # likewise: four agents at once (bench/agents_load.py), the last
+#                                             #   build's run with mlx-lm's floors (FLOORS=none: without)
 #   ARMS=faults bash bench/gpu_run.sh faults  # after `stage`, with .whl3: agents while the engine is killed (issue 36)
 #   bash bench/gpu_run.sh recovery  # after `faults`' installs: SIGABRT -> serving, standby against afresh (issue 36)
 #   bash bench/gpu_run.sh load      # after `engine`: the eager load against reading the files (issue 36)
@@ -194,15 +195,19 @@ squeeze)
 agents)
   # Issue 35: four coding agents at once (bench/agents_load.py): 12k-token system prompts, +1.7k tokens a turn,
   # 6 turns, 128-token answers, max_concurrency 4, memory_gib 2, for BUILDS as in `squeeze`; SHARED=1: one
-  # system prompt for all four (Claude-Code-shaped agents of one user).
+  # system prompt for all four (Claude-Code-shaped agents of one user). After the last build's engine run, the
+  # same run does the floors (issue 51): mlx-lm alone in process on the same conversations, equal rows in a plain
+  # batch, unequal rows through BatchKVCache, one row at a time (FLOORS picks, FLOORS=none skips).
   install_engine
   [ -d /tmp/site-old/mlxd ] || pip_target /tmp/site-old .whl2/old/*.whl
   cache_arg="--prompt-cache-gib ${PROMPT_CACHE_GIB:-2}"; [ "${PROMPT_CACHE_GIB:-}" = default ] && cache_arg=""
-  for build in ${BUILDS:-old new}; do
+  builds=(${BUILDS:-old new}); floors=${FLOORS:-plain,batch,serial}; [ "$floors" = none ] && floors=""
+  for build in "${builds[@]}"; do
     path=$PYTHONPATH; [ "$build" = old ] && path=/tmp/site-old:$PYTHONPATH
+    floor_arg=""; [ "$build" = "${builds[-1]}" ] && [ -n "$floors" ] && floor_arg="--floors $floors"
     PYTHONPATH=$path $PY bench/agents_load.py --model "$MODEL" --agents "${AGENTS:-4}" \
         --system-tokens "${SYSTEM_TOKENS:-12000}" --turn-tokens "${TURN_TOKENS:-1700}" --turns "${TURNS:-6}" \
-        --max-tokens 128 $cache_arg ${SHARED:+--shared-system} --engine-log-level "${ENGINE_LOG_LEVEL:-info}" \
+        --max-tokens 128 $cache_arg ${SHARED:+--shared-system} --engine-log-level "${ENGINE_LOG_LEVEL:-info}" $floor_arg \
         --keep-logs "$OUT/logs-agents-$build${SHARED:+-shared}" --out "$OUT/agents_$build${SHARED:+_shared}.json" \
         2> >(tee "$OUT/agents_$build${SHARED:+_shared}.progress" >&2) | tee "$OUT/agents_$build${SHARED:+_shared}.md"
   done

@@ -60,7 +60,7 @@ def _start_failure(config: Config, since: float) -> str | None:
             break
         if record.klass in ("preload_failed", "config_error") or record.exit_code == exit_codes.STARTUP_FAILED:
             lines = [line for line in record.stderr_tail.splitlines() if line.strip()]
-            # the exception's message, without its class ("mlxd.engine.core.errors.EngineError: ...")
+            # the exception's message, without its class ("mlxd.engine.model.errors.EngineError: ...")
             return re.sub(r"^[\w.]+(Error|Exception): ", "", lines[-1]) if lines else record.klass
     return None
 

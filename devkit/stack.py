@@ -76,7 +76,7 @@ class Stack:
                env: dict[str, str] | None = None, faults: bool = True) -> "Stack":
         """Write the config into `home` (engine and gateway on free ports;
         gateway None: no gateway; the rest: stack_toml's). Nothing runs until up(). With `faults`,
-        the engine reads fault specs from `home/fault` (see engine/core/faults.py)."""
+        the engine reads fault specs from `home/fault` (see engine/model/faults.py)."""
         home.mkdir(parents=True, exist_ok=True)
         gateway_port = None if gateway is None else free_port()
         (home / "mlxd.toml").write_text(stack_toml(model, model_name, free_port(), gateway_port, engine=engine,

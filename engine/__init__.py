@@ -10,15 +10,19 @@ each (a test, tests/layout/test_component_maps.py, keeps these lists whole):
 Its parts, a folder each (each folder's __init__.py names its files, one line each):
   api/     the HTTP side: the FastAPI app, one request's relay, /health, /metrics, the answers' shapes
   core/    the step loop: the worker thread, EngineCore, the scheduler, the request table, the memory
-           ledger; a job, its events and errors, the admission queue in front
+           ledger; the admission queue in front
   model/   the resident model: the runner (every MLX call), its serving plan, the two decoders, a
-           request's tokens and generation, grammars, tool calls; load, registry, demo models
+           request's tokens and generation, grammars, tool calls; load, registry, demo models; a
+           job, its events and errors
   cache/   a request's KV and the prompt cache (memory and disk tiers, reuse plans)
   cpu/     the Linux CPU path: OpenBLAS, the float32 layout and decode (entered only from the load)
 
-What a request is and what it is told (core/jobs.py, core/events.py,
-core/errors.py) are used by every part; only model/ and cache/ and cpu/
-import MLX, and only on the worker thread.
+The parts are floors, each importing only those below it: api/ over core/
+over model/ over cache/ and cpu/ (docs/DESIGN.md, "The engine's floors";
+tests/layout/test_engine_floors.py). What a request is and what it is told
+(model/job.py, model/events.py, model/errors.py) are on the model floor, so
+every floor above uses them; only model/ and cache/ and cpu/ import MLX, and
+only on the worker thread.
 
 The heavy-model estimate is mlxd.models / mlxd.memory_estimate (core/),
 shared with the gateway without MLX, as is the error contract

@@ -24,7 +24,7 @@ from mlxd.keyfile import ENGINE_KEY_PREFIX, ensure_key_file
 from mlxd.models import demo_model_dir, system_memory_budget
 
 from .cpu.fast_blas import activate as activate_fast_blas
-from .core.faults import FaultInjector
+from .model.faults import FaultInjector
 from .api.lifecycle import Lifecycle
 from .model.model_registry import ModelRegistry
 from .api.server import Engine, create_app

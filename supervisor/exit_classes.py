@@ -28,7 +28,7 @@ class ExitClass(enum.Enum):
     PYTHON_EXCEPTION = "python_exception"
     UNKNOWN = "unknown"
     # Not an exit: the engine met an op or dtype its MLX backend cannot run, answered the requests and reloaded
-    # the model as float32 (engine/core/errors.py, backend_limit); it journals this line itself.
+    # the model as float32 (engine/model/errors.py, backend_limit); it journals this line itself.
     BACKEND_UNSUPPORTED = "backend_unsupported"
 
 

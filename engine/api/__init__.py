@@ -6,6 +6,7 @@ JSON or SSE; it never touches MLX. Every file, one line each:
 
   server.py               the FastAPI app and `Engine`, which wires the parts below
   relay.py                one request: admit, wait for the worker, answer as JSON or SSE
+  request_job.py          a request turned into a job: what can be refused before the worker (model, size, images)
   lifecycle.py            start the worker, drain on SIGTERM, exit on an MLX error
   health.py               GET /health: the engine's state and the stuck verdict
   metrics.py              GET /metrics (Prometheus, read from published snapshots)

@@ -14,7 +14,7 @@ from mlxd.config import Config
 from mlxd.durations import parse_duration
 
 from ..core.embedding_queue import EmbeddingQueue, EmbedJob
-from ..core.errors import EngineError
+from ..model.errors import EngineError
 from .request_schema import EmbeddingRequest
 
 

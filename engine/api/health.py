@@ -20,8 +20,8 @@ import mlxd
 from mlxd.reports import EngineHealth, EngineMemory, HeldRequestReport, KVCacheLayout, ServingPlanReport
 
 from ..core.admission import AdmissionQueue
-from ..core.errors import EngineError
-from ..core.jobs import Job
+from ..model.errors import EngineError
+from ..model.job import Job
 from .lifecycle import Lifecycle
 from ..core.request_table import RequestStatus
 from ..core.worker import Phase, WorkerStatus

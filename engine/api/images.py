@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import io
 import os
 import warnings
@@ -29,7 +28,7 @@ from urllib.parse import unquote, urlparse
 
 from mlxd.api_errors import UNSUPPORTED_PARAMETER
 
-from ..core.errors import EngineError, bad_request
+from ..model.errors import EngineError, bad_request
 
 
 @dataclass(frozen=True)
@@ -142,15 +141,3 @@ def check_image(data: bytes, policy: ImagePolicy, where: str) -> tuple[int, int]
         raise bad_request(f"{param}: the image has {size[0]}x{size[1]} pixels, over this engine's limit of "
                           f"{policy.max_pixels}", param=param)
     return size
-
-
-def decode_image(data: bytes):
-    """The image as RGB pixels, upright (EXIF orientation applied), as
-    mlx-vlm's own loader prepares it; runs on the worker thread."""
-    from mlx_vlm.utils import load_image
-
-    return load_image(io.BytesIO(data))
-
-
-def digest(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()[:16]

@@ -21,9 +21,9 @@ from mlxd import exit_codes
 
 from ..core.admission import AdmissionQueue
 from ..core.embedding_queue import EmbeddingQueue
-from ..core.errors import EngineError
-from ..core.events import Failed
-from ..core.jobs import Job
+from ..model.errors import EngineError
+from ..model.events import Failed
+from ..model.job import Job
 from ..core.worker import ModelWorker
 
 log = logging.getLogger("mlxd.engine")

@@ -1,6 +1,6 @@
 """Anthropic's Messages API answers (`POST /v1/messages`): the whole message,
 and the streamed events as Anthropic sends them, built from the worker's
-events (engine/core/events.py) of the chat job a Messages request became
+events (engine/model/events.py) of the chat job a Messages request became
 (engine/api/messages_api.py). The relay drives it like the chat builder
 (engine/api/response_builder.py's `Presenter`).
 
@@ -28,8 +28,8 @@ from typing import Any
 
 from mlxd.api_errors import anthropic_error_body
 
-from ..core.errors import EngineError
-from ..core.events import Started
+from ..model.errors import EngineError
+from ..model.events import Started
 from .messages_api import MessagesRequest
 from .response_builder import Usage
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from mlxd.records import Quarantine
 
-from ..core.errors import EngineError
+from ..model.errors import EngineError
 
 
 class QuarantineList:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 import uuid
 from collections import deque
-from dataclasses import replace
 from typing import Any, AsyncIterator, Callable
 
 from fastapi import Request
@@ -21,10 +20,11 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from mlxd.config import EngineConfig
 
 from ..core.admission import AdmissionQueue
-from ..core.errors import EngineError
-from ..core.events import Delta, Event, Failed, Finished, Started, ToolCalls
+from ..model.errors import EngineError
+from ..model.events import Delta, Event, Failed, Finished, Started, ToolCalls
 from .health import Health
-from ..core.jobs import Job, job_from_request
+from ..model.job import Job
+from .request_job import job_from_request
 from .lifecycle import Lifecycle
 from .metrics import EngineMetrics
 from ..model.model_registry import ModelRegistry
@@ -200,7 +200,8 @@ class JobFeed:
     def usage(self, finished: Finished) -> Usage:
         """The finished answer's usage, with the prompt tokens truncate_middle dropped."""
         truncation = self.started.truncation if self.started is not None else None
-        return replace(finished.usage, dropped_prompt_tokens=truncation.dropped_tokens) if truncation else finished.usage
+        return Usage(finished.prompt_tokens, finished.completion_tokens, finished.cached_tokens,
+                     truncation.dropped_tokens if truncation else 0)
 
     async def wait_started(self) -> Started:
         while True:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
-    from ..core.errors import EngineError
+    from ..model.errors import EngineError
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """The Responses API's answers (`POST /v1/responses`): the whole response
 object, and the streamed events in the order OpenAI sends them, built from
-the worker's events (engine/core/events.py) of the chat job a Responses request
+the worker's events (engine/model/events.py) of the chat job a Responses request
 became (engine/api/responses_api.py). The relay drives it like the chat
 builder (engine/api/response_builder.py's `Presenter`).
 
@@ -27,7 +27,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..core.errors import EngineError
+from ..model.errors import EngineError
 from .response_builder import Usage
 from .responses_api import ResponsesRequest, assistant_message
 

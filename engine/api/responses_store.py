@@ -27,7 +27,7 @@ from typing import Any
 from mlxd.api_errors import PREVIOUS_RESPONSE_NOT_FOUND
 from mlxd.paths import remove_dead_temps, write_atomic
 
-from ..core.errors import EngineError
+from ..model.errors import EngineError
 
 log = logging.getLogger("mlxd.engine.responses")
 

@@ -27,10 +27,10 @@ from mlxd.memory_estimate import GIB, disk_tier_budget
 
 from ..core.admission import AdmissionQueue
 from ..core.embedding_queue import EmbeddingQueue
-from ..core.errors import EngineError
-from ..core.faults import FaultInjector
+from ..model.errors import EngineError
+from ..model.faults import FaultInjector
 from .health import Health
-from ..core.jobs import Job
+from ..model.job import Job
 from ..cache.kv_files import KVFiles
 from .lifecycle import Lifecycle
 from .metrics import CONTENT_TYPE, EngineMetrics, register_gauges

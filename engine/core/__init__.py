@@ -1,8 +1,9 @@
 """The engine's core: one step loop (docs/DESIGN.md, "The engine's core").
 
 The worker thread steps `EngineCore`, which owns the request table, the memory ledger,
-the prompt cache and a runner (engine/model/runner.py); what a request is (a job), what
-it is told (events, errors) and the queue in front of it live here too. Every file, one line each:
+the prompt cache and a runner (engine/model/runner.py); the queues in front of it live here
+too. What a request is (a job) and what it is told (events, errors) are the model floor's
+(engine/model/), which generates it. Every file, one line each:
 
   worker.py               the one thread that owns the model and every MLX call: the loop around the core
   engine_core.py          EngineCore: a step at a time, the scheduler's decision done; owns the table, ledger, cache
@@ -13,9 +14,5 @@ it is told (events, errors) and the queue in front of it live here too. Every fi
   device_memory.py        the process's device memory from outside (nvidia-smi), what MLX's limit leaves for it
   admission.py            the bounded FIFO in front of the worker (429, 503; pure policy)
   embedding_queue.py      embedding requests' own short line, served between the steps
-  jobs.py                 a request turned into a job: what to generate, where its events go
   keep_alive.py           when an idle model is given back (pure)
-  events.py               what the worker tells a job's handler, and the channel it goes through
-  errors.py               EngineError: status, code, message; rendered in one place
-  faults.py               fault injection (crash, hang, MLX error) for tests; off by default
 """

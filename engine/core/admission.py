@@ -13,7 +13,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from .errors import EngineError
+from ..model.errors import EngineError
 
 T = TypeVar("T")
 

@@ -18,7 +18,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .errors import EngineError
+from ..model.errors import EngineError
 
 EMBEDDING_QUEUE = 64  # waiting requests; one more is a 429
 

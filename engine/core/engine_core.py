@@ -44,12 +44,12 @@ from mlxd.reports import PromptCacheReport
 
 from .admission import AdmissionQueue
 from .embedding_queue import EmbeddingQueue, EmbedJob
-from ..model.decoding import Admitted, Ended
+from ..model.decoder_rows import Admitted, Ended
 from .device_memory import DeviceMemoryWatch
-from .errors import EngineError, backend_limit, backend_unsupported
-from .events import Failed, Started
-from .faults import FaultInjector, append_to_journal, backend_limit_record
-from .jobs import Job
+from ..model.errors import EngineError, backend_limit, backend_unsupported
+from ..model.events import Failed, Started
+from ..model.faults import FaultInjector, append_to_journal, backend_limit_record
+from ..model.job import Job
 from .keep_alive import NEVER, describe, unload_deadline, unload_due
 from .memory_ledger import MemoryLedger, ModelFigures
 from ..model.model_cache import Unload, plan_release, plan_switch
@@ -59,8 +59,9 @@ from ..model.prefill import cancelled_error
 from ..cache.prompt_cache_policy import NOT_CACHED, Fetched
 from .request_table import RequestStatus, RequestTable, running
 from ..model.runner import Prompt
-from .scheduler import Pending, Row, Step, next_step
-from .worker_state import MemorySnapshot, Phase, WorkerStatus
+from .scheduler import Pending, Row, Step, next_step, row_of
+from ..model.mlx_memory import MemorySnapshot
+from .worker_state import Phase, WorkerStatus
 
 log = logging.getLogger("mlxd.engine.core.worker")
 
@@ -168,7 +169,7 @@ class EngineCore:
         return plan.max_concurrency if plan is not None else self.admission.slots
 
     def _rows(self) -> list[Row]:
-        return [a.row for a in self.runner.rows]
+        return [row_of(a) for a in self.runner.rows]
 
     def idle(self) -> None:
         if self.faults.enabled:
@@ -242,7 +243,7 @@ class EngineCore:
             if one_row:
                 self.ledger.grant_alone(job.id, tokens + job.params.max_tokens, prompt.image_tokens)
             else:
-                self.ledger.hold_rows([*(a.row for a in self.runner.batch_rows), Row(tokens, job.params.max_tokens)])
+                self.ledger.hold_rows([*map(row_of, self.runner.batch_rows), Row(tokens, job.params.max_tokens)])
             fetched = NOT_CACHED
             if self.runner.plan.prompt_cache:
                 fetched = self.prompt_cache.fetch(prompt.tokens, job.params.max_tokens if one_row else 0,
@@ -444,7 +445,7 @@ class EngineCore:
         for requests still decoded alone (one that joined the batch is a row now)."""
         alone = {a.job.id for a in self.runner.rows} - {a.job.id for a in self.runner.batch_rows}
         self.ledger.keep_alone(alone)
-        self.ledger.hold_rows([a.row for a in self.runner.batch_rows])
+        self.ledger.hold_rows([row_of(a) for a in self.runner.batch_rows])
 
     def _log_reuse(self, job: Job, fetched: Fetched) -> None:
         """At debug level, what the prompt and the cached conversation hold

@@ -21,7 +21,7 @@ from mlxd.memory_estimate import (KVLayout, attention_heads, kv_allocated_tokens
                                   kv_prefill_transient_bytes, vision_encoder_bytes)
 
 from .device_memory import mlx_limit
-from .errors import EngineError
+from ..model.errors import EngineError
 from .scheduler import Memory, Row, attention_bytes_per_position, batch_kv_bytes, fits
 
 

@@ -27,6 +27,8 @@ import enum
 from dataclasses import dataclass
 from typing import Sequence
 
+from ..model.decoder_rows import Admitted
+
 STEP_TOKENS = 256  # mlx-lm's KV caches are allocated in whole steps of this many positions
 
 
@@ -45,6 +47,12 @@ class Row:
     length: int  # positions its KV holds (or will, once its prompt is in): prompt + generated so far
     remaining: int  # tokens it may still generate
     alone: bool = False  # decoded alone: nobody joins it (a seed, an image, a rank group, max_concurrency 1)
+
+
+def row_of(admitted: Admitted) -> Row:
+    """A request in a decoder, as memory sees it."""
+    generated = len(admitted.generation.tokens)
+    return Row(len(admitted.prompt) + generated, admitted.job.params.max_tokens - generated, admitted.alone)
 
 
 @dataclass(frozen=True)
@@ -144,14 +152,3 @@ def next_step(pending: Pending | None, waiting: bool, rows: Sequence[Row], slots
     if waiting and len(rows) < slots:
         return Step.TAKE
     return Step.DECODE if rows else Step.WAIT
-
-
-def starts_alone(batch_empty: bool, others_waiting: bool) -> bool:
-    """Whether a request may be decoded alone, as mlx-lm decodes one (pure):
-    into an empty batch, and only when nobody waits behind it (its cache
-    must also be one mlx-lm can cut back when a second request joins:
-    engine/model/runner.py checks that). A burst (agents started together) joins
-    the batch: the lone start prefills its whole prompt in one go, holding
-    the others in the queue, and the burst's last first token comes later
-    (docs/BENCHMARKS.md, "Why the engine is built as it is")."""
-    return batch_empty and not others_waiting

@@ -25,13 +25,14 @@ from .admission import AdmissionQueue
 from .device_memory import DeviceMemoryWatch
 from .embedding_queue import EmbeddingQueue
 from .engine_core import EngineCore
-from .faults import FaultInjector
-from .jobs import Job
+from ..model.faults import FaultInjector
+from ..model.job import Job
 from ..model.model_registry import ModelRegistry
 from ..cache.prompt_cache import PromptCache
 from ..model.runner import ModelRunner
 from ..model.serving_plan import ServingPlan
-from .worker_state import MemorySnapshot, Phase, WorkerStatus
+from ..model.mlx_memory import MemorySnapshot
+from .worker_state import Phase, WorkerStatus
 
 
 class ModelWorker(threading.Thread):

@@ -1,5 +1,6 @@
 """What the model worker publishes for other threads: its phase and the
-requests it holds (`WorkerStatus`, its request table's rows), MLX's memory (`MemorySnapshot`).
+requests it holds (`WorkerStatus`, its request table's rows); MLX's memory beside it is
+the runner's `MemorySnapshot` (engine/model/mlx_memory.py).
 Immutable objects, replaced whole by the worker thread."""
 
 from __future__ import annotations
@@ -48,11 +49,3 @@ class WorkerStatus:
     def in_flight_fingerprint(self) -> str | None:
         running = self.running
         return running[0].fingerprint if running else None
-
-
-@dataclass(frozen=True)
-class MemorySnapshot:
-    active_bytes: int = 0
-    peak_bytes: int = 0
-    cache_bytes: int = 0
-    taken_at: float = 0.0

@@ -1,16 +1,25 @@
 """The resident model: its load, its serving plan, its two decoders and a request's generation.
 
-The runner (runner.py) is the core's one way to MLX. Every file, one line each:
+The runner (runner.py) is the core's one way to MLX. What a request is (job.py) and what it
+is told (events.py, errors.py) are here, below the core and the HTTP side that both use
+them. Every file, one line each:
 
   runner.py               the resident model and its decoders: every MLX call the core makes
+  mlx_memory.py           MLX's memory figures as the runner reads them
+  job.py                  a request as the worker serves it: what to generate, where its events go
+  events.py               what the worker tells a job's handler, and the channel it goes through
+  errors.py               EngineError: status, code, message; rendered in one place
+  faults.py               fault injection (crash, hang, MLX error) for tests; off by default
   serving_plan.py         how the resident model is served, decided at its load (pure)
   decoding.py             the two decoders behind one interface: a request admitted, a step, those that ended
+  decoder_rows.py         what the decoders hold and hand back: a request admitted, one that ended, its sampling
   one_row.py              one request decoded alone, as mlx-lm decodes one (generate_step; mlx-vlm's for images)
   speculative.py          prompt-lookup decoding for the one-row decoder: proposals, their length, the step source
   draft_model.py          speculative decoding by a draft model: its tokenizer check, its KV kept for the next turn
   many_rows.py            many requests decoded as one batch, joining rows prefilled alone
   row_batch.py            the batch's decode loop: rows of any length, each over its own cache, a token a step
   row_attention.py        a step's attention row by row without a mask; checked exact per model at load
+  cascade_attention.py    rows over a shared prompt prefix: its KV held once, read once a step, merged exactly
   generation.py           one job's prompt tokenized, and its answer relayed from the tokens a decoder gives
   model_registry.py       which models exist and where they live (configured names only)
   model_cache.py          one model resident: which to unload, then load (pure)

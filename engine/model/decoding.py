@@ -16,84 +16,19 @@ by one token and returns those that ended, each with its KV for the prompt
 cache. A row carries its own sampler and logits processors (penalties, a
 grammar: engine/model/constrained.py). Speculative decoding fits the one-row
 decoder's step source: mlx-lm's `speculative_generate_step` yields what
-`generate_step` does, several tokens verified in one forward.
+`generate_step` does, several tokens verified in one forward. What a decoder
+holds and hands back (`Admitted`, `Ended`) is engine/model/decoder_rows.py's.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
-from .generation import Generation
-from ..core.jobs import Job
-from ..cache.prompt_cache_policy import Fetched
-from ..core.scheduler import Row, starts_alone
-
-CHECKPOINT_TOKENS = 2048  # a long prompt's KV reaches disk every this many prefilled tokens
-
-
-@dataclass(eq=False)
-class Admitted:
-    """A request in a decoder."""
-
-    job: Job
-    generation: Generation
-    prompt: list[int]
-    fetched: Fetched
-    detokenizer: Any
-    needs_snapshot: bool  # its KV cannot be cut back: kept at the prompt's boundary for the prompt cache
-    alone: bool = False  # decoded alone and nobody joins it (a seed, an image, a rank group, max_concurrency 1)
-    taken_at: float = field(default_factory=time.monotonic)  # from the queue
-    admitted_at: float = field(default_factory=time.monotonic)
-    joined_at: float | None = None  # decoding (its cached prefix fetched and its prompt prefilled, or joining)
-    snapshot: list[Any] | None = None
-    first_token_at: float | None = None
-    # Its KV and the prompt tokens it covers, once prefilled: the core writes them to disk after its
-    # first token (engine/cache/prompt_cache.py, checkpoint), then lets go.
-    prefilled: tuple[list[Any], int] | None = None
-    checkpoint: Any = None  # the prompt cache's write of its prompt, awaited before its answer's end
-    # Where a long prefill leaves its KV so far, every CHECKPOINT_TOKENS (the core's; None: nowhere):
-    # save_progress(kv, tokens covered). A crash mid-prefill then costs at most that many tokens.
-    save_progress: Callable[[list[Any], int], None] | None = None
-
-    @property
-    def row(self) -> Row:
-        generated = len(self.generation.tokens)
-        return Row(len(self.prompt) + generated, self.job.params.max_tokens - generated, self.alone)
-
-    def feed(self, token: int | None, text: str | None, model_finish: str | None) -> str | None:
-        """A token to its request: detokenized (as mlx_lm.server does; mlx-vlm's
-        stream brings its text) and relayed. The finish, or None to go on."""
-        if self.first_token_at is None:
-            self.first_token_at = time.monotonic()
-        if text is None:
-            detok = self.detokenizer
-            if model_finish != "stop":
-                detok.add_token(token)
-            if model_finish is not None:
-                detok.finalize()
-            text = detok.last_segment
-        return self.generation.feed(text, token, model_finish)
-
-
-@dataclass(frozen=True)
-class Ended:
-    """A request that left its decoder, with its KV for the prompt cache."""
-
-    admitted: Admitted
-    finish: str
-    kv: list[Any] | None  # the KV of its prompt and what it generated (all but the last token)
-    speculation: Any = None  # SpecStats (engine/model/speculative.py) of a request decoded speculatively
-
-
-@dataclass(frozen=True)
-class RowSampling:
-    """A row's sampler (None: greedy) and logits processors, the grammar's last."""
-
-    sampler: Any
-    processors: list[Any]
-
+from .decoder_rows import Admitted, Ended, RowSampling
+from .generation import PROMPT_TAIL
+from .many_rows import ManyRows
+from .one_row import OneRow
 
 class Decoders:
     """The one-row and many-row decoders of the resident model (see the module's docstring)."""
@@ -150,9 +85,6 @@ class Decoders:
               vision: Any = None) -> None:
         """Into a decoder: the one-row decoder (`one_row`, decodes_alone), or
         the batch, which a request decoding alone joins first."""
-        from .generation import PROMPT_TAIL
-        from .one_row import OneRow
-
         admitted.generation.waits_for_reader = admitted.alone  # a slow reader holds nobody else up
         admitted.generation.begin(vision.tokens if vision is not None else admitted.prompt[-PROMPT_TAIL:])
         sampling = self.sampling(admitted)
@@ -175,8 +107,6 @@ class Decoders:
         return self.many is None or not self.many.rows
 
     def _many(self) -> Any:
-        from .many_rows import ManyRows
-
         if self.many is None:
             self.many = ManyRows(self.resident, self.slots, self.pace, self.faults, rows_apart=self.rows_apart,
                                  rows_lookup=self.rows_lookup)
@@ -201,3 +131,14 @@ class Decoders:
             self.many = None
         if self.draft is not None:
             self.draft.close()
+
+
+def starts_alone(batch_empty: bool, others_waiting: bool) -> bool:
+    """Whether a request may be decoded alone, as mlx-lm decodes one (pure):
+    into an empty batch, and only when nobody waits behind it (its cache
+    must also be one mlx-lm can cut back when a second request joins:
+    engine/model/runner.py checks that). A burst (agents started together) joins
+    the batch: the lone start prefills its whole prompt in one go, holding
+    the others in the queue, and the burst's last first token comes later
+    (docs/BENCHMARKS.md, "Why the engine is built as it is")."""
+    return batch_empty and not others_waiting

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 from mlxd.api_errors import INVALID_REQUEST
 
-from ..core.errors import EngineError
+from .errors import EngineError
 
 log = logging.getLogger("mlxd.engine.model.encoder")
 

@@ -10,6 +10,7 @@ only its job's answer.
 
 from __future__ import annotations
 
+import io
 import logging
 import time
 from dataclasses import dataclass, field
@@ -18,10 +19,10 @@ from typing import Any, Callable
 from mlxd.api_errors import INVALID_MESSAGES, UNSUPPORTED_PARAMETER
 from mlxd.memory_estimate import KVLayout
 
-from ..core.errors import EngineError, bad_request
-from ..core.events import Delta, Failed, Finished, ToolCalls
-from ..core.faults import FaultInjector
-from ..core.jobs import Job
+from .errors import EngineError, bad_request
+from .events import Delta, Failed, Finished, ToolCalls
+from .faults import FaultInjector
+from .job import Job
 from .prefill import cancelled_error
 from .prompt_tokens import PieceEncoder, template_tokens
 from .stop_matcher import StopMatcher
@@ -237,9 +238,7 @@ def vision_prompt(resident: ResidentModel, job: Job, max_prompt_tokens: int) -> 
     them to the image's tokens); the 400 for a prompt the model cannot take."""
     from mlx_vlm import apply_chat_template
     from mlx_vlm.generate.dispatch import should_add_special_tokens
-    from mlx_vlm.utils import prepare_inputs
-
-    from ..api.images import decode_image
+    from mlx_vlm.utils import load_image, prepare_inputs
 
     if job.kind != "chat":
         raise bad_request("this is a vision model: use /v1/chat/completions", code=UNSUPPORTED_PARAMETER)
@@ -251,7 +250,7 @@ def vision_prompt(resident: ResidentModel, job: Job, max_prompt_tokens: int) -> 
         raise bad_request(f"the model's chat template rejected the messages: {exc}", param="messages",
                           code=INVALID_MESSAGES) from exc
     try:
-        images = [decode_image(data) for data in job.images]
+        images = [load_image(io.BytesIO(data)) for data in job.images]  # RGB, upright (EXIF), as mlx-vlm loads one
     except Exception as exc:  # noqa: BLE001 - a truncated or odd file: the input's fault
         raise bad_request(f"an image could not be decoded: {exc}", param="messages") from exc
     try:

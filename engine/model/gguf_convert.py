@@ -30,7 +30,7 @@ from typing import Any, Callable
 from mlxd import gguf
 from mlxd.paths import build_folder_once, remove_dead_temps
 
-from ..core.errors import EngineError
+from .errors import EngineError
 
 log = logging.getLogger("mlxd.engine.gguf")
 GROUP_SIZE = 32  # every GGUF type MLX loads quantized has blocks of 32

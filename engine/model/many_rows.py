@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .decoding import CHECKPOINT_TOKENS, Admitted, Ended, RowSampling
+from .decoder_rows import CHECKPOINT_TOKENS, Admitted, Ended, RowSampling
 from .one_row import Joining
 from .prefill import prefill
 from .speculative import SampledTarget

@@ -16,7 +16,7 @@ from mlxd.memory_estimate import params_from_config
 from mlxd.models import ModelInfo, demo_model_dir, gguf_cache_dir, gguf_file, is_vision_config, model_info
 from mlxd.ollama_store import OllamaModelNotFound
 
-from ..core.errors import EngineError
+from .errors import EngineError
 from ..cpu.fast_blas import weights_dtype_on_cpu
 
 
@@ -34,7 +34,7 @@ class ModelRegistry:
         # On MLX's CPU backend a model loaded as stored has its 16-bit experts cast to float32
         # (gather_mm runs nothing else: engine/cpu/backend_ops.py); its estimate counts them so.
         self.on_cpu = on_cpu
-        # Models a backend limit was met on (engine/core/errors.py, backend_limit): float32 from then on,
+        # Models a backend limit was met on (engine/model/errors.py, backend_limit): float32 from then on,
         # whatever the heuristic says, for this process's life.
         self.float32_after_limit: set[str] = set()
         self._info: dict[str, ModelInfo] = {}

@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .decoding import CHECKPOINT_TOKENS, Admitted, Ended, RowSampling
+from .decoder_rows import CHECKPOINT_TOKENS, Admitted, Ended, RowSampling
 from .sampling import seeing_context
 
 

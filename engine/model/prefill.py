@@ -18,8 +18,8 @@ from typing import Any, Callable
 
 from mlxd.memory_estimate import KVLayout
 
-from ..core.errors import EngineError
-from ..core.faults import FaultInjector
+from .errors import EngineError
+from .faults import FaultInjector
 from .prefill_pace import PrefillPace
 
 

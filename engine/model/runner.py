@@ -18,17 +18,18 @@ from typing import Any, Callable
 
 from mlxd.memory_estimate import KVLayout
 
-from .decoding import Admitted, Decoders, Ended
-from ..core.errors import EngineError
-from ..core.faults import FaultInjector
+from .decoder_rows import Admitted, Ended
+from .decoding import Decoders
+from .errors import EngineError
+from .faults import FaultInjector
 from .context_overflow import Truncation
 from .generation import Generation, ResidentModel, VisionPrompt, tokenize, vision_prompt
-from ..core.jobs import Job
+from .job import Job
 from .model_registry import ModelRegistry
 from .prefill_pace import PrefillPace
 from ..cache.prompt_cache_policy import Fetched
 from .serving_plan import ServingPlan, serving_plan
-from ..core.worker_state import MemorySnapshot
+from .mlx_memory import MemorySnapshot
 
 log = logging.getLogger("mlxd.engine.core.worker")
 

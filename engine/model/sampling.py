@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..core.jobs import SamplingParams
+from .job import SamplingParams
 from ..cache.prompt_cache_policy import PROCESSOR_CONTEXT
 
 

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from mlxd.api_errors import error_type
-from mlxd.engine.core.errors import EngineError
+from mlxd.engine.model.errors import EngineError
 from mlxd.gateway.errors import ApiError
 
 

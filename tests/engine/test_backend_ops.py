@@ -1,6 +1,6 @@
 """What each op of a model runs in on its backend (engine/cpu/backend_ops.py),
 and which MLX errors are a backend's capability limit rather than a device
-fault (engine/core/errors.py): tables, then the real ops on this machine."""
+fault (engine/model/errors.py): tables, then the real ops on this machine."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from mlxd.engine.core.errors import BACKEND_UNSUPPORTED, backend_limit, backend_unsupported
-from mlxd.engine.core.faults import METAL_MESSAGE, InjectedMLXError, backend_limit_record
+from mlxd.engine.model.errors import BACKEND_UNSUPPORTED, backend_limit, backend_unsupported
+from mlxd.engine.model.faults import METAL_MESSAGE, InjectedMLXError, backend_limit_record
 from mlxd.engine.cpu.backend_ops import WeightsPlan, backend_of, runs_in, weights_plan
 from mlxd.supervisor.exit_classes import NOT_EXITS, ExitClass
 from mlxd.supervisor.journal import crash_counts, is_evidence, quarantine_verdicts

@@ -8,11 +8,11 @@ from pydantic import ValidationError
 
 from mlxd.api_errors import INVALID_REQUEST, UNSUPPORTED_PARAMETER
 from mlxd.engine.core.admission import AdmissionQueue, AdmissionState, decide_admission, retry_after_s
-from mlxd.engine.core.errors import EngineError
-from mlxd.engine.core.faults import Fault, parse_faults
+from mlxd.engine.model.errors import EngineError
+from mlxd.engine.model.faults import Fault, parse_faults
 from mlxd.engine.model.generation import answer_finish, finish_reason
 from mlxd.engine.api.health import LOAD_TIMEOUT_S, health_state, stuck_reason
-from mlxd.engine.core.jobs import MAX_CHARS_PER_TOKEN, check_prompt_size
+from mlxd.engine.api.request_job import MAX_CHARS_PER_TOKEN, check_prompt_size
 from mlxd.engine.model.model_cache import Load, Unload, plan_release, plan_switch
 from mlxd.engine.api.request_schema import (ChatCompletionRequest, CompletionRequest, Unsupported,
                                         describe_validation_errors)

@@ -14,7 +14,7 @@ import pytest
 from mlxd.config import Config
 from mlxd.engine.api.embeddings_api import cut, embedding_model, embeddings_body, output_size
 from mlxd.engine.api.request_schema import EmbeddingRequest
-from mlxd.engine.core.errors import EngineError
+from mlxd.engine.model.errors import EngineError
 from mlxd.engine.model.encoder import (LENGTH_BUCKET, encoder_limits, padded, plan_batches, token_problem,
                                        too_long)
 

@@ -31,20 +31,22 @@ from mlxd.records import InflightRequest
 from mlxd.engine.core import engine_core
 from mlxd.engine.core.admission import AdmissionQueue
 from mlxd.engine.core.embedding_queue import EmbeddingQueue, EmbedJob
-from mlxd.engine.model.decoding import Admitted, Ended
+from mlxd.engine.model.decoder_rows import Admitted, Ended
 from mlxd.engine.core.engine_core import EngineCore
-from mlxd.engine.core.errors import EngineError, bad_request
-from mlxd.engine.core.events import Delta, EventChannel, Failed, Finished, Started
-from mlxd.engine.core.faults import FaultInjector
+from mlxd.engine.model.errors import EngineError, bad_request
+from mlxd.engine.model.events import Delta, EventChannel, Failed, Finished, Started
+from mlxd.engine.model.faults import FaultInjector
 from mlxd.engine.model.generation import answer_finish, finish_reason
-from mlxd.engine.core.jobs import Job, SamplingParams
+from mlxd.engine.model.job import Job, SamplingParams
 from mlxd.engine.model.model_registry import ModelRegistry
 from mlxd.engine.model.prefill import cancelled_error
 from mlxd.engine.core.request_table import RequestStatus
 from mlxd.engine.model.runner import ModelRunner, Prompt
-from mlxd.engine.core.scheduler import Memory, Row, attention_bytes_per_position, batch_kv_bytes, starts_alone
+from mlxd.engine.core.scheduler import Memory, Row, attention_bytes_per_position, batch_kv_bytes
+from mlxd.engine.model.decoding import starts_alone
 from mlxd.engine.model.serving_plan import ServingPlan, serving_plan
-from mlxd.engine.core.worker_state import MemorySnapshot, Phase, WorkerStatus
+from mlxd.engine.model.mlx_memory import MemorySnapshot
+from mlxd.engine.core.worker_state import Phase, WorkerStatus
 
 W, P, D = RequestStatus.WAITING, RequestStatus.PREFILLING, RequestStatus.DECODING
 MODEL, OTHER = "demo-a", "demo-b"
@@ -709,7 +711,7 @@ def test_a_backend_limit_answers_its_requests_and_reloads_instead_of_exiting(eng
     crash journal a `backend_unsupported` line naming them, the model is
     reloaded as float32 (or, float32 already, unloaded), and the engine serves
     the requests that come next; no exit, no on_fatal."""
-    from mlxd.engine.core.errors import BACKEND_UNSUPPORTED
+    from mlxd.engine.model.errors import BACKEND_UNSUPPORTED
     from mlxd.supervisor.journal import read_records
 
     e = engine(concurrency)

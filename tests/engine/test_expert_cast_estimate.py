@@ -13,7 +13,7 @@ import pytest
 
 from mlxd.config_loading import parse_config
 from mlxd.devkit.model_zoo import build_zoo
-from mlxd.engine.core.errors import EngineError
+from mlxd.engine.model.errors import EngineError
 from mlxd.engine.model.model_registry import ModelRegistry
 from mlxd.memory_estimate import EXPERTS_AS_FLOAT32, read_float16_expert_bytes
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from mlxd.devkit.gguf_fixture import write_gguf, write_header_only
-from mlxd.engine.core.errors import EngineError
+from mlxd.engine.model.errors import EngineError
 from mlxd.engine.model.gguf_convert import cached_model_dir, convert_gguf, quantization_config
 from mlxd.toml_text import dumps
 from testkit import chat, wait_until

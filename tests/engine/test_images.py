@@ -9,7 +9,7 @@ import io
 
 import pytest
 
-from mlxd.engine.core.errors import EngineError
+from mlxd.engine.model.errors import EngineError
 from mlxd.engine.api.images import (DataUrl, ImagePolicy, LocalFile, RemoteUrl, Unreadable, allowed_path, check_image,
                                 classify, read_image_bytes)
 from mlxd.engine.api.request_schema import ChatCompletionRequest

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mlxd.engine.core.faults import FaultInjector, parse_faults
+from mlxd.engine.model.faults import FaultInjector, parse_faults
 from mlxd.engine.cache.kv_writer import KVWriter, StagedWrite, safetensors_header, stage_file, write_file
 
 

@@ -19,8 +19,8 @@ from mlxd.engine.api.messages_builder import MessagesBuilder
 from mlxd.engine.api.request_schema import describe_validation_errors
 from mlxd.engine.api.response_builder import Usage
 from mlxd.engine.api.responses_api import TranslationError
-from mlxd.engine.core.errors import EngineError
-from mlxd.engine.core.events import Started
+from mlxd.engine.model.errors import EngineError
+from mlxd.engine.model.events import Started
 from mlxd.engine.model.context_overflow import Truncation
 
 TOOL = {"name": "get_weather", "description": "the weather",

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from mlxd.engine.cpu.fast_blas import blas_plan, blas_threads, weights_dtype_on_cpu
-from mlxd.engine.core.faults import FaultInjector, parse_faults
+from mlxd.engine.model.faults import FaultInjector, parse_faults
 from mlxd.engine.model.prefill_pace import PrefillPace
 
 GIB = 2**30

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from mlxd.engine.api.quarantine import QuarantineList
-from mlxd.engine.core.errors import EngineError
+from mlxd.engine.model.errors import EngineError
 from mlxd.records import Quarantine
 
 

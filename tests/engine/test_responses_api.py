@@ -14,7 +14,7 @@ import pytest
 from pydantic import ValidationError
 
 from mlxd.api_errors import INVALID_REQUEST, PREVIOUS_RESPONSE_NOT_FOUND, UNSUPPORTED_PARAMETER
-from mlxd.engine.core.errors import EngineError
+from mlxd.engine.model.errors import EngineError
 from mlxd.engine.api.request_schema import describe_validation_errors
 from mlxd.engine.api.response_builder import Usage
 from mlxd.engine.api.responses_api import (ResponsesRequest, TranslationError, assistant_message, chat_body,

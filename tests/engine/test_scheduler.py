@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from mlxd.engine.core.scheduler import (Memory, Pending, Row, Step, batch_kv_bytes, batch_kv_tokens, cache_room, fits,
-                                        next_step, rows_kv_tokens, starts_alone)
+                                        next_step, rows_kv_tokens)
+from mlxd.engine.model.decoding import starts_alone
 
 MB = 2**20
 # A model of 100 MiB whose KV takes 1 KiB a position, in a 110 MiB budget: 10 MiB = 10,240 positions of KV.

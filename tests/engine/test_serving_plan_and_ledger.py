@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from mlxd.engine.core.errors import EngineError
+from mlxd.engine.model.errors import EngineError
 from mlxd.engine.core.memory_ledger import MemoryLedger, ModelFigures
 from mlxd.engine.core.scheduler import Pending, Row, Step, next_step
 from mlxd.engine.model.serving_plan import MANY_ROWS, ONE_ROW, serving_plan
@@ -120,7 +120,7 @@ def test_a_request_decoded_alone_is_joined_by_nobody(rows, pending, step):
 def test_what_the_batch_takes(job, batched):
     from types import SimpleNamespace
 
-    from mlxd.engine.core.jobs import Job, SamplingParams
+    from mlxd.engine.model.job import Job, SamplingParams
     from mlxd.engine.model.runner import ModelRunner
 
     runner = ModelRunner(SimpleNamespace(), SimpleNamespace(), 1000, 512, 5.0, heartbeat=lambda *_: None)

@@ -33,7 +33,7 @@ from fuzz.fuzzkit import (CHAT, COMPLETIONS, DEMO_VOCAB, LONG_RUN, METHODS, RECO
                           health_status, http_request, is_protocol_400, malformed_body, max_tokens_value,
                           model_tricks, nasty, neutralise_known_bugs, odd_char, odd_text, post_json, raw_http,
                           raw_request, promises_more_body, rss_bytes, run_case, set_path, valid_json_bytes)
-from mlxd.engine.core.jobs import MAX_CHARS_PER_TOKEN
+from mlxd.engine.api.request_job import MAX_CHARS_PER_TOKEN
 from testkit import chat, metric, wait_until
 
 pytestmark = pytest.mark.timeout(7200 if LONG_RUN else 300)

@@ -184,7 +184,7 @@ def test_which_invalid_requests_fall_back(extra, at_the_gateway, after_the_engin
     for that limit then sends it on to Ollama."""
     from pydantic import ValidationError
 
-    from mlxd.engine.core.errors import EngineError
+    from mlxd.engine.model.errors import EngineError
     from mlxd.engine.api.request_schema import ChatCompletionRequest, describe_validation_errors
 
     body = {"model": "small", "messages": HI, **extra}

@@ -35,7 +35,7 @@ import pytest
 import yaml
 
 from mlxd.config import load_config
-from mlxd.engine.core.errors import EngineError
+from mlxd.engine.model.errors import EngineError
 from mlxd.engine.api.quarantine import QuarantineList
 from mlxd.gateway.keys import PREFIX, read_key
 from mlxd.paths import read_json, remove_stale_temps, write_atomic
@@ -267,7 +267,7 @@ def write(i):
 from types import SimpleNamespace
 from mlxd.engine.core.engine_core import EngineCore
 from mlxd.engine.core.request_table import RequestStatus, RequestTable
-from mlxd.engine.core.worker_state import MemorySnapshot
+from mlxd.engine.model.mlx_memory import MemorySnapshot
 from mlxd.paths import StatePaths
 target = StatePaths(home).inflight
 core = SimpleNamespace(inflight_path=target, memory=MemorySnapshot())

@@ -31,7 +31,7 @@ request, for the quarantine tests).
 Beside the injection: the crash journal's line for a backend limit
 (`backend_limit_record`), the one fault the engine survives -- an op or
 dtype the backend cannot run, answered and reloaded in float32, not an exit
-(engine/core/errors.py, `backend_limit`).
+(engine/model/errors.py, `backend_limit`).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from .errors import EngineError
 
 if TYPE_CHECKING:
-    from ..model.context_overflow import Truncation
+    from .context_overflow import Truncation
 
 FLUSH_S = 0.02  # once tokens flow, the handler collects them this often
 
@@ -44,12 +44,6 @@ class Finished:
     completion_tokens: int
     cached_tokens: int = 0  # prompt tokens whose KV came from the prompt cache
     stop_sequence: str | None = None  # the request's stop string that ended the answer, if one did
-
-    @property
-    def usage(self) -> "Usage":
-        from ..api.response_builder import Usage
-
-        return Usage(self.prompt_tokens, self.completion_tokens, self.cached_tokens)
 
 
 @dataclass(frozen=True)

@@ -14,5 +14,8 @@ too. What a request is (a job) and what it is told (events, errors) are the mode
   device_memory.py        the process's device memory from outside (nvidia-smi), what MLX's limit leaves for it
   admission.py            the bounded FIFO in front of the worker (429, 503; pure policy)
   embedding_queue.py      embedding requests' own short line, served between the steps
-  keep_alive.py           when an idle model is given back (pure)
+  embedding_turn.py       the embedding request under way: its turn between the steps, its forwards, its answer
+  prompt_turns.py         a request's turn through the prompt cache: fetched, checkpointed, awaited, stored
+  inflight_record.py      the crash journal's in-flight record: the running requests, written off the step's thread
+  keep_alive.py           idle unload: when an idle model is given back, and its unload
 """

@@ -39,24 +39,26 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from mlxd.records import InflightRequest
 from mlxd.reports import PromptCacheReport
 
 from .admission import AdmissionQueue
-from .embedding_queue import EmbeddingQueue, EmbedJob
+from .embedding_queue import EmbeddingQueue
+from .embedding_turn import EmbeddingTurn, mlx_fault
 from ..model.decoder_rows import Admitted, Ended
 from .device_memory import DeviceMemoryWatch
 from ..model.errors import EngineError, backend_limit, backend_unsupported
 from ..model.events import Failed, Started
 from ..model.faults import FaultInjector, append_to_journal, backend_limit_record
 from ..model.job import Job
-from .keep_alive import NEVER, describe, unload_deadline, unload_due
+from .inflight_record import InflightRecord
+from .keep_alive import NEVER, IdleUnload
 from .memory_ledger import MemoryLedger, ModelFigures
 from ..model.model_cache import Unload, plan_release, plan_switch
 from ..model.model_registry import ModelRegistry
-from ..cache.prompt_cache import PromptCache, kv_offset
+from ..cache.prompt_cache import PromptCache
 from ..model.prefill import cancelled_error
-from ..cache.prompt_cache_policy import NOT_CACHED, Fetched
+from ..cache.prompt_cache_policy import NOT_CACHED
+from .prompt_turns import PromptTurns
 from .request_table import RequestStatus, RequestTable, running
 from ..model.runner import Prompt
 from .scheduler import Pending, Row, Step, next_step, row_of
@@ -66,7 +68,6 @@ from .worker_state import Phase, WorkerStatus
 log = logging.getLogger("mlxd.engine.core.worker")
 
 HEARTBEAT_S = 0.05  # progress is published at most this often
-CHECKPOINT_WAIT_S = 1.0  # the most an answer's end waits for its prompt's write (a slow disk costs the disk tier)
 MEMORY_SAMPLE_S = 0.5  # MLX's memory figures are taken at most this often while requests run (three C calls)
 WAIT_S = 0.25  # the longest a step waits on an empty queue (the idle work runs between)
 
@@ -94,17 +95,17 @@ class EngineCore:
         self.registry = registry
         self.admission = admission
         self.embeddings = embeddings
-        self.embedding: tuple[EmbedJob, Any] | None = None  # the embedding request under way and its forwards
-        self._embedded_last = False  # the last step was an embedding's: the next one is the scheduler's
         self.faults = faults
         self.runner = runner
         self.on_fatal = on_fatal
-        # The requests running, on disk: after a crash the listener reads it
-        # to journal (and eventually quarantine) them.
-        self.inflight_path = inflight_path
+        # The requests running, on disk (written off this thread): after a crash the listener reads it
+        # to journal (and eventually quarantine) them. An injected crash waits for its write.
+        self.inflight = InflightRecord(inflight_path)
+        faults.before_crash = self.inflight.flush
         self.table = RequestTable()
         self.ledger = MemoryLedger(registry.budget_bytes, prefill_step_size)
         self.prompt_cache = PromptCache(False, None, 0.0)  # the worker gives it the real one on its thread
+        self.turns = PromptTurns(runner, self.prompt_cache)  # a request's turn through it
         self.pending: Prepared | None = None
         self._decoding_published = 0  # rows published as decoding (the table changes when a row's first token comes)
         self.stopped = False  # an MLX fault: the loop ends
@@ -117,12 +118,7 @@ class EngineCore:
         self.active_before_first_load: int | None = None
         self.active_after_last_unload: int | None = None
         self.timings: dict[str, float] = {}  # last_load_s, last_unload_s: for benchmarks and status
-        # Idle unload (engine/core/keep_alive.py): the resident model is given back at `unload_at` (monotonic)
-        # with nothing to do; every request's end moves it.
-        self.keep_alive_s = keep_alive_s
-        self.unload_at = NEVER
-        self.unloaded_idle_at: float | None = None  # wall clock of the last idle unload, while none is resident
-        self.unloaded_idle_model: str | None = None  # which model that was
+        self.idle_unload = IdleUnload(keep_alive_s)  # the resident model given back with nothing to do
         # Tokens of running requests already in counters["generated_tokens"] (request id -> count): the counter
         # grows as answers are generated, so a rate read from it (the status page's tok/s) is live.
         self._counted_tokens: dict[str, int] = {}
@@ -130,18 +126,25 @@ class EngineCore:
                          "prompt_tokens": 0, "jobs": 0, "spec_requests": 0, "spec_proposed": 0, "spec_accepted": 0,
                          "spec_forwards": 0, "spec_tokens": 0, "embedding_requests": 0, "embedding_inputs": 0,
                          "embedding_tokens": 0}
+        self.embedding_turn = EmbeddingTurn(embeddings, runner, self.counters, self.heartbeat, self.idle_unload.served,
+                                            self._fatal)
+
+    @property
+    def embedding(self) -> Any:
+        """The embedding request under way (engine/core/embedding_turn.py), or None."""
+        return self.embedding_turn.under_way
 
     def use_prompt_cache(self, cache: PromptCache) -> None:
-        self.prompt_cache = cache
+        self.prompt_cache = self.turns.cache = cache
         cache.room = self.ledger.cache_room  # the cache keeps within what the ledger leaves it
         if cache.files is not None:
-            self.runner.save_progress = self._save_progress  # long prompts' KV to disk as they are prefilled
+            self.runner.save_progress = self.turns.save_progress  # long prompts' KV to disk as they are prefilled
 
     # --- the step loop ----------------------------------------------------------
     def step(self) -> None:
         """One decision of the scheduler, done; or, between two of them, a
         group of an embedding request's forwards."""
-        if self._embedding_turn():
+        if self.embedding_turn.take(self._chat_work()):
             return
         pending = self.pending
         if pending is not None and pending.job.cancelled.is_set():  # its client left, it waited too long, a drain
@@ -177,8 +180,8 @@ class EngineCore:
             self.faults.check("idle")
         busy = self._chat_work() or self.embedding is not None
         resident = self.runner.resident_id is not None or self.runner.encoder is not None
-        if unload_due(time.monotonic(), self.unload_at, resident, busy):
-            self._unload_idle()
+        if self.idle_unload.due(resident, busy):
+            self.idle_unload.unload(self)
         self.prompt_cache.idle()
         if time.monotonic() - self.memory.taken_at > 1.0:
             self.sample_memory()
@@ -246,9 +249,8 @@ class EngineCore:
                 self.ledger.hold_rows([*map(row_of, self.runner.batch_rows), Row(tokens, job.params.max_tokens)])
             fetched = NOT_CACHED
             if self.runner.plan.prompt_cache:
-                fetched = self.prompt_cache.fetch(prompt.tokens, job.params.max_tokens if one_row else 0,
-                                                  self.ledger.request_bytes(tokens))
-                self._log_reuse(job, fetched)
+                fetched = self.turns.fetch(job, prompt.tokens, job.params.max_tokens if one_row else 0,
+                                           self.ledger.request_bytes(tokens))
             self.runner.admit(job, prompt, fetched, self.prompt_cache.enabled, alone, one_row, p.taken_at)
         except EngineError as exc:
             job.channel.put(Failed(exc))
@@ -264,71 +266,9 @@ class EngineCore:
         self._sync_ledger()
         self._publish_rows()
 
-    # --- an embedding request ---------------------------------------------------------
-    def _embedding_turn(self) -> bool:
-        """Whether this step is an embedding request's: one is under way or
-        waiting, and the last step was the scheduler's or it has nothing to
-        do (a running answer waits a group of forwards, never a whole request)."""
-        if self.embeddings is None or (self.embedding is None and not self.embeddings.has_waiting()):
-            return False
-        if self._chat_work() and self._embedded_last:
-            self._embedded_last = False
-            return False
-        self._embedded_last = True
-        if self.embedding is None:
-            job = self.embeddings.take()
-            if job is None:
-                return False
-            self._start_embedding(job)
-        if self.embedding is not None:
-            self._advance_embedding()
-        return True
-
     def _chat_work(self) -> bool:
         """A chat request taken, running or waiting."""
         return self.pending is not None or bool(self.runner.rows) or self.admission.has_waiting()
-
-    def _start_embedding(self, job: EmbedJob) -> None:
-        """Its encoder resident (loaded when another or none is) and its inputs
-        tokenized; a refusal goes to its future."""
-        try:
-            encoder = self.runner.load_encoder(job.model_id)
-            self.embedding = (job, encoder.start(encoder.tokenize(job.inputs, job.truncate)))
-        except EngineError as exc:
-            job.future.set_exception(exc)
-        except (ValueError, TypeError) as exc:  # the tokenizer's refusal of an input
-            job.future.set_exception(EngineError(400, f"input: {exc}", code="invalid_request", param="input"))
-        except BaseException as exc:  # noqa: BLE001 - an MLX fault in the load: do not limp on
-            self._embedding_fault(job, exc)
-
-    def _advance_embedding(self) -> None:
-        """The request's next group of forwards; its vectors to its future once done."""
-        job, run = self.embedding  # type: ignore[misc]
-        try:
-            done = run.step()
-        except EngineError as exc:
-            self.embedding = None
-            job.future.set_exception(exc)
-            return
-        except BaseException as exc:  # noqa: BLE001 - an MLX fault: do not limp on
-            self.embedding = None
-            self._embedding_fault(job, exc)
-            return
-        self.heartbeat()  # a long request's forwards are progress, not a hang
-        if not done:
-            return
-        self.embedding = None
-        for key, value in (("embedding_requests", 1), ("embedding_inputs", len(run.ids)),
-                           ("embedding_tokens", run.tokens)):
-            self.counters[key] += value
-        self.unload_at = unload_deadline(time.monotonic(), self.keep_alive_s if job.keep_alive_s is None
-                                         else job.keep_alive_s)
-        job.future.set_result((run.vectors(), run.tokens))
-
-    def _embedding_fault(self, job: EmbedJob, exc: BaseException) -> None:
-        job.future.set_exception(EngineError(500, f"MLX error: {exc}; the engine is restarting", code="mlx_error",
-                                             retry_after=5))
-        self._fatal(exc)
 
     # --- decoding -------------------------------------------------------------------
     def _decode(self) -> None:
@@ -345,7 +285,7 @@ class EngineCore:
             self._finish(e)
         for e in ended:
             self._end(e)
-        self._checkpoint_prompts()
+        self.turns.checkpoint(self.runner.rows)
         if ended:
             self._sync_ledger()
             self._publish_rows()
@@ -361,31 +301,6 @@ class EngineCore:
             self.counters["generated_tokens"] += done - self._counted_tokens.get(a.job.id, 0)
             self._counted_tokens[a.job.id] = done
 
-    def _checkpoint_prompts(self) -> None:
-        """Prompts prefilled whose first token is out: their KV to disk now
-        (its new blocks, copied; written behind), so a crash before the
-        answer's end costs at most the answer (engine/cache/prompt_cache.py)."""
-        for a in self.runner.rows:
-            if a.prefilled is not None and a.first_token_at is not None:
-                a.checkpoint = self._save_progress(a, *self._prefill_done(a))
-
-    def _save_progress(self, a: Admitted, kv: list[Any], covered: int) -> Any:
-        """A prompt's KV so far, to disk (also runner.save_progress, every
-        CHECKPOINT_TOKENS of a long prefill): the prompt cache's write, or None."""
-        if a.needs_snapshot or self.runner.plan is None or not self.runner.plan.prompt_cache:
-            return None
-        return self.prompt_cache.checkpoint(a.prompt[:covered], kv, a.job.conversation,
-                                            prefilled=covered - a.fetched.start)
-
-    def _prefill_done(self, a: Admitted) -> tuple[list[Any], int]:
-        """A row's prefill, taken once its first token is out: its speed to
-        the prompt cache's disk-read decision, and (KV, tokens covered)."""
-        assert a.prefilled is not None and a.first_token_at is not None
-        prefilled, a.prefilled = a.prefilled, None
-        recomputed = sum(end - start for start, end in a.fetched.patches)
-        self.prompt_cache.note_prefill(len(a.prompt) - a.fetched.start + recomputed, a.first_token_at - a.admitted_at)
-        return prefilled
-
     def _finish(self, e: Ended) -> None:
         """A request ended: its answer's end, to its client. Counted before the
         last event: a client that reads /metrics right after sees its tokens."""
@@ -400,21 +315,18 @@ class EngineCore:
             log.info("request %s: %s: %d of %d proposed tokens accepted, %d tokens in %d forwards (%.2f a "
                      "forward)", a.job.id, spec.mode.replace("_", " "), spec.accepted, spec.proposed, spec.tokens,
                      spec.forwards, spec.tokens_per_forward)
-        if a.checkpoint is not None:  # its prompt on disk before the client can see the end (and crash us)
-            self.prompt_cache.await_write(a.checkpoint, CHECKPOINT_WAIT_S)
-            a.checkpoint = None
+        self.turns.await_checkpoint(a)
         self.runner.finish(e)
 
     def _end(self, e: Ended) -> None:
         """After its answer's end: its memory back to the ledger, its KV to
         the prompt cache, its place freed; the model's idle time starts again."""
         a = e.admitted
-        self.unload_at = unload_deadline(time.monotonic(), self.keep_alive_s if a.job.keep_alive_s is None
-                                         else a.job.keep_alive_s)
+        self.idle_unload.served(a.job.keep_alive_s)
         self.ledger.release(a.job.id)
         self._sync_ledger()
         if self.runner.plan is not None and self.runner.plan.prompt_cache:
-            self._store_turn(a, e.kv)
+            self.turns.store(a, e.kv)
         self._let_go(a.job, time.monotonic() - a.taken_at)
         if log.isEnabledFor(logging.DEBUG):  # where a request's time went, for the queue's dead time
             moments = [("admitted", a.admitted_at), ("joined", a.joined_at), ("first_token", a.first_token_at),
@@ -422,39 +334,12 @@ class EngineCore:
             log.debug("request %s (%s): %s", a.job.id, "alone" if a.alone else "batched",
                       " ".join(f"{k} {1000 * (t - a.taken_at):.1f} ms" for k, t in moments if t is not None))
 
-    def _store_turn(self, a: Admitted, kv: list[Any] | None) -> None:
-        """The turn's KV back to the prompt cache: at the prompt's boundary
-        (its snapshot) where it cannot be cut back, else all it covers, fitted
-        to its length by the cache (engine/cache/prompt_cache.py)."""
-        cache = self.prompt_cache
-        if not cache.enabled:
-            return
-        job, prompt, fetched, generated = a.job, a.prompt, a.fetched, a.generation.tokens
-        if a.prefilled is not None and a.first_token_at is not None:  # it ended at its first token
-            self._prefill_done(a)
-        echo = self.runner.echo(generated)
-        if a.needs_snapshot:
-            if a.snapshot is not None:
-                cache.store(prompt[:-1], len(prompt) - 1, a.snapshot, job.conversation, fetched, echo)
-        elif kv is not None:
-            cache.store((prompt + generated)[:kv_offset(kv) or 0], len(prompt), kv, job.conversation, fetched, echo,
-                        fit=True)
-
     def _sync_ledger(self) -> None:
         """The ledger's view of who holds KV: the batch's rows, and grants only
         for requests still decoded alone (one that joined the batch is a row now)."""
         alone = {a.job.id for a in self.runner.rows} - {a.job.id for a in self.runner.batch_rows}
         self.ledger.keep_alone(alone)
         self.ledger.hold_rows([row_of(a) for a in self.runner.batch_rows])
-
-    def _log_reuse(self, job: Job, fetched: Fetched) -> None:
-        """At debug level, what the prompt and the cached conversation hold
-        where reuse stopped: which agent field broke the cache."""
-        if fetched.excerpt is None or not log.isEnabledFor(logging.DEBUG):
-            return
-        cached, sent = self.runner.describe_reuse(*fetched.excerpt)
-        log.debug("prompt cache: request %s (conversation %s) reused %d tokens; where it stopped the cache holds "
-                  "%r and the prompt has %r", job.id, fetched.name, fetched.cached_tokens, cached, sent)
 
     # --- the model cache ---------------------------------------------------------------
     def preload(self, default_model: str | None) -> None:
@@ -467,7 +352,7 @@ class EngineCore:
                 log.warning("not preloading %s: %s", default_model, refusal.message)
             else:
                 self.ensure_model(default_model)  # an error here is fatal: exit_codes.PRELOAD_FAILED
-                self.unload_at = unload_deadline(time.monotonic(), self.keep_alive_s)
+                self.idle_unload.served()
         self.publish(Phase.IDLE)
 
     def ensure_model(self, model_id: str) -> None:
@@ -493,27 +378,6 @@ class EngineCore:
         # test (and an operator) can see that two models never coexisted.
         self.runner.reset_peak()
 
-    def _unload_idle(self) -> None:
-        """The resident model given back after keep_alive with nothing to do:
-        its weights, its KV, MLX's buffer cache (the prompt cache's entries go
-        to disk); the next request loads it again."""
-        model_id, before = self.runner.resident_id, self.memory.active_bytes + self.memory.cache_bytes
-        if model_id is None and self.runner.encoder is not None:
-            model_id = self.runner.encoder.model_id
-        self.runner.unload_encoder()
-        self.unload()
-        # The entries' writes to disk done (a request arriving stops the wait), their staged copies freed, and
-        # the C heap trimmed again: what they held comes back to the system too.
-        self.prompt_cache.finish_writes(lambda: not self.admission.has_waiting())
-        self.runner.give_heap_back()
-        self.sample_memory()
-        self.unload_at, self.unloaded_idle_at, self.unloaded_idle_model = NEVER, time.time(), model_id
-        self.counters["idle_unloads"] += 1
-        after = self.memory.active_bytes + self.memory.cache_bytes
-        log.info("unloaded %s after %s without a request (keep_alive): MLX memory %.0f -> %.0f MiB", model_id,
-                 describe(self.keep_alive_s), before / 2**20, after / 2**20)
-        self.publish(Phase.IDLE)
-
     def _load(self, model_id: str) -> None:
         self.registry.check_allowed(model_id)  # re-checked: files may have changed
         self.faults.check("load")
@@ -532,7 +396,7 @@ class EngineCore:
         else:  # mlx-vlm's generation, a rank group: no prompt cache of ours
             self.prompt_cache.set_model(None, 0)
         self.counters["model_loads"] += 1
-        self.unloaded_idle_at = self.unloaded_idle_model = None
+        self.idle_unload.loaded()
         self.sample_memory()
         self.timings["last_load_s"] = round(time.monotonic() - started, 4)
         log.info("loaded %s in %.1fs (MLX active %.0f MiB%s; %s)", model_id, time.monotonic() - started,
@@ -604,22 +468,8 @@ class EngineCore:
         self.admission.done(job, held_s)
 
     def record_inflight(self) -> None:
-        """The requests running (prefilling or decoding), oldest first, on disk (none: the file goes)."""
-        if self.inflight_path is None:
-            return
-        jobs = [r.job for r in running(self.table.rows())]
-        try:
-            if not jobs:
-                self.inflight_path.unlink(missing_ok=True)
-            else:
-                m, job = self.memory, jobs[0]
-                InflightRequest(request_id=job.id, fingerprint=job.fingerprint, model=job.model_id, pid=os.getpid(),
-                                started=time.time(),
-                                requests=[{"request_id": j.id, "fingerprint": j.fingerprint} for j in jobs],
-                                memory={"mlx_active_bytes": m.active_bytes, "mlx_peak_bytes": m.peak_bytes,
-                                        "mlx_cache_bytes": m.cache_bytes}).write(self.inflight_path, durable=False)
-        except OSError as exc:  # a full disk must not take requests down
-            log.warning("cannot record the in-flight request: %s", exc)
+        """The requests running (prefilling or decoding), oldest first, to the in-flight record's writer."""
+        self.inflight.note([r.job for r in running(self.table.rows())], self.memory)
 
     def _forward_failed(self, exc: BaseException, culprit: Job | None = None) -> None:
         """A forward raised. A backend's capability limit (an op or dtype it
@@ -667,12 +517,11 @@ class EngineCore:
         restart it. `culprit`: the request being started when it happened,
         else the oldest running one is named."""
         self.publish(Phase.FAILED)
-        error = EngineError(500, f"MLX error: {exc}; the engine is restarting", code="mlx_error", retry_after=5)
+        error = mlx_fault(exc)
         held = self.table.rows()
         for r in held:
             r.job.channel.put(Failed(error))
-        if self.embedding is not None and not self.embedding[0].future.done():
-            self.embedding[0].future.set_exception(error)
-        self.embedding = None
+        self.embedding_turn.fail(error)
         self.stopped = True
+        self.inflight.flush()  # the record the listener blames, on disk before the exit
         self.on_fatal(exc, culprit or next((r.job for r in running(held)), None))

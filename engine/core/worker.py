@@ -76,8 +76,7 @@ class ModelWorker(threading.Thread):
             # the process to here (interpreter, imports, the app), mlx-lm's import, the prompt cache's disk
             # index, the weights.
             core.timings["start_to_worker_s"] = round(time.time() - mlxd.STARTED_AT, 4)
-            if core.inflight_path is not None:
-                core.inflight_path.unlink(missing_ok=True)  # the listener has read it by now
+            core.inflight.discard()  # the listener has read it by now
             core.faults.refresh()
             core.faults.check("boot")
             began = time.monotonic()
@@ -101,6 +100,7 @@ class ModelWorker(threading.Thread):
                 self.link.share((STOP,))  # the other ranks exit 0 with us
             core.prompt_cache.idle()  # a clean stop keeps the conversation in progress on disk
             core.prompt_cache.flush()  # and every file the writer had under way
+            core.inflight.flush()  # and the in-flight record as it stands
         except BaseException as exc:  # noqa: BLE001 - anything escaping is fatal
             core.publish(Phase.FAILED)
             self.ready.set()
@@ -149,10 +149,7 @@ class ModelWorker(threading.Thread):
     def idle_unload(self) -> tuple[float, float | None, float | None, str | None]:
         """(keep_alive seconds (inf: never), seconds until the idle unload (None: none due), wall clock of the
         last idle unload while no model is resident, the model it gave back) for /health."""
-        core = self.core
-        left = core.unload_at - time.monotonic()
-        due = None if left == float("inf") or core.runner.resident_id is None else round(max(0.0, left), 1)
-        return core.keep_alive_s, due, core.unloaded_idle_at, core.unloaded_idle_model
+        return self.core.idle_unload.health(self.core.runner.resident_id is not None)
 
     @property
     def plan(self) -> ServingPlan | None:

@@ -42,12 +42,14 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from mlxd.records import CrashRecord
 
 from .errors import BACKEND_UNSUPPORTED
 
 ACTIONS = ("abort", "oom", "hang", "raise", "exit", "kill", "slow")
+CRASHES = ("abort", "oom", "exit", "kill", "raise")  # the actions that end the process (raise: as an MLX error does)
 POINTS = ("boot", "load", "start", "token", "idle", "kv_write", "prefill")
 SLOW_POINTS = ("prefill", "kv_write")
 # What libmlx prints before aborting when Metal runs out of memory.
@@ -123,6 +125,9 @@ class FaultInjector:
         self.match = match or None
         self._file = Path(spec_file) if spec_file else None
         self.active: tuple[Fault, ...] = self._fixed
+        # Called before an injected crash: MLX's own comes after the GPU ran a command buffer, time the
+        # in-flight record's writer has had (engine/core/inflight_record.py); an injected one comes at once.
+        self.before_crash: Callable[[], object] = lambda: None
 
     @classmethod
     def from_environ(cls) -> "FaultInjector":
@@ -161,6 +166,8 @@ class FaultInjector:
                 if fault.once and self._file is not None:
                     self._file.unlink(missing_ok=True)
                     self.active = self._fixed
+                if fault.action in CRASHES:
+                    self.before_crash()
                 trigger(fault)
 
 

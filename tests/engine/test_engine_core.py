@@ -868,11 +868,11 @@ def test_an_idle_model_is_given_back_after_its_keep_alive(engine, engine_keep_al
         e.submit("b")
     e.core.idle()
     assert (e.runner.unloads == 1) is unloaded and (e.runner.resident_id is None) is unloaded
-    assert e.core.unloaded_idle_model == (MODEL if unloaded else None)
+    assert e.core.idle_unload.unloaded_model == (MODEL if unloaded else None)
     assert e.core.counters["idle_unloads"] == (1 if unloaded else 0)
     e.submit("c")  # the next job loads it again
     e.run_until(lambda: e.all_ended() and e.idle())
-    assert e.runner.resident_id == MODEL and e.core.unloaded_idle_model is None
+    assert e.runner.resident_id == MODEL and e.core.idle_unload.unloaded_model is None
     assert len(e.runner.loads) == (2 if unloaded else 1)
 
 
@@ -942,10 +942,10 @@ def test_the_encoder_is_one_at_a_time_and_given_back_with_the_idle_model(engine)
         e.run_until(job.future.done, max_steps=3)
         assert job.future.result(0)[1] == 1
     assert e.runner.encoder_loads == ["enc", "other"]  # the second asked for the resident one
-    e.core.unload_at = 0.0  # keep_alive over
+    e.core.idle_unload.unload_at = 0.0  # keep_alive over
     e.core.idle()
     assert e.runner.encoder is None and e.runner.resident_id is None
-    assert e.core.unloaded_idle_model == MODEL and e.core.counters["idle_unloads"] == 1
+    assert e.core.idle_unload.unloaded_model == MODEL and e.core.counters["idle_unloads"] == 1
     job = e.embed("y", keep_alive_s=0.0)  # an encoder alone is given back too
     e.run_until(job.future.done, max_steps=3)
     e.core.idle()
@@ -967,11 +967,13 @@ def test_the_inflight_record_names_the_running_jobs_until_they_end(engine, tmp_p
     for name in ("a", "b", "c"):
         e.submit(name)
     e.run_until(lambda: e.held().get(running[-1]) is P)
+    e.core.inflight.flush()  # written off the worker's thread
 
     record = InflightRequest.read(path)
     assert record is not None and record.model == MODEL
     assert record.all_requests() == tuple((i, e.jobs[i].fingerprint) for i in running)
     e.run_until(lambda: e.all_ended() and e.idle())
+    e.core.inflight.flush()
     assert not path.exists()
 
 

@@ -265,17 +265,14 @@ def write(i):
 """, check=_systemd_unit),
     Writer("engine core's in-flight file", """
 from types import SimpleNamespace
-from mlxd.engine.core.engine_core import EngineCore
-from mlxd.engine.core.request_table import RequestStatus, RequestTable
+from mlxd.engine.core.inflight_record import InflightRecord, inflight_request
 from mlxd.engine.model.mlx_memory import MemorySnapshot
 from mlxd.paths import StatePaths
 target = StatePaths(home).inflight
-core = SimpleNamespace(inflight_path=target, memory=MemorySnapshot())
+record = InflightRecord(target)
 def write(i):
     job = SimpleNamespace(id="req-" + big(i), fingerprint="0123456789abcdef", model_id="demo")
-    core.table = RequestTable()
-    core.table.hold(job, RequestStatus.PREFILLING)
-    EngineCore.record_inflight(core)
+    record.write(inflight_request([job], MemorySnapshot()))  # what its writer thread does
 """, check=_inflight, fixed=False),  # it holds the time and pid
     Writer("supervisor.listener quarantine.json", """
 from types import SimpleNamespace

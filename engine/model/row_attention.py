@@ -10,7 +10,8 @@ layer's cache is a `RowsLayer`: each row's own cache (KVCache,
 RotatingKVCache, QuantizedKVCache...) is updated with its row, and attention
 is computed row by row over that row's own length, with MLX's fused kernel
 and no mask. State-space layers (ArraysCache) are stacked for the step and
-split back after it (`RowsArrays`).
+split back after it (`RowsArrays`). Rows whose caches share a prompt
+prefix (engine/model/cascade_attention.py) attend in one call per prefix.
 
 mlx-lm's models compute attention by calling
 `mlx_lm.models.base.scaled_dot_product_attention(queries, keys, values,
@@ -33,6 +34,8 @@ from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models import base as mlx_lm_base
+
+from .cascade_attention import SharedPrefixKVCache, attend_shared
 
 log = logging.getLogger("mlxd.engine.core.worker")
 
@@ -57,9 +60,12 @@ class RowsLayer:
     def attend(self, queries: mx.array, scale: float, sinks: mx.array | None) -> mx.array:
         # One query sees all its row's keys; a verify's n queries (the last token and a proposal) each see the
         # keys up to its own: MLX's "causal" aligns the queries to the end of the keys.
+        # Rows over a shared prefix (SharedPrefixKVCache): one cascade call per prefix, which it reads once.
         mask = "causal" if queries.shape[2] > 1 else None
-        rows = [_MLX_LM_ATTENTION(queries[i:i + 1], k, v, cache=c, scale=scale, mask=mask, sinks=sinks)
-                for i, ((k, v), c) in enumerate(zip(self._fetched, self.caches))]
+        shared = attend_shared(queries, self.caches, scale, sinks)
+        rows = [out if out is not None else
+                _MLX_LM_ATTENTION(queries[i:i + 1], k, v, cache=c, scale=scale, mask=mask, sinks=sinks)
+                for i, ((k, v), c, out) in enumerate(zip(self._fetched, self.caches, shared))]
         self._fetched = []
         return rows[0] if len(rows) == 1 else mx.concatenate(rows, axis=0)
 
@@ -100,6 +106,8 @@ def attention_by_rows(queries: mx.array, keys: mx.array, values: mx.array, cache
     """mlx-lm's attention, except over a RowsLayer: row by row."""
     if isinstance(cache, RowsLayer):
         return cache.attend(queries, scale, sinks)
+    if isinstance(cache, SharedPrefixKVCache):  # a row over a shared prefix, alone
+        return cache.attend(queries, keys, values, scale, mask, sinks)
     return _MLX_LM_ATTENTION(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
 
 

@@ -76,13 +76,16 @@ def _scored(q: mx.array, k: mx.array, v: mx.array, visible: mx.array | None) -> 
     normalised over these keys only, and each query's log-sum-exp [..., M, 1]
     (-inf, output 0, for a query that sees none of them)."""
     scores = (q @ k.swapaxes(-1, -2)).astype(mx.float32)
-    if visible is not None:
+    if visible is None:  # every query sees a key: no guard (fewer kernels)
+        top = scores.max(axis=-1, keepdims=True)
+    else:
         scores = mx.where(visible, scores, _NEG_INF)
-    top = scores.max(axis=-1, keepdims=True)
-    top = mx.where(top == _NEG_INF, 0.0, top)
+        top = scores.max(axis=-1, keepdims=True)
+        top = mx.where(top == _NEG_INF, 0.0, top)
     weights = mx.exp(scores - top)
     total = weights.sum(axis=-1, keepdims=True)
-    out = (weights.astype(v.dtype) @ v).astype(mx.float32) / mx.maximum(total, 1e-30)
+    out = (weights.astype(v.dtype) @ v).astype(mx.float32)
+    out = out / (total if visible is None else mx.maximum(total, 1e-30))
     return out, top + mx.log(total)
 
 

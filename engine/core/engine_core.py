@@ -1,39 +1,29 @@
 """The engine's core: one step loop, in the shape of vLLM's EngineCore.
 
 `EngineCore` has no thread of its own: the worker thread (engine/core/worker.py)
-calls `step()` until it stops. It owns the request table (every request it
-holds, one status each), the memory ledger, the prompt cache and a runner
-(engine/model/runner.py: the resident model and its two decoders; every MLX call).
-Each step asks the pure scheduler (engine/core/scheduler.py) what to do, makes
-one runner call, updates the table and publishes one snapshot
-(`WorkerStatus`): the phase, the in-flight ids and record, the counts,
-/health, /metrics and the drain are views of it.
-
-A step is one of:
-- TAKE / WAIT  the queue's next request, prepared (tokenized and sized when
-               it may join the batch), or the idle work when there is none;
-- ADMIT        the prepared request into the running batch (its KV from the
-               prompt cache, then a chunk of prefill a step);
-- ALONE        the prepared request decoded by itself (max_concurrency = 1,
-               a seed, an image, another model, a rank group), once the
-               batch has drained; nobody joins it;
-- DECODE       a token for every running request; those that ended get their
-               answer's end, their KV goes to the prompt cache, their place is freed.
-Between two of them, a group of an embedding request's forwards runs
-(engine/core/embedding_queue.py; with nothing else to do, one after another).
+calls `step()` until it stops. It owns the request table, the memory ledger,
+the prompt cache (a request's turn through it: prompt_turns.py) and a runner
+(engine/model/runner.py: the resident model, its two decoders, every MLX
+call). Each step asks the pure scheduler (scheduler.py) what to do — TAKE or
+WAIT (the queue's next request, prepared; the idle work), ADMIT (into the
+running batch), ALONE (decoded by itself once the batch has drained), DECODE
+(a token for every running request; those that ended answered, their KV to
+the prompt cache) — makes one runner call, updates the table and publishes
+one snapshot (`WorkerStatus`): the phase, the in-flight ids and record, the
+counts, /health, /metrics and the drain are views of it. Between two steps an
+embedding request's group of forwards may run (embedding_turn.py); idle
+unload is keep_alive.py's, the crash journal's in-flight record
+inflight_record.py's.
 
 An exception out of MLX is fatal by design: every request held gets a 500
 and `on_fatal` (the engine's Lifecycle) exits with exit_codes.MLX_ERROR, so
-the supervisor restarts the engine clean rather than let it limp on. The one
-exception: a backend's capability limit (an op or dtype it cannot run) is no
-device fault; its requests get `backend_unsupported` and the model is
-reloaded as float32 (`_forward_failed`).
+the supervisor restarts the engine clean rather than let it limp on; a
+backend's capability limit is the one exception (backend_limit.py).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -42,23 +32,24 @@ from typing import Any, Callable
 from mlxd.reports import PromptCacheReport
 
 from .admission import AdmissionQueue
+from .backend_limit import serve_on_after_limit
 from .embedding_queue import EmbeddingQueue
 from .embedding_turn import EmbeddingTurn, mlx_fault
 from ..model.decoder_rows import Admitted, Ended
 from .device_memory import DeviceMemoryWatch
-from ..model.errors import EngineError, backend_limit, backend_unsupported
+from ..model.errors import EngineError
 from ..model.events import Failed, Started
-from ..model.faults import FaultInjector, append_to_journal, backend_limit_record
+from ..model.faults import FaultInjector
 from ..model.job import Job
 from .inflight_record import InflightRecord
 from .keep_alive import NEVER, IdleUnload
-from .memory_ledger import MemoryLedger, ModelFigures
-from ..model.model_cache import Unload, plan_release, plan_switch
+from .memory_ledger import MemoryLedger
 from ..model.model_registry import ModelRegistry
 from ..cache.prompt_cache import PromptCache
 from ..model.prefill import cancelled_error
 from ..cache.prompt_cache_policy import NOT_CACHED
 from .prompt_turns import PromptTurns
+from .residency import Residency
 from .request_table import RequestStatus, RequestTable, running
 from ..model.runner import Prompt
 from .scheduler import Pending, Row, Step, next_step, row_of
@@ -98,13 +89,12 @@ class EngineCore:
         self.faults = faults
         self.runner = runner
         self.on_fatal = on_fatal
-        # The requests running, on disk (written off this thread): after a crash the listener reads it
-        # to journal (and eventually quarantine) them. An injected crash waits for its write.
-        self.inflight = InflightRecord(inflight_path)
+        self.inflight = InflightRecord(inflight_path)  # the running requests for the crash listener, written behind
         faults.before_crash = self.inflight.flush
         self.table = RequestTable()
         self.ledger = MemoryLedger(registry.budget_bytes, prefill_step_size)
         self.prompt_cache = PromptCache(False, None, 0.0)  # the worker gives it the real one on its thread
+        self.residency = Residency(self)  # the resident model, its load and unload, MLX's memory figures
         self.turns = PromptTurns(runner, self.prompt_cache)  # a request's turn through it
         self.pending: Prepared | None = None
         self._decoding_published = 0  # rows published as decoding (the table changes when a row's first token comes)
@@ -127,7 +117,7 @@ class EngineCore:
                          "spec_forwards": 0, "spec_tokens": 0, "embedding_requests": 0, "embedding_inputs": 0,
                          "embedding_tokens": 0}
         self.embedding_turn = EmbeddingTurn(embeddings, runner, self.counters, self.heartbeat, self.idle_unload.served,
-                                            self._fatal)
+                                            self.fatal)
 
     @property
     def embedding(self) -> Any:
@@ -150,7 +140,7 @@ class EngineCore:
         if pending is not None and pending.job.cancelled.is_set():  # its client left, it waited too long, a drain
             self.pending = None
             pending.job.channel.put(Failed(cancelled_error()))  # a handler still waiting is told (a drain's)
-            self._let_go(pending.job, time.monotonic() - pending.taken_at)
+            self.let_go(pending.job, time.monotonic() - pending.taken_at)
             return
         decision = next_step(pending.view if pending else None, self.admission.has_waiting(), self._rows(),
                              self.slots(), self.ledger.memory)
@@ -184,7 +174,7 @@ class EngineCore:
             self.idle_unload.unload(self)
         self.prompt_cache.idle()
         if time.monotonic() - self.memory.taken_at > 1.0:
-            self.sample_memory()
+            self.residency.sample_memory()
 
     # --- a request in ----------------------------------------------------------------
     def _may_batch(self, job: Job) -> bool:
@@ -202,7 +192,7 @@ class EngineCore:
                 raise _Gone()
             if self._may_batch(job) and not self.runner.rows:  # nothing running: its model may be made resident
                 self.faults.refresh()
-                self.ensure_model(job.model_id)
+                self.residency.ensure(job.model_id)
                 self.publish(Phase.IDLE)
             if not self.runner.can_batch(job):
                 return Prepared(job, None, Pending(False))
@@ -215,9 +205,9 @@ class EngineCore:
         except EngineError as exc:
             job.channel.put(Failed(exc))
         except BaseException as exc:  # noqa: BLE001 - a load that failed inside MLX
-            self._fatal(exc, job)
+            self.fatal(exc, job)
             return None
-        self._let_go(job, time.monotonic() - started)
+        self.let_go(job, time.monotonic() - started)
         return None
 
     def _admit(self, p: Prepared, alone: bool) -> None:
@@ -234,7 +224,7 @@ class EngineCore:
             self.faults.refresh()
             self.faults.check("start", request_text=job.text)
             if alone:
-                self.ensure_model(job.model_id)
+                self.residency.ensure(job.model_id)
                 self.publish(Phase.PREFILL)
             if job.alone and self.slots() > 1:
                 log.info("request %s was in flight at a crash with others: decoded alone", job.id)
@@ -255,15 +245,15 @@ class EngineCore:
         except EngineError as exc:
             job.channel.put(Failed(exc))
             self.ledger.release(job.id)
-            self._sync_ledger()
-            self._let_go(job, time.monotonic() - p.taken_at)
+            self.sync_ledger()
+            self.let_go(job, time.monotonic() - p.taken_at)
             self.record_inflight()
             return
         except BaseException as exc:  # noqa: BLE001 - an MLX fault: do not limp on (a backend limit: reload)
             self._forward_failed(exc, job)
             return
         self.counters["jobs"] += 1
-        self._sync_ledger()
+        self.sync_ledger()
         self._publish_rows()
 
     def _chat_work(self) -> bool:
@@ -280,17 +270,17 @@ class EngineCore:
         self.heartbeat()
         self._count_tokens(self.runner.rows)
         if time.monotonic() - self.memory.taken_at > MEMORY_SAMPLE_S:  # /health's memory while requests run
-            self.sample_memory()
+            self.residency.sample_memory()
         for e in ended:  # every answer's end goes out before any row's KV is stored (a copy, maybe an eviction)
             self._finish(e)
         for e in ended:
             self._end(e)
         self.turns.checkpoint(self.runner.rows)
         if ended:
-            self._sync_ledger()
+            self.sync_ledger()
             self._publish_rows()
             self.record_inflight()
-            self.sample_memory()
+            self.residency.sample_memory()
         elif sum(1 for a in self.runner.rows if a.first_token_at is not None) != self._decoding_published:
             self._publish_rows()  # a row has its first token: decoding now (nothing else changes between ends)
 
@@ -324,106 +314,22 @@ class EngineCore:
         a = e.admitted
         self.idle_unload.served(a.job.keep_alive_s)
         self.ledger.release(a.job.id)
-        self._sync_ledger()
+        self.sync_ledger()
         if self.runner.plan is not None and self.runner.plan.prompt_cache:
             self.turns.store(a, e.kv)
-        self._let_go(a.job, time.monotonic() - a.taken_at)
+        self.let_go(a.job, time.monotonic() - a.taken_at)
         if log.isEnabledFor(logging.DEBUG):  # where a request's time went, for the queue's dead time
             moments = [("admitted", a.admitted_at), ("joined", a.joined_at), ("first_token", a.first_token_at),
                        ("done", time.monotonic())]
             log.debug("request %s (%s): %s", a.job.id, "alone" if a.alone else "batched",
                       " ".join(f"{k} {1000 * (t - a.taken_at):.1f} ms" for k, t in moments if t is not None))
 
-    def _sync_ledger(self) -> None:
+    def sync_ledger(self) -> None:
         """The ledger's view of who holds KV: the batch's rows, and grants only
         for requests still decoded alone (one that joined the batch is a row now)."""
         alone = {a.job.id for a in self.runner.rows} - {a.job.id for a in self.runner.batch_rows}
         self.ledger.keep_alone(alone)
         self.ledger.hold_rows([row_of(a) for a in self.runner.batch_rows])
-
-    # --- the model cache ---------------------------------------------------------------
-    def preload(self, default_model: str | None) -> None:
-        self.sample_memory()
-        self.active_before_first_load = self.memory.active_bytes
-        if default_model:
-            try:
-                self.registry.check_allowed(default_model)
-            except EngineError as refusal:
-                log.warning("not preloading %s: %s", default_model, refusal.message)
-            else:
-                self.ensure_model(default_model)  # an error here is fatal: exit_codes.PRELOAD_FAILED
-                self.idle_unload.served()
-        self.publish(Phase.IDLE)
-
-    def ensure_model(self, model_id: str) -> None:
-        for change in plan_switch(self.runner.resident_id, model_id):
-            if isinstance(change, Unload):
-                self.unload()
-            else:
-                self.publish(Phase.LOADING)
-                self._load(change.model_id)
-
-    def unload(self) -> None:
-        started = time.monotonic()
-        # Entries never cross models: to disk, out of memory -- before the runner's unload, whose clear of MLX's
-        # buffer cache then takes their buffers too.
-        self.prompt_cache.set_model(None, 0)
-        self.runner.unload()
-        self.ledger.set_model(None)
-        self.counters["model_unloads"] += 1
-        self.sample_memory()
-        self.timings["last_unload_s"] = round(time.monotonic() - started, 4)
-        self.active_after_last_unload = self.memory.active_bytes
-        # Peak memory from here on covers the next model alone: with it a
-        # test (and an operator) can see that two models never coexisted.
-        self.runner.reset_peak()
-
-    def _load(self, model_id: str) -> None:
-        self.registry.check_allowed(model_id)  # re-checked: files may have changed
-        self.faults.check("load")
-        started = time.monotonic()
-        try:
-            plan = self.runner.load(model_id)
-        except EngineError:
-            for _ in plan_release(self.runner.resident_id):
-                self.unload()
-            raise
-        info = self.registry.info(model_id)
-        self.ledger.set_model(ModelFigures(info.footprint.weights_bytes, info.config or {}, plan.kv, plan.rows_apart))
-        if plan.prompt_cache:
-            self.prompt_cache.set_model(self.registry.build_key(model_id, self.registry.load_target(model_id)),
-                                        info.prompt_cache_bytes, self.runner.generation_prompt_length())
-        else:  # mlx-vlm's generation, a rank group: no prompt cache of ours
-            self.prompt_cache.set_model(None, 0)
-        self.counters["model_loads"] += 1
-        self.idle_unload.loaded()
-        self.sample_memory()
-        self.timings["last_load_s"] = round(time.monotonic() - started, 4)
-        log.info("loaded %s in %.1fs (MLX active %.0f MiB%s; %s)", model_id, time.monotonic() - started,
-                 self.memory.active_bytes / 2**20, ", as float32: the CPU's fast path" if plan.cpu_float32 else "",
-                 f"up to {plan.max_concurrency} requests at once" if plan.max_concurrency > 1 else "one request at a time")
-
-    # --- memory ----------------------------------------------------------------------
-    def bound_mlx_memory(self) -> None:
-        """MLX's buffer cache within the budget: MLX frees cached buffers before
-        its active plus cached memory would pass this limit (Metal's and CUDA's
-        allocators check it at every allocation). Left at MLX's default (95 %
-        of a CUDA card, 1.5x Metal's recommended working set) the cache grew
-        the process past the budget unseen. Where nvidia-smi sees the process,
-        what it holds outside MLX is measured and the limit leaves room for it."""
-        self.runner.set_memory_limit(self.ledger.limit_bytes)
-        self.mlx_memory_limit = self.ledger.limit_bytes
-        self.device_memory = DeviceMemoryWatch(os.getpid(), self.runner.mlx_bytes)
-        self.device_memory.start()
-
-    def sample_memory(self) -> None:
-        self.memory = self.runner.memory()
-        latest = self.device_memory.latest if self.device_memory is not None else None
-        if latest is not None:
-            limit = self.ledger.lower_limit(latest.outside_bytes)
-            if limit is not None:
-                self.runner.set_memory_limit(limit)
-                self.mlx_memory_limit = limit
 
     # --- publishing --------------------------------------------------------------------
     def publish(self, phase: Phase | None = None) -> None:
@@ -459,7 +365,7 @@ class EngineCore:
         """The prompt cache's latest published figures (any thread)."""
         return self.prompt_cache.stats
 
-    def _let_go(self, job: Job, held_s: float) -> None:
+    def let_go(self, job: Job, held_s: float) -> None:
         """A request the core holds no more (answered, refused, or gone): out
         of the request table, published, its place in admission freed."""
         self._counted_tokens.pop(job.id, None)
@@ -472,46 +378,12 @@ class EngineCore:
         self.inflight.note([r.job for r in running(self.table.rows())], self.memory)
 
     def _forward_failed(self, exc: BaseException, culprit: Job | None = None) -> None:
-        """A forward raised. A backend's capability limit (an op or dtype it
-        cannot run: errors.backend_limit) is no device fault: the requests
-        running get `backend_unsupported`, the crash journal a line, and the
-        model is reloaded as float32 (once: after that it is unloaded, and
-        the next request loads it again); the engine serves on. Anything
-        else is an MLX fault (_fatal)."""
-        model_id, limit = self.runner.resident_id, backend_limit(exc)
-        if limit is None or model_id is None:
-            self._fatal(exc, culprit)
-            return
-        reloading = self.registry.serve_as_float32(model_id)
-        log.warning("model %s met a limit of its MLX backend: %s; %s", model_id, limit,
-                    "reloading it as float32" if reloading else "it is float32 already: unloading it")
-        error = backend_unsupported(model_id, limit, reloading)
-        jobs = [r.job for r in running(self.table.rows())]
-        if culprit is not None and culprit not in jobs:
-            jobs.append(culprit)
-        try:
-            append_to_journal(self.registry.journal_path, backend_limit_record(
-                time.time(), os.getpid(), model_id, limit, [(j.id, j.fingerprint) for j in jobs], reloading))
-        except OSError as exc_journal:  # a full disk must not take the engine down
-            log.warning("cannot journal the backend limit: %s", exc_journal)
-        for job in jobs:
-            job.channel.put(Failed(error))
-            self.ledger.release(job.id)
-            self._let_go(job, 0.0)
-        self.unload()  # the decoders' state is the failed step's: none of it is kept
-        self._sync_ledger()
-        self.record_inflight()
-        if reloading:
-            try:
-                self.ensure_model(model_id)
-            except EngineError as refusal:  # the next request tries again
-                log.warning("reloading %s as float32 failed: %s", model_id, refusal.message)
-            except BaseException as fault:  # noqa: BLE001 - an MLX fault in the load: do not limp on
-                self._fatal(fault)
-                return
-        self.publish(Phase.IDLE)
+        """A forward raised: a backend's capability limit is served on (engine/core/backend_limit.py);
+        anything else is an MLX fault."""
+        if not serve_on_after_limit(self, exc, culprit):
+            self.fatal(exc, culprit)
 
-    def _fatal(self, exc: BaseException, culprit: Job | None = None) -> None:
+    def fatal(self, exc: BaseException, culprit: Job | None = None) -> None:
         """An MLX fault: every request held (one waiting for the batch too)
         gets an explicit error, and the engine exits for the supervisor to
         restart it. `culprit`: the request being started when it happened,

@@ -69,12 +69,12 @@ class IdleUnload:
         if model_id is None and runner.encoder is not None:
             model_id = runner.encoder.model_id
         runner.unload_encoder()
-        core.unload()
+        core.residency.unload()
         # The entries' writes to disk done (a request arriving stops the wait), their staged copies freed, and
         # the C heap trimmed again: what they held comes back to the system too.
         core.prompt_cache.finish_writes(lambda: not core.admission.has_waiting())
         runner.give_heap_back()
-        core.sample_memory()
+        core.residency.sample_memory()
         self.unload_at, self.unloaded_at, self.unloaded_model = NEVER, time.time(), model_id
         core.counters["idle_unloads"] += 1
         after = core.memory.active_bytes + core.memory.cache_bytes

@@ -86,8 +86,8 @@ class ModelWorker(threading.Thread):
             began = time.monotonic()
             core.use_prompt_cache(self._make_prompt_cache())
             core.timings["prompt_cache_index_s"] = round(time.monotonic() - began, 4)
-            core.bound_mlx_memory()
-            core.preload(self.default_model)
+            core.residency.bound_mlx_memory()
+            core.residency.preload(self.default_model)
             self.ready_at = time.time()
             self.ready.set()
             while not self._stop_event.is_set() and not core.stopped:

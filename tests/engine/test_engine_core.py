@@ -28,7 +28,7 @@ import pytest
 from mlxd.memory_estimate import KVLayout, attention_heads, kv_cache_bytes
 from mlxd.records import InflightRequest
 
-from mlxd.engine.core import engine_core
+from mlxd.engine.core import backend_limit, embedding_turn, engine_core, keep_alive, prompt_turns, residency
 from mlxd.engine.core.admission import AdmissionQueue
 from mlxd.engine.core.embedding_queue import EmbeddingQueue, EmbedJob
 from mlxd.engine.model.decoder_rows import Admitted, Ended
@@ -461,7 +461,10 @@ def engine(loop) -> Callable[..., Engine]:
 def test_the_fakes_offer_what_the_core_uses_with_the_real_signatures():
     """Every runner and registry member EngineCore uses exists on ModelRunner /
     ModelRegistry and on the fakes, with the same parameters: the fakes cannot drift."""
-    source = inspect.getsource(engine_core)
+    # The core and the parts it owns, each given its runner and registry (engine/core/: one owner each).
+    source = "".join(inspect.getsource(m) for m in (engine_core, residency, keep_alive, embedding_turn, prompt_turns,
+                                                    backend_limit)).replace("core.runner.", "self.runner.").replace(
+        "core.registry.", "self.registry.")
     registry = FakeRegistry({MODEL: 1})
     for name, real, fake, core_of_it in [("runner", ModelRunner, FakeRunner(registry), {"load", "admit", "step"}),
                                          ("registry", ModelRegistry, registry, {"info", "max_concurrency"})]:

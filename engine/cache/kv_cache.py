@@ -232,7 +232,7 @@ def packed(kv: list[Any], room: int, shared: bool = False) -> list[Any]:
             new.offset = n
             c = new
         out.append(c)
-    mx.eval(fresh)
+    mx.async_eval(fresh)  # queued, not waited for: the batch's next step need not wait for the copy (nor it for the step)
     return out
 
 
@@ -270,5 +270,24 @@ def fitted(kv: list[Any], copy_others: bool = False) -> list[Any]:
         elif copy_others:
             c = copy.deepcopy(c)
         out.append(c)
-    mx.eval(fresh)
+    mx.async_eval(fresh)  # queued, not waited for (the source's arrays go once the copy has run)
     return out
+
+
+def copy_prefix(target: list[Any], source: list[Any], n: int) -> bool:
+    """`target`'s KV extended to position `n` with `source`'s (a device copy,
+    queued): another row's prompt that starts as this one does, computed
+    once. Only where every layer of both is a plain KVCache (quantised, rotating
+    and recurrent layers hold what they cannot hand over by position) and
+    `target` holds less than `n`. Whether it copied."""
+    if not all(type(c) in (KVCache, AllocatedKVCache) for c in (*target, *source)):  # (not a subclass's window)
+        return False
+    if len(target) != len(source) or any(s.keys is None or s.offset < n for s in source):
+        return False
+    held = target[0].offset
+    if held >= n or any(t.offset != held for t in target):
+        return False
+    for t, s in zip(target, source):
+        t.update_and_fetch(s.keys[..., held:n, :], s.values[..., held:n, :])
+    mx.async_eval([a for t in target for a in (t.keys, t.values)])
+    return True

@@ -38,12 +38,14 @@ SAFETENSORS_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32", "f
 
 @dataclass
 class StagedFile:
-    """A file to write: its header and the arrays' bytes as numpy views, in order."""
+    """A file to write: its header and the arrays' bytes in order: numpy
+    views, or a block's device copies (MLX arrays, contiguous, their
+    computation queued: the writer reads them; the worker drops them)."""
 
     final: Path
     tmp: Path
     header: bytes
-    parts: list[np.ndarray]
+    parts: list[Any]
     nbytes: int
 
 
@@ -158,8 +160,10 @@ def write_file(staged: StagedFile, before_commit: Callable[[], None] = lambda: N
         with staged.tmp.open("wb") as fh:
             fh.write(staged.header)
             for part in staged.parts:
-                # a strided view (an entry's arrays are slices of longer buffers) is copied here, off the worker
-                fh.write(np.ascontiguousarray(part).data)
+                # a strided view (an entry's arrays are slices of longer buffers) is copied here, off the worker;
+                # a block's device copy (engine/cache/kv_blocks.py) is read to the host here, once computed
+                host = part if isinstance(part, np.ndarray) else host_view(part)
+                fh.write(np.ascontiguousarray(host).data)
             fh.flush()
             os.fsync(fh.fileno())
         before_commit()

@@ -25,8 +25,10 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
+
+import numpy as np
 
 from .decoder_rows import CHECKPOINT_TOKENS, Admitted, Ended, RowSampling
 from .one_row import Joining
@@ -55,6 +57,26 @@ class _Prefilling:
     rest: list[int]  # the prompt after them; the last joins the batch as a one-token segment
     sampling: RowSampling
     saved: int = 0  # tokens of its KV last left on disk (Admitted.save_progress)
+    looked: bool = False  # for a row of the batch whose prompt starts as its own (`_borrow_prefix`)
+
+
+MIN_BORROWED_TOKENS = 128  # a shorter shared start is prefilled: the copy's ops would cost about as much
+
+
+def shared_start(tokens: list[int], others: list[list[int]]) -> tuple[int, int]:
+    """(which of `others`, how many tokens) starts as `tokens` does for the
+    longest (pure; (-1, 0) where none shares a token)."""
+    best, length = -1, 0
+    mine = np.asarray(tokens, dtype=np.int64)
+    for i, other in enumerate(others):
+        n = min(len(mine), len(other))
+        if n <= length:
+            continue
+        differ = np.flatnonzero(mine[:n] != np.asarray(other[:n], dtype=np.int64))
+        same = int(differ[0]) if differ.size else n
+        if same > length:
+            best, length = i, same
+    return best, length
 
 
 class ManyRows:
@@ -123,6 +145,11 @@ class ManyRows:
         """One paced chunk of the first joining request's prompt, alone; the
         request joins mlx-lm's batch once only its last token is left."""
         p = self._prefilling[0]
+        if not p.looked:
+            p.looked = True
+            self._borrow_prefix(p)
+            if len(p.rest) == 1:
+                return self._joined(p)
         chunk = p.rest[:min(self.pace.step(), len(p.rest) - 1)]
         prefill(self.resident.model, p.kv, chunk, self.pace, lambda: None, self.faults, self.resident.kv)
         p.context += chunk
@@ -133,6 +160,30 @@ class ManyRows:
                 a.save_progress(p.kv, len(p.context))  # a long prompt's KV to disk as it goes
                 p.saved = len(p.context)
             return
+        self._joined(p)
+
+    def _borrow_prefix(self, p: _Prefilling) -> None:
+        """Agents that share a system prompt join together, before any of
+        them is in the prompt cache: a joining row whose prompt starts as a
+        decoding row's takes that part of its KV (a device copy) instead of
+        prefilling it again (engine/cache/kv_cache.py's copy_prefix)."""
+        if self.batch is None:
+            return
+        from ..cache.kv_cache import copy_prefix
+
+        others = [(self.rows[r.uid].prompt[:-1], r.kv) for r in self.batch.rows if r.uid in self.rows]
+        which, n = shared_start(p.context + p.rest[:-1], [prompt for prompt, _ in others])
+        if n - len(p.context) < MIN_BORROWED_TOKENS or not copy_prefix(p.kv, others[which][1], n):
+            return
+        taken = n - len(p.context)
+        p.context += p.rest[:taken]
+        p.rest = p.rest[taken:]
+        a = p.admitted  # not computed by this turn: its answer reports them as cached, its prefill from here
+        a.fetched = replace(a.fetched, start=n, cached_tokens=a.fetched.cached_tokens + taken)
+        log.debug("a joining row took %d prompt tokens' KV from a decoding row", taken)
+
+    def _joined(self, p: _Prefilling) -> None:
+        """A row whose prompt is prefilled but its last token: into the batch."""
         self._prefilling.pop(0)
         a = self.rows.pop(p.key)
         a.prefilled = (p.kv, len(p.context))

@@ -102,6 +102,28 @@ def test_quantised_kv_batches(start_engine, start):
     assert metric(eng.url, "mlxd_engine_max_observed_concurrency") >= 2  # they really ran together
 
 
+def test_rows_that_share_a_prompt_prefill_it_once(start_engine):
+    """Four agents with one long system prompt, arriving together, before
+    any of it is in a prompt cache (none here): the first prefills it, the
+    others take its KV from the decoding row (engine/model/many_rows.py,
+    `_borrow_prefix`) -- reported as cached tokens -- and answer exactly
+    what each answers alone."""
+    system = "You are a careful coding agent; read the files before you edit them. " * 40
+    questions = [f"Question {i}: " + " ".join(["why"] * (3 + 5 * i)) for i in range(4)]
+    prompts = [system + q for q in questions]
+    single = start_engine({"max_tokens_cap": 256, "prompt_cache": {"enabled": False}})
+    alone = [complete(single.url, p).json() for p in prompts]
+    assert all(a["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0) == 0 for a in alone)
+    eng = start_engine({"max_concurrency": 4, "max_tokens_cap": 256, "prompt_cache": {"enabled": False}})
+    together = at_once([lambda p=p: complete(eng.url, p).json() for p in prompts])
+    assert [t["choices"][0]["text"] for t in together] == [a["choices"][0]["text"] for a in alone]
+    cached = [t["usage"]["prompt_tokens_details"]["cached_tokens"] for t in together]
+    shared = min(a["usage"]["prompt_tokens"] for a in alone) - 20  # the questions differ within their last tokens
+    assert sum(c >= shared for c in cached) >= 2, cached  # at least two rows joined beside one that had it
+    assert all(c < t["usage"]["prompt_tokens"] for c, t in zip(cached, together))
+    assert metric(eng.url, "mlxd_engine_max_observed_concurrency") >= 2
+
+
 def test_per_request_settings_hold_in_a_batch(start_engine):
     """Stop strings, max_tokens and sampling stay each request's own."""
     eng = start_engine({"max_concurrency": 4, "max_tokens_cap": 256})

@@ -165,3 +165,31 @@ def test_a_scan_finds_the_entries_and_drops_what_a_kill_left(tmp_path):
     assert not prompt.path.exists()
     assert KVFiles(tmp_path, 2**30, ["other"]).count == 0  # a model no longer configured: its entries go
     assert block_files(tmp_path) == set()
+
+
+@pytest.mark.parametrize("quantized", [False, True])
+def test_a_blocks_device_copy_writes_the_same_file_as_its_host_copy(tmp_path, quantized):
+    """On a GPU a block is staged as the device's own copies, read to the
+    host by the writer's thread (engine/cache/kv_blocks.py): the same bytes
+    on disk as the CPU's numpy copies, bfloat16 and quantised alike, and the
+    cache's buffers written past meanwhile change nothing in the file."""
+    from mlxd.engine.cache.kv_blocks import stage_block
+    from mlxd.engine.cache.kv_writer import write_file
+
+    tokens = np.arange(B + 40, dtype=np.int32)
+    kv = kv_for(tokens, quantized=quantized)
+    files = {}
+    for on_device in (False, True):
+        staged = stage_block(tmp_path / f"{on_device}.safetensors", tmp_path / f"{on_device}.tmp", kv, (0, B),
+                             {"model": MODEL}, on_device=on_device)
+        assert all(isinstance(p, np.ndarray) != on_device for p in staged.parts)
+        if on_device:  # the cache goes on: its buffers written over before the writer reads the copies
+            for c in kv:
+                if quantized:
+                    c.keys = tuple(mx.zeros_like(a) for a in c.keys)
+                else:
+                    c.keys[..., :B, :] = mx.zeros_like(c.keys[..., :B, :])
+            mx.eval([c.keys for c in kv])
+        write_file(staged)
+        files[on_device] = staged.final.read_bytes()
+    assert files[True] == files[False] and len(files[True]) > B * 64

@@ -76,3 +76,38 @@ def test_rows_decode_together_what_each_decodes_alone(model, layout, dequantized
         assert any(isinstance(c, QuantizedKVCache) and c.bits == layout.bits for kv in kvs for c in kv)
     else:
         assert all(isinstance(c, KVCache) for kv in kvs for c in kv)
+
+
+@pytest.mark.parametrize("tokens, others, expected", [
+    ([1, 2, 3, 4], [], (-1, 0)),
+    ([1, 2, 3, 4], [[9, 2, 3]], (-1, 0)),
+    ([1, 2, 3, 4], [[1, 2, 9], [1, 2, 3, 9]], (1, 3)),
+    ([1, 2, 3, 4], [[1, 2, 3, 4, 5, 6]], (0, 4)),       # another's longer prompt: all of this one
+    ([1, 2], [[1, 2, 3], [1, 2, 4]], (0, 2)),            # a tie: the first
+])
+def test_shared_start(tokens, others, expected):
+    from mlxd.engine.model.many_rows import shared_start
+
+    assert shared_start(tokens, others) == expected
+
+
+@pytest.mark.parametrize("layout, copies", [(KVLayout(), True), (KVLayout(8, 32, 0), False)])
+def test_a_prefix_copied_from_another_row_decodes_as_one_prefilled(model, layout, copies):
+    """engine/cache/kv_cache.py's copy_prefix: a row's KV extended with
+    another's for the prompt they share, then its own part prefilled, gives
+    the tokens of the row prefilled whole; quantised layers are not copied."""
+    from mlxd.engine.cache.kv_cache import copy_prefix
+
+    shared = PROMPTS[2][:30]
+    mine = shared + [7, 8, 9, 10]
+    source = _prefilled(model, shared + [50, 51, 52], layout)
+    kv = make_kv(model, len(mine) + ANSWER + 8, layout)
+    assert copy_prefix(kv, source, len(shared)) is copies
+    if not copies:
+        return
+    assert kv[0].offset == len(shared)
+    model(mx.array([mine[len(shared):-1]]), cache=kv)
+    batch = RowBatch(model, frozenset())
+    uid = batch.insert(mine[-1], kv, ANSWER, mine[:-1], None, [])
+    out = [t.token for _ in range(ANSWER + 1) for t in batch.next() if t.uid == uid]
+    assert out == _alone(model, mine, layout, False)

@@ -27,6 +27,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
 FLOAT32 = "float32"
 # (backend, op) -> the weight dtypes the backend runs the op in; an op absent here runs in every dtype.
 OP_DTYPES: dict[tuple[str, str], frozenset[str]] = {
@@ -88,9 +91,6 @@ def model_ops(model: Any) -> dict[str, frozenset[str]]:
 def cast_modules(model: Any, ops: tuple[str, ...]) -> int:
     """The floating weights of every module that calls one of `ops`, as
     float32 (lazily: the load evaluates them); the bytes they take now."""
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
-
     total = 0
     for _, module in model.named_modules():
         if MODULE_OPS.get(type(module).__name__) in ops:

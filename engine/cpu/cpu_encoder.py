@@ -18,6 +18,7 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_vlm.models.bert.bert import BertLayer, BertSelfAttention
 
 _LOG2E = 1.4426950408889634
 _LN2_HI, _LN2_LO = 0.693359375, -2.12194440e-4
@@ -85,8 +86,6 @@ def _attention(self: Any, hidden_states: mx.array, mask: mx.array | None = None)
 def prepare_encoder(model: Any) -> int:
     """The model's BERT layers given the fast kernels; how many layers (0:
     another architecture, left as it is)."""
-    from mlx_vlm.models.bert.bert import BertLayer, BertSelfAttention
-
     class FastBertSelfAttention(BertSelfAttention):
         __call__ = _attention
 

@@ -21,6 +21,8 @@ import json
 import logging
 from typing import Any
 
+import mlx.core as mx
+
 log = logging.getLogger("mlxd.engine.core.worker")
 
 
@@ -113,7 +115,6 @@ class GrammarProcessor:
         return kept, masks
 
     def __call__(self, tokens: Any, logits: Any) -> Any:
-        import mlx.core as mx
         import numpy as np
 
         if self._fresh:

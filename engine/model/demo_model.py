@@ -25,6 +25,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
 from mlxd.paths import build_folder_once
 
 from .demo_text import CHAT_TEMPLATE, CORPUS, THINKING_CHAT_TEMPLATE, VISION_CHAT_TEMPLATE
@@ -149,9 +152,7 @@ _NUMPY_MAX_PARAMS = 50_000_000
 
 
 def _write_weights(path: Path, config: dict, spec: DemoSpec, eos_id: int) -> None:
-    import mlx.core as mx
     import numpy as np
-    from mlx.utils import tree_flatten
     # Instantiating the real class gives exactly the names and shapes mlx-lm (or
     # mlx-vlm) expects (its own random init is lazy and never evaluated).
     if spec.vision:

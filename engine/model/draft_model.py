@@ -23,6 +23,10 @@ from __future__ import annotations
 import logging
 from typing import Any, Iterator, Mapping, Sequence
 
+import mlx.core as mx
+from mlx_lm.generate import speculative_generate_step
+from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
+
 from .speculative import SpecStats
 
 log = logging.getLogger("mlxd.engine.model.draft_model")
@@ -62,9 +66,6 @@ class DraftModel:
         """The draft's KV holding `context` (a request's prompt but its last
         token): what it shares with the last request's is kept, the rest
         prefilled."""
-        import mlx.core as mx
-        from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
-
         kept = common_prefix(self._tokens, context) if self._kv is not None else 0
         if kept == 0 or self._kv is None:
             self._kv = make_prompt_cache(self.model)
@@ -96,9 +97,6 @@ def draft_steps(model: Any, kv: list[Any], draft: DraftModel, rest: list[int], c
     """The resident model's tokens ((token, None), as generate_step yields
     them) from mlx-lm's speculative_generate_step with the draft's
     proposals; `kv` holds `context`, `rest` is the prompt's last token."""
-    import mlx.core as mx
-    from mlx_lm.generate import speculative_generate_step
-
     draft_kv = draft.kv_for(context)
     steps = speculative_generate_step(mx.array(rest, dtype=mx.int32), model, draft.model,
                                       num_draft_tokens=draft_tokens, max_tokens=max_tokens, sampler=sampler,

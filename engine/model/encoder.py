@@ -21,6 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+import mlx.core as mx
+from mlx_vlm.embedding_loader import load_embedding_model
+from mlx_vlm.models.pooling import read_pooling_config
+
 from mlxd.api_errors import INVALID_REQUEST
 
 from .errors import EngineError
@@ -98,11 +102,7 @@ class Encoder:
     """One embedding model in memory: weights, tokenizer, pooling."""
 
     def __init__(self, model_id: str, folder: Path) -> None:
-        from mlx_vlm.embedding_loader import load_embedding_model
-        from mlx_vlm.models.pooling import read_pooling_config
         from transformers import AutoTokenizer
-
-        import mlx.core as mx
 
         started = time.monotonic()
         self.model_id = model_id
@@ -151,7 +151,6 @@ class Encoder:
 
     def _forward(self, ids: list[list[int]]) -> Any:
         """One forward's pooled vectors (lazy), its rows padded to the bucket of the longest."""
-        import mlx.core as mx
         import numpy as np
 
         width = padded(len(ids[0]))
@@ -187,7 +186,6 @@ class EmbeddingRun:
 
     def step(self) -> bool:
         """The next group of forwards; whether the request is done."""
-        import mlx.core as mx
         import numpy as np
 
         enc = self.encoder

@@ -27,6 +27,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
+import mlx.core as mx
+
 from mlxd import gguf
 from mlxd.paths import build_folder_once, remove_dead_temps
 
@@ -140,8 +142,6 @@ def _converted(folder: Path) -> bool:
 
 def _convert_into(folder: Path, gguf_path: Path, header: gguf.GGUFHeader, say: Callable[[str], None]) -> None:
     """The conversion itself, into the empty `folder`."""
-    import mlx.core as mx
-
     size_mib = gguf_path.stat().st_size / 2**20
     say(f"converting {gguf_path.name} ({size_mib:.0f} MiB, {header.architecture}) to MLX: reading tensors")
     try:

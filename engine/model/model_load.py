@@ -16,6 +16,10 @@ import logging
 from dataclasses import replace
 from typing import Any
 
+import mlx.core as mx
+from mlx.utils import tree_flatten
+from mlx_lm.utils import _download, dequantize_model, load, load_tokenizer
+
 from mlxd.memory_estimate import KVLayout
 from mlxd.models import is_vision_config
 
@@ -48,9 +52,6 @@ def load_chunks(sizes: list[int], limit: int) -> list[list[int]]:
 def evaluate_in_chunks(params: Any, chunk_bytes: int = LOAD_CHUNK_BYTES) -> int:
     """mx.eval over a model's parameters, about `chunk_bytes` of them at a
     time (load_chunks); the number of chunks."""
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
-
     arrays = [a for _, a in tree_flatten(params)]
     groups = load_chunks([a.nbytes for a in arrays], chunk_bytes)
     for group in groups:
@@ -87,8 +88,6 @@ def load_resident(model_id: str, target: str, weights_dtype: str | None = None,
     a vision-language model through mlx-vlm, any other through mlx-lm.
     `weights_dtype` "float32": dequantised and cast (the CPU's fast path);
     `extend_context`: its context extended by YaRN (context_extension)."""
-    from mlx_lm.utils import _download, load, load_tokenizer
-
     folder = _download(target)
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     if not is_vision_config(config):
@@ -125,14 +124,10 @@ def with_weights_plan(model_id: str, model: Any, whole_float32: bool) -> Any:
     """The model with its weights in the dtypes its backend runs
     (engine/cpu/backend_ops.py: decided from its modules' ops, the backend
     and the registry's float32 verdict), said in the log."""
-    import mlx.core as mx
-
     from ..cpu.backend_ops import backend_of, cast_modules, model_ops, weights_plan
 
     plan = weights_plan(backend_of(mx.default_device()), model_ops(model), whole_float32)
     if plan.whole == "float32":
-        from mlx_lm.utils import dequantize_model
-
         from ..cpu.cpu_decode import prepare_float32
 
         model = dequantize_model(model)
@@ -148,8 +143,6 @@ def with_weights_plan(model_id: str, model: Any, whole_float32: bool) -> Any:
 def load_shard(model_id: str, target: str, link: Any) -> ResidentModel:
     """A rank group's load: every rank loads its shard at once (mlx-lm's
     tensor parallelism); rank 0's forward passes are mirrored over `link`."""
-    from mlx_lm.utils import _download
-
     from .ranks import LOAD, MirroredModel, sharded
 
     folder = _download(target)

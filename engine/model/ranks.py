@@ -25,6 +25,11 @@ import logging
 import pickle
 from typing import Any, Callable
 
+import mlx.core as mx
+from mlx_lm.generate import generation_stream
+from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.utils import sharded_load
+
 log = logging.getLogger("mlxd.engine.model.ranks")
 
 LOAD, UNLOAD, BEGIN, FORWARD, END, STOP = "load", "unload", "begin", "forward", "end", "stop"
@@ -41,9 +46,6 @@ class RankLink:
 
     def share(self, message: Any = None) -> Any:
         """Rank 0's `message` (any picklable value), on every rank."""
-        import mlx.core as mx
-        from mlx_lm.generate import generation_stream
-
         with mx.stream(generation_stream):
             if self.rank == 0:
                 data = mx.array(list(pickle.dumps(message)), dtype=mx.uint8)
@@ -56,8 +58,6 @@ class RankLink:
 
     def tensor(self, value: Any, shape: tuple[int, ...], dtype: Any) -> Any:
         """Rank 0's array on every rank (lazily: no sync of its own)."""
-        import mlx.core as mx
-
         mine = value if self.rank == 0 else mx.zeros(shape, dtype=dtype)
         return mx.distributed.all_sum(mine, group=self.group)
 
@@ -85,33 +85,23 @@ def run_forward(model: Any, inputs: Any, cache: Any) -> Any:
     last position's logits, so every collective in it runs on every rank
     (mlx-lm's prefill evaluates only the KV cache, which would leave the last
     layer's collectives to the ranks that evaluate logits: a deadlock)."""
-    import mlx.core as mx
-
     out = model(inputs, cache=cache)
     mx.eval(out[:, -1, :])
     return out
 
 
 def dtype_named(name: str) -> Any:
-    import mlx.core as mx
-
     return getattr(mx, name.removeprefix("mlx.core."))
 
 
 def sharded(target: str, link: RankLink) -> tuple[Any, Any]:
     """mlx-lm's tensor-parallel load of this rank's shard (every rank at once)."""
-    from mlx_lm.utils import sharded_load
-
     return sharded_load(target, tensor_group=link.group)
 
 
 def follow(link: RankLink, load: Callable[[str], Any] | None = None, model: Any = None) -> None:
     """Ranks above 0: do what rank 0 says until it says stop (`model`: one
     already loaded)."""
-    import mlx.core as mx
-    from mlx_lm.generate import generation_stream
-    from mlx_lm.models.cache import make_prompt_cache
-
     load = load or (lambda target: sharded(target, link)[0])
     cache = None
     while True:

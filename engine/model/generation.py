@@ -27,8 +27,8 @@ from .prefill import cancelled_error
 from .prompt_tokens import PieceEncoder, template_tokens
 from .stop_matcher import StopMatcher
 from .answer_parts import AnswerSplitter, Markers, Part, markers_of, opens_in_reasoning
-from .grammar import (MLXD_TOOL_FORMAT, GrammarUnsupported, ToolFormat, answer_grammar, grammar_problem,
-                      reasoning_budget)
+from .answer_grammar import answer_grammar, reasoning_budget
+from .grammar import MLXD_TOOL_FORMAT, GrammarUnsupported, ToolFormat, grammar_problem
 from .tool_calls import format_tool_calls, model_parser
 from .tool_prompt import with_rendered_tools
 from .context_overflow import Truncation, answer_room, fewest_turns_to_drop, turns, without_oldest

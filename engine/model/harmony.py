@@ -80,8 +80,6 @@ def harmony_grammar(rules: OutputRules, fmt: ToolFormat, literal: Literal_, thin
     """The Lark grammar of a bound harmony answer: reasoning in the analysis
     channel first (free, and optional), then the call (one: `<|call|>` ends
     the turn), or the final channel's JSON answer or text."""
-    from .grammar import call_body_rules
-
     next_message = spelled(NEXT_MESSAGE, literal)
     end = literal(ENDS[0])
     lines = ["%llguidance {}", "",
@@ -89,7 +87,7 @@ def harmony_grammar(rules: OutputRules, fmt: ToolFormat, literal: Literal_, thin
              f"analysis: {spelled(ANALYSIS, literal)} think {next_message}",
              f"call: {spelled(fmt.start, literal)} call_body {spelled(fmt.end, literal)}",
              f"final: {spelled(FINAL, literal)}"]
-    lines += call_body_rules(rules.forced_tools(), fmt, literal)
+    lines += harmony_body(rules.forced_tools(), literal)
     may_call = rules.tools and rules.tool_choice != "none"
     if rules.forces_tool:
         answer = "call"

@@ -17,8 +17,9 @@ import llguidance
 import pytest
 
 from mlxd.engine.model.answer_parts import AnswerSplitter, Markers, Part
+from mlxd.engine.model.answer_grammar import answer_grammar
 from mlxd.engine.model.grammar import (MAX_PARALLEL_CALLS, GrammarUnsupported, OutputRules, ToolFormat, ToolSpec,
-                                       answer_grammar, grammar_problem, tool_format_of)
+                                       grammar_problem, tool_format_of)
 from mlxd.engine.model.harmony import CALL_END, CALL_START, HARMONY_PARSER, harmony_edges
 from mlxd.engine.model.tool_calls import format_tool_calls, model_parser
 import testkit

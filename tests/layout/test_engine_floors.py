@@ -25,14 +25,6 @@ BELOW = {
     "cpu": set(),                               # the Linux CPU path
 }
 
-# Circles not untied yet, each with why; the test fails once one is gone, so the list only shrinks.
-KNOWN_CIRCLES = {
-    # grammar.py's call_body_rules and answer_grammar dispatch to the later formats' bodies, which build on
-    # grammar.py's rules: untied by splitting grammar.py (528 lines) into its rules and its dispatch.
-    frozenset({"mlxd.engine.model.grammar", "mlxd.engine.model.call_grammars", "mlxd.engine.model.harmony"}),
-}
-
-
 def module_of(path: Path) -> str:
     parts = path.relative_to(ENGINE).with_suffix("").parts
     if parts[-1] == "__init__":
@@ -137,10 +129,9 @@ def test_a_floor_imports_only_the_floors_below_it(floor):
 
 
 def test_no_engine_module_imports_itself_through_others():
-    found = {frozenset(c) for c in circles({src: set(targets) for src, targets in graph().items()})}
-    assert found <= KNOWN_CIRCLES, "import circles (an import inside a function counts too):\n" + "\n".join(
-        " <-> ".join(sorted(c)) for c in found - KNOWN_CIRCLES)
-    assert KNOWN_CIRCLES <= found, f"untied: take {sorted(KNOWN_CIRCLES - found)} out of KNOWN_CIRCLES"
+    found = circles({src: set(targets) for src, targets in graph().items()})
+    assert not found, "import circles (an import inside a function counts too):\n" + "\n".join(
+        " <-> ".join(c) for c in found)
 
 
 def test_the_checks_catch_a_circle_and_an_import_up():

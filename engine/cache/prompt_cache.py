@@ -541,6 +541,7 @@ class PromptCache:
         for staged in done:
             staged.drop_views()  # the views of MLX arrays, dropped on this thread
             writing: Writing = staged.token
+            staged.token = None  # no cycle left between the two: the entry's arrays go when nothing else holds them
             self._writing.remove(writing)
             if staged.error is not None:  # a full disk costs the disk tier, never a request
                 log.warning("prompt cache: cannot write an entry: %s", staged.error)

@@ -239,8 +239,9 @@ class EngineCore:
                 self.ledger.hold_rows([*map(row_of, self.runner.batch_rows), Row(tokens, job.params.max_tokens)])
             fetched = NOT_CACHED
             if self.runner.plan.prompt_cache:
-                fetched = self.turns.fetch(job, prompt.tokens, job.params.max_tokens if one_row else 0,
-                                           self.ledger.request_bytes(tokens))
+                # Its answer's room allocated with it, but for mlx-lm's padded batch, which sizes its own rows.
+                room = job.params.max_tokens if one_row or self.runner.plan.rows_apart else 0
+                fetched = self.turns.fetch(job, prompt.tokens, room, self.ledger.request_bytes(tokens))
             self.runner.admit(job, prompt, fetched, self.prompt_cache.enabled, alone, one_row, p.taken_at)
         except EngineError as exc:
             job.channel.put(Failed(exc))

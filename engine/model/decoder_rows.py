@@ -39,8 +39,10 @@ class Admitted:
     prefilled: tuple[list[Any], int] | None = None
     checkpoint: Any = None  # the prompt cache's write of its prompt, awaited before its answer's end
     # Where a long prefill leaves its KV so far, every CHECKPOINT_TOKENS (the core's; None: nowhere):
-    # save_progress(kv, tokens covered). A crash mid-prefill then costs at most that many tokens.
-    save_progress: Callable[[list[Any], int], None] | None = None
+    # save_progress(this request, kv, tokens covered). A crash mid-prefill then costs at most that many tokens.
+    # (The core's hook itself, not a closure over this request: that would be a reference cycle, and the
+    # request's KV would outlive it until Python's cyclic collector ran -- a turn's whole KV a request.)
+    save_progress: Callable[["Admitted", list[Any], int], None] | None = None
 
     def feed(self, token: int | None, text: str | None, model_finish: str | None) -> str | None:
         """A token to its request: detokenized (as mlx_lm.server does; mlx-vlm's

@@ -157,7 +157,7 @@ class ManyRows:
         if len(p.rest) > 1:
             a = p.admitted
             if a.save_progress is not None and len(p.context) - max(p.saved, a.fetched.start) >= CHECKPOINT_TOKENS:
-                a.save_progress(p.kv, len(p.context))  # a long prompt's KV to disk as it goes
+                a.save_progress(a, p.kv, len(p.context))  # a long prompt's KV to disk as it goes
                 p.saved = len(p.context)
             return
         self._joined(p)

@@ -139,7 +139,7 @@ class OneRow:
                 segment = body[at:at + CHECKPOINT_TOKENS]
                 prefill(resident.model, kv, segment, pace, heartbeat, faults, resident.kv, cancelled=job.cancelled)
                 if at + len(segment) < len(body) and admitted.save_progress is not None:
-                    admitted.save_progress(kv, start + at + len(segment))
+                    admitted.save_progress(admitted, kv, start + at + len(segment))
             start, rest = start + len(rest) - 1, rest[-1:]
             admitted.prefilled = (kv, start)
         if admitted.needs_snapshot:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import gc
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from mlxd.memory_estimate import KVLayout
@@ -231,8 +231,10 @@ class ModelRunner:
         needs_snapshot = False
         if prompt.vision is None and self.link is None:
             if kv is None:
-                kv = (make_kv(r.model, len(prompt.tokens) + job.params.max_tokens, r.kv) if one_row
-                      else make_kv(r.model, len(prompt.tokens), KVLayout()))
+                # Allocated once for its prompt and answer, as admission counted it (engine/cache/kv_cache.py),
+                # but for mlx-lm's padded batch, which copies each row into its own array.
+                kv = (make_kv(r.model, len(prompt.tokens) + job.params.max_tokens, r.kv)
+                      if one_row or self.plan.rows_apart else make_kv(r.model, len(prompt.tokens), KVLayout()))
             needs_snapshot = cache_enabled and needs_boundary_snapshot([type(c).__name__ for c in kv],
                                                                        can_trim_prompt_cache(kv))
             if one_row and not alone and not can_trim_prompt_cache(kv):
@@ -241,9 +243,9 @@ class ModelRunner:
         admitted = Admitted(job, generation, prompt.tokens, fetched, r.tokenizer.detokenizer, needs_snapshot,
                             alone=alone, taken_at=taken_at)
         if self.save_progress is not None and not needs_snapshot and prompt.vision is None and self.link is None:
-            hook = self.save_progress
-            admitted.save_progress = lambda kv_so_far, covered: hook(admitted, kv_so_far, covered)
+            admitted.save_progress = self.save_progress
         self.decoders.admit(admitted, kv, self.heartbeat, one_row, prompt.vision)
+        admitted.fetched = replace(fetched, kv=None)  # the decoder's row owns the KV now
         return admitted
 
     def step(self) -> list[Ended]:

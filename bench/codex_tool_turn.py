@@ -19,7 +19,7 @@ the last layer's attention over the whole prompt) is fixed, so its inputs
 are computed once, and training is a few seconds of Adam on ~40 rows.
 The prompts are Codex's real requests, as the relay of
 bench/agent_clients.py recorded them, turned into tokens by the engine's
-own code (engine/api/responses_api.py -> engine/model/generation.py `tokenize`); the
+own code (engine/api/responses_to_chat.py -> engine/model/generation.py `tokenize`); the
 second request (with the command's output) is only known once Codex has
 run the command, so the copy is tuned twice. Every step is real: a fresh
 stack (`mlxd up`) per run, Codex CLI from npm in a loopback-only network
@@ -89,7 +89,8 @@ def engine_prompt(body: dict, tokenizer: Any) -> list[int]:
     from mlxd.engine.model.grammar import OutputRules
     from mlxd.engine.model.prompt_tokens import PieceEncoder
     from mlxd.engine.api.request_metadata import without_metadata
-    from mlxd.engine.api.responses_api import ResponsesRequest, to_chat_request
+    from mlxd.engine.api.responses_api import ResponsesRequest
+    from mlxd.engine.api.responses_to_chat import to_chat_request
     from mlxd.engine.model.tool_prompt import tool_support
 
     chat = to_chat_request(ResponsesRequest.model_validate(body))

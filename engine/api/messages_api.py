@@ -32,9 +32,9 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from mlxd.api_errors import INVALID_REQUEST
 
-from .request_schema import (MAX_STOP_SEQUENCES, MAX_TOKENS_SANITY, ChatCompletionRequest, Lenient, ModelName,
-                             ThinkingControl, Unsupported, describe_validation_errors)
-from .responses_api import TranslationError
+from .request_fields import MAX_STOP_SEQUENCES, MAX_TOKENS_SANITY, Lenient, ModelName, ThinkingControl, Unsupported
+from .request_schema import ChatCompletionRequest, describe_validation_errors
+from .responses_to_chat import TranslationError
 
 # The structured-output name the chat request needs (Anthropic's formats have none).
 OUTPUT_FORMAT_NAME = "output"

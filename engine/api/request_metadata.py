@@ -31,7 +31,7 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
-from .request_schema import ChatMessage, TextPart
+from .chat_messages import ChatMessage, TextPart
 
 
 @dataclass(frozen=True)

@@ -9,208 +9,28 @@ engine/model/grammar.py); what we cannot honour (n > 1, logprobs, a JSON schema
 feature the grammar engine cannot enforce) raises `Unsupported`, which becomes
 a 400 with the code unsupported_parameter, naming the field, so the gateway
 can fall back to Ollama.
+
+Here: the requests of /v1/chat/completions, /v1/completions and
+/v1/embeddings, and how their validation errors read. The field types and
+validators they share (and the Responses and Messages APIs with them) are
+engine/api/request_fields.py's; a chat request's messages,
+engine/api/chat_messages.py's.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, field_validator,
-                      model_validator)
+from pydantic import Field, field_validator, model_validator
 
 from mlxd.api_errors import INVALID_REQUEST, UNSUPPORTED_PARAMETER
-from mlxd.durations import parse_duration
 
 from ..model.grammar import ANY_OBJECT, OutputRules, ToolSpec, schema_problem
-
-# A generous bound on max_tokens: values up to it are clamped to the engine's
-# cap; beyond it the request is nonsense and gets a 400.
-MAX_TOKENS_SANITY = 1_000_000
-MAX_STOP_SEQUENCES = 4
-
-ModelName = Annotated[str, StringConstraints(min_length=1, max_length=256)]
-
-
-def _a_duration(v: str | int | float | None) -> str | int | float | None:
-    if v is not None:
-        parse_duration(v)  # its ValueError names what a duration looks like
-    return v
-
-
-KeepAlive = Annotated[str | int | float | None, AfterValidator(_a_duration)]
-
-
-class Unsupported(ValueError):
-    """A valid request this engine cannot honour (n > 1, logprobs...), as
-    opposed to a malformed one: its type, not its wording, makes the 400's
-    code unsupported_parameter, on which the gateway falls back to Ollama."""
-
-
-def clean_text(text: str) -> str:
-    """Replace lone surrogates (valid JSON, invalid Unicode) with U+FFFD so
-    tokenizers never see them."""
-    try:
-        text.encode("utf-8")
-        return text
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
-
-
-class Lenient(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-
-class TextPart(Lenient):
-    type: Literal["text"]
-    text: str
-
-
-class ImageUrl(Lenient):
-    url: str = Field(min_length=1)
-    detail: Literal["auto", "low", "high"] | None = None
-
-
-class ImagePart(Lenient):
-    """An image for a vision model (engine/api/images.py reads its URL)."""
-    type: Literal["image_url"]
-    image_url: ImageUrl
-
-
-ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
-
-
-class FunctionCall(Lenient):
-    name: str
-    arguments: str | dict[str, Any] = "{}"
-
-
-class ToolCall(Lenient):
-    id: str | None = None
-    type: Literal["function"]  # required, as in OpenAI's API (LiteLLM's Ollama path reads it)
-    function: FunctionCall
-
-
-class FunctionDefinition(Lenient):
-    name: str = Field(min_length=1, max_length=256)
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-
-
-class ToolDefinition(Lenient):
-    """OpenAI's tool shape; anything else would reach the chat template (or
-    LiteLLM's Ollama provider, which answers 500) unchecked."""
-    type: Literal["function"]
-    function: FunctionDefinition
-
-
-class NamedToolChoice(Lenient):
-    class _Name(Lenient):
-        name: str = Field(min_length=1)
-
-    type: Literal["function"]
-    function: _Name
-
-
-class ChatMessage(Lenient):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[ContentPart] | None = None
-    name: str | None = None
-    tool_calls: list[ToolCall] | None = None
-    tool_call_id: str | None = None
-    reasoning_content: str | None = None  # an earlier answer's reasoning, sent back
-
-    @model_validator(mode="after")
-    def _content_required(self) -> "ChatMessage":
-        if self.content is None and not (self.role == "assistant" and self.tool_calls):
-            raise ValueError(f"a {self.role} message needs content")
-        if self.role != "user" and self.image_urls():
-            raise ValueError(f"images are accepted in user messages only, not in a {self.role} message")
-        return self
-
-    def text(self) -> str:
-        if isinstance(self.content, list):
-            return clean_text("".join(part.text for part in self.content if isinstance(part, TextPart)))
-        return clean_text(self.content or "")
-
-    def image_urls(self) -> list[str]:
-        if not isinstance(self.content, list):
-            return []
-        return [part.image_url.url for part in self.content if isinstance(part, ImagePart)]
-
-    def template_content(self) -> str | list[dict[str, str]]:
-        """The text, or, where the message has images, its parts in order
-        with each image as {"type": "image"} (the form chat templates and
-        mlx-vlm count images by)."""
-        if not self.image_urls():
-            return self.text()
-        return [{"type": "text", "text": clean_text(part.text)} if isinstance(part, TextPart) else {"type": "image"}
-                for part in self.content]  # type: ignore[union-attr]
-
-    def for_template(self) -> dict[str, Any]:
-        """The message as chat templates expect it (tool-call arguments as dicts,
-        the 'developer' role as 'system')."""
-        out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role,
-                               "content": self.template_content()}
-        if self.name:
-            out["name"] = self.name
-        if self.tool_call_id:
-            out["tool_call_id"] = self.tool_call_id
-        if self.tool_calls:
-            out["tool_calls"] = [_template_tool_call(tc) for tc in self.tool_calls]
-        if self.reasoning_content:  # templates that keep reasoning render it (Qwen3's)
-            out["reasoning_content"] = clean_text(self.reasoning_content)
-        return out
-
-
-def _template_tool_call(tc: ToolCall) -> dict[str, Any]:
-    args = tc.function.arguments
-    if isinstance(args, str):
-        try:
-            args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError:
-            pass  # keep the raw string; templates render it as given
-    return {"id": tc.id, "type": "function", "function": {"name": tc.function.name, "arguments": args}}
-
-
-class StreamOptions(Lenient):
-    include_usage: bool = False
-
-
-class JsonSchemaFormat(Lenient):
-    name: str = Field(default="response", max_length=256)
-    description: str | None = None
-    schema_: dict[str, Any] = Field(default_factory=lambda: dict(ANY_OBJECT), alias="schema")
-    strict: bool | None = None
-
-    @field_validator("schema_")
-    @classmethod
-    def _enforceable(cls, v: dict[str, Any]) -> dict[str, Any]:
-        problem = schema_problem(v)
-        if problem:
-            raise Unsupported(f"the MLX engine cannot enforce this JSON schema: {problem}")
-        return v
-
-
-class ResponseFormat(Lenient):
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaFormat | None = None
-
-    @model_validator(mode="after")
-    def _schema_given(self) -> "ResponseFormat":
-        if self.type == "json_schema" and self.json_schema is None:
-            raise ValueError("response_format of type json_schema needs a json_schema object")
-        return self
-
-    def schema(self) -> dict[str, Any] | None:
-        """The JSON schema the answer must match; None for free text."""
-        if self.type == "json_object":
-            return dict(ANY_OBJECT)
-        if self.type == "json_schema" and self.json_schema is not None:
-            return self.json_schema.schema_
-        return None
+from .chat_messages import ChatMessage, ImagePart, NamedToolChoice, ToolDefinition
+from .request_fields import (MAX_STOP_SEQUENCES, MAX_TOKENS_SANITY, KeepAlive, Lenient, ModelName, ReasoningControl,
+                             ReasoningEffort, ResponseFormat, StreamOptions, ThinkingControl, Unsupported, clean_text,
+                             thinking_switch)
 
 
 class SamplingFields(Lenient):
@@ -275,43 +95,6 @@ class SamplingFields(Lenient):
 # engine passes them itself.
 RESERVED_TEMPLATE_ARGS = frozenset({"messages", "conversation", "tools", "documents", "add_generation_prompt",
                                     "tokenize", "continue_final_message", "return_dict", "chat_template"})
-ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
-
-
-class ReasoningControl(Lenient):
-    """`reasoning: {...}` (OpenRouter's and the Responses API's shape)."""
-
-    effort: ReasoningEffort | None = None
-    enabled: bool | None = None
-
-
-class ThinkingControl(Lenient):
-    """`thinking: {...}` (Anthropic's shape)."""
-
-    type: Literal["enabled", "disabled", "adaptive"]
-    budget_tokens: int | None = Field(default=None, ge=0)
-
-
-def thinking_switch(template_kwargs: dict[str, Any] | None, enable_thinking: bool | None,
-                    thinking: ThinkingControl | None, reasoning: ReasoningControl | None,
-                    reasoning_effort: str | None) -> bool | None:
-    """Whether the client asked for reasoning on (True), off (False) or said
-    nothing (None: the model's own default), from whichever of the controls
-    clients send; the most specific one wins (pure)."""
-    if template_kwargs and isinstance(template_kwargs.get("enable_thinking"), bool):
-        return template_kwargs["enable_thinking"]
-    if enable_thinking is not None:
-        return enable_thinking
-    if thinking is not None:
-        return thinking.type != "disabled"
-    if reasoning is not None:
-        if reasoning.enabled is not None:
-            return reasoning.enabled
-        if reasoning.effort is not None:
-            return reasoning.effort != "none"
-    if reasoning_effort is not None:
-        return reasoning_effort != "none"
-    return None
 
 
 class ChatCompletionRequest(SamplingFields):

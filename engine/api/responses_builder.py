@@ -1,7 +1,7 @@
 """The Responses API's answers (`POST /v1/responses`): the whole response
 object, and the streamed events in the order OpenAI sends them, built from
 the worker's events (engine/model/events.py) of the chat job a Responses request
-became (engine/api/responses_api.py). The relay drives it like the chat
+became (engine/api/responses_to_chat.py). The relay drives it like the chat
 builder (engine/api/response_builder.py's `Presenter`).
 
 Output items, in the order the answer gives them: a reasoning item (the
@@ -29,7 +29,8 @@ from typing import Any, Callable
 
 from ..model.errors import EngineError
 from .response_builder import Usage
-from .responses_api import ResponsesRequest, assistant_message
+from .responses_api import ResponsesRequest
+from .responses_to_chat import assistant_message
 
 # Called with the finished response object and the answer as a chat assistant
 # message, before the client has it (the store keeps both).

@@ -43,7 +43,8 @@ from .messages_api import MessagesRequest
 from .messages_api import to_chat_request as messages_to_chat
 from .messages_builder import MessagesBuilder
 from .request_schema import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, describe_validation_errors
-from .responses_api import ResponsesRequest, TranslationError, input_messages, to_chat_request
+from .responses_api import ResponsesRequest
+from .responses_to_chat import TranslationError, input_messages, to_chat_request
 from .responses_builder import ResponsesBuilder
 from .responses_store import ResponseStore
 from .set_aside import SetAsideMiddleware
@@ -201,7 +202,7 @@ def create_app(engine: Engine, key: str | None = None) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        # An engine limit (request_schema.Unsupported) is not the client's
+        # An engine limit (request_fields.Unsupported) is not the client's
         # mistake: its code sends the gateway on to Ollama (malformed input's does not).
         message, param, code = describe_validation_errors(exc.errors())
         return error_response(EngineError(400, message, code=code, param=param), request.url.path)

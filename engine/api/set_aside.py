@@ -29,7 +29,7 @@ WARNING_HEADER = "x-mlxd-warning"
 RESPONSES_TOOL_TYPES = ("function", "namespace")
 CHAT_TOOL_TYPES = ("function",)
 ANTHROPIC_TOOL_TYPES = ("custom",)  # and no type at all: a client tool
-# Responses input items the engine reads (engine/api/responses_api.py INPUT_ITEMS) and the one it must refuse
+# Responses input items the engine reads (engine/api/responses_items.py INPUT_ITEMS) and the one it must refuse
 # (an id of OpenAI's storage: the content is not in the request); any other item is a hosted tool's call or
 # output sent back, set aside.
 RESPONSES_ITEMS = ("message", "function_call", "function_call_output", "reasoning", "item_reference")

@@ -14,8 +14,8 @@ from mlxd.engine.model.generation import answer_finish, finish_reason
 from mlxd.engine.api.health import LOAD_TIMEOUT_S, health_state, stuck_reason
 from mlxd.engine.api.request_job import MAX_CHARS_PER_TOKEN, check_prompt_size
 from mlxd.engine.model.model_cache import Load, Unload, plan_release, plan_switch
-from mlxd.engine.api.request_schema import (ChatCompletionRequest, CompletionRequest, Unsupported,
-                                        describe_validation_errors)
+from mlxd.engine.api.request_fields import Unsupported
+from mlxd.engine.api.request_schema import ChatCompletionRequest, CompletionRequest, describe_validation_errors
 from mlxd.engine.model.stop_matcher import StopMatcher
 from mlxd.engine.core.worker import Phase, WorkerStatus
 

@@ -18,7 +18,7 @@ from mlxd.engine.api.messages_api import MessagesRequest, chat_body, to_chat_req
 from mlxd.engine.api.messages_builder import MessagesBuilder
 from mlxd.engine.api.request_schema import describe_validation_errors
 from mlxd.engine.api.response_builder import Usage
-from mlxd.engine.api.responses_api import TranslationError
+from mlxd.engine.api.responses_to_chat import TranslationError
 from mlxd.engine.model.errors import EngineError
 from mlxd.engine.model.events import Started
 from mlxd.engine.model.context_overflow import Truncation

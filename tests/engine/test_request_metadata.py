@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from mlxd.engine.api.request_schema import ChatMessage
+from mlxd.engine.api.chat_messages import ChatMessage
 from mlxd.engine.api.request_metadata import DEFAULT_RULES, strip_parts, strip_text, without_metadata
 
 HEADER = "x-anthropic-billing-header: cc_version=2.1.120.cf9; cc_entrypoint=cli; cch=71fea;"

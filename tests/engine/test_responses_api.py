@@ -1,5 +1,5 @@
 """The Responses API's pure parts, as tables: what a request becomes as our
-chat request (engine/api/responses_api.py), what is refused and how, the
+chat request (engine/api/responses_to_chat.py), what is refused and how, the
 response object and the streamed events (engine/api/responses_builder.py), read
 back by the real `openai` package (its bytes through an httpx transport: no
 process), and the bounded store (engine/api/responses_store.py)."""
@@ -17,8 +17,9 @@ from mlxd.api_errors import INVALID_REQUEST, PREVIOUS_RESPONSE_NOT_FOUND, UNSUPP
 from mlxd.engine.model.errors import EngineError
 from mlxd.engine.api.request_schema import describe_validation_errors
 from mlxd.engine.api.response_builder import Usage
-from mlxd.engine.api.responses_api import (ResponsesRequest, TranslationError, assistant_message, chat_body,
-                                       input_messages, to_chat_request)
+from mlxd.engine.api.responses_api import ResponsesRequest
+from mlxd.engine.api.responses_to_chat import (TranslationError, assistant_message, chat_body, input_messages,
+                                           to_chat_request)
 from mlxd.engine.api.responses_builder import ResponsesBuilder
 from mlxd.engine.api.responses_store import ResponseStore
 

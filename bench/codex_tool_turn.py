@@ -84,7 +84,7 @@ def engine_prompt(body: dict, tokenizer: Any) -> list[int]:
     engine's own translation (Responses -> chat -> job) and tokenization."""
     from types import SimpleNamespace
 
-    from mlxd.config_sections import EngineConfig
+    from mlxd.config_engine import EngineConfig
     from mlxd.engine.model.generation import ResidentModel, tokenize
     from mlxd.engine.model.grammar import OutputRules
     from mlxd.engine.model.prompt_tokens import PieceEncoder

@@ -10,6 +10,7 @@ tests/layout/test_component_maps.py, keeps this list whole):
 The config
   config.py             the one import for the config: `Config`, `load_config`, the first-run file
   config_sections.py    the file's sections (pydantic): each setting with its description
+  config_engine.py      the [engine] section and its subsections (pydantic), the same way
   config_schema.py      the whole document: models, aliases, cross-section checks (pure)
   config_loading.py     finding and reading the file, the MLXD_* overrides, validation messages
   config_reference.py   text generated from the schema: docs/CONFIG.md, `--help`, the first-run file
@@ -19,6 +20,7 @@ Models and memory
   models.py             where each configured model lives and whether it fits the budget (no MLX)
   model_list.py         the configured models at a glance, one row each (`mlxd models`, the status page)
   memory_estimate.py    the heavy-model estimate: weights + KV against the budget (pure)
+  moe_expert_bytes.py   a MoE's 16-bit routed experts, counted at float32 on MLX's CPU backend (pure)
   default_model.py      the real default model, SmolLM2-135M-Instruct, fetched at set-up
   default_embedding.py  the default embedding model, all-MiniLM-L6-v2, fetched at set-up
   durations.py          durations as Ollama writes them ("5m", "1h30m", seconds; negative: never) (pure)

@@ -7,6 +7,7 @@ set-up fetched it, else the built-in demo model) behind every alias.
 
 Import it from here (`from mlxd.config import Config, load_config`); it lives in
   config_sections.py   the file's sections: each setting with its description
+  config_engine.py     the [engine] section and its subsections, the same way
   config_schema.py     the whole document: models, aliases, cross-section checks
   config_loading.py    finding and reading the file, the environment overrides
                        (ENV_OVERRIDES, their one list), validation messages
@@ -22,10 +23,9 @@ from mlxd.config_loading import (CONFIG_ENV, ENV_OVERRIDES, ConfigError, EnvOver
                                  config_path, default_home, load_config, parse_config)
 from mlxd.config_reference import default_config_text, env_help, reference_markdown
 from mlxd.config_schema import DEMO_MODEL_ID, MODEL_ID_PATTERN, REQUIRED_ALIASES, Config, connect_host, default_models
-from mlxd.config_sections import (LOCAL_ENGINE, SOURCES, EmbeddingSpec, EngineConfig, GatewayConfig, ImagesConfig,
-                                  ModelSpec,
-                                  PromptCacheConfig, RanksConfig, Strict, SupervisorConfig, engine_host_url,
-                                  host_entry_problem, is_loopback)
+from mlxd.config_engine import EngineConfig, ImagesConfig, PromptCacheConfig, RanksConfig
+from mlxd.config_sections import (LOCAL_ENGINE, SOURCES, EmbeddingSpec, GatewayConfig, ModelSpec, Strict,
+                                  SupervisorConfig, engine_host_url, host_entry_problem, is_loopback)
 from mlxd.paths import write_atomic
 
 __all__ = ["CONFIG_ENV", "DEFAULT_CONFIG_TEXT", "DEMO_MODEL_ID", "ENV_OVERRIDES", "LOCAL_ENGINE", "MODEL_ID_PATTERN",

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
-from mlxd.config_schema import Config, EngineConfig, GatewayConfig, ModelSpec, SupervisorConfig
+from mlxd.config_engine import EngineConfig
+from mlxd.config_schema import Config, GatewayConfig, ModelSpec, SupervisorConfig
 
 
 class ConfigError(ValueError):

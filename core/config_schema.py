@@ -10,8 +10,9 @@ from pathlib import Path
 from pydantic import Field, model_validator
 
 from mlxd import default_embedding, default_model
-from mlxd.config_sections import (LOCAL_ENGINE, EmbeddingSpec, EngineConfig, GatewayConfig, ModelSpec, Strict,
-                                  SupervisorConfig, engine_host_url)
+from mlxd.config_engine import EngineConfig
+from mlxd.config_sections import (LOCAL_ENGINE, EmbeddingSpec, GatewayConfig, ModelSpec, Strict, SupervisorConfig,
+                                  engine_host_url)
 from mlxd.paths import StatePaths
 
 REQUIRED_ALIASES = ("fast", "default", "coding", "reasoning")

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from mlxd import gguf, ollama_store
 from mlxd import memory_estimate as me
+from mlxd import moe_expert_bytes
 from mlxd.config import Config, EmbeddingSpec, ModelSpec
 
 log = logging.getLogger("mlxd.models")
@@ -145,7 +146,7 @@ def model_info(config: Config, model_id: str, budget_bytes: int, weights_dtype: 
     footprint = me.estimate_footprint(cfg, weights, name, ctx, kv)
     # mlx-lm's loads only: mlx-vlm's (vision models) apply no weights plan, so nothing is cast there.
     if experts_float32 and loaded_as is None and local is not None and not is_vision_config(cfg):
-        footprint = me.with_float32_experts(footprint, me.read_float16_expert_bytes(local))
+        footprint = moe_expert_bytes.with_float32_experts(footprint, moe_expert_bytes.read_float16_expert_bytes(local))
     if spec.draft is not None:  # loaded with it: its weights and its KV for the same context count as this one's
         draft = model_info(config, spec.draft, budget_bytes, weights_dtype, experts_float32).footprint
         footprint = with_draft(footprint, draft, spec.draft)

@@ -17,7 +17,7 @@ whole-model float32 verdict (the fast BLAS found, `cpu_float32`, the size:
 fast_blas.weights_dtype_on_cpu). `model_ops` reads a model's modules and
 `cast_modules` applies the plan, on the worker thread at load
 (engine/model/model_load.py). The memory estimate counts that cast before
-the load (mlxd.memory_estimate.float16_expert_bytes, by tensor names): an
+the load (mlxd.moe_expert_bytes.float16_expert_bytes, by tensor names): an
 op added to OP_DTYPES needs its weights counted there too.
 """
 

@@ -6,6 +6,7 @@ import struct
 import pytest
 
 from mlxd import memory_estimate as me
+from mlxd import moe_expert_bytes as moe
 
 GIB = 1024**3
 LLAMA_8B = {"hidden_size": 4096, "num_hidden_layers": 32, "intermediate_size": 14336, "num_attention_heads": 32,
@@ -238,7 +239,7 @@ def test_a_draft_models_weights_and_kv_count_as_its_models_weights(model, draft,
     ("model.embed_tokens.weight", False),
 ])
 def test_which_tensors_are_routed_experts(name, routed):
-    assert me.is_routed_expert_tensor(name) is routed
+    assert moe.is_routed_expert_tensor(name) is routed
 
 
 def _tensors(*specs: tuple[str, str, int]) -> dict:
@@ -282,7 +283,7 @@ E = "model.layers.0.mlp.switch_mlp"
     (_tensors(("model.layers.0.mlp.gate_proj.weight", "BF16", 1000)), 0),
 ])
 def test_float16_expert_bytes(header, expected):
-    assert me.float16_expert_bytes(header) == expected
+    assert moe.float16_expert_bytes(header) == expected
 
 
 def test_expert_bytes_are_read_from_every_shard_as_one_header(tmp_path):
@@ -295,10 +296,10 @@ def test_expert_bytes_are_read_from_every_shard_as_one_header(tmp_path):
                                                        (f"{E}.gate_proj.weight", "U32", 500)))
     write("model-00002-of-00002.safetensors", _tensors((f"{E}.gate_proj.scales", "BF16", 60),
                                                        ("model.layers.1.mlp.switch_mlp.up_proj.weight", "BF16", 700)))
-    assert me.read_float16_expert_bytes(tmp_path) == 1700
+    assert moe.read_float16_expert_bytes(tmp_path) == 1700
     (tmp_path / "model-00002-of-00002.safetensors").write_bytes(b"\xff" * 4)
-    assert me.read_float16_expert_bytes(tmp_path) is None  # unreadable: unknown, not a crash
-    assert me.read_float16_expert_bytes(tmp_path / "missing") is None
+    assert moe.read_float16_expert_bytes(tmp_path) is None  # unreadable: unknown, not a crash
+    assert moe.read_float16_expert_bytes(tmp_path / "missing") is None
 
 
 @pytest.mark.parametrize("footprint, experts, weights, source", [
@@ -308,5 +309,5 @@ def test_expert_bytes_are_read_from_every_shard_as_one_header(tmp_path):
     (me.Footprint(None, 100, "unknown"), 3000, None, "unknown"),
 ])
 def test_float32_experts_grow_the_weights_by_their_stored_bytes(footprint, experts, weights, source):
-    fp = me.with_float32_experts(footprint, experts)
+    fp = moe.with_float32_experts(footprint, experts)
     assert (fp.weights_bytes, fp.kv_bytes, fp.source) == (weights, footprint.kv_bytes, source)

@@ -15,7 +15,7 @@ from mlxd.config_loading import parse_config
 from mlxd.devkit.model_zoo import build_zoo
 from mlxd.engine.model.errors import EngineError
 from mlxd.engine.model.model_registry import ModelRegistry
-from mlxd.memory_estimate import EXPERTS_AS_FLOAT32, read_float16_expert_bytes
+from mlxd.moe_expert_bytes import EXPERTS_AS_FLOAT32, read_float16_expert_bytes
 
 MOE_MODELS = ["qwen3_moe", "qwen3_next", "glm4_moe", "deepseek_v3", "gpt_oss", "nemotron_h", "granitemoehybrid"]
 ROOMY = 2**40  # a budget every zoo model fits, even as float32 whole

@@ -29,7 +29,8 @@ them. Every file, one line each:
   prefill.py              a prompt into its KV at the engine's pace; recomputed spans
   prefill_pace.py         each prefill step's size from the measured speed (pure)
   sampling.py             a request's sampler and logits processors
-  grammar.py              what binds an answer (a JSON schema, a forced tool call), the formats, their rules (pure)
+  grammar.py              what binds an answer (a JSON schema, a forced tool call), its rules, the first call bodies (pure)
+  tool_formats.py         how a model writes its tool calls, which formats a grammar binds, a model's format (pure)
   answer_grammar.py       an answer's whole grammar: the rules and the model's call format, every format's body (pure)
   call_grammars.py        the tool-call bodies of Kimi K2, Gemma 4, FunctionGemma, pythonic, MiniMax as grammars (pure)
   harmony.py              gpt-oss's harmony: its channels split, its calls bound and read (pure)

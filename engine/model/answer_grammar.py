@@ -9,10 +9,10 @@ FunctionGemma, pythonic and MiniMax (call_grammars.py), gpt-oss's harmony
 from __future__ import annotations
 
 from . import call_grammars, harmony
-from .grammar import (BODY_RULES, MAX_PARALLEL_CALLS, ONE_CALL_BODIES, SECTION_BODIES, UNBOUND_FORMAT,
-                      GrammarUnsupported, Literal_, OutputRules, ToolFormat, ToolSpec, _lazy, _regex_escape, _seq,
-                      json_rule, quoted, spelled, think_rules)
+from .grammar import (BODY_RULES, MAX_PARALLEL_CALLS, GrammarUnsupported, Literal_, OutputRules, ToolSpec, _lazy,
+                      _regex_escape, _seq, json_rule, quoted, spelled, think_rules)
 from .harmony import harmony_grammar
+from .tool_formats import ONE_CALL_BODIES, SECTION_BODIES, UNBOUND_FORMAT, ToolFormat
 
 
 def call_body_rules(tools: tuple[ToolSpec, ...], fmt: ToolFormat, literal: Literal_ = quoted) -> list[str]:

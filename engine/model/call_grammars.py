@@ -7,7 +7,7 @@ Each `*_body(tools, literal)` returns the Lark rules of `call_body`: one call
 of one of `tools`, written exactly as the model's own mlx-lm parser reads it
 back (tests/engine/test_tool_formats.py checks each against that parser).
 Where a format holds several calls between one pair of markers (Kimi,
-pythonic, MiniMax: `SECTION_BODIES` in grammar.py), `call_body` is one call
+pythonic, MiniMax: `SECTION_BODIES` in tool_formats.py), `call_body` is one call
 and grammar.py repeats it inside the markers.
 
 Gemma's formats are not JSON (bare keys, their own string quotes), so their

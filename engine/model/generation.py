@@ -28,8 +28,9 @@ from .prompt_tokens import PieceEncoder, template_tokens
 from .stop_matcher import StopMatcher
 from .answer_parts import AnswerSplitter, Markers, Part, markers_of, opens_in_reasoning
 from .answer_grammar import answer_grammar, reasoning_budget
-from .grammar import MLXD_TOOL_FORMAT, GrammarUnsupported, ToolFormat, grammar_problem
+from .grammar import GrammarUnsupported, grammar_problem
 from .tool_calls import format_tool_calls, model_parser
+from .tool_formats import MLXD_TOOL_FORMAT, ToolFormat
 from .tool_prompt import with_rendered_tools
 from .context_overflow import Truncation, answer_room, fewest_turns_to_drop, turns, without_oldest
 
@@ -57,7 +58,7 @@ class ResidentModel:
     dequantized_decode: bool = False
     # Whether the chat template renders a request's tools; where it does not, mlxd does (engine/model/tool_prompt.py).
     renders_tools: bool = True
-    tool_format: ToolFormat | None = None  # the tool-call format a grammar can bind (engine/model/grammar.py)
+    tool_format: ToolFormat | None = None  # the tool-call format a grammar can bind (engine/model/tool_formats.py)
     # The longest sequence the model was made for (its config's max_position_embeddings); None: not known.
     context_tokens: int | None = None
     # The worker's per-model caches (llguidance's tokenizer): built on first use, on the worker thread.

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .grammar import Literal_, OutputRules, ToolFormat, ToolSpec, _check_name, json_rule, quoted, spelled, think_rules
+from .grammar import Literal_, OutputRules, ToolSpec, _check_name, json_rule, quoted, spelled, think_rules
+from .tool_formats import ToolFormat
 
 CALL_START = "<|channel|>commentary to="  # mlx-vlm's harmony parser's markers
 CALL_END = "<|call|>"

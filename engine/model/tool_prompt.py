@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .grammar import MLXD_TOOL_FORMAT, ToolFormat, tool_format_of
+from .tool_formats import MLXD_TOOL_FORMAT, ToolFormat, tool_format_of
 from .harmony import CALL_END, CALL_START, HARMONY_PARSER, is_harmony
 
 TOOLS_PROMPT = (

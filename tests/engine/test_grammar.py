@@ -13,9 +13,9 @@ from pydantic import ValidationError
 
 from mlxd.api_errors import INVALID_REQUEST, UNSUPPORTED_PARAMETER
 from mlxd.engine.model.answer_grammar import answer_grammar
-from mlxd.engine.model.grammar import (ANY_OBJECT, MAX_PARALLEL_CALLS, MLXD_TOOL_FORMAT, GrammarUnsupported,
-                                       OutputRules, ToolFormat, ToolSpec, closed, grammar_problem, schema_problem,
-                                       tool_format_of)
+from mlxd.engine.model.grammar import (ANY_OBJECT, MAX_PARALLEL_CALLS, GrammarUnsupported, OutputRules, ToolSpec,
+                                       closed, grammar_problem, schema_problem)
+from mlxd.engine.model.tool_formats import MLXD_TOOL_FORMAT, ToolFormat, tool_format_of
 from mlxd.engine.api.request_schema import ChatCompletionRequest, describe_validation_errors
 from mlxd.engine.model.tool_prompt import with_rendered_tools
 import testkit

@@ -18,8 +18,8 @@ import pytest
 
 from mlxd.engine.model.answer_parts import AnswerSplitter, Markers, Part
 from mlxd.engine.model.answer_grammar import answer_grammar
-from mlxd.engine.model.grammar import (MAX_PARALLEL_CALLS, GrammarUnsupported, OutputRules, ToolFormat, ToolSpec,
-                                       grammar_problem, tool_format_of)
+from mlxd.engine.model.grammar import MAX_PARALLEL_CALLS, GrammarUnsupported, OutputRules, ToolSpec, grammar_problem
+from mlxd.engine.model.tool_formats import ToolFormat, tool_format_of
 from mlxd.engine.model.harmony import CALL_END, CALL_START, HARMONY_PARSER, harmony_edges
 from mlxd.engine.model.tool_calls import format_tool_calls, model_parser
 import testkit

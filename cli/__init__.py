@@ -8,6 +8,8 @@ each (a test, tests/layout/test_component_maps.py, keeps this list whole):
   main.py          argument parsing and dispatch: every subcommand, `mlxd --help`
   __main__.py      `python -m mlxd.cli`: how supervisord, launchd and the runner start mlxd
   operate.py       the stack commands: up, down, restart, status (over mlxd.supervisor)
+  readiness.py     waiting for a started stack: the engine's phase, then the gateway; why it cannot start
+  status_format.py `mlxd status` as a table: the stack's report one line a part (pure)
   standby.py       a standby engine: imported, waiting for the runner's handover (`python -m mlxd.cli.standby`)
   preflight.py     the checks `mlxd up` makes first: each problem one line with its fix
   started_with.py  what `mlxd up` started with, remembered for the commands after it

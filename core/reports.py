@@ -3,7 +3,7 @@ frozen Record each, so that a key has one name and one type on both sides:
 
   report         where                     writer                readers
   EngineHealth   the engine's GET /health  engine/api/health.py      listener, journal, status, benchmarks
-  StatusReport   `mlxd status [--json]`    supervisor/status.py  cli/operate.py (table or JSON)
+  StatusReport   `mlxd status [--json]`    supervisor/status.py  cli/operate.py (table: cli/status_format.py, or JSON)
 
 Reports are lenient (see mlxd.records.Record): the engine on another host
 may run an older or newer mlxd, so an unknown key is dropped and a missing

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from mlxd.cli import started_with
-from mlxd.cli.operate import format_started_with
+from mlxd.cli.status_format import format_started_with
 from mlxd.config import parse_config
 from mlxd.paths import StatePaths
 from mlxd.records import StartedWith
@@ -127,7 +127,7 @@ def test_the_path_is_under_run():
 def test_only_an_engine_under_our_supervisord_counts_as_ready():
     import subprocess
 
-    from mlxd.cli.operate import runs_under
+    from mlxd.cli.readiness import runs_under
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mlxd import default_model
-from mlxd.cli.operate import format_model, format_running
+from mlxd.cli.status_format import format_model, format_running
 from mlxd.reports import EngineHealth
 
 

@@ -276,7 +276,7 @@ class PromptCache:
         (its fsyncs take milliseconds). It costs the answer about one decode
         step (the copy waits for the step under way; docs/BENCHMARKS.md), so
         not for a prompt that added less than MIN_REUSE_TOKENS. The write, for
-        `await_write` (None: nothing to write)."""
+        `written` and `await_write` (None: nothing to write)."""
         if self.files is None or self.model_key is None or prefilled < MIN_REUSE_TOKENS:
             return None
         self._settle()
@@ -284,12 +284,19 @@ class PromptCache:
         self._publish()
         return writing
 
+    @_never_fatal(True)
+    def written(self, writing: Writing) -> bool:
+        """Whether this write is done (on disk, or given up): the finished
+        writes collected, none waited for. A request's prompt, before its
+        answer's end goes out, so that a crash the moment the answer arrives
+        still finds it (engine/core/held_answers.py)."""
+        self._settle()
+        return writing not in self._writing
+
     @_never_fatal()
     def await_write(self, writing: Writing | None, limit_s: float) -> None:
-        """Wait (at most `limit_s`) until this write is on disk: a request's
-        prompt, before its answer's end goes out, so that a crash the moment
-        the answer arrives still finds it (a short answer can end before its
-        long prompt's blocks are written)."""
+        """Wait (at most `limit_s`) until this write is done: an answer's end
+        held for its prompt where nothing else would run meanwhile."""
         if writing is not None and writing in self._writing:
             self._wait_for_writes(lambda: writing in self._writing, limit_s)
             self._publish()

@@ -11,16 +11,15 @@ running batch), ALONE (decoded by itself once the batch has drained), DECODE
 the prompt cache) — makes one runner call, updates the table and publishes
 one snapshot (`WorkerStatus`): the phase, the in-flight ids and record, the
 counts, /health, /metrics and the drain are views of it. Between two steps an
-embedding request's group of forwards may run (embedding_turn.py); idle
-unload is keep_alive.py's, the crash journal's in-flight record
-inflight_record.py's.
+embedding request's group of forwards may run (embedding_turn.py); an
+answer's end waits for its prompt on disk in held_answers.py, idle unload in
+keep_alive.py, the crash journal's in-flight record in inflight_record.py.
 
 An exception out of MLX is fatal by design: every request held gets a 500
 and `on_fatal` (the engine's Lifecycle) exits with exit_codes.MLX_ERROR, so
 the supervisor restarts the engine clean rather than let it limp on; a
 backend's capability limit is the one exception (backend_limit.py).
 """
-
 from __future__ import annotations
 
 import logging
@@ -35,6 +34,7 @@ from .admission import AdmissionQueue
 from .backend_limit import serve_on_after_limit
 from .embedding_queue import EmbeddingQueue
 from .embedding_turn import EmbeddingTurn, mlx_fault
+from .held_answers import POLL_S, HeldAnswers
 from ..model.decoder_rows import Admitted, Ended
 from .device_memory import DeviceMemoryWatch
 from ..model.errors import EngineError
@@ -69,8 +69,7 @@ class _Gone(Exception):
 
 @dataclass(frozen=True)
 class Prepared:
-    """A request taken from the queue, not admitted yet: tokenized when it
-    may join the batch (else when it is decoded alone)."""
+    """A request taken from the queue, not admitted yet: tokenized if it may join the batch (else when alone)."""
 
     job: Job
     prompt: Prompt | None
@@ -96,6 +95,7 @@ class EngineCore:
         self.prompt_cache = PromptCache(False, None, 0.0)  # the worker gives it the real one on its thread
         self.residency = Residency(self)  # the resident model, its load and unload, MLX's memory figures
         self.turns = PromptTurns(runner, self.prompt_cache)  # a request's turn through it
+        self.held = HeldAnswers(lambda: self.prompt_cache, runner.finish)  # answers' ends until their prompt is on disk
         self.pending: Prepared | None = None
         self._decoding_published = 0  # rows published as decoding (the table changes when a row's first token comes)
         self.stopped = False  # an MLX fault: the loop ends
@@ -109,8 +109,7 @@ class EngineCore:
         self.active_after_last_unload: int | None = None
         self.timings: dict[str, float] = {}  # last_load_s, last_unload_s: for benchmarks and status
         self.idle_unload = IdleUnload(keep_alive_s)  # the resident model given back with nothing to do
-        # Tokens of running requests already in counters["generated_tokens"] (request id -> count): the counter
-        # grows as answers are generated, so a rate read from it (the status page's tok/s) is live.
+        # Running requests' tokens already in counters["generated_tokens"] (id -> count): the tok/s read is live.
         self._counted_tokens: dict[str, int] = {}
         self.counters = {"model_loads": 0, "model_unloads": 0, "idle_unloads": 0, "generated_tokens": 0,
                          "prompt_tokens": 0, "jobs": 0, "spec_requests": 0, "spec_proposed": 0, "spec_accepted": 0,
@@ -132,8 +131,10 @@ class EngineCore:
 
     # --- the step loop ----------------------------------------------------------
     def step(self) -> None:
-        """One decision of the scheduler, done; or, between two of them, a
-        group of an embedding request's forwards."""
+        """First the answers' ends held that may go (held_answers.py); then one decision of the scheduler,
+        done, or between two of them a group of an embedding request's forwards."""
+        if self.held:
+            self.held.step(wait=self._chat_work() and not self.runner.rows)
         if self.embedding_turn.take(self._chat_work()):
             return
         pending = self.pending
@@ -145,10 +146,10 @@ class EngineCore:
         decision = next_step(pending.view if pending else None, self.admission.has_waiting(), self._rows(),
                              self.slots(), self.ledger.memory)
         if decision is Step.TAKE or decision is Step.WAIT:
-            job = self.admission.take(timeout=0 if decision is Step.TAKE else WAIT_S)
+            job = self.admission.take(timeout=0 if decision is Step.TAKE else POLL_S if self.held else WAIT_S)
             if job is not None:
                 self.pending = self._prepare(job)
-            elif decision is Step.WAIT:
+            elif decision is Step.WAIT and not self.held:
                 self.idle()
         elif decision is Step.ADMIT or decision is Step.ALONE:
             self.pending = None
@@ -306,8 +307,7 @@ class EngineCore:
             log.info("request %s: %s: %d of %d proposed tokens accepted, %d tokens in %d forwards (%.2f a "
                      "forward)", a.job.id, spec.mode.replace("_", " "), spec.accepted, spec.proposed, spec.tokens,
                      spec.forwards, spec.tokens_per_forward)
-        self.turns.await_checkpoint(a)
-        self.runner.finish(e)
+        self.held.end(e, self.turns.take_checkpoint(a))  # held until its prompt is on disk (held_answers.py)
 
     def _end(self, e: Ended) -> None:
         """After its answer's end: its memory back to the ledger, its KV to
@@ -385,15 +385,15 @@ class EngineCore:
             self.fatal(exc, culprit)
 
     def fatal(self, exc: BaseException, culprit: Job | None = None) -> None:
-        """An MLX fault: every request held (one waiting for the batch too)
-        gets an explicit error, and the engine exits for the supervisor to
-        restart it. `culprit`: the request being started when it happened,
-        else the oldest running one is named."""
+        """An MLX fault: every request held (one waiting for the batch too) gets an explicit error (an answer
+        complete but for its end, that end), and the engine exits for the supervisor to restart it.
+        `culprit`: the request being started when it happened, else the oldest running one is named."""
         self.publish(Phase.FAILED)
         error = mlx_fault(exc)
         held = self.table.rows()
         for r in held:
             r.job.channel.put(Failed(error))
+        self.held.send_all()  # once their prompt is on disk (bounded)
         self.embedding_turn.fail(error)
         self.stopped = True
         self.inflight.flush()  # the record the listener blames, on disk before the exit

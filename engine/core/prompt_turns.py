@@ -4,8 +4,9 @@ and gives back.
 
 At admission its cached prefix is fetched; once its first token is out its
 prompt's KV goes to disk (a checkpoint, written behind), so a crash before
-the answer's end costs at most the answer; its answer's end waits for that
-write (bounded); at its end its KV goes back to the cache.
+the answer's end costs at most the answer; its answer's end is held until
+that write lands (bounded; held_answers.py, never waited for under a step);
+at its end its KV goes back to the cache.
 """
 
 from __future__ import annotations
@@ -19,11 +20,6 @@ from ..model.decoder_rows import Admitted
 from ..model.job import Job
 
 log = logging.getLogger("mlxd.engine.core.worker")
-
-# The most an answer's end waits for its prompt's write (a slow disk costs the disk tier). It waits on
-# the step's thread: the cache's writes are collected there (prompt_cache.py), and it has no call that
-# asks whether one write is done without waiting; short answers after long prompts are the ones that wait.
-CHECKPOINT_WAIT_S = 1.0
 
 
 class PromptTurns:
@@ -56,11 +52,11 @@ class PromptTurns:
             return None
         return self.cache.checkpoint(a.prompt[:covered], kv, a.job.conversation, prefilled=covered - a.fetched.start)
 
-    def await_checkpoint(self, a: Admitted) -> None:
-        """Its prompt on disk before the client can see the answer's end (and crash us)."""
-        if a.checkpoint is not None:
-            self.cache.await_write(a.checkpoint, CHECKPOINT_WAIT_S)
-            a.checkpoint = None
+    @staticmethod
+    def take_checkpoint(a: Admitted) -> Any:
+        """Its prompt's write (None: none), for its answer's end to wait for (held_answers.py)."""
+        writing, a.checkpoint = a.checkpoint, None
+        return writing
 
     def store(self, a: Admitted, kv: list[Any] | None) -> None:
         """The turn's KV back to the prompt cache: at the prompt's boundary

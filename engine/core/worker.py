@@ -100,6 +100,7 @@ class ModelWorker(threading.Thread):
                 self.link.share((STOP,))  # the other ranks exit 0 with us
             core.prompt_cache.idle()  # a clean stop keeps the conversation in progress on disk
             core.prompt_cache.flush()  # and every file the writer had under way
+            core.held.send_all()  # then the answers' ends held for their prompt on disk (held_answers.py)
             core.inflight.flush()  # and the in-flight record as it stands
         except BaseException as exc:  # noqa: BLE001 - anything escaping is fatal
             core.publish(Phase.FAILED)

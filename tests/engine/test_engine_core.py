@@ -28,7 +28,9 @@ import pytest
 from mlxd.memory_estimate import KVLayout, attention_heads, kv_cache_bytes
 from mlxd.records import InflightRequest
 
-from mlxd.engine.core import backend_limit, embedding_turn, engine_core, keep_alive, prompt_turns, residency
+from mlxd.engine.cache.prompt_cache import PromptCache
+from mlxd.engine.core import (backend_limit, embedding_turn, engine_core, held_answers, keep_alive, prompt_turns,
+                             residency)
 from mlxd.engine.core.admission import AdmissionQueue
 from mlxd.engine.core.embedding_queue import EmbeddingQueue, EmbedJob
 from mlxd.engine.model.decoder_rows import Admitted, Ended
@@ -420,7 +422,7 @@ def run_until(core: EngineCore, done: Callable[[], bool], max_steps: int = 200) 
         seen.append(core.status)
         assert core.runner.broken == [], core.runner.broken
         idle = not (core.status.requests or core.pending or core.runner.rows or core.admission.has_waiting()
-                    or core.embeddings.has_waiting() or core.embedding is not None)
+                    or core.embeddings.has_waiting() or core.embedding is not None or core.held)
         assert not idle or done(), f"the core has nothing left to do, and it is not done: {core.status}"
     assert done(), f"not done after {max_steps} steps: {core.status}"
     return seen
@@ -463,7 +465,7 @@ def test_the_fakes_offer_what_the_core_uses_with_the_real_signatures():
     ModelRegistry and on the fakes, with the same parameters: the fakes cannot drift."""
     # The core and the parts it owns, each given its runner and registry (engine/core/: one owner each).
     source = "".join(inspect.getsource(m) for m in (engine_core, residency, keep_alive, embedding_turn, prompt_turns,
-                                                    backend_limit)).replace("core.runner.", "self.runner.").replace(
+                                                    backend_limit, held_answers)).replace("core.runner.", "self.runner.").replace(
         "core.registry.", "self.registry.")
     registry = FakeRegistry({MODEL: 1})
     for name, real, fake, core_of_it in [("runner", ModelRunner, FakeRunner(registry), {"load", "admit", "step"}),
@@ -998,3 +1000,118 @@ def test_generated_tokens_are_counted_as_they_come(engine, concurrency, jobs):
     e.run_until(lambda: e.all_ended() and e.idle())
     answered = sum(e.events(n)[-1].completion_tokens for n in jobs)
     assert e.core.counters["generated_tokens"] == answered == 100 * len(jobs)
+
+
+# --- an answer's end held for its prompt on disk (engine/core/held_answers.py) ----------------------
+
+
+class SlowDisk(PromptCache):
+    """The prompt cache (disabled) with a disk that writes a row's prompt once
+    its first token is out and lands a write only when the test says so
+    (`land`); `waited`: what the core waited for, and how long at most."""
+
+    def __init__(self) -> None:
+        super().__init__(False, None, 0.0)
+        self.under_way: set[str] = set()
+        self.waited: list[tuple[str, float]] = []
+
+    def checkpoint_rows(self, rows: list[Admitted]) -> None:  # in place of PromptTurns.checkpoint
+        for a in rows:
+            if a.first_token_at is not None and not getattr(a, "_written_once", False):
+                a.checkpoint, a._written_once = f"prompt of {a.job.id}", True  # type: ignore[attr-defined]
+                self.under_way.add(a.checkpoint)
+
+    def land(self, job: str) -> None:
+        self.under_way.discard(f"prompt of {job}")
+
+    def written(self, writing: Any) -> bool:
+        return writing not in self.under_way
+
+    def await_write(self, writing: Any, limit_s: float) -> None:
+        self.waited.append((writing, limit_s))  # a disk that does not land it in time
+
+
+def slow_disk_engine(engine, concurrency: int = 2) -> tuple[Engine, SlowDisk]:
+    e = engine(concurrency)
+    e.runner.answer = 100  # max_tokens ends each answer
+    disk = SlowDisk()
+    e.core.use_prompt_cache(disk)
+    e.core.turns.checkpoint = disk.checkpoint_rows  # type: ignore[method-assign]
+    return e, disk
+
+
+def deltas(e: Engine, name: str) -> int:
+    return sum(isinstance(x, Delta) for x in e.events(name))
+
+
+def test_a_slow_checkpoint_holds_its_answers_end_and_no_other_rows_tokens(engine):
+    """A short answer ends before its prompt's write lands: its end is held
+    (not waited for under the step) while the other row gets a token every
+    step; it goes out at the first step after the write lands, whole."""
+    e, disk = slow_disk_engine(engine)
+    e.submit("short", max_tokens=2)
+    e.submit("long", max_tokens=30)
+    e.run_until(lambda: deltas(e, "short") == 2)  # its last token is out
+    assert deltas(e, "short") == 2 and not e.ended("short") and len(e.core.held) == 1
+    assert "short" not in e.held()  # the request is let go (its memory, its slot): only its end waits
+    before = deltas(e, "long")
+    for _ in range(5):
+        e.core.step()
+    assert deltas(e, "long") == before + 5 and not e.ended("short")  # a token a step meanwhile
+    disk.land("short")
+    e.core.step()
+    assert e.kinds("short") == ["Started", "Delta", "Delta", "Finished"] and not e.ended("long")
+    disk.land("long")
+    e.run_until(lambda: e.all_ended() and e.idle() and not e.core.held)
+    assert e.events("long")[-1].completion_tokens == 30 and disk.waited == []  # never waited under a step
+
+
+def test_a_held_end_goes_out_after_the_wait_limit_or_when_its_client_leaves(engine, monkeypatch):
+    """A write that never lands costs the disk tier, not the answer: its end
+    goes out CHECKPOINT_WAIT_S after it ended; one whose client left goes at once."""
+    clock = [1000.0]
+    monkeypatch.setattr(held_answers, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    e, disk = slow_disk_engine(engine, concurrency=3)
+    for name, max_tokens in (("a", 2), ("b", 2), ("long", 40)):
+        e.submit(name, max_tokens=max_tokens)
+    e.run_until(lambda: len(e.core.held) == 2)
+    clock[0] += held_answers.CHECKPOINT_WAIT_S - 0.01
+    e.core.step()
+    assert not e.ended("a") and not e.ended("b")
+    e.jobs["b"].cancelled.set()  # its client is gone: nothing to wait for
+    e.core.step()
+    assert not e.ended("a") and e.ended("b")
+    clock[0] += 0.01
+    e.core.step()
+    assert e.kinds("a")[-1] == "Finished" and not e.ended("long")
+    assert disk.waited == []
+
+
+def test_with_no_row_left_a_held_end_is_waited_for_before_the_next_request_starts(engine):
+    """No row decodes and a request is to start (its load or prefill runs
+    under one step): the end held is waited for (at most its limit) and sent
+    first. With nothing to do, the step polls instead of waiting 0.25 s."""
+    e, disk = slow_disk_engine(engine)
+    e.submit("a", max_tokens=2)
+    e.run_until(lambda: len(e.core.held) == 1 and not e.runner.rows)
+    started = time.monotonic()
+    e.core.step()  # nothing else to do: a poll of the queue, not a wait of WAIT_S
+    assert time.monotonic() - started < engine_core.WAIT_S / 2 and not e.ended("a")
+    e.submit("b", max_tokens=2)
+    e.core.step()
+    assert [w for w, _ in disk.waited] == ["prompt of a"] and 0 < disk.waited[0][1] <= 1.0
+    assert e.kinds("a")[-1] == "Finished" and not e.core.held and e.events("b") == []
+    e.run_until(lambda: e.all_ended())
+
+
+def test_an_mlx_fault_sends_the_held_ends_and_fails_the_rest(engine):
+    """A held answer is complete: an MLX fault of another row fails that row,
+    and the held end still goes out (after its prompt's write, bounded)."""
+    e, disk = slow_disk_engine(engine)
+    e.submit("short", max_tokens=2)
+    e.submit("long", max_tokens=30)
+    e.run_until(lambda: len(e.core.held) == 1)
+    e.runner.failures[("step", "long")] = RuntimeError("[METAL] fake")
+    e.run_until(lambda: e.core.stopped)
+    assert e.kinds("short")[-1] == "Finished" and failed_with(e.events("long")).code == "mlx_error"
+    assert [w for w, _ in disk.waited] == ["prompt of short"] and not e.core.held

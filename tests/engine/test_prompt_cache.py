@@ -8,11 +8,14 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
+import time
 from pathlib import Path
 
 import pytest
 import requests
 
+from mlxd.engine.core.held_answers import CHECKPOINT_WAIT_S
 from mlxd.toml_text import dumps
 from testkit import common_prefix, engine_in, prompt_ids, real_default_model, settled_health, wait_until
 
@@ -276,6 +279,50 @@ def test_a_slow_disk_write_holds_up_no_request(start_engine, demo_models):
     assert pc["writing_bytes"] == 0 and pc["disk_entries"] >= 2  # on disk, and their arrays freed
     # (the files read back: test_a_disk_entry_survives_kill_9_and_is_used_after_the_restart; here the 8 s
     # writes have taught the cache that this disk is too slow to be worth reading)
+
+
+def test_a_kill_9_the_moment_an_answer_arrives_finds_its_prompt_on_disk(tmp_path, demo_models):
+    """An answer's end waits for its prompt's checkpoint (engine/core/held_answers.py):
+    with every write 0.4 s slow -- longer than the short answer takes -- an
+    engine killed the moment the answer arrives still leaves the next engine
+    the prompt (sent at once, the end would have beaten the write)."""
+    home = tmp_path / "home"
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "remember this"}]
+    with engine_in(home, toml(demo_models), env={"MLXD_FAULT": "slow@kv_write:400"}) as ep:
+        reply, _ = ask(ep.url, messages, max_tokens=2)
+        os.kill(ep.proc.pid, signal.SIGKILL)
+        ep.proc.wait(10)
+    with engine_in(home, toml(demo_models)) as ep:
+        _, usage = ask(ep.url, messages + [{"role": "assistant", "content": reply}, {"role": "user", "content": "go"}])
+        assert cached(usage) > 300 and cache_stats(ep.url)["disk_hits"] == 1, usage
+
+
+def test_a_slow_checkpoint_holds_up_no_other_rows_tokens(start_engine, demo_models):
+    """The answer's end waits for its prompt on disk beside the step, not
+    under it: with every write 3 s slow, a short answer after a long prompt
+    is held to the limit (CHECKPOINT_WAIT_S), and the row decoding beside it
+    gets its tokens all that while (a wait under the step held them all)."""
+    ep = start_engine(toml=toml(demo_models, engine={"max_concurrency": 2, "max_tokens_cap": 4096}),
+                      env={"MLXD_FAULT": "slow@kv_write:3000"})
+    arrivals: list[float] = []
+
+    def long_answer() -> None:
+        body = {"model": "demo-a", "messages": [{"role": "user", "content": "go on"}], "max_tokens": 4000,
+                "temperature": 0, "stream": True}
+        with requests.post(ep.url + "/v1/chat/completions", json=body, stream=True, timeout=120) as r:
+            for line in r.iter_lines():
+                if line.startswith(b"data: {"):
+                    arrivals.append(time.monotonic())
+
+    thread = threading.Thread(target=long_answer, daemon=True)
+    thread.start()
+    wait_until(lambda: len(arrivals) >= 5, 60, what="the long answer under way")
+    ask(ep.url, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "short"}], max_tokens=2)
+    answered = time.monotonic()
+    thread.join(120)
+    assert arrivals[-1] > answered + 0.1, "the long answer ended before the short one: nothing to show"
+    window = [t for t in arrivals if answered - 0.8 * CHECKPOINT_WAIT_S < t < answered - 0.1]
+    assert len(window) >= 3, (len(window), len(arrivals))
 
 
 def test_kill_9_during_a_disk_write_leaves_no_entry(tmp_path, demo_models):

@@ -467,7 +467,7 @@ class Runner:
 
     def branch(self, entry: list[Any], covered: int, keep: int, prompt_len: int) -> list[Any]:
         """The prompt cache's take on an entry another conversation branched
-        from (prompt_cache.PromptCache._take with copy): shallow copies, cut
+        from (cache_fetch._take with copy): shallow copies, cut
         to `keep` tokens, packed into buffers of their own (the entry stays
         as it was for the next arm)."""
         from mlx_lm.models.cache import KVCache, trim_prompt_cache

@@ -1,15 +1,11 @@
-"""The prompt cache's disk tier, under $MLXD_HOME/state/kv/.
+"""The prompt cache's disk tier, under $MLXD_HOME/state/kv/: the folder and its index.
 
-An entry of a model whose KV can be cut along its positions (attention
-layers: most models) is a manifest, kv/<name>.json -- its tokens, what the
-reuse plan needs, and the hashes of its blocks -- over content-addressed
-blocks of 256 tokens in kv/blocks/ (engine/cache/kv_blocks.py), shared by
-every entry whose tokens start the same: a turn writes its new blocks and a
-manifest, not the whole conversation again. Blocks are counted once against
-the disk budget, and go with the last manifest that names them. An entry of
-another model (a rotating window, recurrent layers) is one safetensors file,
-kv/<name>.safetensors, in mlx-lm's prompt-cache format (`save_prompt_cache`),
-with its tokens and provenance in the file's metadata.
+An entry is a manifest over content-addressed blocks of 256 tokens, or one
+whole safetensors file where the KV cannot be cut into blocks (the formats:
+engine/cache/kv_format.py). Blocks are shared by every entry whose tokens
+start the same: a turn writes its new blocks and a manifest, not the whole
+conversation again; they are counted once against the disk budget, and go
+with the last manifest that names them.
 
 Every file is written into kv/tmp/, flushed to disk and renamed into place,
 and a manifest only after its blocks, so a kill at any moment leaves either
@@ -25,12 +21,10 @@ touches an MLX array (the writer sees numpy views of the bytes).
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import logging
 import os
 import shutil
-import struct
 import uuid
 from collections import Counter
 from dataclasses import dataclass, replace
@@ -39,37 +33,14 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from mlxd.paths import write_atomic
-
+from .disk_speeds import RATES_FILE
 from .kv_blocks import BlockError, assemble, block_spans, chain_hashes, layer_layout, read_block, stage_block
+from .kv_format import (DiskEntry, KVFileError, compact, entry_name, is_patchable, kv_nbytes, manifest_doc,
+                        model_id_of, parse_entry, parse_manifest, read_header, versions)
 from .kv_writer import StagedFile, StagedWrite, stage_file
 from .reuse import supersedes
 
 log = logging.getLogger("mlxd.engine.cache.prompt_cache")
-
-FORMAT = "mlxd-kv-1"
-RATES_FILE = "rates.json"  # measured disk-read and prefill speeds (prompt_cache.py)
-MAX_HEADER_BYTES = 64 * 2**20  # tokens live in the header: 100k tokens take ~0.5 MB
-
-
-class KVFileError(Exception):
-    """An entry file that cannot be used (it has been deleted)."""
-
-
-@dataclass(frozen=True, eq=False)
-class DiskEntry:
-    path: Path  # its manifest (kv/<name>.json), or its whole file (kv/<name>.safetensors)
-    model_key: str
-    tokens: np.ndarray
-    prompt_len: int
-    trimmable: bool
-    nbytes: int  # the KV's bytes on disk: what reading it takes
-    conversation: tuple[str, ...] = ()
-    patchable: bool = False  # every layer a plain KVCache (engine/cache/reuse.py)
-    echo: tuple[int, ...] = ()  # its answer's first tokens as the next prompt holds them (engine/cache/reuse.py)
-    blocks: tuple[str, ...] = ()  # its blocks' hashes, in order (a manifest's entry)
-    layout: tuple[str, ...] = ()  # its layers as the blocks hold them (engine/cache/kv_blocks.py)
-    file_bytes: int = 0  # the manifest's own size (a whole file: nbytes)
 
 
 @dataclass
@@ -77,119 +48,6 @@ class Block:
     path: Path
     nbytes: int
     refs: int = 0  # manifests in the index that name it
-
-
-def is_patchable(kv: list[Any]) -> bool:
-    """Whether spans inside this cache can be recomputed in place: every
-    layer a plain KVCache, whose offset can be set back and forth."""
-    from mlx_lm.models.cache import KVCache
-
-    return bool(kv) and all(isinstance(c, KVCache) for c in kv)
-
-
-def versions() -> dict[str, str]:
-    """What a file must have been written with to be read back."""
-    import mlx.core as mx
-    import mlx_lm
-
-    return {"format": FORMAT, "mlx": mx.__version__, "mlx_lm": mlx_lm.__version__}
-
-
-def model_id_of(model_key: str) -> str:
-    return model_key.split("@", 1)[0]
-
-
-def read_header(path: Path) -> dict[str, str]:
-    """The safetensors file's metadata, read without its tensors."""
-    with path.open("rb") as fh:
-        raw = fh.read(8)
-        if len(raw) != 8:
-            raise KVFileError(f"{path.name} is truncated")
-        (n,) = struct.unpack("<Q", raw)
-        if n > MAX_HEADER_BYTES:
-            raise KVFileError(f"{path.name} has a {n}-byte header")
-        body = fh.read(n)
-    if len(body) != n:
-        raise KVFileError(f"{path.name} is truncated")
-    try:
-        meta = json.loads(body).get("__metadata__") or {}
-    except (json.JSONDecodeError, AttributeError) as exc:
-        raise KVFileError(f"{path.name} has no readable header") from exc
-    # save_prompt_cache flattens [metadata, classes, scalars]: ours is "0.*".
-    return {k[2:]: v for k, v in meta.items() if k.startswith("0.")}
-
-
-def parse_entry(path: Path, meta: dict[str, str], expected: dict[str, str]) -> DiskEntry:
-    """The index row for a file whose metadata is `meta` (pure but for the size)."""
-    for key, want in expected.items():
-        if meta.get(key) != want:
-            raise KVFileError(f"{path.name} was written with {key} {meta.get(key)!r}, not {want!r}")
-    try:
-        tokens = np.frombuffer(base64.b64decode(meta["tokens"]), dtype="<i4").astype(np.int32)
-        entry = DiskEntry(path, meta["model"], tokens, int(meta["prompt_len"]), meta["trimmable"] == "1",
-                          path.stat().st_size, tuple(filter(None, meta.get("conversation", "").split(","))),
-                          meta.get("patchable") == "1", tuple(int(t) for t in meta.get("echo", "").split(",") if t))
-    except (KeyError, ValueError, TypeError) as exc:
-        raise KVFileError(f"{path.name} has incomplete metadata") from exc
-    if not len(tokens):
-        raise KVFileError(f"{path.name} covers no tokens")
-    return entry
-
-
-def parse_manifest(path: Path, doc: Any, expected: dict[str, str], block_bytes: dict[str, int]) -> DiskEntry:
-    """The index row for a manifest (pure): its blocks must all be there
-    (`block_bytes`: the blocks on disk, by hash) and cover its tokens."""
-    if not isinstance(doc, dict):
-        raise KVFileError(f"{path.name} is not a manifest")
-    for key, want in expected.items():
-        if doc.get(key) != want:
-            raise KVFileError(f"{path.name} was written with {key} {doc.get(key)!r}, not {want!r}")
-    try:
-        tokens = np.frombuffer(base64.b64decode(doc["tokens"]), dtype="<i4").astype(np.int32)
-        blocks, layout = tuple(str(h) for h in doc["blocks"]), tuple(str(k) for k in doc["layout"])
-        entry = DiskEntry(path, str(doc["model"]), tokens, int(doc["prompt_len"]), True, 0,
-                          tuple(str(c) for c in doc.get("conversation", ())), bool(doc.get("patchable")),
-                          tuple(int(t) for t in doc.get("echo", ())), blocks, layout, int(doc.get("bytes", 0)))
-    except (KeyError, ValueError, TypeError) as exc:
-        raise KVFileError(f"{path.name} has incomplete metadata") from exc
-    if not len(tokens) or len(blocks) != len(block_spans(len(tokens))) or not layout:
-        raise KVFileError(f"{path.name}: its blocks do not cover its tokens")
-    missing = [h for h in blocks if h not in block_bytes]
-    if missing:
-        raise KVFileError(f"{path.name}: {len(missing)} of its blocks are missing")
-    return replace(entry, nbytes=sum(block_bytes[h] for h in blocks))
-
-
-def manifest_doc(entry: DiskEntry, expected: dict[str, str]) -> bytes:
-    """A manifest's JSON (pure)."""
-    return json.dumps({**expected, "model": entry.model_key, "prompt_len": entry.prompt_len,
-                       "patchable": entry.patchable, "echo": list(entry.echo), "conversation": list(entry.conversation),
-                       "layout": list(entry.layout), "blocks": list(entry.blocks),
-                       "tokens": base64.b64encode(entry.tokens.astype("<i4").tobytes()).decode()}).encode()
-
-
-def kv_nbytes(kv: list[Any]) -> int:
-    """Bytes an entry's arrays really hold (buffers included)."""
-    return sum(int(c.nbytes) for c in kv)
-
-
-def compact(kv: list[Any]) -> list[Any]:
-    """Shallow copies, as mlx-lm's own classes (the file names them), whose
-    arrays hold only the tokens covered (a KV layer's buffer is allocated in
-    steps, or for a whole request, and keeps what a trim cut off)."""
-    from mlx_lm.models.cache import KVCache, QuantizedKVCache
-
-    out = []
-    for c in kv:
-        if isinstance(c, KVCache) and c.keys is not None:
-            o = c.offset
-            c = KVCache.from_state((c.keys[..., :o, :], c.values[..., :o, :], o))
-        elif isinstance(c, QuantizedKVCache) and c.keys is not None:
-            o = c.offset
-            c = QuantizedKVCache.from_state((tuple(a[..., :o, :] for a in c.keys),
-                                             tuple(a[..., :o, :] for a in c.values), o, c.group_size, c.bits))
-        out.append(c)
-    return out
 
 
 class KVFiles:
@@ -374,7 +232,7 @@ class KVFiles:
         layout = layer_layout(kv)
         if layout is None:
             return self._stage_file(model_key, tokens, prompt_len, kv, conversation, echo)
-        name = _entry_name(model_key, tokens)
+        name = entry_name(model_key, tokens)
         hashes = names if names is not None else self.block_names(model_key, tokens, layout)
         files, new = [], {}
         for h, span in zip(hashes, block_spans(len(tokens))):
@@ -403,7 +261,7 @@ class KVFiles:
         if kv_nbytes(kv) > self.budget_bytes:
             return None
         trimmable = can_trim_prompt_cache(kv)
-        final = self.folder / f"{_entry_name(model_key, tokens)}.safetensors"
+        final = self.folder / f"{entry_name(model_key, tokens)}.safetensors"
         meta = {**self.expected, "model": model_key, "prompt_len": str(prompt_len), "trimmable": "1" if trimmable else "0",
                 "patchable": "1" if is_patchable(kv) else "0", "echo": ",".join(map(str, echo)),
                 "tokens": base64.b64encode(tokens.astype("<i4").tobytes()).decode(), "conversation": ",".join(conversation)}
@@ -449,20 +307,6 @@ class KVFiles:
                     del self._pins[h]
                 self._drop_if_unused(h)
 
-    def load_rates(self) -> dict[str, float]:
-        try:
-            rates = json.loads((self.folder / RATES_FILE).read_text())
-            return {k: float(v) for k, v in rates.items() if isinstance(v, (int, float)) and v > 0}
-        except (OSError, ValueError, AttributeError):
-            return {}
-
-    def save_rates(self, rates: dict[str, float | None]) -> None:
-        try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            write_atomic(self.folder / RATES_FILE, json.dumps(rates), durable=False)
-        except OSError as exc:
-            log.warning("prompt cache: cannot save measured speeds: %s", exc)
-
     # --- upkeep ------------------------------------------------------------------
     def _add(self, entry: DiskEntry) -> None:
         self._index[entry.path] = entry
@@ -501,10 +345,6 @@ class KVFiles:
         b = self._blocks.pop(h, None)
         if b is not None:
             _unlink(b.path)
-
-
-def _entry_name(model_key: str, tokens: np.ndarray) -> str:
-    return hashlib.sha256(model_key.encode() + tokens.astype("<i4").tobytes()).hexdigest()[:32]
 
 
 def _unlink(path: Path) -> None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:
-    from .kv_files import DiskEntry
+    from .kv_format import DiskEntry
 
 # Tokens of the cached prefix handed to logits processors (repetition,
 # presence and frequency penalties look back 20 tokens in mlx-lm): with them a

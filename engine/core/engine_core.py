@@ -95,7 +95,7 @@ class EngineCore:
         self.prompt_cache = PromptCache(False, None, 0.0)  # the worker gives it the real one on its thread
         self.residency = Residency(self)  # the resident model, its load and unload, MLX's memory figures
         self.turns = PromptTurns(runner, self.prompt_cache)  # a request's turn through it
-        self.held = HeldAnswers(lambda: self.prompt_cache, runner.finish)  # answers' ends until their prompt is on disk
+        self.held = HeldAnswers(lambda: self.prompt_cache, self.runner.finish)  # ends held for their prompt on disk
         self.pending: Prepared | None = None
         self._decoding_published = 0  # rows published as decoding (the table changes when a row's first token comes)
         self.stopped = False  # an MLX fault: the loop ends

@@ -60,6 +60,19 @@ def opens_in_reasoning(tokenizer: Any, prompt: Sequence[int]) -> bool:
     return tokenizer.rfind_think_start(tokens) > tokenizer.rfind_think_end(tokens)
 
 
+def closes_reasoning(tokenizer: Any, prompt: Sequence[int]) -> bool:
+    """Whether the prompt ends with this turn's reasoning block already
+    closed (its last think-end followed by nothing but whitespace): the
+    template's way of turning thinking off (Qwen3's `enable_thinking:
+    false` renders an empty `<think></think>`). The answer then has no
+    reasoning to write."""
+    if not getattr(tokenizer, "has_thinking", False) or not prompt:
+        return False
+    tokens = list(prompt)
+    end = tokenizer.rfind_think_end(tokens)
+    return end > tokenizer.rfind_think_start(tokens) and not tokenizer.decode(tokens[end + 1:]).strip()
+
+
 def transitions_for(markers: Markers) -> dict[str, list[tuple[str, str]]]:
     """The state machine's edges: normal -> reasoning -> normal on the think
     markers, normal (and reasoning) -> tool -> normal on the tool markers;

@@ -26,7 +26,7 @@ from .job import Job
 from .prefill import cancelled_error
 from .prompt_tokens import PieceEncoder, template_tokens
 from .stop_matcher import StopMatcher
-from .answer_parts import AnswerSplitter, Markers, Part, markers_of, opens_in_reasoning
+from .answer_parts import AnswerSplitter, Markers, Part, closes_reasoning, markers_of, opens_in_reasoning
 from .answer_grammar import answer_grammar, reasoning_budget
 from .grammar import GrammarUnsupported, grammar_problem
 from .tool_calls import format_tool_calls, model_parser
@@ -221,7 +221,10 @@ def bound_grammar(resident: ResidentModel, job: Job, prompt_tail: list[int]) -> 
     tokens named by id. A 400 where the model's call format cannot be bound."""
     markers = markers_of(resident.tokenizer, False)
     think = markers.think
-    in_reasoning = think is not None and opens_in_reasoning(resident.tokenizer, prompt_tail[-PROMPT_TAIL:])
+    tail = prompt_tail[-PROMPT_TAIL:]
+    in_reasoning = think is not None and opens_in_reasoning(resident.tokenizer, tail)
+    if think is not None and closes_reasoning(resident.tokenizer, tail):
+        think = None  # thinking turned off by the template: the bound answer starts with its body
     from .constrained import marker_literal
 
     literal = marker_literal(resident.grammar_tokenizer(), getattr(resident.tokenizer, "_tokenizer", resident.tokenizer))

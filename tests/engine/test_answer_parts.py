@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlxd.engine.model.answer_parts import AnswerSplitter, Markers, Part, opens_in_reasoning, transitions_for
+from mlxd.engine.model.answer_parts import (AnswerSplitter, Markers, Part, closes_reasoning, opens_in_reasoning,
+                                            transitions_for)
 
 THINK = ("<think>", "</think>")
 TOOL = ("<tool_call>", "</tool_call>")
@@ -107,6 +108,18 @@ def thinking_tokenizer(demo_models):
 def test_opens_in_reasoning(thinking_tokenizer, prompt, expected):
     tokens = thinking_tokenizer.encode(prompt, add_special_tokens=False)
     assert opens_in_reasoning(thinking_tokenizer, tokens) is expected
+
+
+@pytest.mark.parametrize("prompt, expected", [
+    ("<|im_start|>assistant\n<think>\n\n</think>\n\n", True),  # thinking switched off: the answer writes none
+    ("<|im_start|>assistant\n<think>\n", False),  # the block opened: the answer reasons
+    ("<|im_start|>assistant\n", False),  # the model may open one
+    ("<think>old</think> answer<|im_end|>\n<|im_start|>assistant\n", False),  # an earlier turn's block
+])
+def test_closes_reasoning(thinking_tokenizer, prompt, expected):
+    """A bound answer (engine/model/generation.py's bound_grammar) has no think block where the template closed it."""
+    tokens = thinking_tokenizer.encode(prompt, add_special_tokens=False)
+    assert closes_reasoning(thinking_tokenizer, tokens) is expected
 
 
 def test_a_tokenizer_without_think_tokens_never_opens_in_reasoning(demo_models):

@@ -122,6 +122,11 @@ class EngineConfig(Strict):
     max_concurrency: int = Field(default=1, ge=1, le=64, description=(
         "Requests generated at once. 1 is single concurrency: one request holds the model, the rest wait in line. "
         "Above 1 the running requests are decoded as one batch (above: when it is safe)."))
+    batching: Literal["auto", "always"] = Field(default="auto", description=(
+        "With `max_concurrency` above 1: `auto` times a step of several rows against one row's at each model's "
+        "load and serves one request at a time where the batch decodes no more tokens a second (a small model on "
+        "the CPU: each row costs a step of its own there); /health's `serving.reason` says so. `always` batches "
+        "regardless (each agent's first token sooner, the whole job slower)."))
     max_queue: int = Field(default=8, ge=0, description=(
         "Requests that may wait beyond the running ones; the next is answered 429 (busy)."))
     queue_timeout_s: float = Field(default=120.0, gt=0, description=(

@@ -51,6 +51,7 @@ class ServingPlanReport(Report):
     reason: str | None = None  # why max_concurrency is below what was configured
     speculative: str = "off"  # a request decoded alone: "prompt_lookup", "draft" or "off"
     rows_apart: bool = False  # the batch decodes each row over its own cache (no padding, no mask)
+    batch_speedup: float | None = None  # a batched step's tokens a second over one row's, measured at load
 
 
 @dataclass(frozen=True)

@@ -117,7 +117,9 @@ def engine_toml(models: DemoModels, engine: dict | None = None, extra_models: st
     more = extra_models if isinstance(extra_models, dict) else {}
     return dumps({
         "embeddings": {},
-        "engine": engine or {},
+        # Tests of the batch: the demo models decode no faster batched on 2 cores ([engine] batching's
+        # "auto" would serve them one at a time; tests/engine/test_batching.py tests that choice itself).
+        "engine": {"batching": "always", **(engine or {})},
         "models": {"demo-a": {"path": models.a}, "demo-b": {"path": models.b}, "llama-70b": {"path": models.heavy},
                    "big-72b-remote": {"repo": "mlx-community/Qwen2.5-72B-Instruct-4bit"}, **more},
         "aliases": {"default": "demo-a", "fast": "demo-a", "second": "demo-b", "heavy": "llama-70b"},

@@ -116,7 +116,8 @@ class Health:
             serving=ServingPlanReport(model=plan.model_id, max_concurrency=plan.max_concurrency, decoder=plan.decoder,
                                       vision=plan.vision, rank_group=plan.rank_group, prompt_cache=plan.prompt_cache,
                                       cpu_float32=plan.cpu_float32, reason=plan.reason,
-                                      speculative=plan.speculative, rows_apart=plan.rows_apart)
+                                      speculative=plan.speculative, rows_apart=plan.rows_apart,
+                                      batch_speedup=plan.batch_speedup)
             if plan is not None else None,
             queue_depth=queue["waiting"],
             queue_capacity=queue["capacity"],

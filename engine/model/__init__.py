@@ -19,6 +19,7 @@ them. Every file, one line each:
   many_rows.py            many requests decoded as one batch, joining rows prefilled alone
   row_batch.py            the batch's decode loop: rows of any length, each over its own cache, a token a step
   row_attention.py        a step's attention row by row without a mask; checked exact per model at load
+  batch_probe.py          whether a batched step decodes more tokens a second than one row, timed at load
   cascade_attention.py    rows over a shared prompt prefix: its KV held once, read once a step, merged exactly
   generation.py           one job's prompt tokenized, and its answer relayed from the tokens a decoder gives
   model_registry.py       which models exist and where they live (configured names only)

@@ -29,6 +29,7 @@ class ServingPlan:
     # The batch decodes each row over its own cache, attention row by row (engine/model/row_batch.py), where the
     # model was checked at load to give each row what it gets alone; else mlx-lm's padded, masked batch.
     rows_apart: bool = False
+    batch_speedup: float | None = None  # measured at load (engine/model/batch_probe.py); None: not measured
 
     @property
     def decoder(self) -> str:
@@ -44,14 +45,20 @@ def speculative_mode(configured: str, *, vision: bool, rank_group: bool, kv: KVL
     return configured
 
 
+MIN_BATCH_SPEEDUP = 1.0  # a batched step must decode at least as many tokens a second as one row alone
+
+
 def serving_plan(model_id: str, configured_concurrency: int, *, vision: bool, rank_group: bool,
                  batchable: bool, kv: KVLayout, cpu_float32: bool, speculative: str = "off",
-                 rows_apart: bool = False) -> ServingPlan:
+                 rows_apart: bool = False, batch_speedup: float | None = None) -> ServingPlan:
     """The plan for a model just loaded (pure; the first reason that holds
     limits it to one request at a time). `batchable`: every layer's cache
     can be merged into mlx-lm's batch; `rows_apart`: a step over rows each
     with its own cache gives every row what it gets alone (checked at load:
-    engine/model/row_attention.py), so no merge is needed."""
+    engine/model/row_attention.py), so no merge is needed; `batch_speedup`:
+    how many times the tokens a second of one row alone a batched step
+    decodes (measured at load, engine/model/batch_probe.py; None: not
+    measured, `[engine] batching = "always"`)."""
     reason = None
     if configured_concurrency > 1:
         if rank_group:
@@ -62,7 +69,11 @@ def serving_plan(model_id: str, configured_concurrency: int, *, vision: bool, ra
             reason = "mlx-lm's batch has no quantised KV cache (mlxd's rows apart have: not for this model)"
         elif not batchable and not rows_apart:
             reason = "mlx-lm cannot merge this model's cache into a batch"
+        elif batch_speedup is not None and batch_speedup < MIN_BATCH_SPEEDUP:
+            reason = (f"a batched step decodes {batch_speedup:.2f}x the tokens a second of one row alone on this "
+                      "backend: one request at a time is faster ([engine] batching = \"always\" batches anyway)")
     return ServingPlan(model_id, 1 if reason else configured_concurrency, vision, rank_group,
                        not vision and not rank_group, kv, cpu_float32, reason,
                        speculative_mode(speculative, vision=vision, rank_group=rank_group, kv=kv),
-                       rows_apart and not reason and configured_concurrency > 1)
+                       rows_apart and not reason and configured_concurrency > 1,
+                       None if batch_speedup is None else round(batch_speedup, 3))

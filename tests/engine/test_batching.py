@@ -124,6 +124,26 @@ def test_rows_that_share_a_prompt_prefill_it_once(start_engine):
     assert metric(eng.url, "mlxd_engine_max_observed_concurrency") >= 2
 
 
+def test_batching_auto_follows_what_its_load_measured(start_engine):
+    """[engine] batching = "auto": a step of four rows is timed against one
+    row's at the load (engine/model/batch_probe.py), /health reports the
+    ratio, and the plan batches only where it is at least 1 (the demo model
+    on 2 cores measured 0.85-0.98: one request at a time, the aggregate
+    faster -- bench/agents_load.py alternated, docs/BENCHMARKS.md)."""
+    eng = start_engine({"max_concurrency": 4, "batching": "auto", "max_tokens_cap": 64})
+    serving = eng.health()["serving"]
+    speedup = serving["batch_speedup"]
+    assert isinstance(speedup, float) and 0 < speedup < 16, serving
+    batches = speedup >= 1.0
+    assert serving["max_concurrency"] == (4 if batches else 1), serving
+    assert (serving["reason"] is None) == batches and (batches or "batched step" in serving["reason"]), serving
+    answers = at_once([lambda p=p: complete(eng.url, p, max_tokens=8) for p in PROMPTS])
+    assert all(r.status_code == 200 for r in answers)
+    assert (metric(eng.url, "mlxd_engine_max_observed_concurrency") > 1) == batches
+    always = start_engine({"max_concurrency": 4, "batching": "always", "max_tokens_cap": 64})
+    assert always.health()["serving"]["batch_speedup"] is None and always.health()["max_concurrency"] == 4
+
+
 def test_per_request_settings_hold_in_a_batch(start_engine):
     """Stop strings, max_tokens and sampling stay each request's own."""
     eng = start_engine({"max_concurrency": 4, "max_tokens_cap": 256})

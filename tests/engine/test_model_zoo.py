@@ -66,7 +66,7 @@ def zoo_config(folders: dict[str, Path], cpu_float32: bool) -> str:
         models[name] = {"path": str(folder)}
         models[f"{name}-kv8"] = {"path": str(folder), "kv_bits": 8, "max_concurrency": 1}
     return dumps({"embeddings": {}, "aliases": {"default": next(iter(folders))}, "models": models,
-                  "engine": {"max_tokens_cap": 1024, "max_concurrency": 2, "cpu_float32": cpu_float32,
+                  "engine": {"max_tokens_cap": 1024, "max_concurrency": 2, "batching": "always", "cpu_float32": cpu_float32,
                              "stuck_grace_s": 60}})
 
 

@@ -27,7 +27,7 @@ SYSTEM = "You are a careful assistant for the mlxd project. " * 30  # ~300 token
 def toml(models, cache: dict | None = None, engine: dict | None = None) -> str:
     """demo-a and demo-b; `cache`: [engine.prompt_cache] settings, `engine`: more [engine] ones."""
     return dumps({"embeddings": {},  # no encoder's weights beside the model: the memory tests' budgets are exact
-                  "engine": {"max_tokens_cap": 64, **(engine or {}), "prompt_cache": cache or {}},
+                  "engine": {"max_tokens_cap": 64, "batching": "always", **(engine or {}), "prompt_cache": cache or {}},
                   "models": {"demo-a": {"path": models.a}, "demo-b": {"path": models.b}},
                   "aliases": {"default": "demo-a"}})
 

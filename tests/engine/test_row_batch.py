@@ -111,3 +111,12 @@ def test_a_prefix_copied_from_another_row_decodes_as_one_prefilled(model, layout
     uid = batch.insert(mine[-1], kv, ANSWER, mine[:-1], None, [])
     out = [t.token for _ in range(ANSWER + 1) for t in batch.next() if t.uid == uid]
     assert out == _alone(model, mine, layout, False)
+
+
+def test_the_batch_probe_times_a_batched_step_against_one_row(model):
+    """engine/model/batch_probe.py: a ratio of tokens a second, from real
+    steps, that leaves every row's cache as it found it (none: it makes its own)."""
+    from mlxd.engine.model.batch_probe import batch_speedup
+
+    ratio = batch_speedup(model, rows=3, context=32, repeats=3)
+    assert 0 < ratio < 30

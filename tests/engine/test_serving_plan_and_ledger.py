@@ -37,6 +37,20 @@ def test_serving_plan(configured, vision, rank_group, batchable, apart, kv, conc
     assert plan.prompt_cache is (not vision and not rank_group)  # mlx-vlm's generation and a rank group: none of ours
 
 
+@pytest.mark.parametrize("speedup, concurrency, decoder, why", [
+    (None, 4, MANY_ROWS, None),      # not measured (batching = "always"): as configured
+    (2.6, 4, MANY_ROWS, None),       # a large model on a GPU: four rows a step cost little more than one
+    (1.0, 4, MANY_ROWS, None),       # as many tokens a second either way: the batch, for its first tokens
+    (0.85, 1, ONE_ROW, "batched step decodes 0.85x"),  # a small model on the CPU: one at a time is faster
+])
+def test_the_plan_serves_one_at_a_time_where_the_batch_is_slower(speedup, concurrency, decoder, why):
+    plan = serving_plan("m", 4, vision=False, rank_group=False, batchable=True, kv=KVLayout(), cpu_float32=True,
+                        rows_apart=True, batch_speedup=speedup)
+    assert (plan.max_concurrency, plan.decoder, plan.rows_apart) == (concurrency, decoder, concurrency > 1)
+    assert (plan.reason is None) if why is None else (why in plan.reason)
+    assert plan.batch_speedup == speedup
+
+
 MB = 2**20
 CONFIG = {"num_hidden_layers": 2, "num_key_value_heads": 2, "head_dim": 64, "num_attention_heads": 4,
           "hidden_size": 256, "torch_dtype": "float16"}

@@ -71,7 +71,7 @@ def st(module_stack):
     gguf = real_default_model()
     models = dumps({"models": {MODEL: {"gguf": gguf}}})
     # 4: requests sent together are batched, a lone one is served alone
-    engine = table_lines({"stuck_grace_s": 60, "max_concurrency": 4})
+    engine = table_lines({"stuck_grace_s": 60, "max_concurrency": 4, "batching": "always"})
     return module_stack(gateway="", models=models, engine=engine)
 
 

@@ -39,7 +39,7 @@ class Person(BaseModel):
 def served(request, module_stack):
     gguf = real_default_model()
     models = dumps({"models": {"smollm2": {"gguf": gguf}}})
-    engine = table_lines({"stuck_grace_s": 60, "max_concurrency": request.param})
+    engine = table_lines({"stuck_grace_s": 60, "max_concurrency": request.param, "batching": "always"})
     st = module_stack(gateway="", models=models, engine=engine)
     client = openai.OpenAI(base_url=st.gateway_url + "/v1", api_key=st.key, max_retries=0, timeout=300)
     return st, client, request.param

@@ -126,7 +126,7 @@ def test_a_crash_in_a_batch_blames_nobody_until_a_retry_alone_crashes_again(stac
     """Two requests in one batch when the engine aborts: neither is quarantined for it; both are suspects,
     decoded alone from then on; the bystander, retried, is served; the poison one, retried alone, crashes
     the engine again and is quarantined (issue 36: quarantine that blames only the guilty)."""
-    st = stack(engine="max_concurrency = 2\n", env={"MLXD_FAULT_MATCH": "poison"}, fault="abort@token:6")
+    st = stack(engine="max_concurrency = 2\nbatching = \"always\"\n", env={"MLXD_FAULT_MATCH": "poison"}, fault="abort@token:6")
     poison, bystander = "please process this poison payload", "an ordinary question, asked at length"
     body = {"model": "default", "messages": [{"role": "user", "content": bystander}], "max_tokens": 200,
             "temperature": 0, "stream": True}

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..model.errors import EngineError
+from ..model.runner import ModelRunner
 from .embedding_queue import EmbeddingQueue, EmbedJob
 
 
@@ -21,7 +22,7 @@ def mlx_fault(exc: BaseException) -> EngineError:
 
 
 class EmbeddingTurn:
-    def __init__(self, queue: EmbeddingQueue | None, runner: Any, counters: dict[str, int],
+    def __init__(self, queue: EmbeddingQueue | None, runner: ModelRunner, counters: dict[str, int],
                  progress: Callable[[], None], served: Callable[[float | None], None],
                  fatal: Callable[[BaseException], None]) -> None:
         self.queue = queue

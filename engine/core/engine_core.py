@@ -51,7 +51,7 @@ from ..cache.prompt_cache_policy import NOT_CACHED
 from .prompt_turns import PromptTurns
 from .residency import Residency
 from .request_table import RequestStatus, RequestTable, running
-from ..model.runner import Prompt
+from ..model.runner import ModelRunner, Prompt
 from .scheduler import Pending, Row, Step, next_step, row_of
 from ..model.mlx_memory import MemorySnapshot
 from .worker_state import Phase, WorkerStatus
@@ -78,7 +78,7 @@ class Prepared:
 
 
 class EngineCore:
-    def __init__(self, registry: ModelRegistry, admission: AdmissionQueue[Job], faults: FaultInjector, runner: Any,
+    def __init__(self, registry: ModelRegistry, admission: AdmissionQueue[Job], faults: FaultInjector, runner: ModelRunner,
                  on_fatal: Callable[[BaseException, Job | None], None], inflight_path: Path | None = None,
                  prefill_step_size: int = 512, keep_alive_s: float = NEVER,
                  embeddings: EmbeddingQueue | None = None) -> None:

@@ -18,12 +18,13 @@ from ..cache.prompt_cache import PromptCache, kv_offset
 from ..cache.prompt_cache_policy import Fetched
 from ..model.decoder_rows import Admitted
 from ..model.job import Job
+from ..model.runner import ModelRunner
 
 log = logging.getLogger("mlxd.engine.core.worker")
 
 
 class PromptTurns:
-    def __init__(self, runner: Any, cache: PromptCache) -> None:
+    def __init__(self, runner: ModelRunner, cache: PromptCache) -> None:
         self.runner = runner
         self.cache = cache  # the core's, replaced with it (EngineCore.use_prompt_cache)
 

@@ -23,19 +23,25 @@ holds and hands back (`Admitted`, `Ended`) is engine/model/decoder_rows.py's.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from .decoder_rows import Admitted, Ended, RowSampling
-from .generation import PROMPT_TAIL
+from .faults import FaultInjector
+from .generation import PROMPT_TAIL, ResidentModel, VisionPrompt
 from .many_rows import ManyRows
 from .one_row import OneRow
+from .prefill_pace import PrefillPace
+
+if TYPE_CHECKING:  # (they import MLX: the engine's entry point must not, before its BLAS choice)
+    from .draft_model import DraftModel
+    from .ranks import RankLink
 
 class Decoders:
     """The one-row and many-row decoders of the resident model (see the module's docstring)."""
 
-    def __init__(self, resident: Any, slots: int, pace: Any, faults: Any, link: Any = None,
-                 speculative: str = "off", draft: Any = None, draft_tokens: int = 3, rows_apart: bool = False,
-                 rows_lookup: bool = False) -> None:
+    def __init__(self, resident: ResidentModel, slots: int, pace: PrefillPace, faults: FaultInjector | None,
+                 link: RankLink | None = None, speculative: str = "off", draft: DraftModel | None = None,
+                 draft_tokens: int = 3, rows_apart: bool = False, rows_lookup: bool = False) -> None:
         self.resident = resident
         self.rows_apart = rows_apart  # the batch decodes rows over their own caches (engine/model/row_batch.py)
         self.rows_lookup = rows_lookup  # and verifies each row's prompt-lookup proposals in its steps
@@ -46,8 +52,8 @@ class Decoders:
         self.pace = pace
         self.faults = faults
         self.link = link
-        self.one: Any = None  # OneRow: the request decoded alone
-        self.many: Any = None  # ManyRows: made when a second request joins
+        self.one: OneRow | None = None  # the request decoded alone
+        self.many: ManyRows | None = None  # made when a second request joins
         self._samplers: dict[tuple, Any] = {}  # one sampler object per setting: rows that share it sample in one call
 
     @property
@@ -81,8 +87,8 @@ class Decoders:
             processors = processors + [grammar]
         return RowSampling(sampler, processors)
 
-    def admit(self, admitted: Admitted, kv: list[Any] | None, heartbeat: Any, one_row: bool,
-              vision: Any = None) -> None:
+    def admit(self, admitted: Admitted, kv: list[Any] | None, heartbeat: Callable[..., None], one_row: bool,
+              vision: VisionPrompt | None = None) -> None:
         """Into a decoder: the one-row decoder (`one_row`, decodes_alone), or
         the batch, which a request decoding alone joins first."""
         admitted.generation.waits_for_reader = admitted.alone  # a slow reader holds nobody else up

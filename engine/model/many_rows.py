@@ -26,14 +26,22 @@ import copy
 import logging
 import time
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .decoder_rows import CHECKPOINT_TOKENS, Admitted, Ended, RowSampling
+from .faults import FaultInjector
+from .generation import ResidentModel
 from .one_row import Joining
 from .prefill import prefill
+from .prefill_pace import PrefillPace
 from .speculative import SampledTarget
+
+if TYPE_CHECKING:  # (they import MLX: the engine's entry point must not, before its BLAS choice)
+    from mlx_lm.generate import BatchGenerator
+
+    from .row_batch import RowBatch
 
 log = logging.getLogger("mlxd.engine.core.worker")
 
@@ -80,14 +88,14 @@ def shared_start(tokens: list[int], others: list[list[int]]) -> tuple[int, int]:
 
 
 class ManyRows:
-    def __init__(self, resident: Any, slots: int, pace: Any, faults: Any = None, rows_apart: bool = False,
-                 rows_lookup: bool = False) -> None:
+    def __init__(self, resident: ResidentModel, slots: int, pace: PrefillPace, faults: FaultInjector | None = None,
+                 rows_apart: bool = False, rows_lookup: bool = False) -> None:
         self.resident = resident
         self.pace = pace  # the size of each prefill chunk a joining row is given, from the speed measured
         self.faults = faults
         eos = sorted(resident.tokenizer.eos_token_ids)
-        self.generator: Any = None  # mlx-lm's BatchGenerator, for a model whose rows cannot be decoded apart
-        self.batch: Any = None  # mlxd's RowBatch (engine/model/row_batch.py)
+        self.generator: BatchGenerator | None = None  # mlx-lm's, for a model whose rows cannot be decoded apart
+        self.batch: RowBatch | None = None  # mlxd's (engine/model/row_batch.py)
         if rows_apart:
             from .row_batch import RowBatch
 

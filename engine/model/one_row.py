@@ -28,10 +28,17 @@ answers are the same tokens; tested).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from .decoder_rows import CHECKPOINT_TOKENS, Admitted, Ended, RowSampling
+from .faults import FaultInjector
+from .generation import ResidentModel, VisionPrompt
+from .prefill_pace import PrefillPace
 from .sampling import seeing_context
+
+if TYPE_CHECKING:  # (they import MLX: the engine's entry point must not, before its BLAS choice)
+    from .draft_model import DraftModel
+    from .ranks import RankLink
 
 
 @dataclass(frozen=True)
@@ -90,9 +97,10 @@ def verify_greedy(model: Any, kv: list[Any], last: int, proposed: list[int], mas
 
 
 class OneRow:
-    def __init__(self, resident: Any, admitted: Admitted, kv: list[Any] | None, sampling: RowSampling, pace: Any,
-                 faults: Any, heartbeat: Callable[..., None], vision: Any = None, link: Any = None,
-                 speculative: str = "off", draft: Any = None, draft_tokens: int = 3) -> None:
+    def __init__(self, resident: ResidentModel, admitted: Admitted, kv: list[Any] | None, sampling: RowSampling,
+                 pace: PrefillPace, faults: FaultInjector | None, heartbeat: Callable[..., None],
+                 vision: VisionPrompt | None = None, link: RankLink | None = None, speculative: str = "off",
+                 draft: DraftModel | None = None, draft_tokens: int = 3) -> None:
         import mlx.core as mx
 
         self.resident = resident

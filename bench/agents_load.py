@@ -136,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_agent_args(p)
     p.add_argument("--prompt-cache-gib", type=float, default=None, help="[engine.prompt_cache] memory_gib")
+    p.add_argument("--batching", choices=["auto", "always"], default="auto",
+                   help="[engine] batching: auto serves one at a time where its load measured the batch slower")
     p.add_argument("--startup-timeout", type=float, default=300.0)
     p.add_argument("--request-timeout", type=float, default=1800.0)
     p.add_argument("--seed", type=int, default=0)
@@ -161,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         systems = [systems[0]] * args.agents
     config = one_model_config(model)
     config["engine"].update(engine_extra(max(8, args.agents), args.engine_log_level), max_concurrency=args.concurrency or args.agents,
-                            max_prompt_tokens=131072)
+                            max_prompt_tokens=131072, batching=args.batching)
     if args.prompt_cache_gib is not None:
         config["engine"]["prompt_cache"] = {"memory_gib": args.prompt_cache_gib}
     import tempfile
@@ -214,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     peak, src = headline_memory(mem)
     print(f"### Agents at once — {doc['machine']['date']}\n")
     print(f"{doc['machine'].get('gpu') or doc['machine']['cpu_count']}; model {model.name}; {args.agents} agents, "
-          f"max_concurrency {args.concurrency or args.agents}, "
+          f"max_concurrency {args.concurrency or args.agents} (batching {args.batching}), "
           f"{'one shared system prompt' if args.shared_system else 'system prompts'} {args.system_tokens} tokens, "
           f"+{args.turn_tokens} a turn, {args.turns} turns, {args.max_tokens}-token answers, prompt cache "
           f"{'memory_gib ' + str(args.prompt_cache_gib) if args.prompt_cache_gib is not None else 'defaults'}\n")

@@ -62,7 +62,9 @@ class RowsLayer:
         # keys up to its own: MLX's "causal" aligns the queries to the end of the keys.
         # Rows over a shared prefix (SharedPrefixKVCache): one cascade call per prefix, which it reads once.
         mask = "causal" if queries.shape[2] > 1 else None
-        shared = attend_shared(queries, self.caches, scale, sinks)
+        # The cascade's grouping only where a row reads a shared prefix: the batch's rows own their KV otherwise.
+        over_prefix = any(isinstance(c, SharedPrefixKVCache) for c in self.caches)
+        shared = attend_shared(queries, self.caches, scale, sinks) if over_prefix else [None] * len(self.caches)
         rows = [out if out is not None else
                 _MLX_LM_ATTENTION(queries[i:i + 1], k, v, cache=c, scale=scale, mask=mask, sinks=sinks)
                 for i, ((k, v), c, out) in enumerate(zip(self._fetched, self.caches, shared))]

@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     from mlx_lm.generate import BatchGenerator
     from mlx_lm.models.cache import make_prompt_cache
 
-    from mlxd.engine.cache.batch_kv import rows_for_batch
+    from mlx_lm_batch_kv import rows_for_batch
 
     loaded: dict[str, Any] = {}
 

@@ -166,10 +166,10 @@ def run_arm(spec: dict) -> dict:
         for _, _ in zip(range(n), generate_step(mx.array(prompt), model, max_tokens=n, prompt_cache=kv, **quantize)):
             samples.append(mx.get_active_memory())
         return {"samples": samples, "weights": weights, "peak": mx.get_peak_memory()}
-    if spec["kind"] == "batch_generation":  # max_concurrency > 1: mlx-lm's BatchGenerator, as engine/model/many_rows.py runs it
+    if spec["kind"] == "batch_generation":  # max_concurrency > 1: mlx-lm's BatchGenerator, as mlxd ran it before its own batch
         from mlx_lm.generate import BatchGenerator
 
-        from mlxd.engine.cache.batch_kv import rows_for_batch
+        from mlx_lm_batch_kv import rows_for_batch
 
         n, rows = spec["tokens"], spec["rows"]
         gen = BatchGenerator(model, stop_tokens=[], completion_batch_size=rows, prefill_batch_size=rows)

@@ -7,7 +7,7 @@ Each way prefills the same prompts until every row has its first token:
   alone        one row at a time through the model in steps (engine/model/prefill.py's way),
                the rows one after another
   mlx-lm       mlx-lm's BatchGenerator, every row a new row, mlx-lm's own caches
-  engine       as mlxd's batch does (engine/model/many_rows.py): each row prefilled alone a paced chunk at a time
+  engine       as mlxd's batch does (engine/model/batch_decoder.py): each row prefilled alone a paced chunk at a time
                (engine/model/prefill.py), joining mlx-lm's batch with its last token (engine/cache/batch_kv.py's caches),
                a decode step of the joined rows after every chunk
 
@@ -70,7 +70,7 @@ def main_with(args: argparse.Namespace) -> int:
     from mlx_lm.generate import BatchGenerator
     from mlx_lm.models.cache import make_prompt_cache
 
-    from mlxd.engine.cache.batch_kv import rows_for_batch
+    from mlx_lm_batch_kv import rows_for_batch
 
     if args.memory_limit_gib:
         mx.set_memory_limit(int(args.memory_limit_gib * 2**30))

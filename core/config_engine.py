@@ -94,13 +94,13 @@ class EngineConfig(Strict):
     """The MLX engine (engine/): one request at a time (by default), one model, no heavy models.
 
     `max_concurrency` above 1 (per model: `[models.ID] max_concurrency`) decodes that many requests as one batch
-    (mlx-lm's BatchGenerator): more tokens per second in all and a short wait for each of several agents, at the
-    price of memory. It is safe by construction: a request joins the batch only when the model, the KV of every
-    running request at its full length (prompt + max_tokens; mlx-lm pads every row to the longest) and its own fit
-    the memory budget, else it waits in the queue; the prompt cache gives up memory first. Raise it where several
-    agents share the engine and the model leaves room (a small model on a large Mac); keep 1 where one agent at a
-    time is the rule or memory is tight. Requests with a `seed` or images, and models mlx-lm cannot batch, are
-    served alone in their turn.
+    (mlxd's: each row over its own cache): more tokens per second in all and a short wait for each of several
+    agents, at the price of memory. It is safe by construction: a request joins the batch only when the model, the
+    KV of every running request at its full length (prompt + max_tokens) and its own fit the memory budget, else it
+    waits in the queue; the prompt cache gives up memory first. Raise it where several agents share the engine and
+    the model leaves room (a small model on a large Mac); keep 1 where one agent at a time is the rule or memory is
+    tight. Requests with a `seed` or images are served alone in their turn; `batching = "auto"` serves one at a
+    time where the batch was measured slower at the model's load.
 
     `kv_bits` 8 or 4 (per model too) keeps the KV cache quantised (mlx-lm's QuantizedKVCache: per `kv_group_size`
     values a scale and a bias): about 1.9x or 3.5x the context, or the prompt cache's conversations, in the same

@@ -265,15 +265,6 @@ def kv_allocated_tokens(tokens: int) -> int:
     return -(-tokens // KV_STEP) * KV_STEP
 
 
-def attention_heads(config: dict[str, Any] | None) -> int:
-    """The text model's attention heads (pure; 0 when the config says nothing)."""
-    c = _text_config(config or {})
-    try:
-        return int(c.get("num_attention_heads") or 0)
-    except (TypeError, ValueError):
-        return 0
-
-
 def vision_encoder_bytes(config: dict[str, Any], image_tokens: int) -> int:
     """Activations of a vision tower encoding images that become
     `image_tokens` tokens (pure): one layer's live tensors (residual, q/k/v,

@@ -43,7 +43,7 @@ class ServingPlanReport(Report):
 
     model: str = ""
     max_concurrency: int = 1
-    decoder: str = "one_row"  # "one_row" or "many_rows"
+    decoder: str = "batch"  # "batch" (every text request) or "vision" (mlx-vlm's generation)
     vision: bool = False
     rank_group: bool = False
     prompt_cache: bool = True

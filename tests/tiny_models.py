@@ -58,3 +58,30 @@ def greedy(model: Any, prompt: list[int], n: int) -> list[int]:
 
     steps = generate_step(mx.array(prompt, dtype=mx.int32), model, max_tokens=n, sampler=lambda x: mx.argmax(x, -1))
     return [int(t) for t, _ in steps]
+
+
+def batch_decode(model: Any, prompts: list[list[int]], n: int, proposer: Any = None, target: Any = None,
+                 **batch: Any) -> tuple[list[list[int]], list[Any], list[Any]]:
+    """Each prompt's `n` tokens from mlxd's batch step (engine/model/row_batch.py), the rows decoded
+    together: (tokens, each row's SpecStats, each row's KV). `proposer(prompt, kv)`: a row's proposer."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from mlxd.engine.model.row_batch import RowBatch
+
+    rows = RowBatch(model, frozenset(), **batch)
+    uids, kvs = [], []
+    for prompt in prompts:
+        kv = make_prompt_cache(model)
+        model(mx.array([prompt[:-1]], dtype=mx.int32), cache=kv)
+        kvs.append(kv)
+        uids.append(rows.insert(prompt[-1], kv, n, prompt[:-1], None, [], target,
+                                proposer(prompt, kv) if proposer is not None else None))
+    out: dict[int, list[int]] = {u: [] for u in uids}
+    stats: dict[int, Any] = {}
+    while rows.rows:
+        for t in rows.next():
+            out[t.uid].append(t.token)
+            if t.finish_reason is not None:
+                stats[t.uid] = t.speculation
+    return [out[u] for u in uids], [stats.get(u) for u in uids], kvs

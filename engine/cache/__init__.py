@@ -4,7 +4,6 @@ Owned by the core (engine/core/engine_core.py), which gives the cache its room f
 memory ledger. Every file, one line each:
 
   kv_cache.py             a request's KV: allocated once at its admitted length, quantised (kv_bits)
-  batch_kv.py             the batch's KV, allocated when rows join
   prompt_cache.py         the prompt cache's memory and disk tiers (the worker's): store, checkpoint, evict
   prompt_cache_policy.py  its decisions (pure) and what it hands out (Fetched)
   cache_entries.py        what it holds: an entry in memory, a write of one under way

@@ -91,7 +91,7 @@ class EngineCore:
         self.inflight = InflightRecord(inflight_path)  # the running requests for the crash listener, written behind
         faults.before_crash = self.inflight.flush
         self.table = RequestTable()
-        self.ledger = MemoryLedger(registry.budget_bytes, prefill_step_size)
+        self.ledger = MemoryLedger(registry.budget_bytes)
         self.prompt_cache = PromptCache(False, None, 0.0)  # the worker gives it the real one on its thread
         self.residency = Residency(self)  # the resident model, its load and unload, MLX's memory figures
         self.turns = PromptTurns(runner, self.prompt_cache)  # a request's turn through it
@@ -232,18 +232,16 @@ class EngineCore:
             prompt = self.runner.tokenize(job) if p.prompt is None else p.prompt
             self.heartbeat()  # tokenizing a long prompt is progress, not a hang
             job.channel.put(Started(len(prompt.tokens), prompt.truncation))
-            one_row = self.runner.decodes_alone(alone, self.admission.has_waiting())
             tokens = len(prompt.tokens)
-            if one_row:
+            if alone:  # its KV a grant of its own; a batch row's is counted with the batch's
                 self.ledger.grant_alone(job.id, tokens + job.params.max_tokens, prompt.image_tokens)
             else:
                 self.ledger.hold_rows([*map(row_of, self.runner.batch_rows), Row(tokens, job.params.max_tokens)])
             fetched = NOT_CACHED
             if self.runner.plan.prompt_cache:
-                # Its answer's room allocated with it, but for mlx-lm's padded batch, which sizes its own rows.
-                room = job.params.max_tokens if one_row or self.runner.plan.rows_apart else 0
-                fetched = self.turns.fetch(job, prompt.tokens, room, self.ledger.request_bytes(tokens))
-            self.runner.admit(job, prompt, fetched, self.prompt_cache.enabled, alone, one_row, p.taken_at)
+                # Its answer's room allocated with it (a row's KV is allocated once, engine/cache/kv_cache.py).
+                fetched = self.turns.fetch(job, prompt.tokens, job.params.max_tokens, self.ledger.request_bytes(tokens))
+            self.runner.admit(job, prompt, fetched, self.prompt_cache.enabled, alone, p.taken_at)
         except EngineError as exc:
             job.channel.put(Failed(exc))
             self.ledger.release(job.id)

@@ -17,12 +17,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from mlxd.memory_estimate import (KVLayout, attention_heads, kv_allocated_tokens, kv_cache_bytes,
-                                  kv_prefill_transient_bytes, vision_encoder_bytes)
+from mlxd.memory_estimate import (KVLayout, kv_allocated_tokens, kv_cache_bytes, kv_prefill_transient_bytes,
+                                  vision_encoder_bytes)
 
 from .device_memory import mlx_limit
 from ..model.errors import EngineError
-from .scheduler import Memory, Row, attention_bytes_per_position, batch_kv_bytes, fits
+from .scheduler import Memory, Row, batch_kv_bytes, fits
 
 
 @dataclass(frozen=True)
@@ -32,14 +32,12 @@ class ModelFigures:
     weights_bytes: int | None  # None: its size is unknown (nothing to count by)
     config: dict  # its config.json: KV per position
     kv: KVLayout  # how a request decoded alone holds its KV (kv_bits)
-    rows_apart: bool = False  # the batch decodes each row over its own cache (engine/model/row_batch.py)
 
 
 class MemoryLedger:
-    def __init__(self, budget_bytes: int, prefill_step: int = 512) -> None:
+    def __init__(self, budget_bytes: int) -> None:
         self.budget_bytes = budget_bytes
         self.limit_bytes = budget_bytes  # MLX's active + cached memory stays under this
-        self.prefill_step = prefill_step
         self.model: ModelFigures | None = None
         self._alone: dict[str, int] = {}  # request id -> KV bytes granted to a request decoded alone
         self._rows: tuple[Row, ...] = ()  # the batch's rows
@@ -61,9 +59,7 @@ class MemoryLedger:
         elif not m.config:  # its KV per position unknown: slots alone limit the batch
             self.memory = Memory(self.limit_bytes, m.weights_bytes, 0)
         else:
-            self.memory = Memory(self.limit_bytes, m.weights_bytes, kv_cache_bytes(m.config, 1),
-                                 attention_bytes_per_position(attention_heads(m.config), self.prefill_step),
-                                 rows_apart=m.rows_apart)
+            self.memory = Memory(self.limit_bytes, m.weights_bytes, kv_cache_bytes(m.config, 1))
 
     def lower_limit(self, outside_bytes: int) -> int | None:
         """MLX's limit after measuring `outside_bytes` held outside it: the new

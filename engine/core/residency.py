@@ -77,7 +77,7 @@ class Residency:
                 self.unload()
             raise
         info = core.registry.info(model_id)
-        core.ledger.set_model(ModelFigures(info.footprint.weights_bytes, info.config or {}, plan.kv, plan.rows_apart))
+        core.ledger.set_model(ModelFigures(info.footprint.weights_bytes, info.config or {}, plan.kv))
         if plan.prompt_cache:
             core.prompt_cache.set_model(core.registry.build_key(model_id, core.registry.load_target(model_id)),
                                         info.prompt_cache_bytes, core.runner.generation_prompt_length())

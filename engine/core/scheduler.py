@@ -7,16 +7,16 @@ Each step of the core (engine/core/engine_core.py) asks `next_step` once:
           and the KV of every running request at its full length, plus its
           own, fits the memory budget beside the model;
 - ALONE   decode the prepared request by itself (max_concurrency = 1, an
-          image, a seed, another model, a rank group: what mlx-lm's batch
-          cannot take), once the batch has drained — requests are served in
+          image, a seed, another model, a rank group: what may not join the
+          batch), once the batch has drained — requests are served in
           order, nothing overtakes it, nothing joins it;
 - DECODE  a token for every running request (the one decoded alone, or the
           batch's, after a chunk of a joining request's prompt);
 - WAIT    nothing to do: wait for the queue.
 
-Memory is admitted by construction: `batch_kv_tokens` (`rows_kv_tokens` for
-rows decoded apart) bounds what the batch's KV can grow to before any of it
-is allocated, and the prompt cache gets only
+Memory is admitted by construction: `rows_kv_tokens` bounds what the
+batch's KV can grow to before any of it is allocated (each row's own,
+allocated once for its prompt and answer), and the prompt cache gets only
 what the running requests leave (`cache_room`) — it yields to them, never the
 other way round.
 """
@@ -60,16 +60,6 @@ class Memory:
     budget_bytes: int
     weights_bytes: int | None  # None: the model's size is unknown, so slots alone limit the batch
     kv_bytes_per_token: int  # every layer's K and V for one position; 0 when unknown
-    # A row's attention while it prefills a step: mlx-lm's batch passes an
-    # explicit mask (rows are padded), so attention is not fused: scores, their
-    # softmax and the broadcast mask, in float32, for every head, over each
-    # position of the row's context. At long contexts larger than the KV itself:
-    # left uncounted, or undercounted, it ran a GPU out of memory in the batch's
-    # prefill (docs/BENCHMARKS.md, "Why the engine is built as it is").
-    attention_bytes_per_position: int = 0
-    # The batch decodes each row over its own cache (engine/model/row_batch.py): a row's KV is its own
-    # length, allocated once when it is admitted; nothing padded, nothing copied, no mask materialised.
-    rows_apart: bool = False
 
 
 @dataclass(frozen=True)
@@ -80,47 +70,20 @@ class Pending:
     row: Row | None = None  # None when it is served alone
 
 
-def attention_bytes_per_position(heads: int, prefill_step: int) -> int:
-    return heads * prefill_step * 3 * 4
-
-
 def round_up(n: int, step: int) -> int:
     return -(-n // step) * step
 
 
-def batch_context(rows: Sequence[Row]) -> int:
-    """Positions every row of the batch reaches: the longest row's length
-    plus the most any row may still generate (mlx-lm pads every row to the
-    longest), in whole steps."""
-    if not rows:
-        return 0
-    return round_up(max(r.length for r in rows) + max(r.remaining for r in rows), STEP_TOKENS)
-
-
-def batch_kv_tokens(rows: Sequence[Row]) -> int:
-    """KV positions the batch can come to hold at its peak. mlx-lm's batch
-    keeps every row as long as the longest (shorter ones are padded on the
-    left); its array is allocated when rows join, at `batch_context`, and
-    does not grow while they decode (engine/cache/batch_kv.py). A join or a leave
-    copies the rows into a new array, the old one alive until the copy is
-    done: past one row both count. One row alone is allocated once."""
-    longest = batch_context(rows)
-    return len(rows) * longest * (2 if len(rows) > 1 else 1)
-
-
 def rows_kv_tokens(rows: Sequence[Row]) -> int:
-    """KV positions of rows decoded apart at their peak: each row its own
-    length plus what it may still generate, in whole steps."""
+    """KV positions of the batch's rows at their peak: each row its own
+    length plus what it may still generate, in whole steps (nothing padded,
+    nothing copied when rows join or leave: engine/model/row_batch.py)."""
     return sum(round_up(r.length + r.remaining, STEP_TOKENS) for r in rows)
 
 
 def batch_kv_bytes(memory: Memory, rows: Sequence[Row]) -> int:
-    """The batch's KV at its peak, and its rows' attention during a prefill
-    step (mlx-lm's padded batch; rows decoded apart prefill alone, fused)."""
-    if memory.rows_apart:
-        return rows_kv_tokens(rows) * memory.kv_bytes_per_token
-    attention = len(rows) * batch_context(rows) * memory.attention_bytes_per_position
-    return batch_kv_tokens(rows) * memory.kv_bytes_per_token + attention
+    """The batch's KV at its peak (a row's prefill attends fused, over its own cache: nothing beside it)."""
+    return rows_kv_tokens(rows) * memory.kv_bytes_per_token
 
 
 def fits(memory: Memory, rows: Sequence[Row]) -> bool:

@@ -1,4 +1,4 @@
-"""The resident model: its load, its serving plan, its two decoders and a request's generation.
+"""The resident model: its load, its serving plan, its decoder and a request's generation.
 
 The runner (runner.py) is the core's one way to MLX. What a request is (job.py) and what it
 is told (events.py, errors.py) are here, below the core and the HTTP side that both use
@@ -11,13 +11,14 @@ them. Every file, one line each:
   errors.py               EngineError: status, code, message; rendered in one place
   faults.py               fault injection (crash, hang, MLX error) for tests; off by default
   serving_plan.py         how the resident model is served, decided at its load (pure)
-  decoding.py             the two decoders behind one interface: a request admitted, a step, those that ended
-  decoder_rows.py         what the decoders hold and hand back: a request admitted, one that ended, its sampling
-  one_row.py              one request decoded alone, as mlx-lm decodes one (generate_step; mlx-vlm's for images)
-  speculative.py          prompt-lookup decoding for the one-row decoder: proposals, their length, the step source
-  draft_model.py          speculative decoding by a draft model: its tokenizer check, its KV kept for the next turn
-  many_rows.py            many requests decoded as one batch, joining rows prefilled alone
-  row_batch.py            the batch's decode loop: rows of any length, each over its own cache, a token a step
+  decoding.py             the decoder as the runner drives it: a request admitted, a step, those that ended
+  decoder_rows.py         what the decoder holds and hands back: a request admitted, one that ended, its sampling
+  batch_decoder.py        every text request decoded as one batch (one alone: a batch of one), joining rows prefilled
+  row_batch.py            the batch's step: rows of any length, each over its own cache, every feature a per-row part
+  row_proposals.py        what a row proposes for a verify step: prompt lookup, a draft model
+  speculative.py          prompt lookup's pure parts: the n-gram index, how many to propose, the acceptance rule
+  draft_model.py          a draft model: its tokenizer check, its one KV, kept for the next turn
+  vision_row.py           a vision model's request, decoded by mlx-vlm's generation
   row_attention.py        a step's attention row by row without a mask; checked exact per model at load
   batch_probe.py          whether a batched step decodes more tokens a second than one row, timed at load
   cascade_attention.py    rows over a shared prompt prefix: its KV held once, read once a step, merged exactly

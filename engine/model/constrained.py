@@ -1,9 +1,9 @@
 """Constrained decoding: a grammar (engine/model/grammar.py) applied token by
-token, as a logits processor in both decoders (engine/model/decoding.py:
-generate_step alone, BatchGenerator's rows: one path for a lone request and
-a batch row).
+token, as a logits processor of a row of the batch (engine/model/row_batch.py:
+a lone request's as a batch's), and in a verify step driven token by token
+(`catch_up`, `masks_along`, `took`).
 
-mlx-lm calls a processor with the tokens so far (ending in the token just
+The batch calls a processor with the tokens so far (ending in the token just
 fed to the model) and that step's logits. The first call of an answer ends
 in the prompt's last token; every later call ends in the token sampled at
 the step before, which the matcher consumes before it masks the next one.
@@ -69,12 +69,22 @@ class GrammarProcessor:
             return self._sampled
         return tapped
 
-    def repeat_last(self) -> None:
-        """The next call ends in the token consumed last (a lone request
-        moving into the batch re-feeds its last token as a prompt)."""
-        self._fresh = True
+    # --- driven token by token in a verify step (engine/model/row_batch.py), not through __call__ ---------------
+    def catch_up(self, last: int) -> None:
+        """A verify step begins with `last`, the row's newest token, which
+        __call__ would consume first: consumed here (none at the answer's start)."""
+        if self._fresh:
+            self._fresh = False
+        else:
+            self.advance(last)
 
-    # --- driven token by token by prompt lookup (engine/model/speculative.py), not through __call__ ---------------
+    def took(self, kept: list[int], after: Any) -> None:
+        """A verify step kept `kept` (consumed here) and drew `after` (an
+        array of one token), which the next step consumes, as a drawn token."""
+        for token in kept:
+            self.advance(token)
+        self._sampled = after
+
     def allowed(self) -> Any:
         """The tokens the grammar allows next (a bool per vocabulary entry):
         end-of-sequence only once it is complete (or failed)."""

@@ -1,7 +1,7 @@
-"""What the decoders hold and hand back, shared by both (engine/model/one_row.py,
-engine/model/many_rows.py), the runner and the core: a request admitted into a
-decoder (`Admitted`), one that left it with its KV (`Ended`), a row's sampler
-and logits processors (`RowSampling`). The decoders themselves are
+"""What the decoder holds and hands back (engine/model/batch_decoder.py,
+engine/model/vision_row.py), shared with the runner and the core: a request
+admitted into a decoder (`Admitted`), one that left it with its KV (`Ended`), a
+row's sampler and logits processors (`RowSampling`). The decoder itself is
 engine/model/decoding.py's.
 """
 

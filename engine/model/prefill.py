@@ -4,7 +4,7 @@ generate loop: `prefill` a step at a time as the engine's pace sizes them
 `recompute`, approximate reuse's changed spans over cached KV
 (engine/cache/reuse.py).
 
-Both decoders use them (engine/model/one_row.py, engine/model/many_rows.py; recompute
+The batch uses them (engine/model/batch_decoder.py; recompute
 through engine/model/runner.py), on the worker thread only. MLX is
 imported inside the functions, after the engine has chosen its BLAS
 (engine/cpu/fast_blas.py).

@@ -22,7 +22,7 @@ other call to mlx-lm's function unchanged. A model that uses the keys
 itself (DeepSeek's latent attention) would compute something else, so
 `rows_decode_exact` checks, once per load, that a step over two rows of
 different lengths gives each row the logits it gets alone; a model that
-fails it is batched by mlx-lm's BatchGenerator instead.
+fails it runs a forward a row (engine/model/row_batch.py, `apart`).
 """
 
 from __future__ import annotations
@@ -178,7 +178,7 @@ def rows_decode_exact(model: Any, tolerance: float | None = None) -> tuple[bool,
             _same_as_alone(model, caches, alone, [[13, 14, 15], [16, 17, 18]], tolerance)
         return decode, verify
     except Exception as exc:  # a model whose attention does not go through mlx-lm's function as it should
-        log.info("decoding rows apart does not run for this model (%s: %s): mlx-lm's padded batch instead",
+        log.info("decoding rows apart does not run for this model (%s: %s): a forward a row instead",
                  type(exc).__name__, exc)
         return False, False
 
@@ -192,7 +192,7 @@ def _same_as_alone(model: Any, caches: list[list[Any]], alone: list[list[Any]], 
     if not exact:
         log.info("decoding rows apart (%d tokens a row) is not exact for this model (worst %.3g of the logits' "
                  "scale): %s", len(tokens[0]), worst,
-                 "mlx-lm's padded batch instead" if len(tokens[0]) == 1 else "no prompt lookup in the batch")
+                 "a forward a row instead" if len(tokens[0]) == 1 else "no prompt lookup in a batch of several")
     return exact
 
 

@@ -1,13 +1,15 @@
-"""The batch's decode loop, mlxd's own: rows of any length, each with its
-own cache, a token a row each step (engine/model/row_attention.py: the
-matrix products together, attention row by row without a mask).
+"""The decoder's step, mlxd's own: rows of any length, each with its own
+cache, a token a row each step (engine/model/row_attention.py: the matrix
+products together, attention row by row without a mask). One request
+alone is a batch of one, and its step is the model's forward over its own
+cache, as mlx-lm's generate_step runs it.
 
-It takes what mlx-lm's BatchGenerator takes from engine/model/many_rows.py
--- a row joins with the token it decodes next, its cache, its sampler and
-logits processors -- and answers as it does: each step, the tokens each row
-decoded, with the row's cache once it ended (an end-of-sequence token or its
-max_tokens). Nothing is merged or copied when a row joins or leaves: a row's
-cache stays the one admission allocated for it (engine/cache/kv_cache.py).
+A row joins with the token it decodes next, its cache, its sampler and
+logits processors (penalties, logit bias, a grammar); each step answers the
+tokens each row decoded, with the row's cache once it ended (an
+end-of-sequence token or its max_tokens). Nothing is merged or copied when
+a row joins or leaves: a row's cache stays the one admission allocated for
+it (engine/cache/kv_cache.py).
 
 A plain step runs one step ahead, as mlx-lm's generators do: it builds the
 next step's forward on the tokens it sampled, lazily, and starts it before
@@ -15,41 +17,49 @@ it reads those tokens, so the device works while the host relays them. A
 row that ends has had one more token computed than it takes: that token is
 dropped (its KV holds everything up to the last token it answered).
 
-Prompt lookup (engine/model/speculative.py) is a per-row part of the same
-step (`lookup`): each row's n-gram index proposes what followed its last
-tokens earlier in its context, its DraftPolicy how many are worth a verify;
-when a row has proposals, the step runs every row's last token and its
-proposals in one forward (a verify step, each row's attention causal over
-its own keys), each row keeps the longest prefix its own model agrees with
-(greedy) or what the speculative acceptance rule keeps (sampled), and its
-cache is cut back to what it kept. Rows with logits processors (penalties,
-a grammar) propose nothing; a verify step is not run one ahead (what comes
-next depends on what was kept), so it is taken only where a row has
-something to propose: rows that copy nothing pay a dictionary lookup a token.
+Speculative decoding is a per-row part of the same step: a row with a
+proposer (engine/model/row_proposals.py: prompt lookup, a draft model) may
+propose tokens; when one has proposals worth a verify, the step runs every
+row's last token and its proposals in one forward (a verify step, each
+row's attention causal over its own keys), each row keeps the longest
+prefix its model agrees with (greedy) or what the speculative acceptance
+rule keeps (sampled), and its cache is cut back to what it kept. A row's
+grammar masks every position of its verify (a proposal is cut where the
+grammar would not allow it); rows with penalties propose nothing (they
+must see each token before the next is drawn). A verify step is not run
+one ahead (what comes next depends on what was kept).
+
+A model whose attention reads the keys itself (DeepSeek's latent
+attention: engine/model/row_attention.py's rows_decode_exact fails) runs a
+forward a row (`apart` False): the same step, the same tokens, no matrix
+products shared.
 
 Quantised KV (`kv_bits`) batches too: each row's quantised layers go to
 mlx-lm's quantised attention with its own cache, as alone; a row's plain
 layers are quantised once they hold the layout's start (as mlx-lm's
 generate_step does); where this MLX has no kernel for attention over
-quantised KV, a step reads each layer dequantised (`dequantized`), as the
-one-row decoder does.
+quantised KV, a step reads each layer dequantised (`dequantized`).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 from mlx_lm.generate import generation_stream
-from mlx_lm.models.cache import KVCache, TokenBuffer, can_trim_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import KVCache, TokenBuffer, trim_prompt_cache
 
 from mlxd.memory_estimate import KVLayout
 
 from ..cache.kv_cache import prefill_views, quantize_from
 from .row_attention import positions, row_caches
-from .speculative import DRAFT_MAX, DraftPolicy, NgramIndex, SampledTarget, SpecStats, accept_sampled
+from .row_proposals import Proposer
+from .speculative import DRAFT_MAX, SampledTarget, SpecStats, accept_sampled, apply_masks
+
+if TYPE_CHECKING:
+    from .constrained import GrammarProcessor
 
 
 @dataclass(eq=False)
@@ -61,10 +71,9 @@ class _Row:
     sampler: Any  # None: greedy
     processors: list[Any]
     context: TokenBuffer | None  # the tokens its KV holds, for its processors (penalties, a grammar)
-    lookup: NgramIndex | None = None  # its prompt and answer's n-grams, where it proposes (prompt lookup)
+    proposer: Proposer | None = None  # what it proposes for a verify (engine/model/row_proposals.py)
     target: SampledTarget | None = None  # a sampled row's distribution, for verifying (None: greedy)
-    policy: DraftPolicy = field(default_factory=DraftPolicy)
-    stats: SpecStats = field(default_factory=SpecStats)
+    grammar: GrammarProcessor | None = None  # the last of its processors, driven by hand in a verify step
     answered: int = 0
     plain_layers: bool = False  # layers still at the model's dtype that kv_bits quantises once they reach its start
     joining: bool = True  # its first input is its prompt's last token, not a token it answered
@@ -82,27 +91,29 @@ class RowToken:
     token: int
     finish_reason: str | None
     prompt_cache: list[Any] | None = None
-    speculation: SpecStats | None = None  # what prompt lookup did for the row, once it ended
+    speculation: SpecStats | None = None  # what speculation did for the row, once it ended
 
 
 @dataclass
 class RowBatch:
     model: Any
     stop_tokens: frozenset[int]
-    lookup: bool = False  # prompt lookup in the batch: the model's verify step was found exact at load
+    apart: bool = True  # one forward over every row, attention row by row; False: a forward a row
+    # Verify steps over several rows in one forward were found exact at the model's load (a batch of one's, or
+    # a forward a row's, always are).
+    verify_together: bool = False
     kv_layout: KVLayout = KVLayout()  # kv_bits: rows' layers quantised once they hold its start (as alone)
     dequantized: bool = False  # this MLX cannot attend over quantised KV: a step reads it dequantised, a layer at a time
     rows: list[_Row] = field(default_factory=list)
     _next_uid: int = 0
 
     def insert(self, token: int, kv: list[Any], max_tokens: int, context: list[int], sampler: Any,
-               processors: list[Any], target: SampledTarget | None = None) -> int:
+               processors: list[Any], target: SampledTarget | None = None, proposer: Proposer | None = None,
+               grammar: GrammarProcessor | None = None) -> int:
         """A row joins with the token it runs next (its prompt's last); `context`: the tokens its KV holds."""
         uid, self._next_uid = self._next_uid, self._next_uid + 1
-        proposes = self.lookup and not processors and can_trim_prompt_cache(kv)
         self.rows.append(_Row(uid, kv, mx.array([token], dtype=mx.int32), max_tokens, sampler, list(processors),
-                              TokenBuffer(list(context)) if processors else None,
-                              NgramIndex([*context, token]) if proposes else None, target,
+                              TokenBuffer(list(context)) if processors else None, proposer, target, grammar,
                               plain_layers=self.kv_layout.quantized and _has_plain_layers(kv)))
         return uid
 
@@ -113,13 +124,18 @@ class RowBatch:
         if row is None:
             return None
         self.rows.remove(row)
+        if row.proposer is not None:
+            row.proposer.ended()
         return row.kv
 
     def spec_stats(self, uid: int) -> SpecStats | None:
         row = next((r for r in self.rows if r.uid == uid), None)
-        return row.stats if row is not None and row.lookup is not None else None
+        return row.proposer.stats if row is not None and row.proposer is not None else None
 
     def close(self) -> None:
+        for r in self.rows:
+            if r.proposer is not None:
+                r.proposer.ended()
         self.rows = []
 
     def next(self) -> list[RowToken]:
@@ -127,12 +143,13 @@ class RowBatch:
         rows = list(self.rows)
         if not rows:
             return []
-        if any(self._may_propose(r) for r in rows):
+        if (len(rows) == 1 or self.verify_together or not self.apart) and \
+                any(r.proposer is not None and r.proposer.worth_verify(r.room()) for r in rows):
             return self._verify_step(rows)
         began = time.perf_counter()
         inputs = rows[0].next_input if len(rows) == 1 else mx.concatenate([r.next_input for r in rows])
         with mx.stream(generation_stream):
-            logits = self.model(inputs[:, None], cache=self._caches(rows))[:, -1, :]
+            logits = self._forward(rows, inputs[:, None])[:, -1, :]
             sampled, contexts = self._sample(rows, logits, inputs)
         for i, r in enumerate(rows):
             r.next_input = sampled[i:i + 1]
@@ -142,15 +159,21 @@ class RowBatch:
         seconds = time.perf_counter() - began
         out = []
         for r, token in zip(rows, tokens):
-            if r.lookup is not None:
-                r.policy.saw_step(seconds)
-                r.stats.forwards += 1
+            if r.proposer is not None:
+                r.proposer.plain(token, r.joining, seconds)
             out += self._answer(r, [token])
         return out
 
-    def _caches(self, rows: list[_Row]) -> list[Any]:
+    def _forward(self, rows: list[_Row], inputs: mx.array) -> mx.array:
+        """The rows' logits for `inputs` (rows x positions): one forward over
+        their own caches (a batch of one: the model over the row's cache, as
+        mlx-lm runs one), or a forward a row where attention cannot be split."""
         kv = [prefill_views(r.kv) if self.dequantized else r.kv for r in rows]
-        return row_caches(kv, positions(kv))
+        if len(rows) == 1:
+            return self.model(inputs, cache=kv[0])
+        if not self.apart:
+            return mx.concatenate([self.model(inputs[i:i + 1], cache=c) for i, c in enumerate(kv)], axis=0)
+        return self.model(inputs, cache=row_caches(kv, positions(kv)))
 
     def _quantize(self, rows: list[_Row]) -> None:
         """kv_bits: a row's plain layers quantised in place once they hold
@@ -160,18 +183,30 @@ class RowBatch:
                 quantize_from(r.kv, self.kv_layout)
                 r.plain_layers = _has_plain_layers(r.kv)
 
-    def _sample(self, rows: list[_Row], logits: mx.array, inputs: mx.array) -> tuple[mx.array, list[mx.array]]:
-        """Each row's processors and sampler over its logits (one position a row): the tokens drawn."""
+    def _processed(self, r: _Row, logits: mx.array, token: mx.array, verify: bool) -> tuple[mx.array, mx.array]:
+        """A row's logits for its next token after its processors (a verify
+        step's: all but its grammar, which masks them by hand), and the
+        tokens they saw."""
+        context = r.context.update_and_fetch(token)
+        for processor in r.processors:
+            if not (verify and processor is r.grammar):
+                logits = processor(context, logits)
+        return logits, context
+
+    def _sample(self, rows: list[_Row], logits: mx.array, inputs: mx.array,
+                masks: list[Any] | None = None) -> tuple[mx.array, list[mx.array]]:
+        """Each row's processors and sampler over its logits (one position a
+        row; in a verify step, `masks`: each grammar row's first): the tokens drawn."""
         contexts = []
         if any(r.processors for r in rows):
             processed = []
             for i, r in enumerate(rows):
                 row_logits = logits[i:i + 1]
                 if r.processors:
-                    context = r.context.update_and_fetch(inputs[i:i + 1])
+                    row_logits, context = self._processed(r, row_logits, inputs[i:i + 1], masks is not None)
                     contexts.append(context)
-                    for processor in r.processors:
-                        row_logits = processor(context, row_logits)
+                if masks is not None and masks[i] is not None:
+                    row_logits = apply_masks(row_logits, masks[i][:1])
                 processed.append(row_logits)
             logits = mx.concatenate(processed, axis=0)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
@@ -183,92 +218,89 @@ class RowBatch:
                                       for lp, s in ((logprobs[i:i + 1], s) for i, s in enumerate(samplers))])
         return sampled.astype(mx.int32), contexts
 
-    # --- prompt lookup -------------------------------------------------------------------------
-    def _may_propose(self, r: _Row) -> bool:
-        """Whether the row has proposals worth a verify, judged on the tokens
-        known (its next token is still being computed: the index's first
-        proposal stands for it)."""
-        if r.lookup is None or r.room() < 1:
-            return False
-        at_hand = r.lookup.propose(1 + r.room())
-        return len(at_hand) > 1 and r.policy.next_k(len(at_hand) - 1) > 0
-
+    # --- speculation ----------------------------------------------------------------------------
     def _verify_step(self, rows: list[_Row]) -> list[RowToken]:
         """Every row's next token and its proposals in one forward; each row
         keeps what its model agrees with and its cache is cut back to it."""
         began = time.perf_counter()
         lasts = mx.concatenate([r.next_input for r in rows]).tolist()  # (waits for the step ahead)
-        proposals = []
+        proposals, masks = [], []
         for r, last in zip(rows, lasts):
-            if r.lookup is None or r.room() < 1:
-                proposals.append([])
-                continue
-            if not r.joining:
-                r.lookup.extend([last])  # its answer's next token (a joining row's prompt already has it)
-            at_hand = r.lookup.propose(r.room())
-            proposals.append(at_hand[:r.policy.next_k(len(at_hand))])
+            if r.grammar is not None:
+                r.grammar.catch_up(last)
+            proposed = r.proposer.propose(last, r.joining, r.room()) if r.proposer is not None else []
+            row_masks = None
+            if r.grammar is not None:  # cut where the grammar would not allow it, each position masked
+                proposed, row_masks = r.grammar.masks_along(proposed)
+            proposals.append(proposed)
+            masks.append(row_masks)
         width = 1 + max(len(p) for p in proposals)
         inputs = mx.array([[last, *p, *[last] * (width - 1 - len(p))] for last, p in zip(lasts, proposals)],
                           dtype=mx.int32)
         with mx.stream(generation_stream):
-            logits = self.model(inputs, cache=self._caches(rows))
-            firsts, _ = self._sample(rows, logits[:, 0, :], inputs[:, 0])
-            greedy = (logits - mx.logsumexp(logits, axis=-1, keepdims=True)).argmax(axis=-1)
-        mx.eval(firsts, greedy)
-        firsts_list, greedy_list = firsts.tolist(), greedy.tolist()
+            logits = self._forward(rows, inputs)
+            firsts, _ = self._sample(rows, logits[:, 0, :], inputs[:, 0], masks)
+            greedy = [None if not p or r.target is not None else
+                      _greedy(apply_masks(logits[i, :len(p) + 1], masks[i]))
+                      for i, (r, p) in enumerate(zip(rows, proposals))]
+        mx.eval(firsts, *[g for g in greedy if g is not None])
+        firsts_list = firsts.tolist()
         seconds = time.perf_counter() - began
         out = []
         for i, (r, last, proposed) in enumerate(zip(rows, lasts, proposals)):
             if not proposed:
                 kept, after = [], firsts_list[i]
             elif r.target is None:
+                choice = greedy[i].tolist()
                 agreed = 0
-                while agreed < len(proposed) and proposed[agreed] == greedy_list[i][agreed]:
+                while agreed < len(proposed) and proposed[agreed] == choice[agreed]:
                     agreed += 1
-                kept, after = proposed[:agreed], greedy_list[i][agreed]
+                kept, after = proposed[:agreed], choice[agreed]
             else:
-                drawn = accept_sampled(r.target.probs(logits[i, :len(proposed) + 1].astype(mx.float32)), proposed)
+                row_logits = apply_masks(logits[i, :len(proposed) + 1], masks[i])
+                drawn = accept_sampled(r.target.probs(row_logits.astype(mx.float32)), proposed)
                 kept, after = drawn[:-1], drawn[-1]
             if width > 1 + len(kept):
                 trim_prompt_cache(r.kv, width - 1 - len(kept))
             r.next_input = mx.array([after], dtype=mx.int32)
-            if r.lookup is not None:
-                r.stats.forwards += 1
-                r.stats.proposed += len(proposed)
-                r.stats.accepted += len(kept)
-                if proposed:
-                    r.policy.saw_verify(len(proposed), len(kept), seconds)
-                r.lookup.extend(kept)
-            out += self._answer(r, [last, *kept], indexed=True)
+            if kept and r.context is not None:
+                r.context.update_and_fetch(mx.array(kept, dtype=mx.int32))
+            if r.grammar is not None:
+                r.grammar.took(kept, r.next_input)
+            if r.proposer is not None:
+                r.proposer.verified(proposed, kept, seconds)
+            out += self._answer(r, [last, *kept])
         self._quantize(rows)
         return out
 
     # --- the answer ----------------------------------------------------------------------------
-    def _answer(self, r: _Row, tokens: list[int], indexed: bool = False) -> list[RowToken]:
+    def _answer(self, r: _Row, tokens: list[int]) -> list[RowToken]:
         """The row's tokens of this step, in order, until one ends it: it
-        then leaves with its cache, cut back to that token. `indexed`: its
-        n-gram index has them already (a verify step's)."""
+        then leaves with its cache, cut back to that token."""
         out = []
         for n, token in enumerate(tokens):
             if r.joining:  # its prompt's last token: what it answers comes after
                 r.joining = False
                 continue
-            if r.lookup is not None and not indexed:
-                shadow = r.lookup.propose(1)  # would the index have guessed it: the policy learns where copying is
-                if shadow:
-                    r.policy.saw_shadow(shadow[0] == token)
-                r.lookup.extend([token])
             r.answered += 1
-            r.stats.tokens += 1
+            if r.proposer is not None:
+                r.proposer.stats.tokens += 1
             finish = "stop" if token in self.stop_tokens else "length" if r.answered >= r.max_tokens else None
             if finish is not None:
                 self.rows.remove(r)
                 if n + 1 < len(tokens):  # a verify's tokens after the one that ended it: out of its cache too
                     trim_prompt_cache(r.kv, len(tokens) - n - 1)
-                out.append(RowToken(r.uid, token, finish, r.kv, r.stats if r.lookup is not None else None))
+                if r.proposer is not None:
+                    r.proposer.ended()
+                out.append(RowToken(r.uid, token, finish, r.kv, r.proposer.stats if r.proposer is not None else None))
                 return out
             out.append(RowToken(r.uid, token, None))
         return out
+
+
+def _greedy(logits: mx.array) -> mx.array:
+    """Each position's greedy token, as a plain step picks it (argmax of the log-probabilities)."""
+    return (logits - mx.logsumexp(logits, axis=-1, keepdims=True)).argmax(axis=-1)
 
 
 def _has_plain_layers(kv: list[Any]) -> bool:

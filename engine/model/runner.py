@@ -16,7 +16,6 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from mlxd.memory_estimate import KVLayout
 
 from .decoder_rows import Admitted, Ended
 from .decoding import Decoders
@@ -75,7 +74,6 @@ class ModelRunner:
     def load(self, model_id: str) -> ServingPlan:
         """The model into memory and its serving plan; an EngineError (503)
         for a load that failed outside MLX (missing files, no network)."""
-        from .many_rows import batchable_model
         from .model_load import load_resident, load_shard, with_kv_layout
         from .row_attention import rows_decode_exact
 
@@ -94,30 +92,29 @@ class ModelRunner:
         self.resident = resident
         self.pace = PrefillPace(self.prefill_step_size, self.prefill_step_budget_s)
         concurrency = self.registry.max_concurrency(model_id)
+        batching = self.registry.config.engine.batching
         text_alone = not resident.vision and self.link is None
-        batchable = text_alone and batchable_model(resident.model)
-        rows_apart, rows_verify = (rows_decode_exact(resident.model) if text_alone and concurrency > 1
-                                   else (False, False))
+        # A batch of one needs neither check: its forward is the model's over the row's own cache.
+        rows_apart, verify_together = (rows_decode_exact(resident.model) if text_alone and concurrency > 1
+                                       else (True, False))
         speedup = None
-        if rows_apart and self.registry.config.engine.batching == "auto":
+        if text_alone and concurrency > 1 and rows_apart and batching == "auto":
             from .batch_probe import batch_speedup
 
             speedup = batch_speedup(resident.model, rows=min(4, concurrency))
             log.info("%s: a step of %d rows decodes %.2fx the tokens a second of one row alone", model_id,
                      min(4, concurrency), speedup)
-        self.plan = serving_plan(model_id, concurrency, vision=resident.vision,
-                                 rank_group=self.link is not None, batchable=batchable, kv=resident.kv,
-                                 cpu_float32=info.weights_dtype == "float32",
+        self.plan = serving_plan(model_id, concurrency, vision=resident.vision, rank_group=self.link is not None,
+                                 kv=resident.kv, cpu_float32=info.weights_dtype == "float32",
                                  speculative=self.registry.config.speculative_for(model_id), rows_apart=rows_apart,
-                                 batch_speedup=speedup)
+                                 batch_speedup=speedup, batching=batching)
         if self.plan.reason and self.registry.max_concurrency(model_id) > 1:
             log.info("%s is served one request at a time: %s", model_id, self.plan.reason)
         spec = self.registry.config.models[model_id]
         draft = self._load_draft(model_id, spec.draft, resident) if self.plan.speculative == "draft" else None
         self.decoders = Decoders(resident, self.plan.max_concurrency, self.pace, self.faults, self.link,
                                  speculative=self.plan.speculative, draft=draft, draft_tokens=spec.draft_tokens,
-                                 rows_apart=self.plan.rows_apart,
-                                 rows_lookup=rows_verify and self.plan.speculative == "prompt_lookup")
+                                 rows_apart=self.plan.rows_apart, verify_together=verify_together)
         from mlx_lm.utils import maybe_set_recommended_wired_limit  # Metal: the weights stay wired, as mlx-lm does
 
         self._wired_before = maybe_set_recommended_wired_limit()
@@ -203,8 +200,8 @@ class ModelRunner:
 
     # --- a request ----------------------------------------------------------------
     def can_batch(self, job: Job) -> bool:
-        """What mlx-lm's batch can take: the resident model's plan allows it,
-        no seed, no image, not a suspect of a crash; the rest is decoded alone."""
+        """What may join the batch: the resident model's plan allows it, no
+        seed, no image, not a suspect of a crash; the rest is decoded alone."""
         plan = self.plan
         return (plan is not None and plan.model_id == job.model_id and plan.max_concurrency > 1
                 and job.params.seed is None and not job.images and not job.alone)
@@ -217,14 +214,11 @@ class ModelRunner:
         tokens, truncation = tokenize(self.resident, job, self.max_prompt_tokens)
         return Prompt(tokens, truncation=truncation)
 
-    def decodes_alone(self, alone: bool, others_waiting: bool) -> bool:
-        return self.decoders.decodes_alone(alone, others_waiting)
-
-    def admit(self, job: Job, prompt: Prompt, fetched: Fetched, cache_enabled: bool, alone: bool, one_row: bool,
+    def admit(self, job: Job, prompt: Prompt, fetched: Fetched, cache_enabled: bool, alone: bool,
               taken_at: float) -> Admitted:
         """Its KV from what the prompt cache fetched (spans recomputed; else
-        allocated once: for prompt and answer when decoded alone, for the
-        prompt when it joins the batch), then into its decoder."""
+        allocated once for prompt and answer), then into its decoder
+        (`alone`: nobody joins it, its KV a grant of its own)."""
         from mlx_lm.models.cache import can_trim_prompt_cache
 
         from ..cache.kv_cache import make_kv
@@ -238,21 +232,16 @@ class ModelRunner:
                       cancelled=job.cancelled)
         needs_snapshot = False
         if prompt.vision is None and self.link is None:
-            if kv is None:
-                # Allocated once for its prompt and answer, as admission counted it (engine/cache/kv_cache.py),
-                # but for mlx-lm's padded batch, which copies each row into its own array.
-                kv = (make_kv(r.model, len(prompt.tokens) + job.params.max_tokens, r.kv)
-                      if one_row or self.plan.rows_apart else make_kv(r.model, len(prompt.tokens), KVLayout()))
+            if kv is None:  # allocated once for its prompt and answer, as admission counted it (engine/cache/kv_cache.py)
+                kv = make_kv(r.model, len(prompt.tokens) + job.params.max_tokens, r.kv)
             needs_snapshot = cache_enabled and needs_boundary_snapshot([type(c).__name__ for c in kv],
                                                                        can_trim_prompt_cache(kv))
-            if one_row and not alone and not can_trim_prompt_cache(kv):
-                one_row = False  # it could not be cut back to join a batch later: it starts in the batch
         generation = Generation(r, job, self.faults, self.heartbeat)
         admitted = Admitted(job, generation, prompt.tokens, fetched, r.tokenizer.detokenizer, needs_snapshot,
                             alone=alone, taken_at=taken_at)
         if self.save_progress is not None and not needs_snapshot and prompt.vision is None and self.link is None:
             admitted.save_progress = self.save_progress
-        self.decoders.admit(admitted, kv, self.heartbeat, one_row, prompt.vision)
+        self.decoders.admit(admitted, kv, prompt.vision)
         admitted.fetched = replace(fetched, kv=None)  # the decoder's row owns the KV now
         return admitted
 

@@ -11,14 +11,14 @@ from dataclasses import dataclass
 
 from mlxd.memory_estimate import KVLayout
 
-ONE_ROW = "one_row"  # engine/model/one_row.py: one request at a time, as mlx-lm decodes one
-MANY_ROWS = "many_rows"  # engine/model/many_rows.py: mlx-lm's BatchGenerator, joined by a lone start
+BATCH = "batch"  # engine/model/batch_decoder.py: every text request, a lone one a batch of one
+VISION = "vision"  # engine/model/vision_row.py: mlx-vlm's generation, one request at a time
 
 
 @dataclass(frozen=True)
 class ServingPlan:
     model_id: str
-    max_concurrency: int  # requests decoded at once: 1 is the one-row decoder alone
+    max_concurrency: int  # requests decoded at once
     vision: bool  # mlx-vlm's model: a request's images go through its processor
     rank_group: bool  # sharded over processes (engine/model/ranks.py): every forward pass mirrored
     prompt_cache: bool  # mlxd's prompt cache serves it (not mlx-vlm's generation, not a rank group)
@@ -26,14 +26,14 @@ class ServingPlan:
     cpu_float32: bool  # the CPU's float32 path (engine/cpu/cpu_linear.py, engine/cpu/cpu_decode.py)
     reason: str | None = None  # why max_concurrency is below what was configured
     speculative: str = "off"  # a lone request: "prompt_lookup" (speculative.py), "draft" (draft_model.py), "off"
-    # The batch decodes each row over its own cache, attention row by row (engine/model/row_batch.py), where the
-    # model was checked at load to give each row what it gets alone; else mlx-lm's padded, masked batch.
+    # Several rows in one forward, attention row by row over each row's own cache (engine/model/row_batch.py),
+    # where the model was checked at load to give each row what it gets alone; else a forward a row.
     rows_apart: bool = False
     batch_speedup: float | None = None  # measured at load (engine/model/batch_probe.py); None: not measured
 
     @property
     def decoder(self) -> str:
-        return MANY_ROWS if self.max_concurrency > 1 else ONE_ROW
+        return VISION if self.vision else BATCH
 
 
 def speculative_mode(configured: str, *, vision: bool, rank_group: bool, kv: KVLayout) -> str:
@@ -49,13 +49,14 @@ MIN_BATCH_SPEEDUP = 1.0  # a batched step must decode at least as many tokens a 
 
 
 def serving_plan(model_id: str, configured_concurrency: int, *, vision: bool, rank_group: bool,
-                 batchable: bool, kv: KVLayout, cpu_float32: bool, speculative: str = "off",
-                 rows_apart: bool = False, batch_speedup: float | None = None) -> ServingPlan:
+                 kv: KVLayout, cpu_float32: bool, speculative: str = "off", rows_apart: bool = False,
+                 batch_speedup: float | None = None, batching: str = "auto") -> ServingPlan:
     """The plan for a model just loaded (pure; the first reason that holds
-    limits it to one request at a time). `batchable`: every layer's cache
-    can be merged into mlx-lm's batch; `rows_apart`: a step over rows each
-    with its own cache gives every row what it gets alone (checked at load:
-    engine/model/row_attention.py), so no merge is needed; `batch_speedup`:
+    limits it to one request at a time). `rows_apart`: a forward over rows
+    each with its own cache gives every row what it gets alone (checked at
+    load: engine/model/row_attention.py), else the batch runs a forward a
+    row, no faster than one request at a time, so `batching` = "auto" serves
+    one at a time; `batch_speedup`:
     how many times the tokens a second of one row alone a batched step
     decodes (measured at load, engine/model/batch_probe.py; None: not
     measured, `[engine] batching = "always"`)."""
@@ -65,15 +66,15 @@ def serving_plan(model_id: str, configured_concurrency: int, *, vision: bool, ra
             reason = "a rank group serves one request at a time"
         elif vision:
             reason = "a vision model is served by mlx-vlm, one request at a time"
-        elif kv.quantized and not rows_apart:
-            reason = "mlx-lm's batch has no quantised KV cache (mlxd's rows apart have: not for this model)"
-        elif not batchable and not rows_apart:
-            reason = "mlx-lm cannot merge this model's cache into a batch"
+        elif not rows_apart and batching == "auto":
+            reason = ("this model's attention cannot be split by rows (it reads the keys itself): a batch runs a "
+                      "forward a row, no faster than one request at a time ([engine] batching = \"always\" batches "
+                      "anyway)")
         elif batch_speedup is not None and batch_speedup < MIN_BATCH_SPEEDUP:
             reason = (f"a batched step decodes {batch_speedup:.2f}x the tokens a second of one row alone on this "
                       "backend: one request at a time is faster ([engine] batching = \"always\" batches anyway)")
     return ServingPlan(model_id, 1 if reason else configured_concurrency, vision, rank_group,
                        not vision and not rank_group, kv, cpu_float32, reason,
                        speculative_mode(speculative, vision=vision, rank_group=rank_group, kv=kv),
-                       rows_apart and not reason and configured_concurrency > 1,
+                       rows_apart,
                        None if batch_speedup is None else round(batch_speedup, 3))

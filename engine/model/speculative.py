@@ -1,27 +1,27 @@
-"""Speculative decoding by prompt lookup, for the one-row decoder (exact).
+"""Speculative decoding by prompt lookup (exact): its pure parts.
 
 An agent's answer re-emits long spans of its context: an edit rewrites a file
 the prompt holds, a tool call's arguments repeat paths and code. Prompt lookup
 (llama.cpp's n-gram speculation; transformers' `prompt_lookup_num_tokens`)
 proposes the tokens that followed the last few tokens' latest earlier
 occurrence in the prompt and the answer so far, and the model verifies them
-in one forward (one_row.verify_greedy): the longest prefix it would have
-chosen itself is kept, then its own next token. Greedy answers are the same
-tokens, one to k + 1 of them per forward.
+in one forward (engine/model/row_batch.py's verify step): the longest
+prefix it would have chosen itself is kept, then its own next token. Greedy
+answers are the same tokens, one to k + 1 of them per forward; sampled ones
+are drawn from the same distribution (`accept_sampled`).
 
 The decisions are pure: `NgramIndex` (where the suffix occurred before),
 `DraftPolicy` (how many tokens to propose, by the acceptance and the cost of
 a verify it has measured: none where no draft beats a plain step, so text
 with nothing to copy, or a machine where a verify costs several steps, pays
-almost nothing). `lookup_steps` is the generator the one-row
-decoder pulls tokens from, as it pulls them from mlx-lm's `generate_step`.
+almost nothing). A row's proposer (engine/model/row_proposals.py) drives
+them in the batch's step.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Sequence
 
 NGRAM_MAX = 3  # the longest suffix looked up; longer matches are rarer and barely more precise
 NGRAM_MIN = 2
@@ -215,18 +215,6 @@ def accept_sampled(probs: Any, proposed: list[int]) -> list[int]:
     return out
 
 
-def greedy_choice(logits: Any) -> Any:
-    """The greedy token(s) of logits (... x vocabulary) as mlx-lm's
-    generate_step picks them: argmax of the log-probabilities, computed in
-    the logits' dtype (in bfloat16 the subtraction can round two near logits
-    to a tie, which argmax breaks by index: the same ops, the same tokens)."""
-    import mlx.core as mx
-
-    # One row: generate_step's own reduction (over the whole array: another kernel than a per-row one on a GPU).
-    lse = mx.logsumexp(logits, keepdims=True) if logits.shape[0] == 1 else mx.logsumexp(logits, axis=-1, keepdims=True)
-    return mx.argmax(logits - lse, axis=-1)
-
-
 def apply_masks(logits: Any, masks: Sequence[Any] | None) -> Any:
     """Each row of logits (positions x width) with the tokens its grammar
     mask (a bool per vocabulary entry, engine/model/constrained.py) does not
@@ -239,135 +227,3 @@ def apply_masks(logits: Any, masks: Sequence[Any] | None) -> Any:
     width = logits.shape[-1]
     allowed = np.stack([np.pad(m, (0, max(width - m.shape[0], 0)))[:width] for m in masks])
     return mx.where(mx.array(allowed), logits, mx.array(-float("inf"), dtype=logits.dtype))
-
-
-Verify = Callable[..., list[int]]  # (model, kv, last, proposed, masks=None) -> the tokens kept
-
-
-def verify_sampled(target: SampledTarget) -> Verify:
-    """The verify step of a sampled request: one forward over `last` and the
-    proposal, accept_sampled, the rejected positions cut back from the KV (as
-    one_row.verify_greedy does for a greedy one)."""
-
-    def verify(model: Any, kv: list[Any], last: int, proposed: list[int], masks: Sequence[Any] | None = None
-               ) -> list[int]:
-        import mlx.core as mx
-        from mlx_lm.models.cache import trim_prompt_cache
-
-        logits = apply_masks(model(mx.array([[last, *proposed]], dtype=mx.int32), cache=kv)[0], masks)
-        out = accept_sampled(target.probs(logits.astype(mx.float32)), proposed)
-        if len(proposed) > len(out) - 1:
-            trim_prompt_cache(kv, len(proposed) - (len(out) - 1))
-        return out
-
-    return verify
-
-
-def lookup_steps(model: Any, kv: list[Any], rest: list[int], context: Sequence[int], max_tokens: int,
-                 stats: SpecStats, verify: Verify, sampled: SampledTarget | None = None,
-                 grammar: Any = None) -> Iterator[tuple[int, None]]:
-    """Greedy tokens, as mlx-lm's generate_step yields them ((token, None)):
-    `rest` (the prompt's last token or tokens, their KV not in `kv` yet) first,
-    then prompt-lookup proposals verified `verify(model, kv, last, proposed)`
-    (one_row.verify_greedy; verify_sampled with a `sampled` request's target,
-    whose plain steps draw from it) or, where the policy proposes nothing, plain
-    steps -- pipelined as generate_step's are: the next step's forward is
-    queued on the token not yet read, so the host's work overlaps the
-    model's. A proposal never runs past `max_tokens`, so the KV allocated at
-    admission is never outgrown.
-
-    With a `grammar` (engine/model/constrained.py's GrammarProcessor, driven
-    here token by token instead of as a logits processor) every position's
-    logits are masked as the processor masks them, a proposal is cut where
-    the grammar would not allow it, the tokens the grammar forces (a JSON
-    key, a closing quote) are proposed first; a plain step's mask is made
-    while its forward runs (it needs the token before it, read meanwhile)."""
-    import mlx.core as mx
-
-    def pick(logits: Any) -> Any:  # a position's token: greedy, or drawn from a sampled request's target
-        if grammar is not None:
-            logits = apply_masks(logits, [grammar.allowed()])
-        if sampled is None:
-            return greedy_choice(logits)
-        return mx.random.categorical(mx.log(sampled.probs(logits.astype(mx.float32))))
-
-    # Logits stay 1 x vocabulary, as generate_step has them: a 1-D reduction is another kernel on a GPU, whose
-    # rounding in bfloat16 can break a near tie the other way.
-    def forward(token: Any) -> Any:  # `token`'s logits, lazily: its forward queued
-        logits = model(mx.reshape(token, (1, 1)), cache=kv)[:, -1, :]
-        mx.async_eval(logits)
-        return logits
-
-    def drawn(logits: Any) -> Any:  # the token from queued logits, lazily (a grammar's mask: as of now)
-        y = pick(logits)
-        mx.async_eval(y)
-        return y
-
-    def took(token: int) -> None:  # a token is the answer's: the grammar's matcher takes it
-        if grammar is not None:
-            grammar.advance(token)
-
-    logits = model(mx.array([rest], dtype=mx.int32), cache=kv)
-    last = int(pick(logits[:, -1, :]).item())
-    took(last)
-    stats.forwards += 1
-    stats.tokens += 1
-    produced = 1
-    yield last, None  # the first token before the index is built: its time is not in the TTFT
-    index = NgramIndex([*context, *rest, last])
-    draft = DraftPolicy()
-    pending: Any = None  # the next token being computed by a plain step of `last`
-    verify_next = False  # read `pending` without queuing the step after it: proposals pay from there
-    guess: int | None = None  # what the index had at hand for `pending` (acceptance learned without proposing)
-    began = time.perf_counter()
-    while produced < max_tokens:
-        if pending is None:
-            room = min(DRAFT_MAX, max_tokens - produced - 1)
-            forced = grammar.forced(room) if grammar is not None else []
-            at_hand = forced or index.propose(room)
-            certain = bool(forced) and draft.pays_for_certain(len(forced))
-            proposed = at_hand if certain else at_hand[:draft.next_k(len(at_hand))]
-            masks = None
-            if proposed and grammar is not None:  # cut where the grammar would not allow it, each position masked
-                proposed, masks = grammar.masks_along(proposed)
-            if proposed:
-                began = time.perf_counter()
-                out = verify(model, kv, last, proposed, masks)
-                accepted = len(out) - 1
-                draft.saw_verify(len(proposed), accepted, time.perf_counter() - began)
-                stats.proposed += len(proposed)
-                stats.accepted += accepted
-                stats.forwards += 1
-                stats.tokens += len(out)
-                index.extend(out)
-                last = out[-1]
-                for token in out:
-                    took(token)
-                    produced += 1
-                    yield token, None
-                continue
-            guess = at_hand[0] if at_hand else None
-            began = time.perf_counter()
-            pending = drawn(forward(mx.array(last, dtype=mx.int32)))
-        # A plain stretch: the step after `pending` is queued before `pending` is read, unless it would be the
-        # last token's (its forward is never needed) or proposals pay from `pending` on (verifies go on from it).
-        # A grammar masks the step after `pending` once it has taken `pending`: the forward is queued first, the
-        # mask made while the device computes (as the grammar's logits processor does it).
-        ahead = forward(pending) if produced + 1 < max_tokens and not verify_next else None
-        last = int(pending.item())
-        took(last)
-        following = drawn(ahead) if ahead is not None else None
-        now = time.perf_counter()
-        draft.saw_step(now - began)
-        if guess is not None:
-            draft.saw_shadow(guess == last)
-        began = now
-        stats.forwards += 1
-        stats.tokens += 1
-        index.extend([last])
-        produced += 1
-        yield last, None
-        pending = following
-        at_hand = index.propose(DRAFT_MAX) if pending is not None else []
-        guess = at_hand[0] if at_hand else None
-        verify_next = draft.next_k(len(at_hand)) > 0

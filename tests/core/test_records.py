@@ -121,7 +121,7 @@ WIRE_KEYS = {"status", "reason", "worker_alive", "phase", "resident_model", "kv_
 HEALTH = EngineHealth(
     status="ok", worker_alive=True, phase="decode", resident_model="demo", kv_cache=KVCacheLayout(bits=8),
     in_flight="r1", in_flight_fingerprint="f1", running=["r1", "r2"], batch_size=2, max_concurrency=4,
-    serving=ServingPlanReport(model="demo", max_concurrency=4, decoder="many_rows"),
+    serving=ServingPlanReport(model="demo", max_concurrency=4, decoder="batch"),
     queue_depth=1, queue_capacity=16, max_observed_concurrency=3,
     memory=EngineMemory(mlx_active_bytes=5, mlx_peak_bytes=6, rss_bytes=7, budget_bytes=8,
                         mlx_active_before_first_load=1),
@@ -161,7 +161,7 @@ def test_health_on_the_wire_keeps_its_keys():
     body = HEALTH.to_json()
     assert set(body) == WIRE_KEYS
     assert body["kv_cache"] == {"bits": 8, "group_size": 64, "quantized_start": 0}
-    assert body["serving"]["decoder"] == "many_rows" and body["serving"]["max_concurrency"] == 4
+    assert body["serving"]["decoder"] == "batch" and body["serving"]["max_concurrency"] == 4
     assert EngineHealth.from_json(body).serving == HEALTH.serving  # read back whole
     assert body["prompt_cache"]["recent"][0]["conversation"] == "c1" and body["memory"]["mlx_peak_bytes"] == 6
 

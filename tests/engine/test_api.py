@@ -109,7 +109,7 @@ def test_health_reports_what_an_operator_needs(shared_engine):
     assert t["mlx_lm_import_s"] >= 0
     assert (t["start_to_worker_s"] + t["mlx_lm_import_s"] + t["prompt_cache_index_s"]
             <= body["ready_at"] - body["process_started_at"])
-    assert body["serving"]["model"] == body["resident_model"] and body["serving"]["decoder"] == "one_row"
+    assert body["serving"]["model"] == body["resident_model"] and body["serving"]["decoder"] == "batch"
 
 
 def test_metrics_are_prometheus_text(shared_engine):

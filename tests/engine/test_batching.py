@@ -105,7 +105,7 @@ def test_quantised_kv_batches(start_engine, start):
 def test_rows_that_share_a_prompt_prefill_it_once(start_engine):
     """Four agents with one long system prompt, arriving together, before
     any of it is in a prompt cache (none here): the first prefills it, the
-    others take its KV from the decoding row (engine/model/many_rows.py,
+    others take its KV from the decoding row (engine/model/batch_decoder.py,
     `_borrow_prefix`) -- reported as cached tokens -- and answer exactly
     what each answers alone."""
     system = "You are a careful coding agent; read the files before you edit them. " * 40
@@ -270,14 +270,12 @@ def test_memory_admission_keeps_the_batch_under_the_budget(start_engine, demo_mo
 
     from mlxd.memory_estimate import kv_cache_bytes
 
-    from mlxd.engine.core.scheduler import Memory, Row, attention_bytes_per_position, batch_kv_bytes
+    from mlxd.engine.core.scheduler import Memory, Row, batch_kv_bytes
 
     config = json.loads((demo_models.a / "config.json").read_text())
     weights = sum(f.stat().st_size for f in demo_models.a.glob("*.safetensors"))
-    # Rows of 512 positions at their peak, each its own (the demo model's rows are decoded apart): room for 2,
-    # not 3.
-    shape = Memory(0, weights, kv_cache_bytes(config, 1),
-                   attention_bytes_per_position(config["num_attention_heads"], 512), rows_apart=True)
+    # Rows of 512 positions at their peak, each its own: room for 2, not 3.
+    shape = Memory(0, weights, kv_cache_bytes(config, 1))
     two, three = (batch_kv_bytes(shape, [Row(500, 12)] * n) for n in (2, 3))
     budget = weights + (two + three) // 2
     eng = start_engine({"max_concurrency": 4, "max_tokens_cap": 4096, "memory_fraction": 1.0, "context_tokens": 256,
@@ -319,10 +317,9 @@ def test_memory_admission_keeps_the_batch_under_the_budget(start_engine, demo_mo
     assert health["memory"]["mlx_peak_bytes"] <= health["memory"]["budget_bytes"]
 
 
-def test_a_lone_request_joins_the_batch_where_it_stands(start_engine):
-    """A request decoding alone (as mlx-lm decodes one) moves into the batch
-    when a second arrives, mid-answer, and its answer is the one it gets
-    alone, token for token."""
+def test_a_second_request_joins_a_lone_one_where_it_stands(start_engine):
+    """A request decoding alone (a batch of one) is joined by a second,
+    mid-answer, and each answer is the one it gets alone, token for token."""
     eng = start_engine({"max_concurrency": 2, "max_tokens_cap": 512, "prompt_cache": {"enabled": False}})
     alone = complete(eng.url, PROMPTS[3], max_tokens=150).json()["choices"][0]["text"]
     other_alone = complete(eng.url, PROMPTS[1], max_tokens=20).json()["choices"][0]["text"]

@@ -14,9 +14,9 @@ import pytest
 import requests
 from mlx_lm.models.cache import make_prompt_cache
 
-from mlxd.engine.model.draft_model import DraftModel, common_prefix, draft_steps, same_vocabulary
-from mlxd.engine.model.speculative import SpecStats
-from tiny_models import greedy, tiny_llama
+from mlxd.engine.model.draft_model import DraftModel, common_prefix, same_vocabulary
+from mlxd.engine.model.row_proposals import DraftProposer
+from tiny_models import batch_decode, greedy, tiny_llama
 
 
 @pytest.mark.parametrize("a, b, n", [([1, 2, 3], [1, 2, 4], 2), ([1, 2], [1, 2, 3], 2), ([], [1], 0),
@@ -40,6 +40,9 @@ def test_a_draft_must_give_every_token_the_models_id(draft_vocab, refused):
 
 @pytest.fixture(scope="module")
 def models():
+    from mlxd.engine.model.row_attention import route_attention
+
+    route_attention()  # as the runner does at load: several rows' attention row by row
     return tiny_llama(tied=True), tiny_llama(tied=True, intermediate=64)  # same vocabulary, other weights
 
 
@@ -49,33 +52,56 @@ def test_the_draft_decodes_greedy_decodings_tokens(models, draft_is):
     draft = DraftModel("d", model if draft_is == "the model itself" else other)
     prompt = [(5 * j + 3) % 97 for j in range(24)]
     expected = greedy(model, prompt, 30)
-    kv = make_prompt_cache(model)
-    model(mx.array([prompt[:-1]], dtype=mx.int32), cache=kv)
-    stats = SpecStats(mode="draft")
-    out = [t for t, _ in draft_steps(model, kv, draft, prompt[-1:], prompt[:-1], 30, None, 3, stats)]
+
+    def proposer(p, kv):
+        return DraftProposer(draft, draft.take(p[:-1]), p[:-1], 3)
+
+    (out,), (stats,), _ = batch_decode(model, [prompt], 30, proposer)
     assert out == expected
-    assert stats.tokens == 30 and stats.forwards <= 30 and stats.accepted <= stats.proposed
+    assert stats.mode == "draft" and stats.tokens == 30 and stats.forwards <= 30 and stats.accepted <= stats.proposed
     if draft_is == "the model itself":  # every proposal accepted: 4 tokens a forward
-        assert stats.accepted == stats.proposed and stats.forwards <= 30 // 4 + 1
+        assert stats.accepted == stats.proposed and stats.forwards <= 30 // 4 + 2
+    assert not draft.taken  # the row ended: its draft KV is back for the next request
+
+
+def test_one_row_holds_the_draft_at_a_time_and_the_others_decode_plain(models):
+    model, _ = models
+    draft = DraftModel("d", model)
+    prompts = [[(5 * j + 3 + r) % 97 for j in range(20 + 5 * r)] for r in range(3)]
+    proposers = []
+
+    def proposer(p, kv):
+        taken = draft.take(p[:-1])
+        proposers.append(taken is not None)
+        return DraftProposer(draft, taken, p[:-1], 3) if taken is not None else None
+
+    out, stats, _ = batch_decode(model, prompts, 20, proposer, verify_together=True)
+    assert proposers == [True, False, False]  # the draft's one KV (one allowance in the memory estimate)
+    assert out == [greedy(model, p, 20) for p in prompts]
+    assert stats[0].accepted > 0 and stats[1] is None and stats[2] is None
 
 
 def test_the_drafts_kv_of_one_request_serves_the_next_ones_common_prefix(models):
     model, _ = models
     draft = DraftModel("d", model)
     first = list(range(10, 60))
-    kv = draft.kv_for(first)
-    assert kv[0].offset == 50
-    draft.ended(first + [7, 8, 9])  # its answer: the KV holds what the request ran through the draft
+    kv = draft.take(first)
+    assert kv[0].offset == 50 and draft.take(first) is None  # one row holds it
+    model(mx.array([[7, 8, 9]]), cache=kv)  # the row's answer ran through the draft
+    draft.put_back(kv, first + [7, 8, 9])
     second = first + [7, 8, 9, 70, 71]  # the next turn: the first's prompt and answer, and more
-    assert draft.kv_for(second) is kv and kv[0].offset == len(second)
+    assert draft.take(second) is kv and kv[0].offset == len(second)
+    draft.put_back(kv, second)
     third = first[:20] + [90] * 5  # another conversation sharing 20 tokens: cut back, the rest prefilled
-    assert draft.kv_for(third)[0].offset == 25
+    assert draft.take(third)[0].offset == 25
     # The KV cut back and prefilled is the KV of `third` computed afresh: the next logits agree.
     fresh = make_prompt_cache(model)
-    a = model(mx.array([[5]]), cache=draft.kv_for(third))
+    a = model(mx.array([[5]]), cache=kv)
     model(mx.array([third]), cache=fresh)
     b = model(mx.array([[5]]), cache=fresh)
     assert mx.allclose(a, b, atol=1e-4).item()
+    draft.put_back(kv, [1, 2])  # not what it holds: started over
+    assert draft.take([1, 2, 3])[0].offset == 3
 
 
 # --- in the running engine -------------------------------------------------------------

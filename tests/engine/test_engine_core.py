@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import pytest
 
-from mlxd.memory_estimate import KVLayout, attention_heads, kv_cache_bytes
+from mlxd.memory_estimate import KVLayout, kv_cache_bytes
 from mlxd.records import InflightRequest
 
 from mlxd.engine.cache.prompt_cache import PromptCache
@@ -44,8 +44,7 @@ from mlxd.engine.model.model_registry import ModelRegistry
 from mlxd.engine.model.prefill import cancelled_error
 from mlxd.engine.core.request_table import RequestStatus
 from mlxd.engine.model.runner import ModelRunner, Prompt
-from mlxd.engine.core.scheduler import Memory, Row, attention_bytes_per_position, batch_kv_bytes
-from mlxd.engine.model.decoding import starts_alone
+from mlxd.engine.core.scheduler import Memory, Row, batch_kv_bytes
 from mlxd.engine.model.serving_plan import ServingPlan, serving_plan
 from mlxd.engine.model.mlx_memory import MemorySnapshot
 from mlxd.engine.core.worker_state import Phase, WorkerStatus
@@ -190,7 +189,7 @@ class FakeRunner:
         self.answer = answer
         self.plan: ServingPlan | None = None
         self._resident: str | None = None
-        self.one: Admitted | None = None  # the row decoded alone (or alone in an empty batch)
+        self.one: Admitted | None = None  # the row decoded alone (nobody joins it)
         self.many: list[Admitted] = []  # the batch's rows
         self.save_progress = None  # the core's hook for a long prefill (ModelRunner.save_progress)
         self.failures: dict[tuple[str, str], BaseException] = {}
@@ -222,7 +221,7 @@ class FakeRunner:
         self.loads.append(model_id)
         self._resident = model_id
         self.plan = serving_plan(model_id, self.registry.max_concurrency(model_id), vision=False, rank_group=False,
-                                 batchable=True, kv=KVLayout(), cpu_float32=False)
+                                 kv=KVLayout(), cpu_float32=False, rows_apart=True)
         return self.plan
 
     def unload(self) -> None:
@@ -262,10 +261,7 @@ class FakeRunner:
         self._fail("tokenize", job.id)
         return Prompt(list(job.prompt))  # type: ignore[arg-type]
 
-    def decodes_alone(self, alone: bool, others_waiting: bool) -> bool:
-        return alone or self.plan.max_concurrency <= 1 or starts_alone(not self.rows, others_waiting)
-
-    def admit(self, job: Job, prompt: Prompt, fetched: Any, cache_enabled: bool, alone: bool, one_row: bool,
+    def admit(self, job: Job, prompt: Prompt, fetched: Any, cache_enabled: bool, alone: bool,
               taken_at: float) -> Admitted:
         self._fail("admit", job.id)
         if any(a.alone for a in self.rows):
@@ -276,14 +272,11 @@ class FakeRunner:
             self.broken.append(f"{job.id} admitted on {self._resident}, not its model {job.model_id}")
         a = Admitted(job, FakeGeneration(), prompt.tokens, fetched, None, False, alone=alone,  # type: ignore[arg-type]
                      taken_at=taken_at)
-        if one_row:
+        if alone:
             if self.rows:
                 self.broken.append(f"{job.id} decoded alone with others running")
             self.one = a
         else:
-            if self.one is not None:  # the lone row moves into the batch where it stands
-                self.many.append(self.one)
-                self.one = None
             self.many.append(a)
         a.joined_at = time.monotonic()
         return a
@@ -435,8 +428,7 @@ def running_ids(s: WorkerStatus) -> set[str]:
 def room_for(rows: int) -> int:
     """A budget with room for the model and `rows` rows of PROMPT + MAX_TOKENS
     at the batch's peak (engine/core/scheduler.py), and not one row more."""
-    memory = Memory(0, WEIGHTS, kv_cache_bytes(CONFIG, 1),
-                    attention_bytes_per_position(attention_heads(CONFIG), PREFILL_STEP))
+    memory = Memory(0, WEIGHTS, kv_cache_bytes(CONFIG, 1))
     return WEIGHTS + batch_kv_bytes(memory, [Row(len(PROMPT), MAX_TOKENS)] * rows)
 
 

@@ -157,7 +157,7 @@ def test_two_requests_are_decoded_together(zoo, model):
         # The long one still runs once the short one is let go: the short one did not wait for it.
         health = wait_until(lambda: (lambda h: h if len(h["running"]) == 1 else None)(
             requests.get(zoo.url + "/health", timeout=5).json()), 10, what="the short answer's row let go")
-        assert health["serving"]["max_concurrency"] == 2 and health["serving"]["decoder"] == "many_rows", health
+        assert health["serving"]["max_concurrency"] == 2 and health["serving"]["decoder"] == "batch", health
         assert health["serving"]["rows_apart"] == (model not in ROWS_PADDED), health["serving"]
     settled_health(zoo.url)  # the long one cancelled as its client left
 

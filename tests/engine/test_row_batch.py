@@ -86,7 +86,7 @@ def test_rows_decode_together_what_each_decodes_alone(model, layout, dequantized
     ([1, 2], [[1, 2, 3], [1, 2, 4]], (0, 2)),            # a tie: the first
 ])
 def test_shared_start(tokens, others, expected):
-    from mlxd.engine.model.many_rows import shared_start
+    from mlxd.engine.model.batch_decoder import shared_start
 
     assert shared_start(tokens, others) == expected
 

@@ -8,45 +8,41 @@ import pytest
 from mlxd.engine.model.errors import EngineError
 from mlxd.engine.core.memory_ledger import MemoryLedger, ModelFigures
 from mlxd.engine.core.scheduler import Pending, Row, Step, next_step
-from mlxd.engine.model.serving_plan import MANY_ROWS, ONE_ROW, serving_plan
+from mlxd.engine.model.serving_plan import BATCH, VISION, serving_plan
 from mlxd.memory_estimate import KVLayout, kv_allocated_tokens, kv_cache_bytes
 
 Q4 = KVLayout(bits=4)
 
 
-@pytest.mark.parametrize("configured, vision, rank_group, batchable, apart, kv, concurrency, decoder, why, rows_apart", [
-    (1, False, False, True, False, KVLayout(), 1, ONE_ROW, None, False),
-    (4, False, False, True, False, KVLayout(), 4, MANY_ROWS, None, False),
-    (4, False, False, True, True, KVLayout(), 4, MANY_ROWS, None, True),
-    (4, True, False, False, False, KVLayout(), 1, ONE_ROW, "vision", False),
-    (4, False, True, True, True, KVLayout(), 1, ONE_ROW, "rank group", False),
-    (4, False, False, True, False, Q4, 1, ONE_ROW, "quantised", False),
-    (4, False, False, True, True, Q4, 4, MANY_ROWS, None, True),  # rows apart keep their own quantised caches
-    (4, False, False, False, False, KVLayout(), 1, ONE_ROW, "merge", False),
-    (4, False, False, False, True, KVLayout(), 4, MANY_ROWS, None, True),  # a hybrid cache: rows apart need no merge
-    (1, False, False, True, True, KVLayout(), 1, ONE_ROW, None, False),  # one row: no batch to decode apart
-    (1, True, False, False, False, KVLayout(), 1, ONE_ROW, None, False),  # nothing lowered: no reason to give
-], ids=["single", "batched", "batched-apart", "vision", "rank-group", "kv-bits", "kv-bits-apart", "unmergeable",
-        "unmergeable-apart",
-        "single-apart", "vision-single"])
-def test_serving_plan(configured, vision, rank_group, batchable, apart, kv, concurrency, decoder, why, rows_apart):
-    plan = serving_plan("m", configured, vision=vision, rank_group=rank_group, batchable=batchable, kv=kv,
-                        cpu_float32=False, rows_apart=apart)
-    assert (plan.max_concurrency, plan.decoder, plan.rows_apart) == (concurrency, decoder, rows_apart)
+@pytest.mark.parametrize("configured, vision, rank_group, apart, batching, kv, concurrency, decoder, why", [
+    (1, False, False, True, "auto", KVLayout(), 1, BATCH, None),  # one at a time: a batch of one
+    (4, False, False, True, "auto", KVLayout(), 4, BATCH, None),
+    (4, False, False, False, "auto", KVLayout(), 1, BATCH, "cannot be split by rows"),  # a forward a row: no faster
+    (4, False, False, False, "always", KVLayout(), 4, BATCH, None),  # ... batched anyway, as configured
+    (4, True, False, False, "auto", KVLayout(), 1, VISION, "vision"),
+    (4, False, True, True, "auto", KVLayout(), 1, BATCH, "rank group"),
+    (4, False, False, True, "auto", Q4, 4, BATCH, None),  # rows keep their own quantised caches
+    (1, True, False, False, "auto", KVLayout(), 1, VISION, None),  # nothing lowered: no reason to give
+], ids=["single", "batched", "forward-a-row", "forward-a-row-always", "vision", "rank-group", "kv-bits",
+        "vision-single"])
+def test_serving_plan(configured, vision, rank_group, apart, batching, kv, concurrency, decoder, why):
+    plan = serving_plan("m", configured, vision=vision, rank_group=rank_group, kv=kv, cpu_float32=False,
+                        rows_apart=apart, batching=batching)
+    assert (plan.max_concurrency, plan.decoder, plan.rows_apart) == (concurrency, decoder, apart)
     assert (plan.reason is None) if why is None else (why in plan.reason)
     assert plan.prompt_cache is (not vision and not rank_group)  # mlx-vlm's generation and a rank group: none of ours
 
 
-@pytest.mark.parametrize("speedup, concurrency, decoder, why", [
-    (None, 4, MANY_ROWS, None),      # not measured (batching = "always"): as configured
-    (2.6, 4, MANY_ROWS, None),       # a large model on a GPU: four rows a step cost little more than one
-    (1.0, 4, MANY_ROWS, None),       # as many tokens a second either way: the batch, for its first tokens
-    (0.85, 1, ONE_ROW, "batched step decodes 0.85x"),  # a small model on the CPU: one at a time is faster
+@pytest.mark.parametrize("speedup, concurrency, why", [
+    (None, 4, None),      # not measured (batching = "always"): as configured
+    (2.6, 4, None),       # a large model on a GPU: four rows a step cost little more than one
+    (1.0, 4, None),       # as many tokens a second either way: the batch, for its first tokens
+    (0.85, 1, "batched step decodes 0.85x"),  # a small model on the CPU: one at a time is faster
 ])
-def test_the_plan_serves_one_at_a_time_where_the_batch_is_slower(speedup, concurrency, decoder, why):
-    plan = serving_plan("m", 4, vision=False, rank_group=False, batchable=True, kv=KVLayout(), cpu_float32=True,
+def test_the_plan_serves_one_at_a_time_where_the_batch_is_slower(speedup, concurrency, why):
+    plan = serving_plan("m", 4, vision=False, rank_group=False, kv=KVLayout(), cpu_float32=True,
                         rows_apart=True, batch_speedup=speedup)
-    assert (plan.max_concurrency, plan.decoder, plan.rows_apart) == (concurrency, decoder, concurrency > 1)
+    assert (plan.max_concurrency, plan.decoder) == (concurrency, BATCH)
     assert (plan.reason is None) if why is None else (why in plan.reason)
     assert plan.batch_speedup == speedup
 
@@ -78,10 +74,9 @@ def test_a_request_decoded_alone_holds_its_grant_and_the_cache_gets_the_rest():
 def test_the_batch_rows_are_counted_at_their_peak():
     led = ledger(budget_mb=200)
     led.hold_rows([Row(100, 100), Row(10, 20)])
-    # two rows padded to 256 positions, twice while a join copies them; and a prefill step's attention over each
-    kv = 2 * 2 * 256 * kv_cache_bytes(CONFIG, 1)
-    attention = 2 * 256 * led.memory.attention_bytes_per_position
-    assert led.cache_room() == 100 * MB - kv - attention
+    # each row its own length and what it may still generate, in whole steps of 256 positions: nothing padded
+    kv = (256 + 256) * kv_cache_bytes(CONFIG, 1)
+    assert led.cache_room() == 100 * MB - kv
     led.hold_rows([])
     assert led.cache_room() == 100 * MB
 
@@ -138,7 +133,7 @@ def test_what_the_batch_takes(job, batched):
     from mlxd.engine.model.runner import ModelRunner
 
     runner = ModelRunner(SimpleNamespace(), SimpleNamespace(), 1000, 512, 5.0, heartbeat=lambda *_: None)
-    runner.plan = serving_plan("m", 4, vision=False, rank_group=False, batchable=True, kv=KVLayout(), cpu_float32=False)
+    runner.plan = serving_plan("m", 4, vision=False, rank_group=False, kv=KVLayout(), cpu_float32=False, rows_apart=True)
     j = Job(id="j", kind="completion", model_id=job.get("model", "m"), params=SamplingParams(16, seed=job.get("seed")),
             channel=None, deadline_s=60.0, prompt=[1, 2], images=job.get("images", ()), alone=job.get("alone", False))
     assert runner.can_batch(j) is batched

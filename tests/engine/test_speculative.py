@@ -1,17 +1,18 @@
 """Prompt-lookup decoding (engine/model/speculative.py): the n-gram index and
-the draft length as tables; the generator's tokens are greedy decoding's,
-token for token, on a tiny random-weight llama, in process."""
+the draft length as tables; the batch's tokens with each row proposing
+(engine/model/row_proposals.py) are greedy decoding's, token for token, alone
+and in a batch of rows, on a tiny random-weight llama, in process."""
 
 from __future__ import annotations
 
 import mlx.core as mx
 import pytest
-from mlx_lm.models.cache import make_prompt_cache
 
-from mlxd.engine.model.one_row import verify_greedy
+from mlxd.engine.model.row_attention import route_attention
+from mlxd.engine.model.row_proposals import LookupProposer
 from mlxd.engine.model.speculative import (DRAFT_MAX, VERIFY_SLOPE, DraftPolicy, NgramIndex,
-                                           SampledTarget, SpecStats, accept_sampled, lookup_steps, verify_sampled)
-from tiny_models import greedy, tiny_llama
+                                           SampledTarget, SpecStats, accept_sampled)
+from tiny_models import batch_decode, greedy, tiny_llama
 
 
 @pytest.mark.parametrize("history, k, proposal", [
@@ -89,44 +90,44 @@ def test_shadow_acceptance_alone_decides_when_verifies_are_cheap(matches, propos
     assert (d.next_k(8) > 0) is proposes
 
 
-# --- the generator, on a model ---------------------------------------------------------
+# --- in the batch's step, on a model ------------------------------------------------------
 @pytest.fixture(scope="module")
 def model():
+    route_attention()  # as the runner does at load: several rows' attention row by row
     return tiny_llama(tied=True)
 
 
-def speculated(model, prompt: list[int], n: int) -> tuple[list[int], SpecStats, list]:
-    kv = make_prompt_cache(model)
-    model(mx.array([prompt[:-1]], dtype=mx.int32), cache=kv)
-    stats = SpecStats()
-    out = [t for t, _ in lookup_steps(model, kv, prompt[-1:], prompt[:-1], n, stats, verify_greedy)]
-    return out, stats, kv
+def lookup(prompt: list[int], kv) -> LookupProposer:
+    return LookupProposer(list(prompt))
 
 
+def speculated(model, prompts: list[list[int]], n: int) -> tuple[list[list[int]], list[SpecStats], list]:
+    return batch_decode(model, prompts, n, lookup, verify_together=True)
+
+
+@pytest.mark.parametrize("rows", [1, 3])
 @pytest.mark.parametrize("shape", ["no repeats", "echoes its own answer"])
-def test_prompt_lookup_gives_greedy_decodings_tokens(model, shape):
-    base = [(5 * j + 3) % 97 for j in range(24)]
-    if shape == "echoes its own answer":  # the prompt holds the answer greedy decoding will give: all of it matches
-        answer = greedy(model, base, 40)
-        prompt = base + answer + base
-    else:
-        prompt = base
+def test_prompt_lookup_gives_greedy_decodings_tokens(model, shape, rows):
+    prompts = []
+    for r in range(rows):  # rows of different lengths, each its own text
+        base = [(5 * j + 3 + r) % 97 for j in range(24 + 7 * r)]
+        prompts.append(base + greedy(model, base, 40) + base if shape == "echoes its own answer" else base)
     n = 40
-    expected = greedy(model, prompt, n)
-    out, stats, kv = speculated(model, prompt, n)
-    assert out == expected  # exact, token for token
-    assert stats.tokens == n and kv[0].offset <= len(prompt) + n
-    if shape == "echoes its own answer" and expected == answer:
-        assert stats.accepted > 0 and stats.forwards < n  # several tokens a forward
+    out, stats, kvs = speculated(model, prompts, n)
+    for prompt, tokens, s, kv in zip(prompts, out, stats, kvs):
+        assert tokens == greedy(model, prompt, n)  # exact, token for token
+        assert s.tokens == n and kv[0].offset <= len(prompt) + n
+        if shape == "echoes its own answer":
+            assert s.accepted > 0 and s.forwards < n  # several tokens a forward
 
 
 def test_a_proposal_never_runs_past_max_tokens(model):
     base = [(5 * j + 3) % 97 for j in range(24)]
     prompt = base + greedy(model, base, 30) + base
     for n in (1, 2, 5, 9):
-        out, stats, kv = speculated(model, prompt, n)
+        (out,), _, (kv,) = speculated(model, [prompt], n)
         assert out == greedy(model, prompt, n) and len(out) == n
-        assert kv[0].offset <= len(prompt) - 1 + n  # the KV allocated for the prompt and n tokens is enough
+        assert kv[0].offset <= len(prompt) + n  # the KV allocated for the prompt and n tokens is enough
 
 
 # --- sampled requests: the acceptance rule keeps the target's distribution --------------------
@@ -174,11 +175,7 @@ def test_a_sampled_target_is_make_samplers_distribution():
 def test_a_sampled_request_decodes_by_prompt_lookup_within_its_tokens(model):
     base = [(5 * j + 3) % 97 for j in range(24)]
     prompt = base + greedy(model, base, 30) + base
-    kv = make_prompt_cache(model)
-    model(mx.array([prompt[:-1]], dtype=mx.int32), cache=kv)
     mx.random.seed(11)
-    stats = SpecStats()
-    target = SampledTarget(0.3)
-    out = [t for t, _ in lookup_steps(model, kv, prompt[-1:], prompt[:-1], 24, stats, verify_sampled(target), target)]
+    (out,), (stats,), (kv,) = batch_decode(model, [prompt], 24, lookup, SampledTarget(0.3))
     assert len(out) == 24 and all(0 <= t < 97 for t in out)
-    assert kv[0].offset <= len(prompt) - 1 + 24 and stats.tokens == 24
+    assert kv[0].offset <= len(prompt) + 24 and stats.tokens == 24 and stats.forwards < 24

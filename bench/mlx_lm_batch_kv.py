@@ -1,5 +1,8 @@
-"""The batch's KV (`max_concurrency` > 1): allocated when rows join, at the
-length they were admitted to, not grown in steps while they decode.
+"""mlx-lm's batch's KV as mlxd allocated it before its own batch
+(engine/model/row_batch.py) replaced mlx-lm's BatchGenerator: kept for the
+benchmarks that compare the two (kv_memory.py, batch_join_probe.py,
+long_prefill_probe.py). Allocated when rows join, at the length they were
+admitted to, not grown in steps while they decode.
 
 mlx-lm's BatchKVCache keeps every row of the batch in one array, as long as
 the longest row (shorter ones padded on the left), and grows it by 256
@@ -8,8 +11,8 @@ its KV every 256 tokens, and memory climbs a staircase (docs/BENCHMARKS.md,
 "Why the engine is built as it is"). Here each row joins with what admission
 granted it (the rest of its prompt and max_tokens), and the batch's array is
 allocated, once per join, at the longest row plus the most any row has still
-to prefill plus the most any row may generate (engine/core/scheduler.py
-`batch_context`, which is what admission counts). While the batch decodes, nothing is allocated.
+to prefill plus the most any row may generate (what admission then
+counted). While the batch decodes, nothing is allocated.
 
 Two small subclasses, not a fork: `RowKVCache` is a request's KVCache on its
 way into the batch (mlx-lm merges caches by the class of the first row's),
@@ -48,7 +51,7 @@ class RowKVCache(KVCache):
 def rows_for_batch(kv: list[Any], prompt_left: int, answer_left: int) -> list[Any]:
     """A request's cache with each plain KV layer as a RowKVCache (other
     kinds as they are: mlx-lm batches them its own way)."""
-    from .kv_cache import AllocatedKVCache
+    from mlxd.engine.cache.kv_cache import AllocatedKVCache
 
     return [RowKVCache(c, prompt_left, answer_left) if type(c) in (KVCache, AllocatedKVCache, RowKVCache) else c
             for c in kv]

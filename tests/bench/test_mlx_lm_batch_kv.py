@@ -1,5 +1,6 @@
-"""The batch's KV is allocated when rows join, at the length they were
-admitted to (engine/cache/batch_kv.py): its bookkeeping as tables (pure), and
+"""mlx-lm's batch's KV allocated when rows join, at the length they were
+admitted to (bench/mlx_lm_batch_kv.py, what mlxd ran before its own batch, kept
+for the benchmarks that compare with mlx-lm's BatchGenerator): its bookkeeping as tables (pure), and
 mlx-lm's BatchGenerator on a small model decoding the same tokens with it as
 with mlx-lm's own growing cache, its array reallocated only when rows join."""
 
@@ -11,7 +12,11 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models import llama
 from mlx_lm.models.cache import make_prompt_cache
 
-from mlxd.engine.cache.batch_kv import AllocatedBatchKVCache, batch_capacity, rows_for_batch, spend
+from testkit import load_bench
+
+_kv = load_bench("mlx_lm_batch_kv")
+AllocatedBatchKVCache, batch_capacity, rows_for_batch, spend = (_kv.AllocatedBatchKVCache, _kv.batch_capacity,
+                                                             _kv.rows_for_batch, _kv.spend)
 
 
 @pytest.mark.parametrize("prompt_left, answer_left, n, expected", [

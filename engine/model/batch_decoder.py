@@ -1,0 +1,277 @@
+"""The decoder of text requests: the running requests decoded as one batch by
+mlxd's RowBatch (engine/model/row_batch.py: each row over its own cache, a
+token a row each step); a request alone is a batch of one. Every request
+with `max_concurrency` = 1, a seed, a rank group's: the same step.
+
+A joining request's prompt is prefilled by itself, a paced chunk a step
+(engine/model/prefill.py), between the batch's decode steps, and joins the
+batch with its last token: the rows already decoding get a step after
+every chunk, so a long prompt joining does not stop their answers.
+(Figures: docs/BENCHMARKS.md, "Batched prefill at full speed".) A joining
+row whose prompt starts as a decoding row's takes that row's KV of the
+shared part instead of prefilling it again (`_borrow_prefix`).
+
+Each request keeps all it has alone: its sampler and penalties, its
+grammar, its speculation (engine/model/row_proposals.py: prompt lookup, a
+draft model), its Generation (stop strings, reasoning and tool-call
+parsing, deadline, cancellation), its detokenizer. A request's KV is its
+own, allocated at admission for the length admission granted it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .decoder_rows import CHECKPOINT_TOKENS, Admitted, Ended, RowSampling
+from .faults import FaultInjector
+from .generation import ResidentModel
+from .prefill import prefill
+from .prefill_pace import PrefillPace
+from .speculative import SampledTarget
+
+if TYPE_CHECKING:  # (they import MLX: the engine's entry point must not, before its BLAS choice)
+    from .draft_model import DraftModel
+    from .ranks import RankLink
+    from .row_batch import RowBatch
+    from .row_proposals import Proposer
+
+log = logging.getLogger("mlxd.engine.core.worker")
+
+
+@dataclass(eq=False)
+class _Prefilling:
+    """A request whose prompt is being prefilled by itself before it joins the batch."""
+
+    key: int  # its key among the rows until the batch gives it a uid (negative)
+    admitted: Admitted
+    kv: list[Any]
+    context: list[int]  # the tokens its KV holds
+    rest: list[int]  # the prompt after them; the last joins the batch as a one-token segment
+    sampling: RowSampling
+    saved: int = 0  # tokens of its KV last left on disk (Admitted.save_progress)
+    looked: bool = False  # for a row of the batch whose prompt starts as its own (`_borrow_prefix`)
+
+
+MIN_BORROWED_TOKENS = 128  # a shorter shared start is prefilled: the copy's ops would cost about as much
+
+
+def shared_start(tokens: list[int], others: list[list[int]]) -> tuple[int, int]:
+    """(which of `others`, how many tokens) starts as `tokens` does for the
+    longest (pure; (-1, 0) where none shares a token)."""
+    best, length = -1, 0
+    mine = np.asarray(tokens, dtype=np.int64)
+    for i, other in enumerate(others):
+        n = min(len(mine), len(other))
+        if n <= length:
+            continue
+        differ = np.flatnonzero(mine[:n] != np.asarray(other[:n], dtype=np.int64))
+        same = int(differ[0]) if differ.size else n
+        if same > length:
+            best, length = i, same
+    return best, length
+
+
+def speculates(speculative: str, penalties: bool, grammar: bool, harmony: bool, trimmable: bool) -> str:
+    """How a row speculates (pure): "prompt_lookup", "draft" or "off". Not
+    with penalties (they must see each token before the next is drawn), nor
+    over a cache that cannot be cut back; a draft not under a grammar; prompt
+    lookup not under a harmony grammar (its forced markers ended bound
+    answers early: the model zoo's gpt-oss, an open bug)."""
+    if speculative == "off" or penalties or not trimmable:
+        return "off"
+    if speculative == "draft":
+        return "off" if grammar else "draft"
+    return "off" if grammar and harmony else speculative
+
+
+class BatchDecoder:
+    def __init__(self, resident: ResidentModel, pace: PrefillPace, faults: FaultInjector | None = None,
+                 apart: bool = True, verify_together: bool = False, speculative: str = "off",
+                 draft: DraftModel | None = None, draft_tokens: int = 3, link: RankLink | None = None) -> None:
+        from .row_batch import RowBatch
+
+        self.resident = resident
+        self.pace = pace  # the size of each prefill chunk a joining row is given, from the speed measured
+        self.faults = faults
+        self.speculative = speculative  # the serving plan's
+        self.draft = draft  # its DraftModel when the plan says "draft" (engine/model/draft_model.py)
+        self.draft_tokens = draft_tokens
+        self.link = link  # rank 0 of a rank group: the other ranks keep a KV of their shard from BEGIN to END
+        self.batch: RowBatch = RowBatch(resident.model, frozenset(resident.tokenizer.eos_token_ids), apart=apart,
+                                        verify_together=verify_together, kv_layout=resident.kv,
+                                        dequantized=resident.dequantized_decode)
+        self.rows: dict[int, Admitted] = {}
+        self._prefilling: list[_Prefilling] = []  # in order of admission; the first is prefilled a chunk a step
+        self._next_key = -2
+
+    def close(self) -> None:
+        if self.rows and self.link is not None:
+            from .ranks import END
+
+            self.link.share((END,))
+        self.batch.close()
+        self.rows.clear()
+        self._prefilling = []
+
+    def admit(self, admitted: Admitted, kv: list[Any] | None, sampling: RowSampling) -> None:
+        """Into the batch: its prompt after the cached part is prefilled by
+        itself, a chunk a step (`_prefill_chunk`), then it decodes with the rest."""
+        job = admitted.job
+        if job.params.seed is not None:  # served alone: its answer is the same every time
+            import mlx.core as mx
+
+            mx.random.seed(job.params.seed)
+        if self.link is not None:
+            from .ranks import BEGIN
+
+            self.link.share((BEGIN,))  # the other ranks keep a KV cache of their own shard until END
+        if kv is None:  # a rank group's shard: no prompt cache of ours
+            from mlx_lm.models.cache import make_prompt_cache
+
+            kv = make_prompt_cache(self.resident.model)
+        prompt, start = admitted.prompt, admitted.fetched.start
+        rest = prompt[start:]
+        if admitted.needs_snapshot and len(rest) == 1:
+            admitted.snapshot = _snapshot(kv)  # the cache already holds the prompt's boundary
+        if len(rest) == 1:
+            self._insert(admitted, rest, kv, prompt[:start], sampling)
+            return
+        key, self._next_key = self._next_key, self._next_key - 1
+        self._prefilling.append(_Prefilling(key, admitted, kv, prompt[:start], rest, sampling))
+        self.rows[key] = admitted
+
+    def _proposer(self, a: Admitted, kv: list[Any], context: list[int], token: int,
+                  sampling: RowSampling) -> Proposer | None:
+        """What the row proposes for verify steps (engine/model/row_proposals.py), by `speculates`."""
+        from mlx_lm.models.cache import can_trim_prompt_cache
+
+        from .row_proposals import DraftProposer, LookupProposer
+
+        grammar = a.generation.grammar
+        mode = speculates(self.speculative, any(q is not grammar for q in sampling.processors), grammar is not None,
+                          getattr(self.resident.tool_format, "body", None) == "harmony", can_trim_prompt_cache(kv))
+        if mode == "prompt_lookup":
+            return LookupProposer([*context, token], grammar)
+        if mode == "draft" and self.draft is not None:
+            draft_kv = self.draft.take(context)  # None: another row drafts (one draft KV is counted)
+            return DraftProposer(self.draft, draft_kv, context, self.draft_tokens) if draft_kv is not None else None
+        return None
+
+    def _insert(self, a: Admitted, segment: list[int], kv: list[Any], context: list[int],
+                sampling: RowSampling) -> None:
+        """A row into the batch, with its KV and its prompt's last token."""
+        token = segment[-1]
+        uid = self.batch.insert(token, kv, a.job.params.max_tokens, context, sampling.sampler, sampling.processors,
+                                SampledTarget.of(a.job.params, self.resident.vocab_size()),
+                                self._proposer(a, kv, context, token, sampling), a.generation.grammar)
+        self.rows[uid] = a
+
+    def _prefill_chunk(self) -> None:
+        """One paced chunk of the first joining request's prompt, alone; the
+        request joins the batch once only its last token is left."""
+        p = self._prefilling[0]
+        if not p.looked:
+            p.looked = True
+            self._borrow_prefix(p)
+            if len(p.rest) == 1:
+                return self._joined(p)
+        chunk = p.rest[:min(self.pace.step(), len(p.rest) - 1)]
+        prefill(self.resident.model, p.kv, chunk, self.pace, lambda: None, self.faults, self.resident.kv)
+        p.context += chunk
+        p.rest = p.rest[len(chunk):]
+        if len(p.rest) > 1:
+            a = p.admitted
+            if a.save_progress is not None and len(p.context) - max(p.saved, a.fetched.start) >= CHECKPOINT_TOKENS:
+                a.save_progress(a, p.kv, len(p.context))  # a long prompt's KV to disk as it goes
+                p.saved = len(p.context)
+            return
+        self._joined(p)
+
+    def _borrow_prefix(self, p: _Prefilling) -> None:
+        """Agents that share a system prompt join together, before any of
+        them is in the prompt cache: a joining row whose prompt starts as a
+        decoding row's takes that part of its KV (a device copy) instead of
+        prefilling it again (engine/cache/kv_cache.py's copy_prefix)."""
+        from ..cache.kv_cache import copy_prefix
+
+        others = [(self.rows[r.uid].prompt[:-1], r.kv) for r in self.batch.rows if r.uid in self.rows]
+        which, n = shared_start(p.context + p.rest[:-1], [prompt for prompt, _ in others])
+        if n - len(p.context) < MIN_BORROWED_TOKENS or not copy_prefix(p.kv, others[which][1], n):
+            return
+        taken = n - len(p.context)
+        p.context += p.rest[:taken]
+        p.rest = p.rest[taken:]
+        a = p.admitted  # not computed by this turn: its answer reports them as cached, its prefill from here
+        a.fetched = replace(a.fetched, start=n, cached_tokens=a.fetched.cached_tokens + taken)
+        log.debug("a joining row took %d prompt tokens' KV from a decoding row", taken)
+
+    def _joined(self, p: _Prefilling) -> None:
+        """A row whose prompt is prefilled but its last token: into the batch."""
+        self._prefilling.remove(p)
+        a = self.rows.pop(p.key)
+        a.prefilled = (p.kv, len(p.context))
+        if a.needs_snapshot:
+            a.snapshot = _snapshot(p.kv)  # the cache holds the prompt's boundary now
+        self._insert(a, p.rest, p.kv, p.context, p.sampling)
+
+    def step(self) -> list[Ended]:
+        """One step of the batch: a chunk of the first joining request's
+        prompt, then a token for every decoding request. The requests that ended."""
+        if self._prefilling:
+            self._prefill_chunk()
+        ended: list[Ended] = []
+        if len(self.rows) > len(self._prefilling):  # rows in the batch
+            ended = self._decode_step()
+        for uid, a in list(self.rows.items()):  # gone before their first token: cancelled in prefill
+            if a.job.cancelled.is_set() and a.first_token_at is None:
+                ended.append(self._remove(uid, "cancelled"))
+        if ended and self.link is not None:
+            from .ranks import END
+
+            self.link.share((END,))
+        return ended
+
+    def _decode_step(self) -> list[Ended]:
+        """A token for every row in the batch (a joining row's first step
+        runs its prompt's last token)."""
+        began = time.perf_counter()
+        responses = self.batch.next()
+        if log.isEnabledFor(logging.DEBUG):  # where a batch's time goes
+            log.debug("batch step %.1f ms: %d tokens decoded, %d rows in the batch",
+                      1000 * (time.perf_counter() - began), len(responses), len(self.rows))
+        ended: list[Ended] = []
+        for r in responses:
+            a = self.rows.get(r.uid)
+            if a is None:
+                continue
+            finish = a.feed(r.token, None, r.finish_reason)
+            if r.finish_reason is not None:  # the batch ended it (and took it out)
+                del self.rows[r.uid]
+                ended.append(Ended(a, finish or r.finish_reason, self._kept(r.prompt_cache), r.speculation))
+            elif finish is not None:
+                ended.append(self._remove(r.uid, finish))
+        return ended
+
+    def _kept(self, kv: list[Any] | None) -> list[Any] | None:
+        return None if self.link is not None else kv  # a rank group's shard: nothing for the prompt cache
+
+    def _remove(self, uid: int, finish: str) -> Ended:
+        a = self.rows.pop(uid)
+        if uid < 0:  # still prefilling: nothing of it in the batch, nothing partial kept
+            self._prefilling = [p for p in self._prefilling if p.key != uid]
+            return Ended(a, finish, None)
+        speculation = self.batch.spec_stats(uid)
+        return Ended(a, finish, self._kept(self.batch.remove(uid)), speculation)
+
+
+def _snapshot(kv: list[Any]) -> list[Any]:
+    """The row's cache as of now, for the prompt cache: a cache that cannot
+    be cut back once the answer is past the prompt (engine/cache/prompt_cache_policy.py)."""
+    from ..cache.kv_cache import fitted
+
+    return fitted(kv, copy_others=True)

@@ -100,7 +100,7 @@ class EngineConfig(Strict):
     waits in the queue; the prompt cache gives up memory first. Raise it where several agents share the engine and
     the model leaves room (a small model on a large Mac); keep 1 where one agent at a time is the rule or memory is
     tight. Requests with a `seed` or images are served alone in their turn; `batching = "auto"` serves one at a
-    time where the batch was measured slower at the model's load.
+    time where the batch was measured slower at the model's load, and on the CPU.
 
     `kv_bits` 8 or 4 (per model too) keeps the KV cache quantised (mlx-lm's QuantizedKVCache: per `kv_group_size`
     values a scale and a bias): about 1.9x or 3.5x the context, or the prompt cache's conversations, in the same
@@ -124,9 +124,10 @@ class EngineConfig(Strict):
         "Above 1 the running requests are decoded as one batch (above: when it is safe)."))
     batching: Literal["auto", "always"] = Field(default="auto", description=(
         "With `max_concurrency` above 1: `auto` times a step of several rows against one row's at each model's "
-        "load and serves one request at a time where the batch decodes no more tokens a second (a small model on "
-        "the CPU: each row costs a step of its own there); /health's `serving.reason` says so. `always` batches "
-        "regardless (each agent's first token sooner, the whole job slower)."))
+        "load (plain and verify-shaped steps) and serves one request at a time where the batch decodes fewer "
+        "tokens a second, and always on the CPU (each row costs a step of its own there: batched agents were "
+        "measured slower in every run); /health's `serving.reason` says so. `always` batches regardless (each "
+        "agent's first token sooner, the whole job slower where `auto` would not batch)."))
     max_queue: int = Field(default=8, ge=0, description=(
         "Requests that may wait beyond the running ones; the next is answered 429 (busy)."))
     queue_timeout_s: float = Field(default=120.0, gt=0, description=(

@@ -98,16 +98,12 @@ class ModelRunner:
         rows_apart, verify_together = (rows_decode_exact(resident.model) if text_alone and concurrency > 1
                                        else (True, False))
         speedup = None
-        if text_alone and concurrency > 1 and rows_apart and batching == "auto":
-            from .batch_probe import batch_speedup
-
-            speedup = batch_speedup(resident.model, rows=min(4, concurrency))
-            log.info("%s: a step of %d rows decodes %.2fx the tokens a second of one row alone", model_id,
-                     min(4, concurrency), speedup)
+        if text_alone and concurrency > 1 and rows_apart and batching == "auto" and not self.registry.on_cpu:
+            speedup = self._batch_speedup(model_id, resident, min(4, concurrency), verify_together)
         self.plan = serving_plan(model_id, concurrency, vision=resident.vision, rank_group=self.link is not None,
                                  kv=resident.kv, cpu_float32=info.weights_dtype == "float32",
                                  speculative=self.registry.config.speculative_for(model_id), rows_apart=rows_apart,
-                                 batch_speedup=speedup, batching=batching)
+                                 batch_speedup=speedup, batching=batching, on_cpu=self.registry.on_cpu)
         if self.plan.reason and self.registry.max_concurrency(model_id) > 1:
             log.info("%s is served one request at a time: %s", model_id, self.plan.reason)
         spec = self.registry.config.models[model_id]
@@ -119,6 +115,21 @@ class ModelRunner:
 
         self._wired_before = maybe_set_recommended_wired_limit()
         return self.plan
+
+    def _batch_speedup(self, model_id: str, resident: ResidentModel, rows: int, verify_together: bool) -> float:
+        """A batched step's tokens a second against one row's (engine/model/batch_probe.py): plain
+        steps, and verify steps where its rows speculate together; the lesser."""
+        from .batch_probe import VERIFY_WIDTH, batch_speedup
+        from .serving_plan import speculative_mode
+
+        plain = speedup = batch_speedup(resident.model, rows=rows)
+        speculates = speculative_mode(self.registry.config.speculative_for(model_id), vision=False,
+                                      rank_group=False, kv=resident.kv) != "off"
+        if speculates and verify_together:
+            speedup = min(plain, batch_speedup(resident.model, rows=rows, width=VERIFY_WIDTH))
+        log.info("%s: a step of %d rows decodes %.2fx the tokens a second of one row alone (%.2fx as plain steps)",
+                 model_id, rows, speedup, plain)
+        return speedup
 
     def _load_draft(self, model_id: str, draft_id: str, resident: ResidentModel) -> Any:
         """The model's draft (engine/model/draft_model.py), its tokenizer checked

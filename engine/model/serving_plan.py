@@ -46,17 +46,24 @@ def speculative_mode(configured: str, *, vision: bool, rank_group: bool, kv: KVL
 
 
 MIN_BATCH_SPEEDUP = 1.0  # a batched step must decode at least as many tokens a second as one row alone
+# Measured, not assumed: four agents batched on 2 CPU cores served 0.82-0.94x the turns a minute of the same
+# agents one at a time, in every run of three sessions (docs/BENCHMARKS.md), while a load-time probe of the
+# forward alone said 1.2-2.6x: on the CPU a row's own work (its attention, sampling, relaying, the threads
+# serving its stream) is what a step costs, not the weights the rows share.
+ON_CPU = ("on the CPU a batch serves fewer tokens a second than one request at a time ([engine] batching = "
+          "\"always\" batches anyway)")
 
 
 def serving_plan(model_id: str, configured_concurrency: int, *, vision: bool, rank_group: bool,
                  kv: KVLayout, cpu_float32: bool, speculative: str = "off", rows_apart: bool = False,
-                 batch_speedup: float | None = None, batching: str = "auto") -> ServingPlan:
+                 batch_speedup: float | None = None, batching: str = "auto", on_cpu: bool = False) -> ServingPlan:
     """The plan for a model just loaded (pure; the first reason that holds
     limits it to one request at a time). `rows_apart`: a forward over rows
     each with its own cache gives every row what it gets alone (checked at
     load: engine/model/row_attention.py), else the batch runs a forward a
     row, no faster than one request at a time, so `batching` = "auto" serves
-    one at a time; `batch_speedup`:
+    one at a time; on the CPU (`on_cpu`) "auto" serves one at a time too
+    (ON_CPU); `batch_speedup`:
     how many times the tokens a second of one row alone a batched step
     decodes (measured at load, engine/model/batch_probe.py; None: not
     measured, `[engine] batching = "always"`)."""
@@ -66,6 +73,8 @@ def serving_plan(model_id: str, configured_concurrency: int, *, vision: bool, ra
             reason = "a rank group serves one request at a time"
         elif vision:
             reason = "a vision model is served by mlx-vlm, one request at a time"
+        elif on_cpu and batching == "auto":
+            reason = ON_CPU
         elif not rows_apart and batching == "auto":
             reason = ("this model's attention cannot be split by rows (it reads the keys itself): a batch runs a "
                       "forward a row, no faster than one request at a time ([engine] batching = \"always\" batches "

@@ -125,18 +125,26 @@ def test_rows_that_share_a_prompt_prefill_it_once(start_engine):
 
 
 def test_batching_auto_follows_what_its_load_measured(start_engine):
-    """[engine] batching = "auto": a step of four rows is timed against one
-    row's at the load (engine/model/batch_probe.py), /health reports the
-    ratio, and the plan batches only where it is at least 1 (the demo model
-    on 2 cores measured 0.85-0.98: one request at a time, the aggregate
-    faster -- bench/agents_load.py alternated, docs/BENCHMARKS.md)."""
+    """[engine] batching = "auto": on the CPU one request at a time (four
+    agents batched on 2 cores served 0.82-0.94x the turns a minute of
+    serving them one at a time, bench/agents_load.py alternated,
+    docs/BENCHMARKS.md), said in /health; elsewhere a step of four rows is
+    timed against one row's at the load (engine/model/batch_probe.py), /health
+    reports the ratio, and the plan batches only where it is at least 1.
+    "always" batches whatever was measured."""
+    import mlx.core as mx
+
     eng = start_engine({"max_concurrency": 4, "batching": "auto", "max_tokens_cap": 64})
     serving = eng.health()["serving"]
-    speedup = serving["batch_speedup"]
-    assert isinstance(speedup, float) and 0 < speedup < 16, serving
-    batches = speedup >= 1.0
+    if mx.default_device() == mx.cpu:
+        assert serving["batch_speedup"] is None and "on the CPU" in serving["reason"], serving
+        batches = False
+    else:
+        speedup = serving["batch_speedup"]
+        assert isinstance(speedup, float) and 0 < speedup < 16, serving
+        batches = speedup >= 1.0
+        assert (serving["reason"] is None) == batches and (batches or "batched step" in serving["reason"]), serving
     assert serving["max_concurrency"] == (4 if batches else 1), serving
-    assert (serving["reason"] is None) == batches and (batches or "batched step" in serving["reason"]), serving
     answers = at_once([lambda p=p: complete(eng.url, p, max_tokens=8) for p in PROMPTS])
     assert all(r.status_code == 200 for r in answers)
     assert (metric(eng.url, "mlxd_engine_max_observed_concurrency") > 1) == batches

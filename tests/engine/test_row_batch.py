@@ -118,5 +118,6 @@ def test_the_batch_probe_times_a_batched_step_against_one_row(model):
     steps, that leaves every row's cache as it found it (none: it makes its own)."""
     from mlxd.engine.model.batch_probe import batch_speedup
 
-    ratio = batch_speedup(model, rows=3, context=32, repeats=3)
-    assert 0 < ratio < 30
+    for width in (1, 5):  # a plain step's shape, a verify's
+        ratio = batch_speedup(model, rows=3, context=32, repeats=3, width=width)
+        assert 0 < ratio < 30

@@ -137,3 +137,15 @@ def test_what_the_batch_takes(job, batched):
     j = Job(id="j", kind="completion", model_id=job.get("model", "m"), params=SamplingParams(16, seed=job.get("seed")),
             channel=None, deadline_s=60.0, prompt=[1, 2], images=job.get("images", ()), alone=job.get("alone", False))
     assert runner.can_batch(j) is batched
+
+
+@pytest.mark.parametrize("on_cpu, batching, concurrency", [
+    (True, "auto", 1),      # the CPU: one at a time serves more (measured in every run, whatever the probe says)
+    (True, "always", 4),    # ... batched anyway, as configured
+    (False, "auto", 4),     # a GPU: the probe decides
+])
+def test_auto_serves_one_at_a_time_on_the_cpu(on_cpu, batching, concurrency):
+    plan = serving_plan("m", 4, vision=False, rank_group=False, kv=KVLayout(), cpu_float32=on_cpu, rows_apart=True,
+                        batch_speedup=2.0, batching=batching, on_cpu=on_cpu)
+    assert plan.max_concurrency == concurrency
+    assert (plan.reason is None) == (concurrency == 4) and (concurrency == 4 or "on the CPU" in plan.reason)

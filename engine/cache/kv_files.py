@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from .disk_speeds import RATES_FILE
-from .kv_blocks import BlockError, assemble, block_spans, chain_hashes, layer_layout, read_block, stage_block
+from .kv_blocks import BlockError, assemble, block_spans, chain_hashes, layer_layout, read_block, stage_blocks
 from .kv_format import (DiskEntry, KVFileError, compact, entry_name, is_patchable, kv_nbytes, manifest_doc,
                         model_id_of, parse_entry, parse_manifest, read_header, versions)
 from .kv_writer import StagedFile, StagedWrite, stage_file
@@ -234,14 +234,13 @@ class KVFiles:
             return self._stage_file(model_key, tokens, prompt_len, kv, conversation, echo)
         name = entry_name(model_key, tokens)
         hashes = names if names is not None else self.block_names(model_key, tokens, layout)
-        files, new = [], {}
+        todo: dict[str, tuple[int, int]] = {}
         for h, span in zip(hashes, block_spans(len(tokens))):
-            if h in self._blocks or h in self._staged_blocks or h in new:
-                continue
-            staged = stage_block(self.blocks_folder / f"{h}.safetensors", self._tmp(), kv, span,
-                                 {**self.expected, "model": model_key})
-            files.append(staged)
-            new[h] = staged.nbytes
+            if h not in self._blocks and h not in self._staged_blocks and h not in todo:
+                todo[h] = span
+        files = stage_blocks([(self.blocks_folder / f"{h}.safetensors", self._tmp()) for h in todo], kv,
+                             list(todo.values()), {**self.expected, "model": model_key})
+        new = {h: staged.nbytes for h, staged in zip(todo, files)}
         nbytes = sum(new.get(h) or self._staged_blocks.get(h) or self._blocks[h].nbytes for h in hashes)
         if nbytes > self.budget_bytes:
             return None

@@ -193,3 +193,25 @@ def test_a_blocks_device_copy_writes_the_same_file_as_its_host_copy(tmp_path, qu
         write_file(staged)
         files[on_device] = staged.final.read_bytes()
     assert files[True] == files[False] and len(files[True]) > B * 64
+
+
+@pytest.mark.parametrize("quantized", [False, True])
+def test_blocks_staged_together_write_the_files_each_staged_alone_writes(tmp_path, quantized):
+    """A run of whole blocks is copied by one device op a buffer
+    (kv_blocks.stage_blocks): every block's file the same bytes as the
+    block staged by itself, and a partial last block and a gap before it
+    staged as before."""
+    from mlxd.engine.cache.kv_blocks import stage_block, stage_blocks
+    from mlxd.engine.cache.kv_writer import write_file
+
+    tokens = np.arange(4 * B + 40, dtype=np.int32)
+    kv = kv_for(tokens, quantized=quantized)
+    spans = [(0, B), (B, 2 * B), (2 * B, 3 * B), (4 * B, 4 * B + 40)]  # a run of three, a gap, a partial block
+    together = stage_blocks([(tmp_path / f"t{i}.safetensors", tmp_path / f"t{i}.tmp") for i in range(4)], kv, spans,
+                            {"model": MODEL}, on_device=True)
+    alone = [stage_block(tmp_path / f"a{i}.safetensors", tmp_path / f"a{i}.tmp", kv, span, {"model": MODEL},
+                         on_device=False) for i, span in enumerate(spans)]
+    for t, a in zip(together, alone):
+        write_file(t)
+        write_file(a)
+        assert t.final.read_bytes() == a.final.read_bytes() and t.nbytes == a.nbytes

@@ -45,6 +45,39 @@ def marker_literal(ll_tokenizer: Any, hf_tokenizer: Any):
     return literal
 
 
+_EXECUTOR: Any = None  # llguidance's thread pool: the rows' masks computed in parallel (the worker's only)
+
+
+def step_masks(grammars: list["GrammarProcessor"], width: int) -> mx.array:
+    """The tokens each grammar allows next, one row each (rows x `width`
+    bools, lazily on the device): the masks filled in parallel by llguidance
+    into one packed array, unpacked by a few ops for all rows at once (one
+    row's mask alone, 128k entries made and copied on the host, cost a
+    bound batch ~14 % of its tokens on the lent H100). A grammar complete (or
+    failed) allows end-of-sequence only."""
+    import llguidance
+    import numpy as np
+    from llguidance.numpy import fill_next_token_bitmask_par, get_bitmask_shape
+
+    global _EXECUTOR
+    if _EXECUTOR is None:
+        _EXECUTOR = llguidance.LLExecutor()
+    vocab = grammars[0].vocab_size
+    packed = np.zeros(get_bitmask_shape(len(grammars), vocab), dtype=np.int32)
+    live = []
+    for i, g in enumerate(grammars):
+        if g.failed or g.matcher.is_stopped():
+            for t in g.eos_ids:
+                packed[i, t // 32] |= np.int32(np.uint32(1 << (t % 32)).view(np.int32))
+        else:
+            live.append((g.matcher, i))
+    if live:
+        fill_next_token_bitmask_par(_EXECUTOR, live, packed)
+    ids = mx.arange(width, dtype=mx.uint32)
+    words = mx.take(mx.array(packed).view(mx.uint32), mx.minimum(ids >> 5, packed.shape[1] - 1), axis=1)
+    return (((words >> (ids & 31)) & 1) == 1) & (ids < vocab)
+
+
 class GrammarProcessor:
     """The logits processor for one answer's grammar."""
 
@@ -69,7 +102,7 @@ class GrammarProcessor:
             return self._sampled
         return tapped
 
-    # --- driven token by token in a verify step (engine/model/row_batch.py), not through __call__ ---------------
+    # --- driven by the batch's step (engine/model/row_batch.py), not through __call__ ------------------------------
     def catch_up(self, last: int) -> None:
         """A verify step begins with `last`, the row's newest token, which
         __call__ would consume first: consumed here (none at the answer's start)."""

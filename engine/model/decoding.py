@@ -61,7 +61,7 @@ class Decoders:
         """The rows whose KV the ledger counts as the batch's (the others hold grants of their own)."""
         return [a for a in self.batch.rows.values() if id(a) not in self._granted]
 
-    def sampling(self, admitted: Admitted) -> RowSampling:
+    def sampling(self, admitted: Admitted, vision: bool = False) -> RowSampling:
         from mlx_lm.sample_utils import make_sampler
 
         from .sampling import make_sampling
@@ -71,16 +71,17 @@ class Decoders:
         key = (p.temperature, p.top_p, p.min_p, p.top_k)
         sampler = None if p.temperature == 0 else self._samplers.setdefault(key, sampler)
         grammar = admitted.generation.grammar  # applied last, after penalties: it needs only the last token
-        if grammar is not None:  # its own sampler, tapped for the token it draws (engine/model/constrained.py)
-            sampler = grammar.sampling(sampler or make_sampler(0.0))
-            processors = processors + [grammar]
+        if grammar is not None:
+            processors = processors + [grammar]  # the batch's step drives it by hand (engine/model/row_batch.py)
+            if vision:  # mlx-vlm calls it as a logits processor: its sampler tapped for the token it draws
+                sampler = grammar.sampling(sampler or make_sampler(0.0))
         return RowSampling(sampler, processors)
 
     def admit(self, admitted: Admitted, kv: list[Any] | None, vision: VisionPrompt | None = None) -> None:
         """Into the batch, or the vision row."""
         admitted.generation.waits_for_reader = admitted.alone  # a slow reader holds nobody else up
         admitted.generation.begin(vision.tokens if vision is not None else admitted.prompt[-PROMPT_TAIL:])
-        sampling = self.sampling(admitted)
+        sampling = self.sampling(admitted, vision is not None)
         if admitted.alone:  # nobody joins it: its KV is a grant of its own (engine/core/memory_ledger.py)
             self._granted.add(id(admitted))
         if vision is not None:

@@ -69,11 +69,11 @@ class _Row:
     next_input: mx.array  # [1]: what the next step runs through the model (lazy once sampled)
     max_tokens: int
     sampler: Any  # None: greedy
-    processors: list[Any]
-    context: TokenBuffer | None  # the tokens its KV holds, for its processors (penalties, a grammar)
+    processors: list[Any]  # its logits processors but its grammar (penalties, logit bias)
+    context: TokenBuffer | None  # the tokens its KV holds, for its processors
     proposer: Proposer | None = None  # what it proposes for a verify (engine/model/row_proposals.py)
     target: SampledTarget | None = None  # a sampled row's distribution, for verifying (None: greedy)
-    grammar: GrammarProcessor | None = None  # the last of its processors, driven by hand in a verify step
+    grammar: GrammarProcessor | None = None  # applied last, after its processors, driven by the step by hand
     answered: int = 0
     plain_layers: bool = False  # layers still at the model's dtype that kv_bits quantises once they reach its start
     joining: bool = True  # its first input is its prompt's last token, not a token it answered
@@ -112,8 +112,9 @@ class RowBatch:
                grammar: GrammarProcessor | None = None) -> int:
         """A row joins with the token it runs next (its prompt's last); `context`: the tokens its KV holds."""
         uid, self._next_uid = self._next_uid, self._next_uid + 1
-        self.rows.append(_Row(uid, kv, mx.array([token], dtype=mx.int32), max_tokens, sampler, list(processors),
-                              TokenBuffer(list(context)) if processors else None, proposer, target, grammar,
+        others = [p for p in processors if p is not grammar]  # a grammar is driven by hand (`_grammar_masks`)
+        self.rows.append(_Row(uid, kv, mx.array([token], dtype=mx.int32), max_tokens, sampler, others,
+                              TokenBuffer(list(context)) if others else None, proposer, target, grammar,
                               plain_layers=self.kv_layout.quantized and _has_plain_layers(kv)))
         return uid
 
@@ -150,7 +151,7 @@ class RowBatch:
         inputs = rows[0].next_input if len(rows) == 1 else mx.concatenate([r.next_input for r in rows])
         with mx.stream(generation_stream):
             logits = self._forward(rows, inputs[:, None])[:, -1, :]
-            sampled, contexts = self._sample(rows, logits, inputs)
+            sampled, contexts = self._sample(rows, logits, inputs, self._grammar_masks(rows, logits, inputs))
         for i, r in enumerate(rows):
             r.next_input = sampled[i:i + 1]
         self._quantize(rows)
@@ -183,30 +184,44 @@ class RowBatch:
                 quantize_from(r.kv, self.kv_layout)
                 r.plain_layers = _has_plain_layers(r.kv)
 
-    def _processed(self, r: _Row, logits: mx.array, token: mx.array, verify: bool) -> tuple[mx.array, mx.array]:
-        """A row's logits for its next token after its processors (a verify
-        step's: all but its grammar, which masks them by hand), and the
-        tokens they saw."""
-        context = r.context.update_and_fetch(token)
-        for processor in r.processors:
-            if not (verify and processor is r.grammar):
-                logits = processor(context, logits)
-        return logits, context
+    def _grammar_masks(self, rows: list[_Row], logits: mx.array, inputs: mx.array) -> list[Any] | None:
+        """A plain step's grammar masks, one per row (None: no grammar): each
+        grammar takes the row's input token, then all rows' masks are made at
+        once (constrained.step_masks) while the step's forward runs."""
+        bound = [i for i, r in enumerate(rows) if r.grammar is not None]
+        if not bound:
+            return None
+        from .constrained import step_masks
+
+        mx.async_eval(logits)  # the device computes while the host makes the masks
+        tokens = inputs.tolist()  # the tokens the rows' grammars take now (waits for the step before)
+        for i in bound:
+            rows[i].grammar.catch_up(tokens[i])
+        allowed = step_masks([rows[i].grammar for i in bound], logits.shape[-1])
+        masks: list[Any] = [None] * len(rows)
+        for k, i in enumerate(bound):
+            masks[i] = allowed[k:k + 1]
+        return masks
 
     def _sample(self, rows: list[_Row], logits: mx.array, inputs: mx.array,
                 masks: list[Any] | None = None) -> tuple[mx.array, list[mx.array]]:
-        """Each row's processors and sampler over its logits (one position a
-        row; in a verify step, `masks`: each grammar row's first): the tokens drawn."""
+        """Each row's processors, its grammar's mask (`masks`: per row, an
+        array of allowed tokens, or a verify's host masks, or None) and its
+        sampler over its logits (one position a row): the tokens drawn."""
         contexts = []
-        if any(r.processors for r in rows):
+        if any(r.processors for r in rows) or masks is not None:
             processed = []
             for i, r in enumerate(rows):
                 row_logits = logits[i:i + 1]
                 if r.processors:
-                    row_logits, context = self._processed(r, row_logits, inputs[i:i + 1], masks is not None)
+                    context = r.context.update_and_fetch(inputs[i:i + 1])
                     contexts.append(context)
+                    for processor in r.processors:
+                        row_logits = processor(context, row_logits)
                 if masks is not None and masks[i] is not None:
-                    row_logits = apply_masks(row_logits, masks[i][:1])
+                    m = masks[i]
+                    row_logits = (mx.where(m, row_logits, mx.array(-float("inf"), dtype=row_logits.dtype))
+                                  if isinstance(m, mx.array) else apply_masks(row_logits, m[:1]))
                 processed.append(row_logits)
             logits = mx.concatenate(processed, axis=0)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)

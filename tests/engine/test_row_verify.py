@@ -107,72 +107,54 @@ def test_decoding_goes_on_from_verified_steps_as_if_decoded_one_by_one(model, ro
     assert [out[u] for u in uids] == expected
 
 
-def test_a_grammar_masks_every_position_of_a_verify(model):
-    """A row under a mask that allows only even tokens, proposing odd ones:
-    every proposal is cut, and the row decodes what greedy decoding under the
-    mask gives."""
+@pytest.mark.parametrize("rows", [1, 3])
+def test_a_grammar_binds_every_step_plain_and_verify(demo_models, rows):
+    """Rows under a grammar (llguidance, as a bound answer's: here lowercase
+    words only), each proposing by prompt lookup from a prompt that repeats
+    such text: every token is allowed by the grammar, each row decodes what
+    masked greedy decoding gives it alone, and verify steps ran under the
+    masks (engine/model/constrained.py's step_masks for plain steps, masks_along
+    for a verify's positions)."""
+    from mlx_lm import load
+
+    from mlxd.engine.model.constrained import GrammarProcessor, grammar_tokenizer
     from mlxd.engine.model.row_proposals import LookupProposer
 
-    class EvenOnly:  # a grammar as the verify step drives it (engine/model/constrained.py's GrammarProcessor)
-        def __init__(self) -> None:
-            self.fresh, self.taken, self.sampled = True, [], None
+    model, tok = load(str(demo_models.a))
+    vocab = model.model.embed_tokens.weight.shape[0] if hasattr(model, "model") else tok.vocab_size
+    ll = grammar_tokenizer(tok, vocab)
+    eos = sorted(tok.eos_token_ids)
 
-        def allowed(self):
-            return np.arange(97) % 2 == 0
-
-        def __call__(self, tokens, logits):
-            if self.fresh:
-                self.fresh = False
-            else:
-                self.taken.append(int(self.sampled.item()))
-            return mx.where(mx.array(self.allowed()), logits, -float("inf"))
-
-        def sampling(self, sampler):
-            def tapped(lp):
-                self.sampled = sampler(lp)
-                return self.sampled
-            return tapped
-
-        def catch_up(self, last):
-            if self.fresh:
-                self.fresh = False
-            else:
-                self.taken.append(last)
-
-        def took(self, kept, after):
-            self.taken += kept
-            self.sampled = after
-
-        def forced(self, k):
-            return []
-
-        def masks_along(self, proposal):
-            kept = []
-            for t in proposal:
-                if t % 2:
-                    break
-                kept.append(t)
-            return kept, [self.allowed()] * (len(kept) + 1)
+    def grammar():
+        return GrammarProcessor(ll, "start: /[a-z ]{1,400}/", vocab, eos)
 
     def masked_greedy(prompt, n):
-        kv, token, out = prefilled(model, prompt), prompt[-1], []
+        g, kv, token, out = grammar(), prefilled(model, prompt), prompt[-1], []
         for _ in range(n):
             logits = model(mx.array([[token]]), cache=kv)[0, -1]
-            token = int(mx.where(mx.array(np.arange(97) % 2 == 0), logits, -float("inf")).argmax())
+            allowed = np.pad(g.allowed(), (0, logits.shape[-1] - vocab))
+            token = int(mx.where(mx.array(allowed), logits, -float("inf")).argmax())
+            g.advance(token)
             out.append(token)
+            if token in eos:
+                break
         return out
 
-    prompt = PROMPT + [2, 4, 6, 8, 10, 12] * 3  # what follows repeats: prompt lookup proposes it
-    grammar = EvenOnly()
-    batch = RowBatch(model, frozenset())
-    from mlx_lm.sample_utils import make_sampler
-
-    proposer = LookupProposer(list(prompt), grammar)
-    batch.insert(prompt[-1], prefilled(model, prompt), 20, prompt[:-1], grammar.sampling(make_sampler(0.0)),
-                 [grammar], proposer=proposer, grammar=grammar)
-    out = []
+    texts = ["the cat sat on the mat and the dog sat on the log " * 6, "a b c d e f g a b c d e f g " * 8,
+             "one two three four five six " * 7][:rows]
+    prompts = [tok.encode(t) for t in texts]
+    batch = RowBatch(model, frozenset(eos), verify_together=True)
+    uids, proposers = [], []
+    for prompt in prompts:
+        g = grammar()
+        proposers.append(LookupProposer(list(prompt), g))
+        uids.append(batch.insert(prompt[-1], prefilled(model, prompt), 24, prompt[:-1], None, [g],
+                                 proposer=proposers[-1], grammar=g))
+    out = {u: [] for u in uids}
     while batch.rows:
-        out += [t.token for t in batch.next()]
-    assert out == masked_greedy(prompt, 20)
-    assert proposer.stats.proposed > 0, proposer.stats  # verify steps ran, under the mask
-    assert all(t % 2 == 0 for t in out) and grammar.taken[:len(out) - 1] == out[:len(grammar.taken[:len(out) - 1])]
+        for t in batch.next():
+            out[t.uid].append(t.token)
+    for uid, prompt in zip(uids, prompts):
+        assert out[uid] == masked_greedy(prompt, 24)
+        assert all(set(tok.decode([t])) <= set("abcdefghijklmnopqrstuvwxyz ") for t in out[uid] if t not in eos)
+    assert sum(p.stats.proposed for p in proposers) > 0, [p.stats for p in proposers]  # verify steps ran

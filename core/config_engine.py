@@ -166,7 +166,8 @@ class EngineConfig(Strict):
         "On the CPU backend with an optimised BLAS (Linux: engine/cpu/fast_blas.py), load models whose float32 weights "
         "take at most a quarter of the memory budget as float32: there a prompt runs ~15x faster than quantised."))
     speculative: Speculative = Field(default="prompt_lookup", description=(
-        "Speculative decoding of a request decoded alone: `prompt_lookup` proposes the tokens that followed the "
+        "Speculative decoding of each request, alone or in a batch: `prompt_lookup` proposes the tokens that "
+        "followed the "
         "answer's last few tokens earlier in the prompt or the answer (an agent's edit re-emitting a file, a tool "
         "call repeating a path) and verifies them in one forward; greedy answers stay token for token the same, "
         "sampled ones are drawn from the same distribution (the speculative acceptance rule). "

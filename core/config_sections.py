@@ -105,9 +105,10 @@ class ModelSpec(Strict):
         "Speculative decoding for this model. Unset: `engine.speculative`."))
     draft: str | None = Field(default=None, description=(
         "A smaller model of the same tokenizer, by its id under `[models]`, that proposes this one's next tokens "
-        "(speculative decoding by a draft model, mlx-lm's `speculative_generate_step`, instead of prompt lookup; "
-        "`speculative = \"off\"` turns it off). It is loaded and unloaded with this model, and its weights and "
-        "KV are counted in this model's memory estimate. A draft whose tokenizer differs is refused at load."))
+        "(speculative decoding by a draft model instead of prompt lookup: its greedy tokens verified by this one in "
+        "one forward; `speculative = \"off\"` turns it off). It is loaded and unloaded with this model, and its "
+        "weights and one KV are counted in this model's memory estimate: one request at a time drafts, the others "
+        "of a batch decode plain. A draft whose tokenizer differs is refused at load."))
     draft_tokens: int = Field(default=3, ge=1, le=16, description=(
         "Tokens the draft model proposes per forward of this one (mlx-lm's `num_draft_tokens`)."))
     kv_bits: KVBits | None = Field(default=None, description="Its KV cache's precision. Unset: `engine.kv_bits`.")

@@ -105,6 +105,10 @@ class ModelWorker(threading.Thread):
         except BaseException as exc:  # noqa: BLE001 - anything escaping is fatal
             core.publish(Phase.FAILED)
             self.ready.set()
+            try:  # answers already whole, held for their prompt on disk, go out before the engine does
+                core.held.send_all()
+            except BaseException:  # noqa: BLE001 - the fault that stopped the core is the one to report
+                pass
             core.on_fatal(exc, None)
             return
         core.publish(Phase.STOPPED)

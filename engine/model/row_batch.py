@@ -255,9 +255,13 @@ class RowBatch:
         with mx.stream(generation_stream):
             logits = self._forward(rows, inputs)
             firsts, _ = self._sample(rows, logits[:, 0, :], inputs[:, 0], masks)
-            greedy = [None if not p or r.target is not None else
-                      _greedy(apply_masks(logits[i, :len(p) + 1], masks[i]))
-                      for i, (r, p) in enumerate(zip(rows, proposals))]
+            if any(m is not None for m in masks):  # each grammar row's positions under its own masks
+                greedy = [None if not p or r.target is not None else
+                          _greedy(apply_masks(logits[i, :len(p) + 1], masks[i]))
+                          for i, (r, p) in enumerate(zip(rows, proposals))]
+            else:  # every row's positions in one reduction
+                every = _greedy(logits)
+                greedy = [every[i] for i in range(len(rows))]
         mx.eval(firsts, *[g for g in greedy if g is not None])
         firsts_list = firsts.tolist()
         seconds = time.perf_counter() - began

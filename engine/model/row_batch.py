@@ -77,6 +77,7 @@ class _Row:
     answered: int = 0
     plain_layers: bool = False  # layers still at the model's dtype that kv_bits quantises once they reach its start
     joining: bool = True  # its first input is its prompt's last token, not a token it answered
+    input_answered: bool = False  # its next input is a token it has answered already (its first: see `next`)
 
     def room(self) -> int:
         """Tokens it may still propose: its answer's rest, less the one a verify always gives."""
@@ -157,12 +158,17 @@ class RowBatch:
         self._quantize(rows)
         mx.async_eval(sampled, *contexts)  # the next step's tokens computed while these are relayed
         tokens = inputs.tolist()
+        # A joining row's first token goes out in this step, not the next: its TTFT is a forward, not two
+        # (the other rows' tokens are this step's inputs, as always; only this step waits for its forward).
+        firsts = sampled.tolist() if any(r.joining for r in rows) else None
         seconds = time.perf_counter() - began
         out = []
-        for r, token in zip(rows, tokens):
+        for i, (r, token) in enumerate(zip(rows, tokens)):
             if r.proposer is not None:
                 r.proposer.plain(token, r.joining, seconds)
-            out += self._answer(r, [token])
+            first_now = firsts is not None and r.joining
+            out += self._answer(r, [token, firsts[i]] if first_now else [token])
+            r.input_answered = first_now
         return out
 
     def _forward(self, rows: list[_Row], inputs: mx.array) -> mx.array:
@@ -298,8 +304,8 @@ class RowBatch:
         then leaves with its cache, cut back to that token."""
         out = []
         for n, token in enumerate(tokens):
-            if r.joining:  # its prompt's last token: what it answers comes after
-                r.joining = False
+            if n == 0 and (r.joining or r.input_answered):  # its prompt's last token, or one it answered already
+                r.joining = r.input_answered = False
                 continue
             r.answered += 1
             if r.proposer is not None:

@@ -240,6 +240,18 @@ class RowBatch:
         return sampled.astype(mx.int32), contexts
 
     # --- speculation ----------------------------------------------------------------------------
+    def _room(self, r: _Row) -> int:
+        """Tokens the row may propose now: its answer's rest, and under
+        kv_bits none that would run its plain layers past the layout's start
+        within one verify (a plain step quantises them first: alone, the
+        tokens after the start attend to quantised keys)."""
+        room = r.room()
+        if r.plain_layers:
+            held = positions([r.kv]).item()
+            room = min(room, self.kv_layout.quantized_start - held - 1)
+        return room
+
+
     def _verify_step(self, rows: list[_Row]) -> list[RowToken]:
         """Every row's next token and its proposals in one forward; each row
         keeps what its model agrees with and its cache is cut back to it."""
@@ -249,7 +261,7 @@ class RowBatch:
         for r, last in zip(rows, lasts):
             if r.grammar is not None:
                 r.grammar.catch_up(last)
-            proposed = r.proposer.propose(last, r.joining, r.room()) if r.proposer is not None else []
+            proposed = r.proposer.propose(last, r.joining, self._room(r)) if r.proposer is not None else []
             row_masks = None
             if r.grammar is not None:  # cut where the grammar would not allow it, each position masked
                 proposed, row_masks = r.grammar.masks_along(proposed)

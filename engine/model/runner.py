@@ -124,7 +124,7 @@ class ModelRunner:
 
         plain = speedup = batch_speedup(resident.model, rows=rows)
         speculates = speculative_mode(self.registry.config.speculative_for(model_id), vision=False,
-                                      rank_group=False, kv=resident.kv) != "off"
+                                      rank_group=False) != "off"
         if speculates and verify_together:
             speedup = min(plain, batch_speedup(resident.model, rows=rows, width=VERIFY_WIDTH))
         log.info("%s: a step of %d rows decodes %.2fx the tokens a second of one row alone (%.2fx as plain steps)",

@@ -36,11 +36,12 @@ class ServingPlan:
         return VISION if self.vision else BATCH
 
 
-def speculative_mode(configured: str, *, vision: bool, rank_group: bool, kv: KVLayout) -> str:
+def speculative_mode(configured: str, *, vision: bool, rank_group: bool) -> str:
     """Speculative decoding as this model can serve it (pure): not through
-    mlx-vlm's generation, not over a rank group's mirrored forwards, not over
-    quantised KV (its verify step is not written for it yet)."""
-    if configured == "off" or vision or rank_group or kv.quantized:
+    mlx-vlm's generation, not over a rank group's mirrored forwards. Over
+    quantised KV it verifies as it decodes: the verified tokens' keys are
+    quantised as they are written, as a plain step's are."""
+    if configured == "off" or vision or rank_group:
         return "off"
     return configured
 
@@ -84,6 +85,6 @@ def serving_plan(model_id: str, configured_concurrency: int, *, vision: bool, ra
                       "backend: one request at a time is faster ([engine] batching = \"always\" batches anyway)")
     return ServingPlan(model_id, 1 if reason else configured_concurrency, vision, rank_group,
                        not vision and not rank_group, kv, cpu_float32, reason,
-                       speculative_mode(speculative, vision=vision, rank_group=rank_group, kv=kv),
+                       speculative_mode(speculative, vision=vision, rank_group=rank_group),
                        rows_apart,
                        None if batch_speedup is None else round(batch_speedup, 3))

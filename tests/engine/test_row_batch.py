@@ -121,3 +121,34 @@ def test_the_batch_probe_times_a_batched_step_against_one_row(model):
     for width in (1, 5):  # a plain step's shape, a verify's
         ratio = batch_speedup(model, rows=3, context=32, repeats=3, width=width)
         assert 0 < ratio < 30
+
+
+@pytest.mark.parametrize("layout, dequantized", [
+    (KVLayout(8, 32, 0), False),
+    (KVLayout(8, 32, 80), False),    # the rows cross the start while proposing: no verify runs a row past it
+    (KVLayout(8, 32, 0), True),
+], ids=["8-bit", "8-bit-from-80", "8-bit-dequantized"])
+def test_prompt_lookup_over_quantised_kv_decodes_what_plain_steps_do(model, layout, dequantized):
+    """kv_bits with prompt lookup: rows whose prompts repeat (proposals
+    accepted) decode, together, the tokens each decodes alone a token a
+    forward over the same quantised layout."""
+    from mlxd.engine.model.row_proposals import LookupProposer
+
+    prompts = []
+    for i in range(2):
+        base = [(5 * j + 3 + i) % 97 for j in range(20 + 6 * i)]
+        prompts.append(base + _alone(model, base, layout, dequantized) + base)
+    batch = RowBatch(model, frozenset(), verify_together=True, kv_layout=layout, dequantized=dequantized)
+    proposers = [LookupProposer(list(p)) for p in prompts]
+    uids = [batch.insert(p[-1], _prefilled(model, p, layout), ANSWER, p[:-1], None, [], proposer=q)
+            for p, q in zip(prompts, proposers)]
+    for r in batch.rows:  # a row short of the start proposes no more than fits before it
+        held = r.kv[0].offset
+        if layout.quantized_start > held:
+            assert batch._room(r) <= layout.quantized_start - held - 1
+    out = {u: [] for u in uids}
+    while batch.rows:
+        for t in batch.next():
+            out[t.uid].append(t.token)
+    assert [out[u] for u in uids] == [_alone(model, p, layout, dequantized) for p in prompts]
+    assert sum(q.stats.accepted for q in proposers) > 0  # verify steps ran and kept proposals

@@ -141,12 +141,12 @@ class RowBatch:
         self.rows = []
 
     def next(self) -> list[RowToken]:
-        """One step: the next tokens of every row (none for a row that has just joined)."""
+        """One step: the next tokens of every row (a joining row's first)."""
         rows = list(self.rows)
         if not rows:
             return []
         if (len(rows) == 1 or self.verify_together or not self.apart) and \
-                any(r.proposer is not None and r.proposer.worth_verify(r.room()) for r in rows):
+                any(r.proposer is not None and r.proposer.worth_verify(self._room(r)) for r in rows):
             return self._verify_step(rows)
         began = time.perf_counter()
         inputs = rows[0].next_input if len(rows) == 1 else mx.concatenate([r.next_input for r in rows])

@@ -33,7 +33,7 @@ from mlxd.memory_estimate import KVLayout
 from ..cache.kv_cache import make_kv
 from .row_attention import positions, row_caches
 
-PROBE_CONTEXT = 256  # tokens each row holds: an agent's turn holds more, which favours the batch no less
+PROBE_CONTEXT = 256  # tokens each row holds (an agent's turn holds more: each row's attention costs more, shared less)
 PROBE_REPEATS = 15
 VERIFY_WIDTH = 5  # a verify step's tokens a row: the last token and the few proposals a draft policy mostly keeps
 

@@ -111,12 +111,11 @@ class GrammarProcessor:
         else:
             self.advance(last)
 
-    def took(self, kept: list[int], after: Any) -> None:
-        """A verify step kept `kept` (consumed here) and drew `after` (an
-        array of one token), which the next step consumes, as a drawn token."""
+    def took(self, kept: list[int]) -> None:
+        """A verify step kept `kept` (consumed here); the token it drew after
+        them is the row's next input, which the next step's `catch_up` takes."""
         for token in kept:
             self.advance(token)
-        self._sampled = after
 
     def allowed(self) -> Any:
         """The tokens the grammar allows next (a bool per vocabulary entry):

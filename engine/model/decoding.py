@@ -38,17 +38,15 @@ if TYPE_CHECKING:  # (they import MLX: the engine's entry point must not, before
 class Decoders:
     """The batch and the vision row of the resident model (see the module's docstring)."""
 
-    def __init__(self, resident: ResidentModel, slots: int, pace: PrefillPace, faults: FaultInjector | None,
+    def __init__(self, resident: ResidentModel, pace: PrefillPace, faults: FaultInjector | None,
                  link: RankLink | None = None, speculative: str = "off", draft: DraftModel | None = None,
                  draft_tokens: int = 3, rows_apart: bool = True, verify_together: bool = False) -> None:
         self.resident = resident
-        self.slots = slots
         self.pace = pace
         self.draft = draft
         self.vision: VisionRow | None = None  # a vision model's request
         self.batch = BatchDecoder(resident, pace, faults, apart=rows_apart, verify_together=verify_together,
                                   speculative=speculative, draft=draft, draft_tokens=draft_tokens, link=link)
-        self._granted: set[int] = set()  # ids of the rows decoded alone: their KV is a grant of their own
         self._samplers: dict[tuple, Any] = {}  # one sampler object per setting: rows that share it sample in one call
 
     @property
@@ -59,7 +57,7 @@ class Decoders:
     @property
     def batch_rows(self) -> list[Admitted]:
         """The rows whose KV the ledger counts as the batch's (the others hold grants of their own)."""
-        return [a for a in self.batch.rows.values() if id(a) not in self._granted]
+        return [a for a in self.batch.rows.values() if not a.alone]
 
     def sampling(self, admitted: Admitted, vision: bool = False) -> RowSampling:
         from mlx_lm.sample_utils import make_sampler
@@ -82,8 +80,6 @@ class Decoders:
         admitted.generation.waits_for_reader = admitted.alone  # a slow reader holds nobody else up
         admitted.generation.begin(vision.tokens if vision is not None else admitted.prompt[-PROMPT_TAIL:])
         sampling = self.sampling(admitted, vision is not None)
-        if admitted.alone:  # nobody joins it: its KV is a grant of its own (engine/core/memory_ledger.py)
-            self._granted.add(id(admitted))
         if vision is not None:
             assert self.vision is None and not self.batch.rows, "a vision request with others running"
             self.vision = VisionRow(self.resident, admitted, sampling, self.pace, vision)
@@ -100,8 +96,6 @@ class Decoders:
                 self.vision = None
         else:
             ended = self.batch.step()
-        for e in ended:
-            self._granted.discard(id(e.admitted))
         return ended
 
     def close(self) -> None:
@@ -109,6 +103,5 @@ class Decoders:
             self.vision.close()
             self.vision = None
         self.batch.close()
-        self._granted.clear()
         if self.draft is not None:
             self.draft.close()

@@ -54,6 +54,7 @@ from mlx_lm.models.cache import KVCache, TokenBuffer, trim_prompt_cache
 from mlxd.memory_estimate import KVLayout
 
 from ..cache.kv_cache import prefill_views, quantize_from
+from ..cache.prompt_cache import kv_offset
 from .row_attention import positions, row_caches
 from .row_proposals import Proposer
 from .speculative import DRAFT_MAX, SampledTarget, SpecStats, accept_sampled, apply_masks
@@ -247,10 +248,8 @@ class RowBatch:
         tokens after the start attend to quantised keys)."""
         room = r.room()
         if r.plain_layers:
-            held = positions([r.kv]).item()
-            room = min(room, self.kv_layout.quantized_start - held - 1)
+            room = min(room, self.kv_layout.quantized_start - kv_offset(r.kv) - 1)
         return room
-
 
     def _verify_step(self, rows: list[_Row]) -> list[RowToken]:
         """Every row's next token and its proposals in one forward; each row
@@ -303,7 +302,7 @@ class RowBatch:
             if kept and r.context is not None:
                 r.context.update_and_fetch(mx.array(kept, dtype=mx.int32))
             if r.grammar is not None:
-                r.grammar.took(kept, r.next_input)
+                r.grammar.took(kept)
             if r.proposer is not None:
                 r.proposer.verified(proposed, kept, seconds)
             out += self._answer(r, [last, *kept])

@@ -58,7 +58,6 @@ class LookupProposer:
         self.policy = DraftPolicy()
         self.stats = SpecStats()
         self.grammar = grammar  # its forced tokens are proposed first (a JSON key, a closing quote)
-        self._step_s: float | None = None
 
     def worth_verify(self, room: int) -> bool:
         at_hand = self.index.propose(1 + room)  # the first stands for the token being computed

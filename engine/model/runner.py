@@ -16,7 +16,6 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-
 from .decoder_rows import Admitted, Ended
 from .decoding import Decoders
 from .errors import EngineError
@@ -108,7 +107,7 @@ class ModelRunner:
             log.info("%s is served one request at a time: %s", model_id, self.plan.reason)
         spec = self.registry.config.models[model_id]
         draft = self._load_draft(model_id, spec.draft, resident) if self.plan.speculative == "draft" else None
-        self.decoders = Decoders(resident, self.plan.max_concurrency, self.pace, self.faults, self.link,
+        self.decoders = Decoders(resident, self.pace, self.faults, self.link,
                                  speculative=self.plan.speculative, draft=draft, draft_tokens=spec.draft_tokens,
                                  rows_apart=self.plan.rows_apart, verify_together=verify_together)
         from mlx_lm.utils import maybe_set_recommended_wired_limit  # Metal: the weights stay wired, as mlx-lm does

@@ -52,6 +52,7 @@ class ServingPlanReport(Report):
     speculative: str = "off"  # a request decoded alone: "prompt_lookup", "draft" or "off"
     rows_apart: bool = False  # the batch decodes each row over its own cache (no padding, no mask)
     batch_speedup: float | None = None  # a batched step's tokens a second over one row's, measured at load
+    mixed_prefill: bool = False  # joining prompts' chunks run in the decode step's forward (row_segments.py)
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,7 @@ class EngineMemory(Report):
     mlx_active_bytes: int = 0
     mlx_peak_bytes: int = 0
     mlx_cache_bytes: int = 0
+    mlx_sampled_s_ago: float = 0.0  # how old the three MLX figures are (sampled between steps, every second idle)
     rss_bytes: int = 0
     budget_bytes: int = 0
     mlx_active_before_first_load: int | None = None

@@ -117,7 +117,7 @@ class Health:
                                       vision=plan.vision, rank_group=plan.rank_group, prompt_cache=plan.prompt_cache,
                                       cpu_float32=plan.cpu_float32, reason=plan.reason,
                                       speculative=plan.speculative, rows_apart=plan.rows_apart,
-                                      batch_speedup=plan.batch_speedup)
+                                      batch_speedup=plan.batch_speedup, mixed_prefill=plan.mixed_prefill)
             if plan is not None else None,
             queue_depth=queue["waiting"],
             queue_capacity=queue["capacity"],
@@ -126,6 +126,7 @@ class Health:
                 mlx_active_bytes=mem.active_bytes,
                 mlx_peak_bytes=mem.peak_bytes,
                 mlx_cache_bytes=mem.cache_bytes,
+                mlx_sampled_s_ago=round(max(0.0, time.monotonic() - mem.taken_at), 3),
                 rss_bytes=psutil.Process().memory_info().rss,
                 budget_bytes=self.budget_bytes,
                 mlx_active_before_first_load=w.active_before_first_load,

@@ -20,6 +20,7 @@ them. Every file, one line each:
   draft_model.py          a draft model: its tokenizer check, its one KV, kept for the next turn
   vision_row.py           a vision model's request, decoded by mlx-vlm's generation
   row_attention.py        a step's attention row by row without a mask; checked exact per model at load
+  row_segments.py         decode tokens and joining prompts' chunks in one forward (RoPE and attention by segment)
   batch_probe.py          whether a batched step decodes more tokens a second than one row, timed at load
   cascade_attention.py    rows over a shared prompt prefix: its KV held once, read once a step, merged exactly
   generation.py           one job's prompt tokenized, and its answer relayed from the tokens a decoder gives

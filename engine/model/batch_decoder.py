@@ -92,7 +92,8 @@ def speculates(speculative: str, penalties: bool, grammar: bool, harmony: bool, 
 class BatchDecoder:
     def __init__(self, resident: ResidentModel, pace: PrefillPace, faults: FaultInjector | None = None,
                  apart: bool = True, verify_together: bool = False, speculative: str = "off",
-                 draft: DraftModel | None = None, draft_tokens: int = 3, link: RankLink | None = None) -> None:
+                 draft: DraftModel | None = None, draft_tokens: int = 3, link: RankLink | None = None,
+                 mixes: bool = False) -> None:
         from .row_batch import RowBatch
 
         self.resident = resident
@@ -102,6 +103,9 @@ class BatchDecoder:
         self.draft = draft  # its DraftModel when the plan says "draft" (engine/model/draft_model.py)
         self.draft_tokens = draft_tokens
         self.link = link  # rank 0 of a rank group: the other ranks keep a KV of their shard from BEGIN to END
+        # Joining prompts' chunks in the decode step's forward (row_segments.py): found exact at the load; not
+        # over quantised KV (a prefill quantises its layers as it goes).
+        self.mixes = mixes and not resident.kv.quantized and not resident.dequantized_decode
         self.batch: RowBatch = RowBatch(resident.model, frozenset(resident.tokenizer.eos_token_ids), apart=apart,
                                         verify_together=verify_together, kv_layout=resident.kv,
                                         dequantized=resident.dequantized_decode)
@@ -175,13 +179,26 @@ class BatchDecoder:
         """One paced chunk of the first joining request's prompt, alone; the
         request joins the batch once only its last token is left."""
         p = self._prefilling[0]
+        if not self._looked(p):
+            return
+        chunk = p.rest[:min(self.pace.step(), len(p.rest) - 1)]
+        prefill(self.resident.model, p.kv, chunk, self.pace, lambda: None, self.faults, self.resident.kv)
+        self._took(p, chunk)
+
+    def _looked(self, p: _Prefilling) -> bool:
+        """Its prompt's start taken from a decoding row where one holds it
+        (once); False when that left only its last token: it joined."""
         if not p.looked:
             p.looked = True
             self._borrow_prefix(p)
             if len(p.rest) == 1:
-                return self._joined(p)
-        chunk = p.rest[:min(self.pace.step(), len(p.rest) - 1)]
-        prefill(self.resident.model, p.kv, chunk, self.pace, lambda: None, self.faults, self.resident.kv)
+                self._joined(p)
+                return False
+        return True
+
+    def _took(self, p: _Prefilling, chunk: list[int]) -> None:
+        """A chunk of its prompt is in its KV: on disk as it goes (a long
+        prompt's), into the batch once only its last token is left."""
         p.context += chunk
         p.rest = p.rest[len(chunk):]
         if len(p.rest) > 1:
@@ -191,6 +208,54 @@ class BatchDecoder:
                 p.saved = len(p.context)
             return
         self._joined(p)
+
+    def _chunks(self) -> list[tuple[_Prefilling, list[int]]]:
+        """This step's prompt chunks: the joining requests' next tokens, in
+        order of admission, within the pace's budget (a token budget a step,
+        as vLLM schedules prefill chunks beside decode tokens)."""
+        budget, out, queue = self.pace.step(), [], list(self._prefilling)
+        for k, p in enumerate(queue):
+            if budget <= 0:
+                break
+            if not p.looked and self._shares_with([q for q in queue[:k] if q in self._prefilling], p):
+                break  # it waits for the one ahead to join, and takes that part of its KV then (`_borrow_prefix`)
+            if not self._looked(p):
+                continue
+            n = min(budget, len(p.rest) - 1)
+            if n <= 0:
+                break
+            out.append((p, p.rest[:n]))
+            budget -= n
+        return out
+
+    @staticmethod
+    def _shares_with(ahead: list[_Prefilling], p: _Prefilling) -> bool:
+        """Whether p's prompt starts as one still prefilling ahead of it, for enough tokens to take them."""
+        if not ahead:
+            return False
+        _, n = shared_start(p.context + p.rest[:-1], [q.context + q.rest for q in ahead])
+        return n - len(p.context) >= MIN_BORROWED_TOKENS
+
+    def _mixes(self) -> bool:
+        """Whether this step runs the joining prompts' chunks with the decode
+        tokens in one forward (engine/model/row_segments.py)."""
+        from .row_segments import mixable
+
+        return self.mixes and mixable([p.kv for p in self._prefilling] + [r.kv for r in self.batch.rows])
+
+    def _mixed_step(self) -> list[Ended]:
+        """The joining prompts' chunks and a token for every decoding row, in one forward."""
+        chunks = self._chunks()  # (a row whose prompt a decoding row held joins now: it decodes in this step)
+        began = time.perf_counter()
+        ended = self._decode_step([(p.kv, chunk) for p, chunk in chunks]) if chunks or self.batch.rows else []
+        if chunks:
+            n = sum(len(chunk) for _, chunk in chunks)
+            if self.faults is not None and (delay := self.faults.prefill_delay_s(n)):
+                time.sleep(delay)  # slow@prefill: a slow machine, for the tests
+            self.pace.observe(n, time.perf_counter() - began)
+        for p, chunk in chunks:
+            self._took(p, chunk)
+        return ended
 
     def _borrow_prefix(self, p: _Prefilling) -> None:
         """Agents that share a system prompt join together, before any of
@@ -220,13 +285,18 @@ class BatchDecoder:
         self._insert(a, p.rest, p.kv, p.context, p.sampling)
 
     def step(self) -> list[Ended]:
-        """One step of the batch: a chunk of the first joining request's
-        prompt, then a token for every decoding request. The requests that ended."""
-        if self._prefilling:
-            self._prefill_chunk()
+        """One step of the batch: a token for every decoding request, with
+        the joining requests' prompt chunks in the same forward where their
+        caches mix (else a chunk of the first, by itself, before it). The
+        requests that ended."""
         ended: list[Ended] = []
-        if len(self.rows) > len(self._prefilling):  # rows in the batch
-            ended = self._decode_step()
+        if self._prefilling and self._mixes():
+            ended = self._mixed_step()
+        else:
+            if self._prefilling:
+                self._prefill_chunk()
+            if len(self.rows) > len(self._prefilling):  # rows in the batch
+                ended = self._decode_step()
         for uid, a in list(self.rows.items()):  # gone before their first token: cancelled in prefill
             if a.job.cancelled.is_set() and a.first_token_at is None:
                 ended.append(self._remove(uid, "cancelled"))
@@ -236,14 +306,15 @@ class BatchDecoder:
             self.link.share((END,))
         return ended
 
-    def _decode_step(self) -> list[Ended]:
+    def _decode_step(self, chunks: list[tuple[list[Any], list[int]]] | None = None) -> list[Ended]:
         """A token for every row in the batch (a joining row's first step
-        runs its prompt's last token)."""
+        runs its prompt's last token), with `chunks` in the same forward."""
         began = time.perf_counter()
-        responses = self.batch.next()
+        responses = self.batch.next(chunks or ())
         if log.isEnabledFor(logging.DEBUG):  # where a batch's time goes
-            log.debug("batch step %.1f ms: %d tokens decoded, %d rows in the batch",
-                      1000 * (time.perf_counter() - began), len(responses), len(self.rows))
+            log.debug("batch step %.1f ms: %d tokens decoded, %d prompt tokens, %d rows in the batch",
+                      1000 * (time.perf_counter() - began), len(responses),
+                      sum(len(c) for _, c in chunks or ()), len(self.rows))
         ended: list[Ended] = []
         for r in responses:
             a = self.rows.get(r.uid)

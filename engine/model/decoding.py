@@ -40,13 +40,15 @@ class Decoders:
 
     def __init__(self, resident: ResidentModel, pace: PrefillPace, faults: FaultInjector | None,
                  link: RankLink | None = None, speculative: str = "off", draft: DraftModel | None = None,
-                 draft_tokens: int = 3, rows_apart: bool = True, verify_together: bool = False) -> None:
+                 draft_tokens: int = 3, rows_apart: bool = True, verify_together: bool = False,
+                 mixed_prefill: bool = False) -> None:
         self.resident = resident
         self.pace = pace
         self.draft = draft
         self.vision: VisionRow | None = None  # a vision model's request
         self.batch = BatchDecoder(resident, pace, faults, apart=rows_apart, verify_together=verify_together,
-                                  speculative=speculative, draft=draft, draft_tokens=draft_tokens, link=link)
+                                  speculative=speculative, draft=draft, draft_tokens=draft_tokens, link=link,
+                                  mixes=mixed_prefill)
         self._samplers: dict[tuple, Any] = {}  # one sampler object per setting: rows that share it sample in one call
 
     @property

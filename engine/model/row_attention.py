@@ -36,6 +36,7 @@ import mlx.core as mx
 from mlx_lm.models import base as mlx_lm_base
 
 from .cascade_attention import SharedPrefixKVCache, attend_shared
+from .row_segments import SegmentsLayer, forward_step, mixable, route_rope
 
 log = logging.getLogger("mlxd.engine.core.worker")
 
@@ -106,7 +107,7 @@ class RowsArrays:
 def attention_by_rows(queries: mx.array, keys: mx.array, values: mx.array, cache: Any, scale: float,
                       mask: mx.array | None, sinks: mx.array | None = None) -> mx.array:
     """mlx-lm's attention, except over a RowsLayer: row by row."""
-    if isinstance(cache, RowsLayer):
+    if isinstance(cache, (RowsLayer, SegmentsLayer)):
         return cache.attend(queries, scale, sinks)
     if isinstance(cache, SharedPrefixKVCache):  # a row over a shared prefix, alone
         return cache.attend(queries, keys, values, scale, mask, sinks)
@@ -162,14 +163,14 @@ def rows_decode_exact(model: Any, tolerance: float | None = None) -> tuple[bool,
     cache, gives each row the logits it gets alone: (a decode step of one
     token a row, a verify step of three). Checked once a load, on a few
     tokens; any error: not exact."""
-    from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
+    from mlx_lm.models.cache import can_trim_prompt_cache
 
     route_attention()
     try:
         if tolerance is None:  # a half-precision product of one row and of two differ in their last bits
             tolerance = 1e-3 if model_dtype(model) == mx.float32 else 5e-2
         prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10]]
-        caches = [make_prompt_cache(model) for _ in prompts]
+        caches = [_check_cache(model) for _ in prompts]
         for prompt, cache in zip(prompts, caches):
             model(mx.array([prompt]), cache=cache)
         alone = copy.deepcopy(caches)
@@ -181,6 +182,52 @@ def rows_decode_exact(model: Any, tolerance: float | None = None) -> tuple[bool,
         log.info("decoding rows apart does not run for this model (%s: %s): a forward a row instead",
                  type(exc).__name__, exc)
         return False, False
+
+
+def segments_exact(model: Any, tolerance: float | None = None) -> bool:
+    """Whether a step over two decoding rows and a chunk gives each row the
+    logits it gets alone (checked once a load, on a few tokens; any error:
+    not exact). A model whose caches are not all plain KVCaches: False."""
+    route_attention()
+    route_rope()
+    try:
+        caches = [_check_cache(model) for _ in range(3)]
+        if not mixable(caches):
+            return False
+        if tolerance is None:  # a half-precision product over more rows differs in its last bits
+            tolerance = 1e-3 if model_dtype(model) == mx.float32 else 5e-2
+        for prompt, cache in zip(([1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [20, 21]), caches):
+            model(mx.array([prompt]), cache=cache)
+        alone = copy.deepcopy(caches)
+        segments = ([11], [12], [23, 24, 25, 26, 27])
+        tokens = mx.array([t for s in segments for t in s], dtype=mx.int32)
+        # The decoding rows' logits, and the chunk's keys and values, against each row's alone.
+        together = forward_step(model, caches, tokens, [len(s) for s in segments], 2).astype(mx.float32)
+        each = mx.concatenate([model(mx.array([s]), cache=c)[:, -1] for s, c in zip(segments, alone)]).astype(mx.float32)
+        worst = float(mx.abs(together - each[:2]).max()) / (float(mx.abs(each[:2]).max()) + 1e-6)
+        for mixed, own in zip(caches[2], alone[2]):
+            for a, b in zip(mixed.state[:2], own.state[:2]):  # (keys, values)
+                worst = max(worst, float(mx.abs(a - b).max()) / (float(mx.abs(b).max()) + 1e-6))
+        exact = worst <= tolerance and bool(mx.all(together.argmax(-1) == each[:2].argmax(-1)))
+        if not exact:
+            log.info("a step of decoding rows and a prompt chunk is not exact for this model (worst %.3g of the "
+                     "logits' scale): joining prompts are prefilled apart", worst)
+        return exact
+    except Exception as exc:  # a model whose positions or attention do not go through the cache's as they should
+        log.info("a step of decoding rows and a prompt chunk does not run for this model (%s: %s): joining "
+                 "prompts are prefilled apart", type(exc).__name__, exc)
+        return False
+
+
+def _check_cache(model: Any) -> list[Any]:
+    """A cache for a load's check, grown 16 positions at a time (mlx-lm's 256 would hold a big model's memory)."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    for c in cache:
+        if hasattr(c, "step"):
+            c.step = 16
+    return cache
 
 
 def _same_as_alone(model: Any, caches: list[list[Any]], alone: list[list[Any]], tokens: list[list[int]],

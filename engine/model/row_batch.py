@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import mlx.core as mx
 from mlx_lm.generate import generation_stream
@@ -57,6 +57,7 @@ from ..cache.kv_cache import prefill_views, quantize_from
 from ..cache.prompt_cache import kv_offset
 from .row_attention import positions, row_caches
 from .row_proposals import Proposer
+from .row_segments import forward_segments, forward_step
 from .speculative import DRAFT_MAX, SampledTarget, SpecStats, accept_sampled, apply_masks
 
 if TYPE_CHECKING:
@@ -141,23 +142,39 @@ class RowBatch:
                 r.proposer.ended()
         self.rows = []
 
-    def next(self) -> list[RowToken]:
-        """One step: the next tokens of every row (a joining row's first)."""
+    def next(self, chunks: Sequence[tuple[list[Any], list[int]]] = ()) -> list[RowToken]:
+        """One step: the next tokens of every row (a joining row's first).
+        `chunks`: prompt chunks of rows still prefilling, (their cache, the
+        tokens), run in the same forward (engine/model/row_segments.py; only
+        where `mixes` and `mixable`); such a step verifies nothing."""
         rows = list(self.rows)
-        if not rows:
+        if not rows and not chunks:
             return []
-        if (len(rows) == 1 or self.verify_together or not self.apart) and \
+        if not chunks and (len(rows) == 1 or self.verify_together or not self.apart) and \
                 any(r.proposer is not None and r.proposer.worth_verify(self._room(r)) for r in rows):
             return self._verify_step(rows)
         began = time.perf_counter()
+        if not rows:  # the chunks alone, each into its own cache
+            with mx.stream(generation_stream):
+                forward_segments(self.model, [kv for kv, _ in chunks], _chunk_tokens(chunks),
+                                 [len(part) for _, part in chunks])
+                mx.eval(_chunk_arrays(chunks))
+            return []
         inputs = rows[0].next_input if len(rows) == 1 else mx.concatenate([r.next_input for r in rows])
         with mx.stream(generation_stream):
-            logits = self._forward(rows, inputs[:, None])[:, -1, :]
+            if chunks:  # the rows' tokens, then each chunk's: one sequence (engine/model/row_segments.py)
+                tokens = mx.concatenate([inputs, _chunk_tokens(chunks)])
+                lengths = [1] * len(rows) + [len(part) for _, part in chunks]
+                caches = [r.kv for r in rows] + [kv for kv, _ in chunks]
+                logits = forward_step(self.model, caches, tokens, lengths, len(rows))
+            else:
+                logits = self._forward(rows, inputs[:, None])[:, -1, :]
             sampled, contexts = self._sample(rows, logits, inputs, self._grammar_masks(rows, logits, inputs))
         for i, r in enumerate(rows):
             r.next_input = sampled[i:i + 1]
         self._quantize(rows)
-        mx.async_eval(sampled, *contexts)  # the next step's tokens computed while these are relayed
+        # The next step's tokens computed while these are relayed (and a chunk's KV with them).
+        mx.async_eval(sampled, *contexts, *_chunk_arrays(chunks))
         tokens = inputs.tolist()
         # A joining row's first token goes out in this step, not the next: its TTFT is a forward, not two
         # (the other rows' tokens are this step's inputs, as always; only this step waits for its forward).
@@ -337,6 +354,15 @@ class RowBatch:
 def _greedy(logits: mx.array) -> mx.array:
     """Each position's greedy token, as a plain step picks it (argmax of the log-probabilities)."""
     return (logits - mx.logsumexp(logits, axis=-1, keepdims=True)).argmax(axis=-1)
+
+
+def _chunk_tokens(chunks: Sequence[tuple[list[Any], list[int]]]) -> mx.array:
+    return mx.array([t for _, part in chunks for t in part], dtype=mx.int32)
+
+
+def _chunk_arrays(chunks: Sequence[tuple[list[Any], list[int]]]) -> list[mx.array]:
+    """The chunks' caches' arrays, to evaluate with the step."""
+    return [a for kv, _ in chunks for c in kv for a in (c.keys, c.values)]
 
 
 def _has_plain_layers(kv: list[Any]) -> bool:

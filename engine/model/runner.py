@@ -74,7 +74,7 @@ class ModelRunner:
         """The model into memory and its serving plan; an EngineError (503)
         for a load that failed outside MLX (missing files, no network)."""
         from .model_load import load_resident, load_shard, with_kv_layout
-        from .row_attention import rows_decode_exact
+        from .row_attention import rows_decode_exact, segments_exact
 
         info = self.registry.info(model_id)
         target = self.registry.load_target(model_id)
@@ -96,20 +96,24 @@ class ModelRunner:
         # A batch of one needs neither check: its forward is the model's over the row's own cache.
         rows_apart, verify_together = (rows_decode_exact(resident.model) if text_alone and concurrency > 1
                                        else (True, False))
+        mixed = text_alone and concurrency > 1 and rows_apart and not resident.kv.quantized and \
+            segments_exact(resident.model)
         speedup = None
         if text_alone and concurrency > 1 and rows_apart and batching == "auto" and not self.registry.on_cpu:
             speedup = self._batch_speedup(model_id, resident, min(4, concurrency), verify_together)
         self.plan = serving_plan(model_id, concurrency, vision=resident.vision, rank_group=self.link is not None,
                                  kv=resident.kv, cpu_float32=info.weights_dtype == "float32",
                                  speculative=self.registry.config.speculative_for(model_id), rows_apart=rows_apart,
-                                 batch_speedup=speedup, batching=batching, on_cpu=self.registry.on_cpu)
+                                 batch_speedup=speedup, batching=batching, on_cpu=self.registry.on_cpu,
+                                 mixed_prefill=mixed)
         if self.plan.reason and self.registry.max_concurrency(model_id) > 1:
             log.info("%s is served one request at a time: %s", model_id, self.plan.reason)
         spec = self.registry.config.models[model_id]
         draft = self._load_draft(model_id, spec.draft, resident) if self.plan.speculative == "draft" else None
         self.decoders = Decoders(resident, self.pace, self.faults, self.link,
                                  speculative=self.plan.speculative, draft=draft, draft_tokens=spec.draft_tokens,
-                                 rows_apart=self.plan.rows_apart, verify_together=verify_together)
+                                 rows_apart=self.plan.rows_apart, verify_together=verify_together,
+                                 mixed_prefill=self.plan.mixed_prefill)
         from mlx_lm.utils import maybe_set_recommended_wired_limit  # Metal: the weights stay wired, as mlx-lm does
 
         self._wired_before = maybe_set_recommended_wired_limit()

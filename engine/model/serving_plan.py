@@ -30,6 +30,8 @@ class ServingPlan:
     # where the model was checked at load to give each row what it gets alone; else a forward a row.
     rows_apart: bool = False
     batch_speedup: float | None = None  # measured at load (engine/model/batch_probe.py); None: not measured
+    # Joining prompts' chunks in the decode step's forward (engine/model/row_segments.py), checked exact at load.
+    mixed_prefill: bool = False
 
     @property
     def decoder(self) -> str:
@@ -57,7 +59,8 @@ ON_CPU = ("on the CPU a batch serves fewer tokens a second than one request at a
 
 def serving_plan(model_id: str, configured_concurrency: int, *, vision: bool, rank_group: bool,
                  kv: KVLayout, cpu_float32: bool, speculative: str = "off", rows_apart: bool = False,
-                 batch_speedup: float | None = None, batching: str = "auto", on_cpu: bool = False) -> ServingPlan:
+                 batch_speedup: float | None = None, batching: str = "auto", on_cpu: bool = False,
+                 mixed_prefill: bool = False) -> ServingPlan:
     """The plan for a model just loaded (pure; the first reason that holds
     limits it to one request at a time). `rows_apart`: a forward over rows
     each with its own cache gives every row what it gets alone (checked at
@@ -67,7 +70,8 @@ def serving_plan(model_id: str, configured_concurrency: int, *, vision: bool, ra
     (ON_CPU); `batch_speedup`:
     how many times the tokens a second of one row alone a batched step
     decodes (measured at load, engine/model/batch_probe.py; None: not
-    measured, `[engine] batching = "always"`)."""
+    measured, `[engine] batching = "always"`); `mixed_prefill`: a step of
+    decode tokens and prompt chunks was found exact at load (kept where it batches)."""
     reason = None
     if configured_concurrency > 1:
         if rank_group:
@@ -87,4 +91,5 @@ def serving_plan(model_id: str, configured_concurrency: int, *, vision: bool, ra
                        not vision and not rank_group, kv, cpu_float32, reason,
                        speculative_mode(speculative, vision=vision, rank_group=rank_group),
                        rows_apart,
-                       None if batch_speedup is None else round(batch_speedup, 3))
+                       None if batch_speedup is None else round(batch_speedup, 3),
+                       mixed_prefill and not reason)

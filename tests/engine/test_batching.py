@@ -467,12 +467,16 @@ def test_finished_turns_leave_nothing_behind_but_the_prompt_cache(start_engine):
         convs[i].append({"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]})
 
     def settled_excess() -> int:
-        """MLX's active bytes beyond the prompt cache's entries, once no write is under way."""
+        """MLX's active bytes beyond the prompt cache's entries, once no write is under way, as sampled
+        after that (the engine samples MLX's figures between steps, and every second while idle)."""
         def written() -> dict | None:
             h = eng.health()
             pc = h["prompt_cache"]
             return h if h["phase"] == "idle" and pc["writing_bytes"] == 0 and pc["disk_writes_pending"] == 0 else None
-        h = wait_until(written, 60, what="the prompt cache's writes done")
+        wait_until(written, 60, what="the prompt cache's writes done")
+        settled_at = time.monotonic()
+        h = wait_until(lambda: (h := eng.health())["memory"]["mlx_sampled_s_ago"] < time.monotonic() - settled_at
+                       and h, 10, what="MLX's memory sampled since")
         return h["memory"]["mlx_active_bytes"] - h["prompt_cache"]["memory_bytes"]
 
     excess = []

@@ -138,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-cache-gib", type=float, default=None, help="[engine.prompt_cache] memory_gib")
     p.add_argument("--batching", choices=["auto", "always"], default="auto",
                    help="[engine] batching: auto serves one at a time where its load measured the batch slower")
+    p.add_argument("--prefill-step-size", type=int, default=None,
+                   help="[engine] prefill_step_size: the most prompt tokens a step (the engine's default where unset)")
     p.add_argument("--startup-timeout", type=float, default=300.0)
     p.add_argument("--request-timeout", type=float, default=1800.0)
     p.add_argument("--seed", type=int, default=0)
@@ -164,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     config = one_model_config(model)
     config["engine"].update(engine_extra(max(8, args.agents), args.engine_log_level), max_concurrency=args.concurrency or args.agents,
                             max_prompt_tokens=131072, batching=args.batching)
+    if args.prefill_step_size is not None:
+        config["engine"]["prefill_step_size"] = args.prefill_step_size
     if args.prompt_cache_gib is not None:
         config["engine"]["prompt_cache"] = {"memory_gib": args.prompt_cache_gib}
     import tempfile

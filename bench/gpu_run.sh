@@ -207,9 +207,12 @@ agents)
     floor_arg=""; [ "$build" = "${builds[-1]}" ] && [ -n "$floors" ] && floor_arg="--floors $floors"
     PYTHONPATH=$path $PY bench/agents_load.py --model "$MODEL" --agents "${AGENTS:-4}" \
         --system-tokens "${SYSTEM_TOKENS:-12000}" --turn-tokens "${TURN_TOKENS:-1700}" --turns "${TURNS:-6}" \
-        --max-tokens 128 $cache_arg ${SHARED:+--shared-system} --engine-log-level "${ENGINE_LOG_LEVEL:-info}" $floor_arg \
+        --max-tokens 128 $cache_arg ${SHARED:+--shared-system} ${PREFILL_STEP:+--prefill-step-size "$PREFILL_STEP"} --engine-log-level "${ENGINE_LOG_LEVEL:-info}" $floor_arg \
         --keep-logs "$OUT/logs-agents-$build${SHARED:+-shared}" --out "$OUT/agents_$build${SHARED:+_shared}.json" \
         2> >(tee "$OUT/agents_$build${SHARED:+_shared}.progress" >&2) | tee "$OUT/agents_$build${SHARED:+_shared}.md"
+    for log in "$OUT/logs-agents-$build${SHARED:+-shared}"/*.log; do  # where the engine's time went (a debug log's)
+      [ -f "$log" ] && $PY bench/step_log.py "$log" | tee -a "$OUT/agents_$build${SHARED:+_shared}.md"
+    done
   done
   ;;
 faults)

@@ -159,9 +159,11 @@ class EngineConfig(Strict):
         "A running request that makes no progress (no prefill step, no token) this long makes the engine stuck: "
         "unhealthy, so the supervisor restarts it."))
     prefill_step_size: int = Field(default=512, ge=16, description=(
-        "The most prompt tokens per prefill step (mlx-lm's own default is 2048). Every step is a heartbeat of the "
+        "The most prompt tokens per prefill step (mlx-lm's own default is 2048); with requests decoding, the joining "
+        "prompts' chunks of a step share it, run in the decoding rows' forward. Every step is a heartbeat of the "
         "stuck detection, so steps are sized from the measured speed to take well under `stuck_grace_s` on a slow "
-        "machine with a big model, never more than this."))
+        "machine with a big model, never more than this. Larger: joining prompts prefill faster on a GPU, the "
+        "decoding requests' tokens come slower while they do."))
     cpu_float32: bool = Field(default=True, description=(
         "On the CPU backend with an optimised BLAS (Linux: engine/cpu/fast_blas.py), load models whose float32 weights "
         "take at most a quarter of the memory budget as float32: there a prompt runs ~15x faster than quantised."))

@@ -24,6 +24,7 @@
 #   bash bench/gpu_run.sh recovery  # after `faults`' installs: SIGABRT -> serving, standby against afresh (issue 36)
 #   bash bench/gpu_run.sh load      # after `engine`: the eager load against reading the files (issue 36)
 #   bash bench/gpu_run.sh idle      # after `stage`: the memory an idle model gives back (issue 38)
+#   bash bench/gpu_run.sh stall     # after `engine`: a turn's store's parts against the batch's steps (issue 51)
 # Results go to $OUT (or bench/results/gpu).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -118,6 +119,11 @@ load)
   install_engine
   $PY bench/weights_load.py --model-dir "$MODEL" --arms eager --rounds "${ROUNDS:-2}" --cache "${CACHE:-warm,cold}" \
       --warmup "${WARMUP:-1}" --max-tokens 4 --json-out "$OUT/weights_load_8b_speed.json" | tee "$OUT/weights_load_8b_speed.md"
+  ;;
+stall)
+  # Where a finishing turn's store stalls the batch (bench/store_stall_probe.py: a diagnosis), on the 8b model.
+  install_engine
+  $PY bench/store_stall_probe.py "$MODEL" --context "${CONTEXT:-16384}" | tee "$OUT/store_stall_probe_8b.md"
   ;;
 grammar-probe)
   # Where a bound answer's decode step goes (bench/grammar_step_probe.py: a diagnosis), on the 8b model.
@@ -265,7 +271,7 @@ profile)
       | tee "$OUT/kv_reuse_profile_8b.txt"
   ;;
 *)
-  echo "usage: $0 stage|engine|gateway|cache|concurrency|squeeze|agents|prefill|admission|kv|profile|structured|grammar-probe|stage3|faults|recovery|load|stage-model|speculative" >&2
+  echo "usage: $0 stage|engine|stall|gateway|cache|concurrency|squeeze|agents|prefill|admission|kv|profile|structured|grammar-probe|stage3|faults|recovery|load|stage-model|speculative" >&2
   exit 64
   ;;
 esac

@@ -59,7 +59,7 @@ from .disk_speeds import DiskSpeeds
 from .kv_blocks import bytes_per_token, layer_layout
 from .kv_files import KVFiles
 from .kv_format import kv_nbytes
-from .prompt_cache_policy import MIN_REUSE_TOKENS, NOT_CACHED, Fetched, entries_to_evict
+from .prompt_cache_policy import MIN_REUSE_TOKENS, NOT_CACHED, Fetched, entries_to_evict, written_to_drop
 from .reuse import ApproxPolicy, Candidate, Reuse, choose_reuse, supersedes
 from .reuse_reports import ReuseReports
 
@@ -240,14 +240,12 @@ class PromptCache:
         copies = int(self.files.unwritten_tokens(tokens, names) * bytes_per_token(kv))
         room = self.room_now()
         limit = self.budget_bytes if room is None else min(room, self.budget_bytes)
-        if copies + self.writes.held_bytes() > limit:
-            # No room, or the disk is behind (a fast GPU prefill outruns it): never wait for it here.
-            # The next checkpoint, the turn's end or the entry's leaving memory writes what this would have.
+        if copies + self.writes.held_bytes() > limit or not self._drop_written(limit - copies):
+            # No room, or the disk is behind (a fast GPU prefill outruns it): never wait for it here (the worker
+            # would hold every decoding row for the disk: 0.3-0.9 s a turn on the lent H100). The next
+            # checkpoint, the turn's end or the entry's leaving memory writes what this would have.
             log.debug("prompt cache: no room for %d MiB of new blocks now; written later", copies >> 20)
             return None
-        self.keep_within(limit - copies)  # (entries only leave: what is being written fits beside the copies)
-        if entry is not None and not any(e is entry for e in self.entries):
-            return None  # it left memory to make the room, and was written as it left
         staged = self.files.stage(self.model_key, tokens, prompt_len, kv, conversation, echo, names)
         return self.writes.submit(staged, entry, in_memory=True)
 
@@ -309,6 +307,22 @@ class PromptCache:
     def disk_entries(self) -> int:
         return len(self.files.entries(self.model_key)) if self.files is not None else 0  # type: ignore[arg-type]
 
+    def _drop_written(self, budget_bytes: int) -> bool:
+        """Entries already on disk leave memory, least recently used first,
+        until the rest and the writes under way fit `budget_bytes`; whether
+        they do. Nothing staged, nothing waited for."""
+        held = self.writes.held_bytes()
+        drop = written_to_drop([e.nbytes for e in self.entries],
+                               [e.file is not None and self.writes.of(e) is None for e in self.entries],
+                               max(0, budget_bytes - held))
+        if drop is None:
+            return False
+        if drop:
+            leaving = set(drop)
+            self.entries = [e for i, e in enumerate(self.entries) if i not in leaving]
+            self.stats = replace(self.stats, evictions=self.stats.evictions + len(drop))
+        return True
+
     def _evict(self, n: int) -> None:
         """The n least recently used entries leave memory, to disk first."""
         if n <= 0:
@@ -343,9 +357,14 @@ class PromptCache:
         """Collect finished writes, waiting for them, while `still()` holds
         and writes are under way (at most `limit_s`: a disk that hangs costs
         the disk tier, not the engine)."""
-        deadline = time.monotonic() + limit_s
+        began = time.monotonic()
+        deadline = began + limit_s
+        waited = False
         while self.writes.pending and still() and time.monotonic() < deadline:
+            waited = True
             self.settle(block=True, timeout=max(0.0, deadline - time.monotonic()))
+        if waited:  # where the worker (and every decoding row) waited for the disk
+            log.debug("prompt cache: waited %.0f ms for the writer", 1000 * (time.monotonic() - began))
 
     def publish(self) -> None:
         s = replace(self.stats, model=self.model_key, memory_entries=len(self.entries), recent=self.reports.lines(),

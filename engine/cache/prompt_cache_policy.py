@@ -36,6 +36,20 @@ def entries_to_evict(sizes_lru_first: Sequence[int], budget_bytes: int) -> int:
     return n
 
 
+def written_to_drop(sizes_lru_first: Sequence[int], on_disk: Sequence[bool], budget_bytes: int) -> list[int] | None:
+    """Which entries, least recently used first, to drop from memory for the
+    rest to fit the budget, taking only entries already on disk (pure): they
+    leave at once, with no write to wait for. None where those are not enough."""
+    total, out = sum(sizes_lru_first), []
+    for i, (size, written) in enumerate(zip(sizes_lru_first, on_disk)):
+        if total <= budget_bytes:
+            break
+        if written:
+            total -= size
+            out.append(i)
+    return out if total <= budget_bytes else None
+
+
 def worth_reading(file_bytes: int, tokens_saved: int, *, max_bytes: int, max_read_s: float,
                   read_bytes_per_s: float, read_timed: bool, prefill_tokens_per_s: float | None) -> bool:
     """Whether to read a disk entry (pure): it must fit the memory the cache

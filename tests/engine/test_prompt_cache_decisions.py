@@ -11,7 +11,8 @@ import pytest
 
 from mlxd.engine.cache.cache_keys import continues, conversation_keys, normalize
 from mlxd.engine.cache.kv_cache import needs_repack, packed_length
-from mlxd.engine.cache.prompt_cache_policy import entries_to_evict, needs_boundary_snapshot, prefill_rate_for, worth_reading
+from mlxd.engine.cache.prompt_cache_policy import (entries_to_evict, needs_boundary_snapshot, prefill_rate_for,
+                                                  worth_reading, written_to_drop)
 from mlxd.engine.cache.reuse import (ApproxPolicy, Candidate, choose_reuse, common_prefix, continues_conversation, explain,
                               find_tokens, max_changed, patch_plan, supersedes, walk_changes)
 from mlxd.memory_estimate import GIB, prompt_cache_budget, request_fits
@@ -86,6 +87,20 @@ def test_choose_reuse(candidates, prompt, expected):
 ])
 def test_entries_to_evict(sizes, budget, evicted):
     assert entries_to_evict(sizes, budget) == evicted
+
+
+@pytest.mark.parametrize("sizes, on_disk, budget, dropped", [
+    ([10, 20, 30], [True, True, True], 60, []),            # fits already
+    ([10, 20, 30], [True, True, True], 35, [0, 1]),        # the least recently used first
+    ([10, 20, 30], [False, True, True], 35, [1, 2]),       # one not on disk stays; later ones go instead
+    ([10, 20, 30], [False, False, True], 35, [2]),
+    ([10, 20, 30], [False, False, True], 25, None),        # not enough on disk: nothing dropped, nothing waited for
+    ([10, 20, 30], [True, True, False], 25, None),
+    ([], [], 0, []),
+])
+def test_written_to_drop(sizes, on_disk, budget, dropped):
+    """Entries dropped without a write to wait for (a write-behind's room): only those already on disk."""
+    assert written_to_drop(sizes, on_disk, budget) == dropped
 
 
 GB = 10**9

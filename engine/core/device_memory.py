@@ -97,6 +97,16 @@ class DeviceMemory:
     taken_at: float
 
 
+def over_budget(latest: DeviceMemory | None, budget_bytes: int, trimmed_at: float) -> bool:
+    """Whether a measurement newer than the last trim saw the process over
+    its budget on the device (pure): MLX's buffer cache is then given back,
+    once a measurement. (Buffers freed to CUDA's pool stay the process's
+    until MLX clears its cache; a clear costs a sync and the next steps'
+    allocations, so never as a matter of course: on the lent H100, one at
+    every joining prompt made the decode steps ~20 % slower.)"""
+    return latest is not None and latest.taken_at > trimmed_at and latest.process_bytes > budget_bytes
+
+
 class DeviceMemoryWatch(threading.Thread):
     """Measures the process's device memory every INTERVAL_S while nvidia-smi
     sees it; `latest` is the last measurement (None until one succeeds).

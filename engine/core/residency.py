@@ -13,7 +13,7 @@ from typing import Any
 
 from ..model.errors import EngineError
 from ..model.model_cache import Unload, plan_release, plan_switch
-from .device_memory import DeviceMemoryWatch
+from .device_memory import DeviceMemoryWatch, over_budget
 from .memory_ledger import ModelFigures
 from .worker_state import Phase
 
@@ -23,6 +23,7 @@ log = logging.getLogger("mlxd.engine.core.worker")
 class Residency:
     def __init__(self, core: Any) -> None:
         self.core = core  # whose runner, ledger, prompt cache and published figures these change
+        self.trimmed_at = 0.0  # when MLX's cache was last given back for a process over its budget (monotonic)
 
     def preload(self, default_model: str | None) -> None:
         """The default model loaded at boot (a refused one is logged and skipped)."""
@@ -114,3 +115,8 @@ class Residency:
             if limit is not None:
                 core.runner.set_memory_limit(limit)
                 core.mlx_memory_limit = limit
+            if over_budget(latest, core.ledger.budget_bytes, self.trimmed_at):
+                self.trimmed_at = time.monotonic()
+                log.info("device memory: the process held %.2f GiB, over its %.2f GiB budget: MLX's buffer cache "
+                         "given back", latest.process_bytes / 2**30, core.ledger.budget_bytes / 2**30)
+                core.runner.clear_cache()

@@ -255,12 +255,6 @@ class BatchDecoder:
             self.pace.observe(n, time.perf_counter() - began)
         for p, chunk in chunks:
             self._took(p, chunk)
-        if any(p not in self._prefilling for p, _ in chunks):
-            import mlx.core as mx
-
-            # A prompt done: its chunks' buffers (a size the steps will not ask for again) go back to the device, as
-            # a prefill alone gives them back after each chunk; kept, MLX's cache held ~20 GiB more on the lent H100.
-            mx.clear_cache()
         return ended
 
     def _borrow_prefix(self, p: _Prefilling) -> None:

@@ -290,6 +290,11 @@ class ModelRunner:
 
         return MemorySnapshot(mx.get_active_memory(), mx.get_peak_memory(), mx.get_cache_memory(), time.monotonic())
 
+    def clear_cache(self) -> None:
+        import mlx.core as mx
+
+        mx.clear_cache()
+
     def mlx_bytes(self) -> int:
         import mlx.core as mx
 

@@ -9,9 +9,10 @@ import time
 
 import pytest
 
-from testkit import chat
+from testkit import chat, wait_until
 
-from mlxd.engine.core.device_memory import DeviceMemoryWatch, confirmed_outside, mlx_limit, parse_compute_apps
+from mlxd.engine.core.device_memory import (DeviceMemory, DeviceMemoryWatch, confirmed_outside, mlx_limit, over_budget,
+                                            parse_compute_apps)
 
 GIB = 2**30
 MIB = 2**20
@@ -59,6 +60,18 @@ def test_a_reading_outside_mlx_counts_once_the_next_confirms_it(recent, confirme
     assert confirmed_outside(recent) == confirmed
 
 
+@pytest.mark.parametrize("process, taken_at, trimmed_at, over", [
+    (11 * GIB, 5.0, 0.0, True),     # over the budget, seen after the last trim
+    (11 * GIB, 5.0, 6.0, False),    # the same measurement: trimmed already
+    (10 * GIB, 5.0, 0.0, False),    # at the budget is within it
+    (3 * GIB, 5.0, 0.0, False),
+])
+def test_mlx_cache_given_back_once_a_measurement_over_the_budget(process, taken_at, trimmed_at, over):
+    latest = DeviceMemory(process, GIB, process - GIB, taken_at)
+    assert over_budget(latest, 10 * GIB, trimmed_at) is over
+    assert not over_budget(None, 10 * GIB, 0.0)
+
+
 def fake_nvidia_smi(folder, mib: int) -> str:
     """A stand-in for nvidia-smi on PATH: it lists its caller (the engine) at `mib` MiB."""
     script = folder / "nvidia-smi"
@@ -81,3 +94,13 @@ def test_the_engine_lowers_mlx_limit_by_what_nvidia_smi_sees_outside_mlx(start_e
     assert 5.5 * GIB < mem["outside_mlx_bytes"] < 6 * GIB
     assert mem["mlx_memory_limit_bytes"] == mlx_limit(mem["budget_bytes"], mem["outside_mlx_bytes"])
     assert chat(eng.url).status_code == 200  # and it serves as before
+
+
+def test_a_process_over_its_budget_on_the_device_gives_mlx_cache_back(start_engine, tmp_path):
+    """nvidia-smi sees the engine over its budget (buffers freed to CUDA's pool stay the process's): MLX's cache
+    is given back, once a measurement, and the engine serves on."""
+    budget_total = 4 * GIB  # the budget is a share of it
+    eng = start_engine(env={"PATH": fake_nvidia_smi(tmp_path, 6144), "MLXD_MEMORY_TOTAL_BYTES": str(budget_total)})
+    assert eng.health()["memory"]["budget_bytes"] < 6 * GIB
+    wait_until(lambda: "MLX's buffer cache given back" in eng.log(), 60, what="the cache given back")
+    assert chat(eng.url).status_code == 200

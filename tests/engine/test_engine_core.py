@@ -335,6 +335,9 @@ class FakeRunner:
     def mlx_bytes(self) -> int:
         return 0
 
+    def clear_cache(self) -> None:
+        pass
+
     def set_memory_limit(self, limit_bytes: int) -> None:
         self.memory_limit = limit_bytes
 

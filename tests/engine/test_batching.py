@@ -4,6 +4,7 @@ memory admission, cancellation and what the batch cannot take."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -328,7 +329,9 @@ def test_memory_admission_keeps_the_batch_under_the_budget(start_engine, demo_mo
 def test_a_second_request_joins_a_lone_one_where_it_stands(start_engine):
     """A request decoding alone (a batch of one) is joined by a second,
     mid-answer, and each answer is the one it gets alone, token for token."""
-    eng = start_engine({"max_concurrency": 2, "max_tokens_cap": 512, "prompt_cache": {"enabled": False}})
+    eng = start_engine({"max_concurrency": 2, "max_tokens_cap": 512, "prompt_cache": {"enabled": False},
+                        "prefill_step_size": 16, "log_level": "debug"})
+    assert eng.health()["serving"]["mixed_prefill"]  # the load found a step of decode tokens and a chunk exact
     alone = complete(eng.url, PROMPTS[3], max_tokens=150).json()["choices"][0]["text"]
     other_alone = complete(eng.url, PROMPTS[1], max_tokens=20).json()["choices"][0]["text"]
     r = requests.post(eng.url + "/v1/completions", stream=True, timeout=120,
@@ -354,6 +357,11 @@ def test_a_second_request_joins_a_lone_one_where_it_stands(start_engine):
     assert other.json()["choices"][0]["text"] == other_alone
     assert text == alone
     assert metric(eng.url, "mlxd_engine_max_observed_concurrency") == 2
+    # The second's prompt, all but its last token, was prefilled inside the first's decode steps
+    # (engine/model/row_segments.py), at most 16 tokens a step: steps that decoded the first's token and carried
+    # the second's prompt tokens.
+    mixed = [int(n) for n in re.findall(r"batch step [\d.]+ ms: 1 tokens decoded, (\d+) prompt tokens", eng.log())]
+    assert sum(mixed) == other.json()["usage"]["prompt_tokens"] - 1 and max(mixed) <= 16, mixed
 
 
 def test_reasoning_splits_the_same_in_a_batch(start_engine, demo_models, think_model):

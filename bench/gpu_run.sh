@@ -25,7 +25,7 @@
 #   bash bench/gpu_run.sh load      # after `engine`: the eager load against reading the files (issue 36)
 #   bash bench/gpu_run.sh idle      # after `stage`: the memory an idle model gives back (issue 38)
 #   bash bench/gpu_run.sh stall     # after `engine`: a turn's store's parts against the batch's steps (issue 51)
-#   bash bench/gpu_run.sh issue51   # after `engine`: issue 51's agents runs (shared, distinct, 2048) and the probe
+#   PART=1 bash bench/gpu_run.sh issue51  # after `engine`: issue 51's agents runs (PART=2: larger steps, the probe)
 # Results go to $OUT (or bench/results/gpu).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -122,15 +122,20 @@ load)
       --warmup "${WARMUP:-1}" --max-tokens 4 --json-out "$OUT/weights_load_8b_speed.json" | tee "$OUT/weights_load_8b_speed.md"
   ;;
 issue51)
-  # Issue 51's GPU figures in one call (after `stage` and `BUILD_ONLY=1 engine`, with .whl2 and .whl2/old):
-  # four agents shared and distinct, old and new with mlx-lm's plain floor, the engine's debug step log each;
-  # distinct again with prefill_step_size 2048 for both builds; then the store's stall probe.
+  # Issue 51's GPU figures in two calls of <= 600 s (after `stage` and `BUILD_ONLY=1 engine`, with .whl2 and
+  # .whl2/old), the engine's debug step log with each. PART=1: four agents shared and distinct, old and new, with
+  # mlx-lm's plain floor. PART=2: distinct at prefill_step_size 2048 (old, new) and 8192 (new: a joining turn's
+  # whole prompt, the four agents' together, in one step, as the floor prefills), then the store's stall probe.
   export PROMPT_CACHE_GIB=default ENGINE_LOG_LEVEL=debug
-  SHARED=1 BUILDS="old new" FLOORS=plain bash "$0" agents
-  BUILDS="old new" FLOORS=plain bash "$0" agents
-  mkdir -p "$OUT/step2048"
-  OUT="$OUT/step2048" PREFILL_STEP=2048 BUILDS="old new" FLOORS=none bash "$0" agents
-  bash "$0" stall
+  if [ "${PART:-1}" = 1 ]; then
+    SHARED=1 BUILDS="old new" FLOORS=plain bash "$0" agents
+    BUILDS="old new" FLOORS=plain bash "$0" agents
+  else
+    mkdir -p "$OUT/step2048" "$OUT/step8192"
+    OUT="$OUT/step2048" PREFILL_STEP=2048 BUILDS="old new" FLOORS=none bash "$0" agents
+    OUT="$OUT/step8192" PREFILL_STEP=8192 BUILDS="new" FLOORS=none bash "$0" agents
+    bash "$0" stall
+  fi
   ;;
 stall)
   # Where a finishing turn's store stalls the batch (bench/store_stall_probe.py: a diagnosis), on the 8b model.

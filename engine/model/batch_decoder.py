@@ -103,9 +103,7 @@ class BatchDecoder:
         self.draft = draft  # its DraftModel when the plan says "draft" (engine/model/draft_model.py)
         self.draft_tokens = draft_tokens
         self.link = link  # rank 0 of a rank group: the other ranks keep a KV of their shard from BEGIN to END
-        # Joining prompts' chunks in the decode step's forward (row_segments.py): found exact at the load; not
-        # over quantised KV (a prefill quantises its layers as it goes).
-        self.mixes = mixes and not resident.kv.quantized and not resident.dequantized_decode
+        self.mixes = mixes  # joining prompts' chunks in the decode step's forward (row_segments.py): the plan's
         self.batch: RowBatch = RowBatch(resident.model, frozenset(resident.tokenizer.eos_token_ids), apart=apart,
                                         verify_together=verify_together, kv_layout=resident.kv,
                                         dequantized=resident.dequantized_decode)
@@ -236,13 +234,6 @@ class BatchDecoder:
         _, n = shared_start(p.context + p.rest[:-1], [q.context + q.rest for q in ahead])
         return n - len(p.context) >= MIN_BORROWED_TOKENS
 
-    def _mixes(self) -> bool:
-        """Whether this step runs the joining prompts' chunks with the decode
-        tokens in one forward (engine/model/row_segments.py)."""
-        from .row_segments import mixable
-
-        return self.mixes and mixable([p.kv for p in self._prefilling] + [r.kv for r in self.batch.rows])
-
     def _mixed_step(self) -> list[Ended]:
         """The joining prompts' chunks and a token for every decoding row, in one forward."""
         chunks = self._chunks()  # (a row whose prompt a decoding row held joins now: it decodes in this step)
@@ -290,7 +281,7 @@ class BatchDecoder:
         caches mix (else a chunk of the first, by itself, before it). The
         requests that ended."""
         ended: list[Ended] = []
-        if self._prefilling and self._mixes():
+        if self._prefilling and self.mixes:
             ended = self._mixed_step()
         else:
             if self._prefilling:

@@ -145,8 +145,9 @@ class RowBatch:
     def next(self, chunks: Sequence[tuple[list[Any], list[int]]] = ()) -> list[RowToken]:
         """One step: the next tokens of every row (a joining row's first).
         `chunks`: prompt chunks of rows still prefilling, (their cache, the
-        tokens), run in the same forward (engine/model/row_segments.py; only
-        where `mixes` and `mixable`); such a step verifies nothing."""
+        tokens), run in the same forward (engine/model/row_segments.py; the
+        batch decoder passes them where the load found that exact); such a
+        step verifies nothing."""
         rows = list(self.rows)
         if not rows and not chunks:
             return []

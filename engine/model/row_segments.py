@@ -164,12 +164,11 @@ def forward_step(model: Any, kv_per_row: Sequence[list[Any]], tokens: mx.array, 
     are decoding rows' tokens: their logits [rows, vocab], the chunks' not
     computed where the model's output projection is found."""
     at = _output_projection(model)
-    if at is None:
-        return forward_segments(model, kv_per_row, tokens, lengths)[0, :rows, :]
-    owner, key = at
-    projection = owner[key]
-    owner[key] = _FirstPositions(projection, rows)  # for this call only (the same weights)
+    projection = at[0][at[1]] if at is not None else None
+    if at is not None:
+        at[0][at[1]] = _FirstPositions(projection, rows)  # for this call only (the same weights)
     try:
         return forward_segments(model, kv_per_row, tokens, lengths)[0, :rows, :]
     finally:
-        owner[key] = projection
+        if at is not None:
+            at[0][at[1]] = projection

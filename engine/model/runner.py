@@ -96,6 +96,8 @@ class ModelRunner:
         # A batch of one needs neither check: its forward is the model's over the row's own cache.
         rows_apart, verify_together = (rows_decode_exact(resident.model) if text_alone and concurrency > 1
                                        else (True, False))
+        # Joining prompts' chunks in the decode steps: not over quantised KV (a prefill quantises as it goes), and
+        # only where every layer's cache is a plain KVCache (segments_exact checks it), as every row's then is.
         mixed = text_alone and concurrency > 1 and rows_apart and not resident.kv.quantized and \
             segments_exact(resident.model)
         speedup = None

@@ -26,6 +26,7 @@
 #   bash bench/gpu_run.sh idle      # after `stage`: the memory an idle model gives back (issue 38)
 #   bash bench/gpu_run.sh stall     # after `engine`: a turn's store's parts against the batch's steps (issue 51)
 #   bash bench/gpu_run.sh mixed     # after `engine`: a joining prompt's chunk against the decoding rows' steps
+#   bash bench/gpu_run.sh shapes    # after `engine`: what a new attention shape costs a step (cuDNN's graphs)
 #   PART=1 bash bench/gpu_run.sh issue51  # after `engine`: issue 51's agents runs (PART=2: larger steps, the probe)
 # Results go to $OUT (or bench/results/gpu).
 set -euo pipefail
@@ -142,6 +143,11 @@ mixed)
   # What a joining prompt costs the decoding rows, each part to the device's end (bench/mixed_step_probe.py), 8b.
   install_engine
   $PY bench/mixed_step_probe.py "$MODEL" --context "${CONTEXT:-15600}" | tee "$OUT/mixed_step_probe_8b.md"
+  ;;
+shapes)
+  # What a new shape costs a step on MLX's CUDA backend (bench/cuda_shapes_probe.py: cuDNN's graph a shape), 8b.
+  install_engine
+  $PY bench/cuda_shapes_probe.py "$MODEL" | tee "$OUT/cuda_shapes_probe_8b.md"
   ;;
 stall)
   # Where a finishing turn's store stalls the batch (bench/store_stall_probe.py: a diagnosis), on the 8b model.

@@ -158,8 +158,9 @@ class EngineConfig(Strict):
     stuck_grace_s: float = Field(default=30.0, gt=0, description=(
         "A running request that makes no progress (no prefill step, no token) this long makes the engine stuck: "
         "unhealthy, so the supervisor restarts it."))
-    prefill_step_size: int = Field(default=512, ge=16, description=(
-        "The most prompt tokens per prefill step (mlx-lm's own default is 2048); with requests decoding, the joining "
+    prefill_step_size: int | None = Field(default=None, ge=16, description=(
+        "The most prompt tokens per prefill step; unset: 512, and 2048 (mlx-lm's own default) on MLX's CUDA backend, "
+        "where each step's attention shape costs a graph of its own. With requests decoding, the joining "
         "prompts' chunks of a step share it, run in the decoding rows' forward. Every step is a heartbeat of the "
         "stuck detection, so steps are sized from the measured speed to take well under `stuck_grace_s` on a slow "
         "machine with a big model, never more than this. Larger: joining prompts prefill faster on a GPU, the "

@@ -172,6 +172,9 @@ class KVLayout:
     bits: int = 16
     group_size: int = 64
     quantized_start: int = 0
+    # A request's KV buffer in coarse steps (`kv_allocated_tokens`): on MLX's CUDA backend, where decode
+    # attention over a buffer of whole steps runs through cuDNN, which builds a graph per buffer length.
+    coarse_steps: bool = False
 
     @property
     def quantized(self) -> bool:
@@ -260,9 +263,21 @@ def kv_prefill_transient_bytes(config: dict[str, Any], context_tokens: int, layo
     return 2 * kv_cache_bytes(config, context_tokens) // shape[0]
 
 
-def kv_allocated_tokens(tokens: int) -> int:
-    """Positions a request's KV is allocated for: its length in whole steps."""
-    return -(-tokens // KV_STEP) * KV_STEP
+COARSE_STEPS_PER_OCTAVE = 8  # coarse steps: an eighth of the power of two below the length (<= 12.5 % more)
+
+
+def kv_allocated_tokens(tokens: int, coarse: bool = False) -> int:
+    """Positions a request's KV is allocated for (pure): its length in whole
+    steps of KV_STEP; `coarse` (KVLayout.coarse_steps), in steps of an eighth
+    of the power of two below it, at least KV_STEP. On MLX's CUDA backend
+    decode attention over a buffer of whole steps runs through cuDNN, which
+    builds a graph for each buffer length it meets: 70-100 ms on the lent
+    GPU, every row of the batch waiting (docs/BENCHMARKS.md). Rows' lengths
+    in coarse steps meet few lengths: 8 an octave, each built once."""
+    step = KV_STEP
+    if coarse and tokens > KV_STEP:
+        step = max(KV_STEP, (1 << ((tokens - 1).bit_length() - 1)) // COARSE_STEPS_PER_OCTAVE)
+    return -(-tokens // step) * step
 
 
 def vision_encoder_bytes(config: dict[str, Any], image_tokens: int) -> int:

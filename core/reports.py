@@ -35,6 +35,7 @@ class KVCacheLayout(Report):
     bits: int = 16
     group_size: int = 64
     quantized_start: int = 0
+    coarse_steps: bool = False  # buffers in coarse steps (MLX's CUDA backend: few lengths for cuDNN's graphs)
 
 
 @dataclass(frozen=True)

@@ -99,6 +99,12 @@ def runs_on_cpu() -> bool:
     return mx.default_device() == mx.cpu
 
 
+def runs_on_cuda() -> bool:
+    import mlx.core as mx
+
+    return mx.default_device() == mx.gpu and mx.cuda.is_available()
+
+
 def run_follower(config: Config, link) -> int:
     """Ranks above 0: no HTTP; load and run what rank 0 says (engine/model/ranks.py)."""
     from .model.ranks import follow, sharded
@@ -138,7 +144,7 @@ def run_engine(config: Config) -> int:
         budget *= link.size
     on_cpu = runs_on_cpu()
     registry = ModelRegistry(config, budget, cpu_float32=config.engine.cpu_float32 and blas.fast and on_cpu,
-                             on_cpu=on_cpu)
+                             on_cpu=on_cpu, on_cuda=runs_on_cuda())
     engine = Engine(config, registry, faults, link)
     key = ensure_key_file(config.paths.engine_key, ENGINE_KEY_PREFIX) if config.engine.require_key else None
     uv_config = uvicorn.Config(

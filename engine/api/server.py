@@ -35,6 +35,7 @@ from ..cache.kv_files import KVFiles
 from .lifecycle import Lifecycle
 from .metrics import CONTENT_TYPE, EngineMetrics, register_gauges
 from ..model.model_registry import ModelRegistry
+from ..model.prefill_pace import default_step_size
 from ..cache.prompt_cache import PromptCache
 from .quarantine import QuarantineList
 from .relay import ClientGone, RequestRelay
@@ -84,7 +85,7 @@ class Engine:
         self.embeddings = EmbeddingQueue(self.admission.wake)
         self.lifecycle = Lifecycle(self.admission, limits.shutdown_grace_s, lambda on_fatal: ModelWorker(
             registry, self.admission, faults, on_fatal, limits.max_prompt_tokens, default, paths.inflight,
-            limits.prefill_step_size,
+            default_step_size(limits.prefill_step_size, registry.on_cuda),
             # A rank group keeps no prompt cache: rank 0's KV is only its shard of it.
             (lambda: make_prompt_cache(config, faults, registry)) if link is None else None, link, limits.stuck_grace_s,
             self.embeddings), self.embeddings)

@@ -82,7 +82,8 @@ def _take(cache: Any, reuse: Reuse, tokens: np.ndarray, answer_room: int) -> Fet
         trim_prompt_cache(kv, reuse.trim)
     # A whole file still being written reads the entry's arrays: the turn must not write into them.
     shared = reuse.copy or (writing is not None and writing.views_entry)
-    return replace(fetched, kv=packed(kv, len(tokens) - reuse.tokens + answer_room, shared=shared))
+    return replace(fetched, kv=packed(kv, len(tokens) - reuse.tokens + answer_room, shared=shared,
+                                      coarse=cache.coarse_steps))
 
 
 def _from_disk(cache: Any, tokens: np.ndarray, memory_tokens: int, answer_room: int,
@@ -117,7 +118,7 @@ def _from_disk(cache: Any, tokens: np.ndarray, memory_tokens: int, answer_room: 
         trim_prompt_cache(kv, reuse.trim)
     from .kv_cache import packed
 
-    return replace(fetched, kv=packed(kv, len(tokens) - reuse.tokens + answer_room))
+    return replace(fetched, kv=packed(kv, len(tokens) - reuse.tokens + answer_room, coarse=cache.coarse_steps))
 
 
 def _await_writes_that_serve(cache: Any, tokens: np.ndarray, reused: int) -> None:

@@ -40,14 +40,15 @@ class AllocatedKVCache(KVCache):
     """mlx-lm's KVCache whose array is allocated once, at `capacity`
     positions (in whole steps), by its first update."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, coarse: bool = False) -> None:
         super().__init__()
         self.capacity = capacity
+        self.coarse = coarse  # KVLayout.coarse_steps
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         if self.keys is None:
             B, heads, n, k_dim = keys.shape
-            length = kv_allocated_tokens(max(self.capacity, n))
+            length = kv_allocated_tokens(max(self.capacity, n), self.coarse)
             self.keys = mx.zeros((B, heads, length, k_dim), keys.dtype)
             self.values = mx.zeros((B, heads, length, values.shape[3]), values.dtype)
         return super().update_and_fetch(keys, values)
@@ -56,7 +57,7 @@ class AllocatedKVCache(KVCache):
         """Quantised into arrays of the same capacity (mlx-lm's `maybe_quantize_kv_cache`
         calls this once the cache reaches `quantized_kv_start`)."""
         out = AllocatedQuantizedKVCache(max(self.capacity, self.keys.shape[2] if self.keys is not None else 0),
-                                        group_size, bits)
+                                        group_size, bits, self.coarse)
         if self.keys is not None:
             out.allocate(self.keys, self.values)
             n = self.offset
@@ -71,14 +72,15 @@ class AllocatedQuantizedKVCache(QuantizedKVCache):
     """mlx-lm's QuantizedKVCache whose arrays are allocated once, at
     `capacity` positions (in whole steps), by its first update."""
 
-    def __init__(self, capacity: int, group_size: int, bits: int) -> None:
+    def __init__(self, capacity: int, group_size: int, bits: int, coarse: bool = False) -> None:
         super().__init__(group_size=group_size, bits=bits)
         self.capacity = capacity
+        self.coarse = coarse  # KVLayout.coarse_steps
 
     def allocate(self, keys: mx.array, values: mx.array) -> None:
         """The arrays for `capacity` positions of keys and values shaped like these."""
         B, heads, n, k_dim = keys.shape
-        prefix = (B, heads, kv_allocated_tokens(max(self.capacity, n)))
+        prefix = (B, heads, kv_allocated_tokens(max(self.capacity, n), self.coarse))
         self.keys = _quantised_zeros(prefix, k_dim, keys.dtype, self.group_size, self.bits)
         self.values = _quantised_zeros(prefix, values.shape[3], values.dtype, self.group_size, self.bits)
 
@@ -162,9 +164,9 @@ def make_kv(model: Any, capacity: int, layout: KVLayout) -> list[Any]:
     for c in make_prompt_cache(model):
         if type(c) is KVCache:
             if layout.quantized and layout.quantized_start == 0:
-                c = AllocatedQuantizedKVCache(capacity, layout.group_size, layout.bits)
+                c = AllocatedQuantizedKVCache(capacity, layout.group_size, layout.bits, layout.coarse_steps)
             else:
-                c = AllocatedKVCache(capacity)
+                c = AllocatedKVCache(capacity, layout.coarse_steps)
         out.append(c)
     return out
 
@@ -184,45 +186,49 @@ def unquantised_kinds(model: Any) -> list[str]:
     return sorted({type(c).__name__ for c in make_prompt_cache(model) if type(c) is not KVCache})
 
 
-def packed_length(offset: int, room: int, step: int) -> int:
+def packed_length(offset: int, room: int, step: int, coarse: bool = False) -> int:
     """The buffer a reused layer is copied into: its tokens and the turn's
     new ones (its prompt's rest and max_tokens), rounded up to mlx-lm's
-    growth step. A cache mlx-lm grows from a fresh start always has such a
-    buffer; one continued from an odd offset does not (KVCache.update_and_fetch
-    cuts it back there before growing), and decoding on such a buffer is
-    slower on MLX CUDA (docs/BENCHMARKS.md, "Why the engine is built as it
-    is")."""
+    growth step, or allocated as a fresh request's is (`coarse`:
+    KVLayout.coarse_steps). A cache mlx-lm grows from a fresh start always
+    has such a buffer; one continued from an odd offset does not
+    (KVCache.update_and_fetch cuts it back there before growing), and
+    decoding on such a buffer is slower on MLX CUDA (docs/BENCHMARKS.md,
+    "Why the engine is built as it is")."""
+    if coarse:
+        return kv_allocated_tokens(offset + room, coarse=True)
     return -(-(offset + room) // step) * step
 
 
-def needs_repack(buffer_len: int, offset: int, room: int, step: int, shared: bool) -> bool:
+def needs_repack(buffer_len: int, offset: int, room: int, step: int, shared: bool, coarse: bool = False) -> bool:
     """Whether a layer's buffer must be copied before the turn: always when
     it is shared with an entry that stays (mlx-lm writes new tokens into the
-    buffer in place), else unless it is already a whole number of steps with
-    room for the new tokens."""
-    return shared or buffer_len % step != 0 or buffer_len < offset + room
+    buffer in place), else unless it is already a length a fresh buffer
+    takes (whole steps; `coarse`, a coarse step's) with room for the new tokens."""
+    whole = kv_allocated_tokens(buffer_len, coarse=True) == buffer_len if coarse else buffer_len % step == 0
+    return shared or not whole or buffer_len < offset + room
 
 
 def _buffer_len(c: Any) -> int:
     return c.keys[0].shape[2] if isinstance(c, QuantizedKVCache) else c.keys.shape[2]
 
 
-def packed(kv: list[Any], room: int, shared: bool = False) -> list[Any]:
+def packed(kv: list[Any], room: int, shared: bool = False, coarse: bool = False) -> list[Any]:
     """The cache with each plain or quantised KV layer in a buffer of
     packed_length, copied where needs_repack says so: the turn's KV, allocated
-    once at the length admission granted."""
+    once at the length admission granted (`coarse`: KVLayout.coarse_steps)."""
     out, fresh = [], []
     for c in kv:
         if isinstance(c, (KVCache, QuantizedKVCache)) and c.keys is not None \
-                and needs_repack(_buffer_len(c), c.offset, room, c.step, shared):
-            n, length = c.offset, packed_length(c.offset, room, c.step)
+                and needs_repack(_buffer_len(c), c.offset, room, c.step, shared, coarse):
+            n, length = c.offset, packed_length(c.offset, room, c.step, coarse)
             if isinstance(c, QuantizedKVCache):
-                new = AllocatedQuantizedKVCache(length, c.group_size, c.bits)
+                new = AllocatedQuantizedKVCache(length, c.group_size, c.bits, coarse)
                 new.keys = tuple(mx.zeros((*a.shape[:2], length, a.shape[3]), a.dtype) for a in c.keys)
                 new.values = tuple(mx.zeros((*a.shape[:2], length, a.shape[3]), a.dtype) for a in c.values)
                 pairs = list(zip(new.keys + new.values, c.keys + c.values))
             else:
-                new = AllocatedKVCache(length)
+                new = AllocatedKVCache(length, coarse)
                 new.keys = mx.zeros((*c.keys.shape[:2], length, c.keys.shape[3]), c.keys.dtype)
                 new.values = mx.zeros((*c.values.shape[:2], length, c.values.shape[3]), c.values.dtype)
                 pairs = [(new.keys, c.keys), (new.values, c.values)]

@@ -109,6 +109,7 @@ class PromptCache:
         self.model_key: str | None = None
         self.budget_bytes = 0
         self.generation_prompt = 0  # tokens the resident model's template adds to open an answer
+        self.coarse_steps = False  # a turn's KV packed into a buffer of coarse steps (KVLayout.coarse_steps)
         self.entries: list[Entry] = []  # least recently used first
         self._names = itertools.count(1)
         self.reports = ReuseReports()  # what recent conversations reused, and why it stopped where it did
@@ -121,10 +122,12 @@ class PromptCache:
 
     # --- the resident model ---------------------------------------------
     @_never_fatal()
-    def set_model(self, model_key: str | None, budget_bytes: int, generation_prompt: int = 0) -> None:
+    def set_model(self, model_key: str | None, budget_bytes: int, generation_prompt: int = 0,
+                  coarse_steps: bool = False) -> None:
         """The resident model changed: other models' entries leave memory
-        (to disk), and this one's budget applies."""
+        (to disk), and this one's budget applies (`coarse_steps`: its KV layout's)."""
         self.generation_prompt = generation_prompt
+        self.coarse_steps = coarse_steps
         if model_key == self.model_key:
             self.budget_bytes = budget_bytes
             return

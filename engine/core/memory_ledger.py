@@ -59,7 +59,7 @@ class MemoryLedger:
         elif not m.config:  # its KV per position unknown: slots alone limit the batch
             self.memory = Memory(self.limit_bytes, m.weights_bytes, 0)
         else:
-            self.memory = Memory(self.limit_bytes, m.weights_bytes, kv_cache_bytes(m.config, 1))
+            self.memory = Memory(self.limit_bytes, m.weights_bytes, kv_cache_bytes(m.config, 1), m.kv.coarse_steps)
 
     def lower_limit(self, outside_bytes: int) -> int | None:
         """MLX's limit after measuring `outside_bytes` held outside it: the new
@@ -80,7 +80,7 @@ class MemoryLedger:
         m = self.model
         if m is None or not m.config:
             return 0
-        positions = kv_allocated_tokens(tokens)
+        positions = kv_allocated_tokens(tokens, m.kv.coarse_steps)
         return (kv_cache_bytes(m.config, positions, layout=m.kv) + kv_prefill_transient_bytes(m.config, positions, m.kv)
                 + vision_encoder_bytes(m.config, image_tokens))
 

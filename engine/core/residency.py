@@ -81,7 +81,8 @@ class Residency:
         core.ledger.set_model(ModelFigures(info.footprint.weights_bytes, info.config or {}, plan.kv))
         if plan.prompt_cache:
             core.prompt_cache.set_model(core.registry.build_key(model_id, core.registry.load_target(model_id)),
-                                        info.prompt_cache_bytes, core.runner.generation_prompt_length())
+                                        info.prompt_cache_bytes, core.runner.generation_prompt_length(),
+                                        plan.kv.coarse_steps)
         else:  # mlx-vlm's generation, a rank group: no prompt cache of ours
             core.prompt_cache.set_model(None, 0)
         core.counters["model_loads"] += 1

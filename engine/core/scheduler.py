@@ -27,9 +27,9 @@ import enum
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..model.decoder_rows import Admitted
+from mlxd.memory_estimate import kv_allocated_tokens
 
-STEP_TOKENS = 256  # mlx-lm's KV caches are allocated in whole steps of this many positions
+from ..model.decoder_rows import Admitted
 
 
 class Step(enum.Enum):
@@ -60,6 +60,7 @@ class Memory:
     budget_bytes: int
     weights_bytes: int | None  # None: the model's size is unknown, so slots alone limit the batch
     kv_bytes_per_token: int  # every layer's K and V for one position; 0 when unknown
+    coarse_steps: bool = False  # rows' KV in coarse steps (KVLayout.coarse_steps: MLX's CUDA backend)
 
 
 @dataclass(frozen=True)
@@ -70,20 +71,17 @@ class Pending:
     row: Row | None = None  # None when it is served alone
 
 
-def round_up(n: int, step: int) -> int:
-    return -(-n // step) * step
-
-
-def rows_kv_tokens(rows: Sequence[Row]) -> int:
+def rows_kv_tokens(rows: Sequence[Row], coarse_steps: bool = False) -> int:
     """KV positions of the batch's rows at their peak: each row its own
-    length plus what it may still generate, in whole steps (nothing padded,
-    nothing copied when rows join or leave: engine/model/row_batch.py)."""
-    return sum(round_up(r.length + r.remaining, STEP_TOKENS) for r in rows)
+    length plus what it may still generate, allocated as the row's cache is
+    (kv_allocated_tokens: nothing padded, nothing copied when rows join or
+    leave: engine/model/row_batch.py)."""
+    return sum(kv_allocated_tokens(r.length + r.remaining, coarse_steps) for r in rows)
 
 
 def batch_kv_bytes(memory: Memory, rows: Sequence[Row]) -> int:
     """The batch's KV at its peak (a row's prefill attends fused, over its own cache: nothing beside it)."""
-    return rows_kv_tokens(rows) * memory.kv_bytes_per_token
+    return rows_kv_tokens(rows, memory.coarse_steps) * memory.kv_bytes_per_token
 
 
 def fits(memory: Memory, rows: Sequence[Row]) -> bool:

@@ -13,6 +13,20 @@ each next step is what fits a fraction of the grace at the last speed seen
 from __future__ import annotations
 
 MULTIPLE = 16  # step sizes in multiples of this (shapes MLX has seen before)
+# The most prompt tokens a step, unless configured ([engine] prefill_step_size). Beside decoding requests a
+# step's chunk holds their next token for its forward: 512 keeps that short on a Mac's GPU. On MLX's CUDA
+# backend every chunk is a new attention shape (its keys' length), for which cuDNN builds a graph, 70-150 ms
+# with every row waiting (docs/BENCHMARKS.md): there a joining turn in one step of up to 2048 tokens (mlx-lm's
+# own default) builds one graph, not four.
+DEFAULT_STEP_SIZE = 512
+DEFAULT_STEP_SIZE_CUDA = 2048
+
+
+def default_step_size(configured: int | None, on_cuda: bool) -> int:
+    """The most prompt tokens a prefill step (pure): as configured, else by backend."""
+    if configured is not None:
+        return configured
+    return DEFAULT_STEP_SIZE_CUDA if on_cuda else DEFAULT_STEP_SIZE
 
 
 class PrefillPace:

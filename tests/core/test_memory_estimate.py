@@ -93,6 +93,23 @@ def test_kv_allocated_in_whole_steps(tokens, allocated):
     assert me.kv_allocated_tokens(tokens) == allocated
 
 
+@pytest.mark.parametrize("tokens, allocated", [
+    (1, 256), (256, 256), (257, 512), (2048, 2048), (2049, 2304),  # below 4k: whole steps of 256
+    (4200, 4608),                                                  # 4k-8k: steps of 512
+    (15000, 15360), (16384, 16384), (16385, 18432),                # 8k-16k: 1,024; 16k-32k: 2,048
+    (100_000, 106_496),                                            # 64k-128k: 8,192
+])
+def test_kv_allocated_in_coarse_steps(tokens, allocated):
+    assert me.kv_allocated_tokens(tokens, coarse=True) == allocated
+    assert allocated - tokens < max(256, tokens / 8)  # never an eighth more than it needs, beyond a step
+
+
+def test_coarse_steps_meet_few_lengths():
+    """Every length from 8k to 128k tokens allocates one of 8 lengths an octave (cuDNN: a graph each)."""
+    lengths = {me.kv_allocated_tokens(n, coarse=True) for n in range(8193, 131_073, 7)}
+    assert len(lengths) == 4 * 8
+
+
 def test_a_quantised_prefill_counts_two_dequantised_layers():
     layout = me.KVLayout(8, 64)
     assert me.kv_prefill_transient_bytes(LLAMA_8B, 8192, me.KVLayout()) == 0

@@ -160,7 +160,7 @@ def test_reports_read_back_equal_through_json_text(report):
 def test_health_on_the_wire_keeps_its_keys():
     body = HEALTH.to_json()
     assert set(body) == WIRE_KEYS
-    assert body["kv_cache"] == {"bits": 8, "group_size": 64, "quantized_start": 0}
+    assert body["kv_cache"] == {"bits": 8, "group_size": 64, "quantized_start": 0, "coarse_steps": False}
     assert body["serving"]["decoder"] == "batch" and body["serving"]["max_concurrency"] == 4
     assert EngineHealth.from_json(body).serving == HEALTH.serving  # read back whole
     assert body["prompt_cache"]["recent"][0]["conversation"] == "c1" and body["memory"]["mlx_peak_bytes"] == 6

@@ -50,7 +50,7 @@ def test_quantised_entries_are_kept_and_never_cross_kv_bits(tmp_path, demo_model
     with engine_in(home, eight) as ep:
         r = chat(ep.url, first)
         assert cached(r) == 0
-        assert health(ep.url)["kv_cache"] == {"bits": 8, "group_size": 32, "quantized_start": 0}
+        assert health(ep.url)["kv_cache"] == {"bits": 8, "group_size": 32, "quantized_start": 0, "coarse_steps": False}
         turn = first + [{"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]},
                         {"role": "user", "content": "and then?"}]
         assert cached(chat(ep.url, turn)) > 300

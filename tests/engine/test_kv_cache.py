@@ -127,6 +127,28 @@ def test_kv_at_16_bits_is_fitted_and_packed_as_mlx_lm_holds_it(demo):
     assert mx.any(kept[0].keys[..., 0, :] != 0).item()
 
 
+def test_coarse_steps_allocate_and_pack_buffers_of_few_lengths(demo):
+    """KVLayout.coarse_steps (MLX's CUDA backend): a request's buffer, and a
+    cached turn's packed for the next, come in coarse steps, the lengths
+    admission counts; the same tokens as whole steps of 256."""
+    from mlxd.engine.cache.kv_cache import fitted, make_kv, packed
+    from mlxd.memory_estimate import KVLayout, kv_allocated_tokens
+
+    model, tokenizer = demo
+    prompt = _prompt(tokenizer) * 20  # past 2,048 tokens, where coarse steps leave whole steps of 256
+    capacity = len(prompt) + 300
+    assert kv_allocated_tokens(capacity, coarse=True) != kv_allocated_tokens(capacity)
+    coarse = make_kv(model, capacity, KVLayout(coarse_steps=True))
+    whole = make_kv(model, capacity, KVLayout())
+    assert _generate(model, tokenizer, prompt, coarse, KVLayout(), 8)[0] == \
+        _generate(model, tokenizer, prompt, whole, KVLayout(), 8)[0]
+    assert {c.keys.shape[2] for c in coarse} == {kv_allocated_tokens(capacity, coarse=True)}
+    held = coarse[0].offset
+    again = packed(fitted(coarse), 3000, coarse=True)
+    assert {c.keys.shape[2] for c in again} == {kv_allocated_tokens(held + 3000, coarse=True)}
+    assert packed(again, 100, coarse=True)[0] is again[0]  # a coarse buffer with room: continued as it is
+
+
 def test_decoding_through_the_dequantised_view_matches_quantised_attention(demo):
     """Where MLX has no kernel for attention over quantised KV (its CUDA
     backend), the engine decodes through DequantizedView: the same KV, the

@@ -8,7 +8,7 @@ import pytest
 
 from mlxd.engine.cpu.fast_blas import blas_plan, blas_threads, weights_dtype_on_cpu
 from mlxd.engine.model.faults import FaultInjector, parse_faults
-from mlxd.engine.model.prefill_pace import PrefillPace
+from mlxd.engine.model.prefill_pace import PrefillPace, default_step_size
 
 GIB = 2**30
 
@@ -112,3 +112,13 @@ def test_a_once_fault_removes_its_file_as_it_fires(tmp_path):
                                                      (2, "2", "2"), (16, "", "8")])
 def test_openblas_gets_half_the_cores_unless_told(cores, configured, want):
     assert blas_threads(cores, configured) == want
+
+
+@pytest.mark.parametrize("configured, on_cuda, want", [
+    (None, False, 512),    # a Mac's GPU, the CPU: a joining chunk keeps the decoding rows' steps short
+    (None, True, 2048),    # MLX's CUDA backend: a turn's chunk in one step, one cuDNN graph to build
+    (1024, True, 1024),    # as configured, on any backend
+    (256, False, 256),
+])
+def test_the_default_step_size_by_backend(configured, on_cuda, want):
+    assert default_step_size(configured, on_cuda) == want

@@ -140,10 +140,25 @@ def test_needs_repack(buffer_len, offset, room, shared, expected):
     assert needs_repack(buffer_len, offset, room, 256, shared) is expected
 
 
+@pytest.mark.parametrize("buffer_len, offset, room, expected", [
+    (15360, 14000, 1000, False),  # a coarse length (steps of 1,024 under 16k), room for the turn: as it is
+    (15104, 14000, 1000, True),  # whole steps of 256 but not a coarse length: a new cuDNN graph, so packed
+    (15360, 14000, 1500, True),  # no room
+    (512, 300, 100, False),  # short: coarse steps are whole steps of 256
+])
+def test_needs_repack_in_coarse_steps(buffer_len, offset, room, expected):
+    assert needs_repack(buffer_len, offset, room, 256, False, coarse=True) is expected
+
+
 @pytest.mark.parametrize("offset, room, expected", [(300, 100, 512), (300, 0, 512), (256, 0, 256), (256, 1, 512),
                                                     (12_384, 396, 12_800)])
 def test_packed_length(offset, room, expected):
     assert packed_length(offset, room, 256) == expected
+
+
+@pytest.mark.parametrize("offset, room, expected", [(300, 100, 512), (12_384, 396, 13_312), (15_626, 2_100, 18_432)])
+def test_packed_length_in_coarse_steps(offset, room, expected):
+    assert packed_length(offset, room, 256, coarse=True) == expected
 
 
 @pytest.mark.parametrize("kinds, trimmable, expected", [

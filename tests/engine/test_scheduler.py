@@ -24,6 +24,18 @@ def test_rows_kv_tokens(rows, positions):
     assert rows_kv_tokens(rows) == positions
 
 
+@pytest.mark.parametrize("rows, positions", [
+    ([Row(100, 100)], 256),                          # short rows: whole steps as ever
+    ([Row(1000, 24), Row(10, 500)], 1024 + 512),
+    ([Row(20000, 128)] + [Row(300, 128)] * 3, 20480 + 3 * 512),  # 20,128 in steps of 2,048
+    ([Row(15000, 128), Row(15200, 128)], 2 * 15360),  # two agents' lengths: one buffer length, one cuDNN graph
+])
+def test_rows_kv_tokens_in_coarse_steps_as_their_caches_are_allocated(rows, positions):
+    assert rows_kv_tokens(rows, coarse_steps=True) == positions
+    coarse = Memory(budget_bytes=10**12, weights_bytes=0, kv_bytes_per_token=2, coarse_steps=True)
+    assert batch_kv_bytes(coarse, rows) == 2 * positions
+
+
 def test_rows_count_their_own_kv():
     rows = [Row(1000, 24), Row(10, 500)]
     assert batch_kv_bytes(MEM, rows) == (1024 + 512) * 1024

@@ -103,7 +103,10 @@ class SegmentsLayer:
 
     def attend(self, queries: mx.array, scale: float, sinks: mx.array | None) -> mx.array:
         # A chunk's queries each see the keys up to their own: MLX's "causal" aligns them to the end of the keys.
-        rows = [_MLX_LM_ATTENTION(queries[:, :, s:e], k, v, cache=c, scale=scale,
+        # Each segment's queries are copied out of the step's (a few KiB): as a view their strides carry the step's
+        # length, and MLX's CUDA backend keys cuDNN's attention graphs by strides -- a graph built anew for every
+        # decoding row at every step of a new length (70-150 ms each, bench/mixed_step_probe.py).
+        rows = [_MLX_LM_ATTENTION(mx.contiguous(queries[:, :, s:e]), k, v, cache=c, scale=scale,
                                   mask="causal" if e - s > 1 else None, sinks=sinks)
                 for (k, v), c, (s, e) in zip(self._fetched, self.caches, self._bounds)]
         self._fetched = []

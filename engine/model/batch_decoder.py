@@ -31,7 +31,7 @@ from .decoder_rows import CHECKPOINT_TOKENS, Admitted, Ended, RowSampling
 from .faults import FaultInjector
 from .generation import ResidentModel
 from .prefill import prefill
-from .prefill_pace import PrefillPace
+from .prefill_pace import ALIGN, PrefillPace, aligned_chunk
 from .speculative import SampledTarget
 
 if TYPE_CHECKING:  # (they import MLX: the engine's entry point must not, before its BLAS choice)
@@ -76,6 +76,28 @@ def shared_start(tokens: list[int], others: list[list[int]]) -> tuple[int, int]:
     return best, length
 
 
+def widened(kv: list[Any], context: list[int], chunk: list[int], align: int = ALIGN) -> tuple[list[int], int]:
+    """The tokens a step runs for a prompt chunk that follows `context` in
+    `kv`, widened to whole steps (prefill_pace.aligned_chunk): the cache is
+    rewound to the start, so the cached tokens from there run again, and
+    padding follows the chunk; and how many tokens are padding, for the
+    caller to cut from the cache's offset after the step. As it is where the
+    cache is not an allocated buffer that holds the end."""
+    from mlx_lm.models.cache import trim_prompt_cache
+
+    from ..cache.kv_cache import AllocatedKVCache
+
+    c = kv[0]
+    if not all(isinstance(layer, AllocatedKVCache) for layer in kv) or c.keys is None or c.offset != len(context):
+        return chunk, 0
+    offset = c.offset
+    start, end = aligned_chunk(offset, len(chunk), c.keys.shape[2], align)
+    if start < offset:
+        trim_prompt_cache(kv, offset - start)
+    padding = end - offset - len(chunk)
+    return context[start:offset] + chunk + [chunk[-1]] * padding, padding
+
+
 def speculates(speculative: str, penalties: bool, grammar: bool, harmony: bool, trimmable: bool) -> str:
     """How a row speculates (pure): "prompt_lookup", "draft" or "off". Not
     with penalties (they must see each token before the next is drawn), nor
@@ -93,7 +115,7 @@ class BatchDecoder:
     def __init__(self, resident: ResidentModel, pace: PrefillPace, faults: FaultInjector | None = None,
                  apart: bool = True, verify_together: bool = False, speculative: str = "off",
                  draft: DraftModel | None = None, draft_tokens: int = 3, link: RankLink | None = None,
-                 mixes: bool = False) -> None:
+                 mixes: bool = False, aligned: bool = False) -> None:
         from .row_batch import RowBatch
 
         self.resident = resident
@@ -104,6 +126,7 @@ class BatchDecoder:
         self.draft_tokens = draft_tokens
         self.link = link  # rank 0 of a rank group: the other ranks keep a KV of their shard from BEGIN to END
         self.mixes = mixes  # joining prompts' chunks in the decode step's forward (row_segments.py): the plan's
+        self.aligned = aligned  # those chunks widened to whole steps (prefill_pace.aligned_chunk): MLX's CUDA backend
         self.batch: RowBatch = RowBatch(resident.model, frozenset(resident.tokenizer.eos_token_ids), apart=apart,
                                         verify_together=verify_together, kv_layout=resident.kv,
                                         dequantized=resident.dequantized_decode)
@@ -226,6 +249,10 @@ class BatchDecoder:
             budget -= n
         return out
 
+    def _widened(self, p: _Prefilling, chunk: list[int]) -> tuple[list[int], int]:
+        """The tokens the step runs for a chunk, and how many are padding (`widened`, where `aligned`)."""
+        return widened(p.kv, p.context, chunk) if self.aligned else (chunk, 0)
+
     @staticmethod
     def _shares_with(ahead: list[_Prefilling], p: _Prefilling) -> bool:
         """Whether p's prompt starts as one still prefilling ahead of it, for enough tokens to take them."""
@@ -238,7 +265,14 @@ class BatchDecoder:
         """The joining prompts' chunks and a token for every decoding row, in one forward."""
         chunks = self._chunks()  # (a row whose prompt a decoding row held joins now: it decodes in this step)
         began = time.perf_counter()
-        ended = self._decode_step([(p.kv, chunk) for p, chunk in chunks]) if chunks or self.batch.rows else []
+        from mlx_lm.models.cache import trim_prompt_cache
+
+        runs = [self._widened(p, chunk) for p, chunk in chunks]
+        ended = self._decode_step([(p.kv, tokens) for (p, _), (tokens, _) in zip(chunks, runs)]) \
+            if chunks or self.batch.rows else []
+        for (p, _), (_, padding) in zip(chunks, runs):
+            if padding:  # the padding's KV stays past the row's tokens, out of its offset: the next token overwrites it
+                trim_prompt_cache(p.kv, padding)
         if chunks:
             n = sum(len(chunk) for _, chunk in chunks)
             if self.faults is not None and (delay := self.faults.prefill_delay_s(n)):

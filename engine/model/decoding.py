@@ -48,7 +48,7 @@ class Decoders:
         self.vision: VisionRow | None = None  # a vision model's request
         self.batch = BatchDecoder(resident, pace, faults, apart=rows_apart, verify_together=verify_together,
                                   speculative=speculative, draft=draft, draft_tokens=draft_tokens, link=link,
-                                  mixes=mixed_prefill)
+                                  mixes=mixed_prefill, aligned=mixed_prefill and resident.kv.coarse_steps)
         self._samplers: dict[tuple, Any] = {}  # one sampler object per setting: rows that share it sample in one call
 
     @property

@@ -22,6 +22,27 @@ DEFAULT_STEP_SIZE = 512
 DEFAULT_STEP_SIZE_CUDA = 2048
 
 
+# On MLX's CUDA backend a joining prompt's chunk is widened to whole steps of this many positions (aligned_chunk).
+ALIGN = 256
+
+
+def aligned_chunk(offset: int, n: int, buffer_len: int, align: int = ALIGN) -> tuple[int, int]:
+    """Where a step runs a prompt chunk of `n` tokens that follows `offset`
+    cached ones: (start, end) positions (pure). Widened to whole `align`s --
+    started at the whole step at or below `offset` (those cached tokens
+    computed again: the same KV) and ended at the one at or above its end
+    (padding, whose KV lands past the row's tokens and is left out of its
+    offset) -- where the row's KV buffer of `buffer_len` positions holds
+    the end; else as it is. On MLX's CUDA backend every attention shape a
+    chunk meets (its queries' and keys' lengths) costs a cuDNN graph, built
+    while every row waits (70-150 ms); widened, agents of like lengths meet
+    the same shapes and the graph built for one serves the others."""
+    start, end = offset - offset % align, -(-(offset + n) // align) * align
+    if n <= 0 or end > buffer_len:
+        return offset, offset + n
+    return start, end
+
+
 def default_step_size(configured: int | None, on_cuda: bool) -> int:
     """The most prompt tokens a prefill step (pure): as configured, else by backend."""
     if configured is not None:

@@ -12,9 +12,11 @@ from tiny_models import tiny
 
 mx = pytest.importorskip("mlx.core")
 
-from mlx_lm.models.cache import KVCache, RotatingKVCache  # noqa: E402
+from mlx_lm.models.cache import KVCache, RotatingKVCache, trim_prompt_cache  # noqa: E402
 
 from mlxd.engine.cache.kv_cache import make_kv  # noqa: E402
+from mlxd.engine.model.batch_decoder import widened  # noqa: E402
+from mlxd.engine.model.prefill_pace import aligned_chunk  # noqa: E402
 from mlxd.engine.model.row_attention import route_attention, segments_exact  # noqa: E402
 from mlxd.engine.model.row_batch import RowBatch  # noqa: E402
 from mlxd.engine.model.row_segments import (SegmentOffsets, forward_step, mixable, rope_by_segments,  # noqa: E402
@@ -79,11 +81,14 @@ def _alone(model, prompt: list[int]) -> list[int]:
     return out
 
 
-@pytest.mark.parametrize("chunk", [1, 4, 16])
-def test_rows_decode_while_joining_prompts_are_prefilled_in_their_steps(model, chunk):
+@pytest.mark.parametrize("chunk, align", [(1, None), (4, None), (16, None), (4, 8), (16, 8), (16, 256)])
+def test_rows_decode_while_joining_prompts_are_prefilled_in_their_steps(model, chunk, align):
     """Two rows decode; two more prompts (one from a cached start) are
     prefilled `chunk` tokens a step in the same forwards, join, and every
-    row's answer is the one it decodes alone."""
+    row's answer is the one it decodes alone. With `align` (MLX's CUDA
+    backend), each chunk is widened to whole steps of it as the batch
+    decoder does (batch_decoder.widened: cached tokens run again, padding
+    after), and the padding cut from the cache after the step."""
     prompts = [[(3 * j + i) % 101 for j in range(n)] for i, n in enumerate((6, 19, 33, 12))]
     alone = [_alone(model, p) for p in prompts]
     batch = RowBatch(model, frozenset())
@@ -93,16 +98,21 @@ def test_rows_decode_while_joining_prompts_are_prefilled_in_their_steps(model, c
     joining = [(prompts[2], _prefilled(model, [], len(prompts[2]) + ANSWER + 8), 0),
                (prompts[3], _prefilled(model, prompts[3][:4], len(prompts[3]) + ANSWER + 8), 4)]
     order: dict[int, int] = {0: 0, 1: 1}
-    mixed_steps = 0
+    mixed_steps = widened_runs = 0
     while batch.rows or joining:
-        chunks, still = [], []
+        chunks, still, paddings = [], [], []
         for prompt, kv, done in joining:
             part = prompt[done:min(done + chunk, len(prompt) - 1)]
-            chunks.append((kv, part))
+            run, padding = widened(kv, prompt[:done], part, align) if align else (part, 0)
+            widened_runs += len(run) > len(part)
+            chunks.append((kv, run))
+            paddings.append((kv, padding))
             still.append((prompt, kv, done + len(part)))
         mixed_steps += bool(chunks and batch.rows)
         for t in batch.next(chunks):
             out[t.uid].append(t.token)
+        for kv, padding in paddings:
+            trim_prompt_cache(kv, padding)
         joining = []
         for prompt, kv, done in still:
             if done == len(prompt) - 1:  # only its last token left: it joins
@@ -110,8 +120,20 @@ def test_rows_decode_while_joining_prompts_are_prefilled_in_their_steps(model, c
                 out[uid], order[uid] = [], prompts.index(prompt)
             else:
                 joining.append((prompt, kv, done))
-    assert mixed_steps >= 2
+    assert mixed_steps >= 2 and (widened_runs >= 1 if align else True)
     assert [out[u] for u in sorted(out, key=order.get)] == alone
+
+
+@pytest.mark.parametrize("offset, n, buffer_len, align, want", [
+    (0, 2048, 16384, 256, (0, 2048)),          # a fresh prompt's chunk of whole steps: as it is
+    (15626, 1900, 18432, 256, (15616, 17664)),  # a turn over a cached start: 10 cached tokens again, 138 padding
+    (15626, 1900, 17600, 256, (15626, 17526)),  # the buffer does not hold the padded end: as it is
+    (5, 3, 64, 8, (0, 8)),
+    (8, 8, 16, 8, (8, 16)),                    # whole steps already
+    (7, 0, 64, 8, (7, 7)),                     # nothing to run
+])
+def test_aligned_chunk(offset, n, buffer_len, align, want):
+    assert aligned_chunk(offset, n, buffer_len, align) == want
 
 
 def test_a_step_computes_the_decoding_rows_logits_only(model):

@@ -161,7 +161,7 @@ def with_kv_layout(resident: ResidentModel, kv: KVLayout) -> ResidentModel:
     it dequantised (then quantised from the first position: the estimate
     counted at least that)."""
     if not kv.quantized:
-        return resident
+        return replace(resident, kv=kv)  # (its buffers' steps: KVLayout.coarse_steps)
     from ..cache.kv_cache import quantized_decode_works, unquantised_kinds
 
     kept = unquantised_kinds(resident.model)

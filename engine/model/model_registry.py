@@ -28,7 +28,7 @@ def stored_dtype(config: dict | None) -> str | None:
 
 class ModelRegistry:
     def __init__(self, config: Config, budget_bytes: int, cpu_float32: bool = False, on_cpu: bool = False,
-                 on_cuda: bool = False) -> None:
+                 on_cuda: bool = False, few_shapes: bool = False) -> None:
         self.config = config
         self.budget_bytes = budget_bytes
         # On the CPU with a fast BLAS, small models load as float32 (engine/cpu/fast_blas.py).
@@ -36,10 +36,11 @@ class ModelRegistry:
         # On MLX's CPU backend a model loaded as stored has its 16-bit experts cast to float32
         # (gather_mm runs nothing else: engine/cpu/backend_ops.py); its estimate counts them so.
         self.on_cpu = on_cpu
-        # On MLX's CUDA backend, where cuDNN builds a graph for each attention shape it meets, requests' KV
-        # buffers come in coarse steps (memory_estimate.kv_allocated_tokens) and prefill steps are longer
-        # (prefill_pace.default_step_size).
+        # On MLX's CUDA backend, where cuDNN builds a graph for each attention shape it meets, prefill steps are
+        # longer (prefill_pace.default_step_size) and, with `few_shapes` ([engine] attention_shapes), requests' KV
+        # buffers come in coarse steps (memory_estimate.kv_allocated_tokens) and joining chunks in whole steps.
         self.on_cuda = on_cuda
+        self.few_shapes = few_shapes
         # Models a backend limit was met on (engine/model/errors.py, backend_limit): float32 from then on,
         # whatever the heuristic says, for this process's life.
         self.float32_after_limit: set[str] = set()
@@ -67,7 +68,7 @@ class ModelRegistry:
             if dtype is not None or self.on_cpu:
                 info = model_info(self.config, model_id, self.budget_bytes, weights_dtype=dtype,
                                   experts_float32=self.on_cpu)
-            if self.on_cuda and not info.kv.coarse_steps:
+            if self.few_shapes and not info.kv.coarse_steps:
                 info = replace(info, kv=replace(info.kv, coarse_steps=True))
             if not info.on_disk:
                 return info

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 
+from mlxd import exit_codes
 from mlxd.config import Config, config_path
 from mlxd.paths import StatePaths
 from mlxd.probe import get_json
@@ -227,4 +228,4 @@ def run_doctor(config: Config, as_json: bool, config_file: Path | None = None) -
             print(f"{c.status.upper():4}  {c.name:<16} {c.detail}")
             if c.fix:
                 print(f"{'':6}{'':<16} fix: {c.fix}")
-    return 1 if any(c.status == "fail" for c in checks) else 0
+    return exit_codes.UNAVAILABLE if any(c.status == "fail" for c in checks) else exit_codes.OK

@@ -11,12 +11,17 @@ the repo from the cache and says what it freed.
 
 A NAME is a configured model id (its `repo`), an embedding model's id
 (`[embeddings.ID] repo`) or a repo id (`org/name`).
+
+Exit codes (mlxd.exit_codes, sysexits): 64 a NAME that is none of these,
+66 a repo not on the hub or not in the cache, 69 a model the engine would
+refuse, 75 a transfer that failed (run it again: it resumes).
 """
 
 from __future__ import annotations
 
 import fnmatch
 import json
+import re
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -25,7 +30,8 @@ from pathlib import Path
 from mlxd import exit_codes, memory_estimate as me
 from mlxd.config import Config
 
-FAILED = 1
+# A Hugging Face repo id's parts: letters, digits, '-', '_', '.', not starting with '-' or '.', no '..' (HF's rule).
+REPO_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,95}")
 
 
 def allow_patterns() -> list[str]:
@@ -55,7 +61,13 @@ def repo_of(config: Config, name: str) -> str | None:
     model_id = config.resolve(name)
     if model_id is not None:
         return config.models[model_id].repo
-    return name if name.count("/") == 1 and all(name.split("/")) else None
+    return name if is_repo_id(name) else None
+
+
+def is_repo_id(name: str) -> bool:
+    """Whether NAME is a Hugging Face repo id, `org/name` (pure): never a path (`../x`, `a/b/c`)."""
+    parts = name.split("/")
+    return len(parts) == 2 and all(REPO_PART.fullmatch(p) and ".." not in p for p in parts)
 
 
 def plan_pull(repo: str, sizes: dict[str, int], model_config: dict | None, config: Config, model_id: str | None,
@@ -96,8 +108,13 @@ def pull(config: Config, name: str) -> int:
             with tempfile.TemporaryDirectory() as aside:
                 model_config = json.loads(Path(hf_hub_download(repo, "config.json", local_dir=aside)).read_text())
     except Exception as exc:  # noqa: BLE001 - not found, offline, refused, any transport's error: said, not raised
+        from huggingface_hub.errors import RepositoryNotFoundError
+
+        if isinstance(exc, RepositoryNotFoundError):
+            print(f"mlxd: {repo} is not on the Hugging Face hub (or not visible without a token)", file=sys.stderr)
+            return exit_codes.NOT_FOUND
         print(f"mlxd: cannot look at {repo}: {exc}", file=sys.stderr)
-        return FAILED
+        return exit_codes.TEMPFAIL
     budget = system_memory_budget(config.engine.memory_fraction)[0]
     plan = plan_pull(repo, sizes, model_config, config, model_id, budget)
     if not plan.verdict.allowed:
@@ -105,13 +122,13 @@ def pull(config: Config, name: str) -> int:
         print(f"mlxd: not pulling {repo} ({_size(plan.download_bytes)}): {plan.verdict.reason}; the engine would refuse "
               f"it as heavy. Ollama serves models this size: set `ollama = \"<an Ollama model>\"` under "
               f"[{table}] and such requests go there.", file=sys.stderr)
-        return FAILED
+        return exit_codes.UNAVAILABLE
     print(f"{repo}: {len(plan.files)} files, {_size(plan.download_bytes)}; {plan.verdict.reason}", flush=True)
     try:
         path = snapshot_download(repo, allow_patterns=allow_patterns())  # a progress bar; resumes a broken pull
     except Exception as exc:  # noqa: BLE001 - a broken connection, a full disk: said, and a rerun resumes
         print(f"mlxd: pulling {repo} failed: {exc} (run it again: it resumes)", file=sys.stderr)
-        return FAILED
+        return exit_codes.TEMPFAIL
     print(f"{repo}: pulled into {path}")
     if model_id is None and name not in config.embeddings:
         print(f"  serve it: add [models.<id>] repo = \"{repo}\" to the config (`mlxd config path`)")
@@ -120,16 +137,20 @@ def pull(config: Config, name: str) -> int:
 
 def rm(config: Config, name: str) -> int:
     from huggingface_hub import scan_cache_dir
+    from huggingface_hub.errors import CacheNotFound
 
     repo = repo_of(config, name)
     if repo is None:
         print(f"mlxd: {name!r} is neither a configured model with a `repo` nor a repo id (org/name)", file=sys.stderr)
         return exit_codes.USAGE
-    cache = scan_cache_dir()
-    found = [r for r in cache.repos if r.repo_id == repo and r.repo_type == "model"]
+    try:
+        cache = scan_cache_dir()
+    except CacheNotFound:  # no hub cache at all on this machine: nothing pulled yet
+        cache = None
+    found = [r for r in cache.repos if r.repo_id == repo and r.repo_type == "model"] if cache is not None else []
     if not found:
         print(f"mlxd: {repo} is not in the Hugging Face cache", file=sys.stderr)
-        return FAILED
+        return exit_codes.NOT_FOUND
     strategy = cache.delete_revisions(*(rev.commit_hash for r in found for rev in r.revisions))
     strategy.execute()
     print(f"{repo}: removed, {_size(strategy.expected_freed_size)} freed")

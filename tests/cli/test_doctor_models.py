@@ -75,7 +75,7 @@ def test_doctor_fails_a_model_path_that_does_not_exist_and_says_the_fix(tmp_path
     env = {**os.environ, "MLXD_HOME": str(tmp_path), "HF_HUB_OFFLINE": "1", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
     env.pop("MLXD_CONFIG", None)
     r = subprocess.run([*MLXD, "doctor"], env=env, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 1, r.stdout + r.stderr
+    assert r.returncode == 69, r.stdout + r.stderr  # EX_UNAVAILABLE: a check failed
     line = next(line for line in r.stdout.splitlines() if "model mine" in line)
     assert line.startswith("FAIL") and "models.mine.path: /does/not/exist does not exist" in line
     assert f"fix: edit {config_file}: point [models.mine] path at an MLX model folder" in r.stdout

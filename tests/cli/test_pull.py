@@ -27,7 +27,8 @@ SMALL, HEAVY, ENCODER = "acme/demo-a-mlx", "acme/Big-70B-Instruct-4bit", "acme/e
 
 @pytest.mark.parametrize("name, repo", [("demo", SMALL), ("fast", SMALL), ("org/model", "org/model"),
                                         ("local", None), ("nonsense", None), ("a/b/c", None), ("enc", ENCODER),
-                                        ("enc-here", None)])
+                                        ("enc-here", None), ("../x", None), ("org/..", None), ("org/.x", None),
+                                        ("org/a..b", None), ("/x", None), ("Org_1/model-v1.5", "Org_1/model-v1.5")])
 def test_what_a_name_pulls(tmp_path, name, repo):
     config = parse_config({"models": {"demo": {"repo": SMALL}, "local": {"path": "/x"}},
                            "embeddings": {"enc": {"repo": ENCODER}, "enc-here": {"path": "/e"}},
@@ -91,14 +92,30 @@ def test_pull_models_and_rm(tmp_path, hub):
     # A model the engine would refuse: said before its weights are asked for.
     asked = len(hub.requests)
     r = run(["pull", HEAVY], home, hub)
-    assert r.returncode == 1 and "heavy" in r.stderr and "Ollama" in r.stderr, r.stderr
+    assert r.returncode == 69 and "heavy" in r.stderr and "Ollama" in r.stderr, r.stderr  # EX_UNAVAILABLE
     assert not any(p.endswith("model.safetensors") for p in hub.requests[asked:])
     assert not (home / "hf" / "models--acme--Big-70B-Instruct-4bit").exists()  # its config.json was read aside
     r = run(["rm", "demo"], home, hub)
     assert r.returncode == 0 and "freed" in r.stdout, r.stderr
     assert not (home / "hf" / "models--acme--demo-a-mlx").exists()
-    assert run(["rm", "demo"], home, hub).returncode == 1  # nothing left to remove: said so
-    assert run(["pull", "acme/missing"], home, hub).returncode == 1
+    r = run(["rm", "demo"], home, hub)  # nothing left to remove: said so (EX_NOINPUT)
+    assert r.returncode == 66 and "not in the Hugging Face cache" in r.stderr, r.stderr
+    r = run(["pull", "acme/missing"], home, hub)
+    assert r.returncode == 66 and "not on the Hugging Face hub" in r.stderr, r.stderr
+    for command in ("rm", "pull"):  # a path is not a repo id: one clear line, no traceback, EX_USAGE
+        r = run([command, "../x"], home, hub)
+        assert r.returncode == 64 and "Traceback" not in r.stderr and "repo id" in r.stderr, r.stderr
+
+
+def test_rm_on_a_machine_with_no_hub_cache_says_so(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {**os.environ, "MLXD_HOME": str(home), "HF_HOME": str(tmp_path / "no-hub-here"), "HF_HUB_OFFLINE": "1"}
+    env.pop("MLXD_CONFIG", None)
+    env.pop("HF_HUB_CACHE", None)
+    r = subprocess.run([*MLXD, "rm", "acme/never-pulled"], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 66 and "not in the Hugging Face cache" in r.stderr and "Traceback" not in r.stderr, \
+        r.stderr
 
 
 def test_up_pulls_the_configured_repos_not_on_disk_yet(tmp_path, hub):

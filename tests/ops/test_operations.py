@@ -80,7 +80,7 @@ def test_doctor_reports_each_check_with_a_verdict(stack):
     assert checks["engine port"]["status"] == "pass"  # in use, but by mlxd itself
     assert checks["model demo-a"]["status"] == "pass"
     assert all(c["status"] in ("pass", "warn", "fail") for c in checks.values())
-    assert r.returncode == (1 if any(c["status"] == "fail" for c in checks.values()) else 0)
+    assert r.returncode == (69 if any(c["status"] == "fail" for c in checks.values()) else 0)  # EX_UNAVAILABLE
 
 
 def test_first_up_writes_a_default_config_and_a_key(tmp_path):

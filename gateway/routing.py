@@ -124,11 +124,14 @@ def route_request(path: str, body: bytes, routes: FastRoutes) -> ApiError | ToLi
     bodies (it answers bad ones with a 500), so malformed input is refused here."""
     try:
         req = json.loads(body)
-    except (ValueError, RecursionError):  # RecursionError: absurdly deep nesting
-        req = None
-    if not isinstance(req, dict):
-        return ApiError(400, "the request body must be a JSON object" if req is not None or body.strip()
+    except RecursionError:  # arrays and objects nested past the parser's depth (~1,000 levels): said as such
+        return ApiError(400, "the request body nests JSON arrays and objects too deep (about 1,000 levels or more)",
+                        INVALID_REQUEST)
+    except ValueError as exc:
+        return ApiError(400, f"the request body is not valid JSON ({str(exc)[:200]})" if body.strip()
                         else "the request body is empty", INVALID_REQUEST)
+    if not isinstance(req, dict):
+        return ApiError(400, "the request body must be a JSON object", INVALID_REQUEST)
     invalid = invalid_for_any_backend(path, req)
     if invalid is not None:
         message, code, param = invalid

@@ -69,6 +69,18 @@ def test_where_a_request_goes(routes, path, body, expected):
     assert error_code(route_request(path, body, routes)) == expected
 
 
+@pytest.mark.parametrize("body, says", [
+    (b"", "the request body is empty"),
+    (b"{not json", "is not valid JSON"),
+    (b"[1, 2]", "must be a JSON object"),
+    (b'{"model": "small", "response_format": ' + b'{"a": ' * 1200 + b"1" + b"}" * 1201, "nests JSON arrays and "
+     "objects too deep"),  # a 1,200-level schema: never called "not a JSON object"
+])
+def test_a_malformed_body_is_told_what_is_wrong(body, says):
+    decision = route_request(CHAT, body, ROUTES)
+    assert isinstance(decision, ApiError) and decision.status == 400 and says in decision.message, decision
+
+
 def test_an_only_light_alias_reaches_the_engine_under_the_light_models_name():
     to = route_request(CHAT, chat("coding", max_tokens=3), ONLY_LIGHT)
     assert to == ToEngine(to.body, "coding", "small")

@@ -40,7 +40,7 @@ import aiohttp
 from mlxd.config import Config
 from mlxd.records import EngineExit, SupervisionFile
 
-from .errors import ApiError, send_error, send_json
+from .errors import JSON, ApiError, send_error, send_json
 from .hangup import read_body
 from .routing import (ENGINE_PATHS, NO_RESTART_MODES, AfterRefusal, FastRoutes, StreamRenamer, ToEngine,
                       after_refusal, engine_restarting, hold_for_restart, refusal_after_fallback, rename_model,
@@ -76,10 +76,12 @@ class Replay:
 class _Substitute:
     """Wraps `send`: when the fallback fails too (LiteLLM answers an error),
     the client gets the engine's refusal, which names the reason, with what
-    the fallback said after it (routing.refusal_after_fallback)."""
+    the fallback said after it (routing.refusal_after_fallback), and the
+    engine's `Retry-After` (a busy engine's 429 says when to come back)."""
 
-    def __init__(self, send: Any, status: int, body: bytes) -> None:
+    def __init__(self, send: Any, status: int, body: bytes, headers: list[tuple[bytes, bytes]] = ()) -> None:
         self.send, self.status, self.body = send, status, body
+        self.headers = [JSON, *((k, v) for k, v in headers if k.lower() == b"retry-after")]
         self.failed = False
         self.parts: list[bytes] = []
 
@@ -91,7 +93,8 @@ class _Substitute:
         elif message["type"] == "http.response.body":  # LiteLLM's error body, held until it is whole
             self.parts.append(message.get("body", b""))
             if not message.get("more_body"):
-                await send_json(self.send, self.status, refusal_after_fallback(self.body, b"".join(self.parts)))
+                await send_json(self.send, self.status, refusal_after_fallback(self.body, b"".join(self.parts)),
+                                self.headers)
 
 
 class EngineFastPath:
@@ -181,7 +184,7 @@ class EngineFastPath:
             if after is AfterRefusal.ENGINE_ANSWER:
                 await send_json(send, resp.status, answer)
             else:
-                await self.app(scope, replay, _Substitute(send, resp.status, answer)
+                await self.app(scope, replay, _Substitute(send, resp.status, answer, headers)
                                if after is AfterRefusal.FALL_BACK_UNLESS_500 else send)
 
     async def _engine_back(self, lost_in_flight: bool, retried: bool) -> bool:

@@ -40,7 +40,9 @@ def st(module_stack, ollama, demo_models):
         supervisor="loop_crashes = 100\n",
         engine=table_lines({"max_queue": 1, "max_tokens_cap": 100000}),
         gateway=table_lines({"ollama_url": ollama.url, "default_ollama_model": OLLAMA_MODEL}),
-        models=dumps({"models": {"big": {"path": demo_models.heavy, "ollama": "llama3.1:70b"}}}),
+        models=dumps({"models": {"big": {"path": demo_models.heavy, "ollama": "llama3.1:70b"},
+                                 # Served by the engine; its Ollama twin is one the stand-in lacks: a fallback that fails.
+                                 "lonely": {"path": demo_models.a, "ollama": "missing:1b"}}}),
         env={"MLXD_FAULT_MATCH": FAULT_WORD},
     )
 
@@ -251,7 +253,11 @@ def test_mid_stream_crash_is_an_explicit_error_and_never_a_silent_done(st):
     assert b'"error"' in lines[-1]  # told explicitly
 
 
-def test_busy_engine_429_falls_back_to_ollama(client, st):
+@pytest.mark.parametrize("model", ["default", "lonely"])
+def test_busy_engine_429_falls_back_to_ollama(client, st, model):
+    """A busy engine's 429 goes to Ollama; where that fails too ("lonely"'s
+    twin is not there), the client gets the engine's 429 with its
+    Retry-After, not LiteLLM's error without one."""
     # One request holds the worker, one waits in the engine's 1-place queue.
     holder = requests.post(st.url + "/v1/completions", stream=True, timeout=60,
                            json={"model": "default", "prompt": "hold", "max_tokens": 100000, "stream": True,
@@ -266,8 +272,15 @@ def test_busy_engine_429_falls_back_to_ollama(client, st):
     try:
         wait_until(lambda: requests.get(st.url + "/health", timeout=5).json()["queue_depth"] == 1, 30,
                    what="engine queue full")
-        r = ask(client, "busy?")
-        assert from_ollama(r.choices[0].message.content)
+        if model == "default":
+            assert from_ollama(ask(client, "busy?").choices[0].message.content)
+        else:
+            r = requests.post(st.gateway_url + "/v1/chat/completions", timeout=60,
+                              headers={"Authorization": f"Bearer {st.key}"},
+                              json={"model": "lonely", "max_tokens": 4,
+                                    "messages": [{"role": "user", "content": "busy?"}]})
+            assert r.status_code == 429 and r.json()["error"]["message"], r.text
+            assert int(r.headers["retry-after"]) >= 1, r.headers
     finally:
         holder.close()
         t.join(60)

@@ -18,7 +18,7 @@ first byte is an explicit SSE error event and no [DONE], as the tests require.
 An engine that dies with a request in flight before its answer started is
 not the fallback's at once: the request is held while the supervisor brings
 the engine back (`gateway.crash_retry_wait_s`; routing.hold_for_restart
-decides) and sent to it again, once, so an agent's turn is answered by its
+decides) and sent to it again (twice where it was lost with others), so an agent's turn is answered by its
 own model, from its prompt's KV on disk, a few seconds later; so is one
 that finds the engine down while such a restart is under way.
 LiteLLM still does every fallback; `gateway.engine_fast_path = false` turns
@@ -42,8 +42,9 @@ from mlxd.records import EngineExit, SupervisionFile
 
 from .errors import JSON, ApiError, send_error, send_json
 from .hangup import read_body
-from .routing import (ENGINE_PATHS, NO_RESTART_MODES, AfterRefusal, FastRoutes, StreamRenamer, ToEngine,
-                      after_refusal, engine_restarting, hold_for_restart, refusal_after_fallback, rename_model,
+from .routing import (ENGINE_PATHS, NO_RESTART_MODES, SECOND_RETRY_WAIT_S, AfterRefusal, FastRoutes, StreamRenamer, ToEngine,
+                      after_refusal, engine_restarting, hold_for_restart, lost_together, refusal_after_fallback,
+                      rename_model,
                       route_request, stream_failure)
 
 log = logging.getLogger("mlxd.gateway")
@@ -113,6 +114,7 @@ class EngineFastPath:
         # Metal process tearing down, a crash report being written) closes its sockets a second or more before
         # the process is gone and the runner can record its exit.
         self.engine_died_at: float | None = None
+        self.losses: list[float] = []  # when requests were lost to the engine (the last minute's): routing.lost_together
 
     def _session(self) -> aiohttp.ClientSession:
         if self.session is None or self.session.closed:
@@ -142,7 +144,7 @@ class EngineFastPath:
         """The engine answers, unless it does not say 200 before its first
         byte: then LiteLLM gets the request as the client sent it. One the
         engine lost in flight waits for its restart and goes to it again."""
-        retried = False
+        retries, first_loss = 0, None
         while True:
             lost_in_flight = True
             try:
@@ -166,9 +168,14 @@ class EngineFastPath:
                         self.engine_died_at = time.time()
                 finally:
                     resp.release()
-            if answer is not None or not await self._engine_back(lost_in_flight, retried):
+            if answer is None and lost_in_flight:
+                now = time.time()
+                first_loss = now if first_loss is None else first_loss
+                self.losses = [t for t in self.losses if now - t < 60] + [now]
+            shared = first_loss is not None and lost_together(first_loss, self.losses)
+            if answer is not None or not await self._engine_back(lost_in_flight, retries, shared):
                 break
-            retried = True
+            retries += 1
         if resp is None or answer is None:  # down, or died with it (and not back in time, or twice)
             if to.stays:
                 await send_error(send, ENGINE_GONE, [(b"retry-after", b"2")], path)
@@ -187,21 +194,22 @@ class EngineFastPath:
                 await self.app(scope, replay, _Substitute(send, resp.status, answer, headers)
                                if after is AfterRefusal.FALL_BACK_UNLESS_500 else send)
 
-    async def _engine_back(self, lost_in_flight: bool, retried: bool) -> bool:
+    async def _engine_back(self, lost_in_flight: bool, retries: int, first_loss_shared: bool = False) -> bool:
         """Whether the engine that lost a request is back to take it again:
         held (routing.hold_for_restart) until its /health says ok, at most
         `crash_retry_wait_s`, while the supervisor is bringing it back."""
         mode, restarting = self._restarting()
-        if mode == "running" and not restarting and not (lost_in_flight or retried) and self.retry_wait_s > 0:
+        if mode == "running" and not restarting and not (lost_in_flight or retries) and self.retry_wait_s > 0:
             # Refused while the supervisor says running: a death this very moment (an agent's retry of a stream
             # that was just cut) is on record milliseconds later, in the runner's exit file; a first start is not.
             await asyncio.sleep(EXIT_RECORD_GRACE_S)
             mode, restarting = self._restarting()
-        if not hold_for_restart(lost_in_flight, retried, mode, restarting, self.retry_wait_s):
+        if not hold_for_restart(lost_in_flight, retries, mode, restarting, self.retry_wait_s, first_loss_shared,
+                                self._restart_in_s()):
             return False
         log.info("the engine %s; holding the request for its restart (up to %.0fs)",
                  "died with it in flight" if lost_in_flight else "is restarting", self.retry_wait_s)
-        deadline = time.monotonic() + self.retry_wait_s
+        deadline = time.monotonic() + (min(self.retry_wait_s, SECOND_RETRY_WAIT_S) if retries else self.retry_wait_s)
         while time.monotonic() < deadline:
             await asyncio.sleep(RESTART_POLL_S)
             if self._supervision()[0] in NO_RESTART_MODES:
@@ -222,6 +230,12 @@ class EngineFastPath:
         ended = EngineExit.read(self.engine_exit_path)
         deaths = [t for t in (ended.ended if ended else None, self.engine_died_at) if t is not None]
         return mode, engine_restarting(mode, crash_times, max(deaths, default=None), time.time(), self.retry_wait_s)
+
+    def _restart_in_s(self) -> float | None:
+        """Seconds until the supervisor restarts the engine (its backoff), or None where it is not waiting one out."""
+        saved = SupervisionFile.read(self.supervision_path)
+        due = saved.state.get("restart_at") if saved is not None and saved.mode == "backoff" else None
+        return max(0.0, float(due) - time.time()) if isinstance(due, (int, float)) else None
 
     def _supervision(self) -> tuple[str | None, list[float]]:
         """The supervisor's mode and recent crash times (state/supervision.json), or (None, [])."""

@@ -181,20 +181,43 @@ def engine_restarting(mode: str | None, crash_times: list[float], last_exit: flo
     return mode == "running" and bool(recent) and now - max(recent) < window_s
 
 
-def hold_for_restart(lost_in_flight: bool, retried: bool, supervision_mode: str | None, restarting: bool,
-                     wait_s: float) -> bool:
+# A request lost at a crash with others (a batch: the engine's quarantine blames none of them, and decodes each
+# alone from then on) is sent to the restarted engine twice at most: retried with the one that crashed it, a
+# bystander may queue behind that one's lone retry and be lost again at its second crash, which quarantines the
+# culprit (its third try is refused, and goes to Ollama). A request lost alone is sent once: it is the likely
+# culprit, and a crash the quarantine cannot pin (before the request was in flight) must not repeat.
+MAX_RESTART_RETRIES = 2
+# The second retry waits only for a restart due this soon (the supervisor's backoff), and for the engine's
+# health at most SECOND_RETRY_WAIT_S: past them Ollama answers.
+SECOND_RETRY_WITHIN_S = 5.0
+SECOND_RETRY_WAIT_S = 15.0
+SAME_CRASH_S = 1.0  # requests lost this close together were lost at the same crash
+
+
+def hold_for_restart(lost_in_flight: bool, retries: int, supervision_mode: str | None, restarting: bool,
+                     wait_s: float, first_loss_shared: bool = False, restart_in_s: float | None = None) -> bool:
     """Whether a request the engine could not take is held for the engine's
     restart and sent to it (pure), rather than to Ollama: one the engine
     died under before its answer started, or one that found it down while a
     restart after a crash is under way (`restarting`) -- a few seconds'
     wait for its own model, not another model's answer in the middle of an
-    agent's conversation. Only once (a request that kills the engine twice
-    is the quarantine's), and never while no restart is coming (stopped by
+    agent's conversation. Once; a second time only where it was lost at its
+    first crash with others (`first_loss_shared`) and the restart is due
+    within SECOND_RETRY_WITHIN_S (`restart_in_s`: the supervisor's backoff;
+    None: not waiting one out). Never while no restart is coming (stopped by
     an operator, a crash loop's cool-down): a refused connection then, or
     outside a restart, is Ollama's at once."""
-    if retried or wait_s <= 0 or supervision_mode in NO_RESTART_MODES:
+    if retries >= MAX_RESTART_RETRIES or wait_s <= 0 or supervision_mode in NO_RESTART_MODES:
+        return False
+    if retries and (not first_loss_shared or (restart_in_s is not None and restart_in_s > SECOND_RETRY_WITHIN_S)):
         return False
     return lost_in_flight or restarting
+
+
+def lost_together(at: float, losses: list[float]) -> bool:
+    """Whether a request lost at `at` was lost with another (pure): `losses`,
+    the times the gateway's requests were lost to the engine, its own among them."""
+    return sum(1 for t in losses if abs(t - at) <= SAME_CRASH_S) >= 2
 
 
 class AfterRefusal(Enum):

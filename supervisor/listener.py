@@ -222,24 +222,32 @@ class Supervision:
         self.last_health = None
         if sys.platform == "darwin" and record.signal and record.pid:
             self.pending_records.append((time.time() + REPORT_WAIT_S, record))
+            # The verdicts cannot wait for macOS's crash report: the engine restarts now, and the gateway sends the
+            # requests it lost again at once -- a culprit alone at its second crash must be refused by then.
+            self._write_verdicts(journal.read_records(self.paths.journal) + [r for _, r in self.pending_records])
         else:
             self._journal(record)
 
     def _flush_pending(self, now: float) -> None:
-        still = []
+        still, done = [], []
         for deadline, record in self.pending_records:
             report = _find_crash_report(record.pid, record.time)
             if report is not None:
-                self._journal(journal.with_crash_report(record, *report))
+                done.append(journal.with_crash_report(record, *report))
             elif now >= deadline:
-                self._journal(record)
+                done.append(record)
             else:
                 still.append((deadline, record))
-        self.pending_records = still
+        self.pending_records = still  # before journaling: a record counts once in the verdicts
+        for record in done:
+            self._journal(record)
 
     def _journal(self, record: CrashRecord) -> None:
         journal.append_record(self.paths.journal, record, self.config.supervisor.journal_max_bytes)
-        records = journal.read_records(self.paths.journal)
+        self._write_verdicts(journal.read_records(self.paths.journal) + [r for _, r in self.pending_records])
+
+    def _write_verdicts(self, records: list[CrashRecord]) -> None:
+        """The quarantine list (and the suspects) from these crashes, where it changed."""
         quarantined, suspects = journal.quarantine_verdicts(records, time.time(), self.config.supervisor.quarantine_s)
         current = Quarantine.read(self.paths.quarantine) or Quarantine()
         if quarantined != current.fingerprints or suspects != current.suspects:

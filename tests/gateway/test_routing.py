@@ -11,7 +11,7 @@ from mlxd.config import parse_config
 from mlxd.gateway.app import admit, rewrite_backend_error
 from mlxd.gateway.errors import ApiError
 from mlxd.gateway.health import readiness
-from mlxd.gateway.routing import (AfterRefusal, engine_restarting, hold_for_restart, FastRoutes, StreamRenamer, ToEngine, ToLiteLLM, after_refusal,
+from mlxd.gateway.routing import (AfterRefusal, engine_restarting, hold_for_restart, lost_together, FastRoutes, StreamRenamer, ToEngine, ToLiteLLM, after_refusal,
                                   rename_model, route_request)
 
 MODELS = {"small": {"repo": "mlx-community/Qwen3-4B-4bit", "ollama": "qwen3:4b"},
@@ -147,22 +147,43 @@ def test_what_follows_an_embedding_refusal(code, expected):
     assert after_refusal(400, ApiError(400, "m", code).body(), "/v1/embeddings") is expected
 
 
-@pytest.mark.parametrize("lost_in_flight, retried, mode, restarting, wait_s, hold", [
-    (True, False, "backoff", True, 60, True),      # it died under the request: the supervisor is bringing it back
-    (True, False, "running", False, 60, True),     # the listener has not seen the death yet
-    (True, False, None, False, 60, True),          # no supervisor's word (an engine of its own): the wait is bounded
-    (False, False, "backoff", True, 60, True),     # refused while a restart is under way: wait for it, not Ollama
-    (False, False, "running", True, 60, True),     # the restarted process is still importing, loading
-    (False, False, "running", False, 60, False),   # refused with no restart under way: Ollama at once
-    (False, False, None, False, 60, False),
-    (True, True, "backoff", True, 60, False),      # died twice under it: the quarantine's, and Ollama's
-    (True, False, "degraded", False, 60, False),   # a crash loop's cool-down: no engine for minutes
-    (False, False, "stopped", False, 60, False),   # an operator stopped it
-    (True, False, "stopped", False, 60, False),
-    (True, False, "backoff", True, 0, False),      # crash_retry_wait_s = 0: the fallback at once
+@pytest.mark.parametrize("lost_in_flight, retries, mode, restarting, wait_s, hold", [
+    (True, 0, "backoff", True, 60, True),      # it died under the request: the supervisor is bringing it back
+    (True, 0, "running", False, 60, True),     # the listener has not seen the death yet
+    (True, 0, None, False, 60, True),          # no supervisor's word (an engine of its own): the wait is bounded
+    (False, 0, "backoff", True, 60, True),     # refused while a restart is under way: wait for it, not Ollama
+    (False, 0, "running", True, 60, True),     # the restarted process is still importing, loading
+    (False, 0, "running", False, 60, False),   # refused with no restart under way: Ollama at once
+    (False, 0, None, False, 60, False),
+    (True, 1, "backoff", True, 60, False),     # died twice under it, alone the first time: the quarantine's, Ollama's
+    (True, 0, "degraded", False, 60, False),   # a crash loop's cool-down: no engine for minutes
+    (False, 0, "stopped", False, 60, False),   # an operator stopped it
+    (True, 0, "stopped", False, 60, False),
+    (True, 0, "backoff", True, 0, False),      # crash_retry_wait_s = 0: the fallback at once
 ])
-def test_which_requests_wait_for_the_restarted_engine(lost_in_flight, retried, mode, restarting, wait_s, hold):
-    assert hold_for_restart(lost_in_flight, retried, mode, restarting, wait_s) is hold
+def test_which_requests_wait_for_the_restarted_engine(lost_in_flight, retries, mode, restarting, wait_s, hold):
+    assert hold_for_restart(lost_in_flight, retries, mode, restarting, wait_s) is hold
+
+
+@pytest.mark.parametrize("retries, shared, restart_in_s, hold", [
+    (1, True, 0.2, True),     # lost with others at the first crash, again at the next: a bystander queued behind
+    (1, True, None, True),    # (the engine starting, not in backoff)
+    (1, True, 30.0, False),   # a long backoff: it waited for one restart already, Ollama answers
+    (1, False, 0.2, False),   # lost alone the first time: the likely culprit, never a third crash for it
+    (2, True, 0.2, False),    # three times: Ollama's
+    (0, False, 30.0, True),   # the first retry waits out any backoff (within crash_retry_wait_s)
+])
+def test_a_request_lost_with_others_is_retried_twice(retries, shared, restart_in_s, hold):
+    assert hold_for_restart(True, retries, "backoff", True, 60, shared, restart_in_s) is hold
+
+
+@pytest.mark.parametrize("at, losses, together", [
+    (100.0, [100.0], False),                  # alone
+    (100.0, [99.7, 100.0, 100.2], True),      # a batch lost at one crash
+    (100.0, [97.0, 100.0, 103.5], False),     # others lost at other crashes
+])
+def test_requests_lost_at_the_same_crash(at, losses, together):
+    assert lost_together(at, losses) is together
 
 
 @pytest.mark.parametrize("mode, crash_times, last_exit, restarting", [

@@ -286,7 +286,7 @@ listener.journal.read_records = lambda path: []
 def write(i):
     listener.journal.quarantine_verdicts = lambda records, now, period: ({
         f"{i % 2}{n:015x}": 4e9 for n in range(N // 32)}, {})
-    listener.Supervision._journal(sup, {"class": "sigabrt"})
+    listener.Supervision._write_verdicts(sup, [])
 """, check=_quarantine),
     Writer("supervisor.listener supervision.json", """
 from types import SimpleNamespace

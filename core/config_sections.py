@@ -216,7 +216,9 @@ class GatewayConfig(Strict):
     crash_retry_wait_s: float = Field(default=60.0, ge=0, description=(
         "A request whose engine died before its answer started (nothing streamed yet), or that arrives while the "
         "supervisor is bringing a crashed engine back, is held this long for the engine, then sent to it, once: "
-        "its client sees a slower answer, not another model's. Past it, on a second death, or while the engine is "
+        "its client sees a slower answer, not another model's. One lost at a crash with others (a batch) is sent a "
+        "second time if lost again, for a restart due within 5 s, waiting at most 15 s: a bystander queued behind the "
+        "request that crashed it. Past that, on a second death of a request lost alone, or while the engine is "
         "stopped or cooling down after a crash loop, Ollama answers. 0: Ollama at once."))
     host_cooldown_s: float = Field(default=5.0, gt=0, description=(
         "A host that failed (refused, reset, 5xx, wrong key) is left out this long, then tried again; a busy one "

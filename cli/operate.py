@@ -62,7 +62,7 @@ def cmd_up(args: argparse.Namespace, config: Config) -> int:
     if problem is not None:
         print(f"\nmlxd: {problem}", file=sys.stderr)
         return 1
-    _print_endpoint(config)
+    _print_endpoint(config, detached=True)  # (no Ctrl-C stops a detached stack)
     return exit_codes.OK
 
 
@@ -84,7 +84,7 @@ def _first_run(config: Config) -> None:
         ensure_key(config.paths)
 
 
-def _print_endpoint(config: Config) -> None:
+def _print_endpoint(config: Config, detached: bool = False) -> None:
     if config.gateway.enabled:
         base = config.gateway_url + "/v1"
         key_file = config.paths.key
@@ -96,7 +96,8 @@ def _print_endpoint(config: Config) -> None:
     print(f"{where}\n"
           f"  curl -s {base}/chat/completions {auth}-H 'Content-Type: application/json' \\\n"
           f"    -d '{{\"model\": \"default\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'\n"
-          f"  status: mlxd status    stop: Ctrl-C (or mlxd down)", flush=True)  # a log or pipe sees it now, not at exit
+          f"  status: mlxd status    stop: {'mlxd down' if detached else 'Ctrl-C (or mlxd down)'}",
+          flush=True)  # a log or pipe sees it now, not at exit
 
 
 def _run_foreground(config: Config, timeout: float) -> int:

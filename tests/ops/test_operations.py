@@ -91,6 +91,7 @@ def test_first_up_writes_a_default_config_and_a_key(tmp_path):
         assert r.returncode == 0, r.stderr
         assert (tmp_path / "mlxd.toml").exists() and "every alias serves" in r.stderr
         assert "Authorization: Bearer" in r.stdout and str(st.paths.key) in r.stdout
+        assert "stop: mlxd down" in r.stdout and "Ctrl-C" not in r.stdout  # detached: no Ctrl-C stops it
         assert os.stat(st.paths.key).st_mode & 0o777 == 0o600
     finally:
         st.stop()

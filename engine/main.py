@@ -143,9 +143,9 @@ def run_engine(config: Config) -> int:
         log.info("rank 0 of a rank group of %d: the model is sharded over the group", link.size)
         budget *= link.size
     on_cpu, on_cuda = runs_on_cpu(), runs_on_cuda()
-    shapes = config.engine.attention_shapes
+    few_shapes = config.engine.attention_shapes == "few" or (config.engine.attention_shapes == "auto" and on_cuda)
     registry = ModelRegistry(config, budget, cpu_float32=config.engine.cpu_float32 and blas.fast and on_cpu,
-                             on_cpu=on_cpu, on_cuda=on_cuda, few_shapes=shapes == "few" or (shapes == "auto" and on_cuda))
+                             on_cpu=on_cpu, on_cuda=on_cuda, few_shapes=few_shapes)
     engine = Engine(config, registry, faults, link)
     key = ensure_key_file(config.paths.engine_key, ENGINE_KEY_PREFIX) if config.engine.require_key else None
     uv_config = uvicorn.Config(

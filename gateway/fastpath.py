@@ -18,8 +18,9 @@ first byte is an explicit SSE error event and no [DONE], as the tests require.
 An engine that dies with a request in flight before its answer started is
 not the fallback's at once: the request is held while the supervisor brings
 the engine back (`gateway.crash_retry_wait_s`; routing.hold_for_restart
-decides) and sent to it again (twice where it was lost with others), so an agent's turn is answered by its
-own model, from its prompt's KV on disk, a few seconds later; so is one
+decides) and sent to it again (twice where it was lost with others), so an
+agent's turn is answered by its own model, from its prompt's KV on disk, a
+few seconds later; so is one
 that finds the engine down while such a restart is under way.
 LiteLLM still does every fallback; `gateway.engine_fast_path = false` turns
 this off. One exception: a Responses API request with previous_response_id
@@ -42,10 +43,9 @@ from mlxd.records import EngineExit, SupervisionFile
 
 from .errors import JSON, ApiError, send_error, send_json
 from .hangup import read_body
-from .routing import (ENGINE_PATHS, NO_RESTART_MODES, SECOND_RETRY_WAIT_S, AfterRefusal, FastRoutes, StreamRenamer, ToEngine,
-                      after_refusal, engine_restarting, hold_for_restart, lost_together, refusal_after_fallback,
-                      rename_model,
-                      route_request, stream_failure)
+from .routing import (ENGINE_PATHS, NO_RESTART_MODES, SECOND_RETRY_WAIT_S, AfterRefusal, FastRoutes, StreamRenamer,
+                      ToEngine, after_refusal, engine_restarting, hold_for_restart, lost_together,
+                      refusal_after_fallback, rename_model, route_request, stream_failure)
 
 log = logging.getLogger("mlxd.gateway")
 RESTART_POLL_S = 0.2  # how often a held request looks for the engine back
@@ -114,7 +114,7 @@ class EngineFastPath:
         # Metal process tearing down, a crash report being written) closes its sockets a second or more before
         # the process is gone and the runner can record its exit.
         self.engine_died_at: float | None = None
-        self.losses: list[float] = []  # when requests were lost to the engine (the last minute's): routing.lost_together
+        self.losses: list[float] = []  # when requests were lost to the engine, the last minute's (lost_together)
 
     def _session(self) -> aiohttp.ClientSession:
         if self.session is None or self.session.closed:
@@ -198,14 +198,14 @@ class EngineFastPath:
         """Whether the engine that lost a request is back to take it again:
         held (routing.hold_for_restart) until its /health says ok, at most
         `crash_retry_wait_s`, while the supervisor is bringing it back."""
-        mode, restarting = self._restarting()
+        mode, restarting, restart_in_s = self._restarting()
         if mode == "running" and not restarting and not (lost_in_flight or retries) and self.retry_wait_s > 0:
             # Refused while the supervisor says running: a death this very moment (an agent's retry of a stream
             # that was just cut) is on record milliseconds later, in the runner's exit file; a first start is not.
             await asyncio.sleep(EXIT_RECORD_GRACE_S)
-            mode, restarting = self._restarting()
+            mode, restarting, restart_in_s = self._restarting()
         if not hold_for_restart(lost_in_flight, retries, mode, restarting, self.retry_wait_s, first_loss_shared,
-                                self._restart_in_s()):
+                                restart_in_s):
             return False
         log.info("the engine %s; holding the request for its restart (up to %.0fs)",
                  "died with it in flight" if lost_in_flight else "is restarting", self.retry_wait_s)
@@ -224,26 +224,28 @@ class EngineFastPath:
         log.warning("the engine was not back within %.0fs: the request goes to the fallback", self.retry_wait_s)
         return False
 
-    def _restarting(self) -> tuple[str | None, bool]:
-        """The supervisor's mode, and whether a restart after a crash is under way (routing.engine_restarting)."""
-        mode, crash_times = self._supervision()
+    def _restarting(self) -> tuple[str | None, bool, float | None]:
+        """The supervisor's mode, whether a restart after a crash is under way
+        (routing.engine_restarting), and the seconds until the restart its
+        backoff waits for (None: not waiting one out)."""
+        mode, crash_times, restart_at = self._supervision()
         ended = EngineExit.read(self.engine_exit_path)
         deaths = [t for t in (ended.ended if ended else None, self.engine_died_at) if t is not None]
-        return mode, engine_restarting(mode, crash_times, max(deaths, default=None), time.time(), self.retry_wait_s)
+        now = time.time()
+        restart_in_s = max(0.0, restart_at - now) if mode == "backoff" and restart_at is not None else None
+        return (mode, engine_restarting(mode, crash_times, max(deaths, default=None), now, self.retry_wait_s),
+                restart_in_s)
 
-    def _restart_in_s(self) -> float | None:
-        """Seconds until the supervisor restarts the engine (its backoff), or None where it is not waiting one out."""
-        saved = SupervisionFile.read(self.supervision_path)
-        due = saved.state.get("restart_at") if saved is not None and saved.mode == "backoff" else None
-        return max(0.0, float(due) - time.time()) if isinstance(due, (int, float)) else None
-
-    def _supervision(self) -> tuple[str | None, list[float]]:
-        """The supervisor's mode and recent crash times (state/supervision.json), or (None, [])."""
+    def _supervision(self) -> tuple[str | None, list[float], float | None]:
+        """The supervisor's mode, recent crash times and when it restarts the
+        engine (state/supervision.json), or (None, [], None)."""
         saved = SupervisionFile.read(self.supervision_path)
         if saved is None:
-            return None, []
+            return None, [], None
         times = saved.state.get("crash_times") or []
-        return saved.mode, [float(t) for t in times if isinstance(t, (int, float))]
+        due = saved.state.get("restart_at")
+        return (saved.mode, [float(t) for t in times if isinstance(t, (int, float))],
+                float(due) if isinstance(due, (int, float)) else None)
 
     async def _relay_stream(self, resp: aiohttp.ClientResponse, headers: list, to: ToEngine, send: Any,
                             path: str) -> None:

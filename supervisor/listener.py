@@ -224,7 +224,7 @@ class Supervision:
             self.pending_records.append((time.time() + REPORT_WAIT_S, record))
             # The verdicts cannot wait for macOS's crash report: the engine restarts now, and the gateway sends the
             # requests it lost again at once -- a culprit alone at its second crash must be refused by then.
-            self._write_verdicts(journal.read_records(self.paths.journal) + [r for _, r in self.pending_records])
+            self._write_verdicts()
         else:
             self._journal(record)
 
@@ -244,10 +244,12 @@ class Supervision:
 
     def _journal(self, record: CrashRecord) -> None:
         journal.append_record(self.paths.journal, record, self.config.supervisor.journal_max_bytes)
-        self._write_verdicts(journal.read_records(self.paths.journal) + [r for _, r in self.pending_records])
+        self._write_verdicts()
 
-    def _write_verdicts(self, records: list[CrashRecord]) -> None:
-        """The quarantine list (and the suspects) from these crashes, where it changed."""
+    def _write_verdicts(self) -> None:
+        """The quarantine list (and the suspects), where it changed, from the
+        journal's crashes and those still waiting for their crash report."""
+        records = journal.read_records(self.paths.journal) + [r for _, r in self.pending_records]
         quarantined, suspects = journal.quarantine_verdicts(records, time.time(), self.config.supervisor.quarantine_s)
         current = Quarantine.read(self.paths.quarantine) or Quarantine()
         if quarantined != current.fingerprints or suspects != current.suspects:

@@ -249,10 +249,6 @@ class BatchDecoder:
             budget -= n
         return out
 
-    def _widened(self, p: _Prefilling, chunk: list[int]) -> tuple[list[int], int]:
-        """The tokens the step runs for a chunk, and how many are padding (`widened`, where `aligned`)."""
-        return widened(p.kv, p.context, chunk) if self.aligned else (chunk, 0)
-
     @staticmethod
     def _shares_with(ahead: list[_Prefilling], p: _Prefilling) -> bool:
         """Whether p's prompt starts as one still prefilling ahead of it, for enough tokens to take them."""
@@ -263,11 +259,12 @@ class BatchDecoder:
 
     def _mixed_step(self) -> list[Ended]:
         """The joining prompts' chunks and a token for every decoding row, in one forward."""
-        chunks = self._chunks()  # (a row whose prompt a decoding row held joins now: it decodes in this step)
-        began = time.perf_counter()
         from mlx_lm.models.cache import trim_prompt_cache
 
-        runs = [self._widened(p, chunk) for p, chunk in chunks]
+        chunks = self._chunks()  # (a row whose prompt a decoding row held joins now: it decodes in this step)
+        began = time.perf_counter()
+        # (tokens run, padding) a chunk: widened to whole steps where `aligned`
+        runs = [widened(p.kv, p.context, chunk) if self.aligned else (chunk, 0) for p, chunk in chunks]
         ended = self._decode_step([(p.kv, tokens) for (p, _), (tokens, _) in zip(chunks, runs)]) \
             if chunks or self.batch.rows else []
         for (p, _), (_, padding) in zip(chunks, runs):

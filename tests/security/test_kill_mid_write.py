@@ -279,14 +279,14 @@ from types import SimpleNamespace
 from mlxd.config import Config
 from mlxd.paths import StatePaths
 from mlxd.supervisor import listener
-sup = SimpleNamespace(paths=StatePaths(home), config=Config(home=home))
+sup = SimpleNamespace(paths=StatePaths(home), config=Config(home=home), pending_records=[])
 target = sup.paths.quarantine
 listener.journal.append_record = lambda *a, **k: None  # the journal has its own test
 listener.journal.read_records = lambda path: []
 def write(i):
     listener.journal.quarantine_verdicts = lambda records, now, period: ({
         f"{i % 2}{n:015x}": 4e9 for n in range(N // 32)}, {})
-    listener.Supervision._write_verdicts(sup, [])
+    listener.Supervision._write_verdicts(sup)
 """, check=_quarantine),
     Writer("supervisor.listener supervision.json", """
 from types import SimpleNamespace

@@ -67,8 +67,12 @@ def _parser() -> argparse.ArgumentParser:
                                     "(an MLXD_* variable set now wins). Exit 0 healthy, 1 degraded, 2 down.")
     st.add_argument("--json", action="store_true", help="machine-readable output")
 
-    key = sub.add_parser("key", help="show or rotate the gateway key")
+    key = sub.add_parser("key", help="show or rotate the gateway key (or renew the engine's)",
+                         description="show: the gateway key clients send; path: its file; rotate: a new one (the "
+                                     "old one stops working at once). `rotate engine` renews the engine's internal "
+                                     "key (the gateway restarts to take it); `path engine`: that key's file.")
     key.add_argument("action", choices=["show", "rotate", "path"], nargs="?", default="show")
+    key.add_argument("which", choices=["gateway", "engine"], nargs="?", default="gateway")
 
     for name, what in (("launchd", "a launchd LaunchAgent (macOS)"), ("systemd", "a systemd user unit (Linux)")):
         sv = sub.add_parser(name, help=f"install, uninstall or show {what} that runs mlxd at login")
@@ -176,10 +180,18 @@ def main(argv: list[str] | None = None) -> int:
         paths = config.paths
         paths.home.mkdir(parents=True, exist_ok=True)
         if args.action == "path":
-            print(paths.key)
+            print(paths.engine_key if args.which == "engine" else paths.key)
+        elif args.action == "rotate" and args.which == "engine":
+            from .operate import cmd_rotate_engine_key
+
+            return cmd_rotate_engine_key(config)
         elif args.action == "rotate":
             rotate_key(paths)  # the gateway re-reads the file: no restart needed
             print(f"new key written to {paths.key} (the old one no longer works)")
+        elif args.which == "engine":
+            print(f"the engine's key is internal: its file is {paths.engine_key} (`mlxd key path engine`)",
+                  file=sys.stderr)
+            return exit_codes.USAGE
         else:
             print(ensure_key(paths))
         return exit_codes.OK

@@ -39,10 +39,11 @@ def format_models(rows: list[ModelRow], budget_bytes: int) -> str:
 
 def main(config: Config, as_json: bool) -> int:
     from mlxd.models import system_memory_budget
+    from mlxd.keyfile import engine_headers
     from mlxd.probe import get_json
 
     budget = system_memory_budget(config.engine.memory_fraction)[0]
-    status, body = get_json(config.engine_url + "/health", timeout=2.0)
+    status, body = get_json(config.engine_url + "/health", timeout=2.0, headers=engine_headers(config.paths.engine_key))
     health = EngineHealth.from_json(body) if status is not None and isinstance(body, dict) else None
     rows = gather_rows(config, budget, health)
     if as_json:

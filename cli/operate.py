@@ -91,8 +91,9 @@ def _print_endpoint(config: Config, detached: bool = False) -> None:
         auth = f"-H \"Authorization: Bearer $(cat {key_file})\" "
         where = f"mlxd is serving: {base}   (key in {key_file})"
     else:
-        base, auth = f"{config.engine_url}/v1", ""
-        where = f"mlxd is serving (engine only): {base}"
+        base = f"{config.engine_url}/v1"
+        auth = f"-H \"Authorization: Bearer $(cat {config.paths.engine_key})\" "
+        where = f"mlxd is serving (engine only): {base}   (key in {config.paths.engine_key})"
     print(f"{where}\n"
           f"  curl -s {base}/chat/completions {auth}-H 'Content-Type: application/json' \\\n"
           f"    -d '{{\"model\": \"default\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'\n"
@@ -158,6 +159,24 @@ def cmd_restart(args: argparse.Namespace, config: Config) -> int:
         print(f"mlxd: {exc}", file=sys.stderr)
         return exit_codes.CONFIG
     return cmd_up(argparse.Namespace(detach=True, timeout=300.0), config)
+
+
+def cmd_rotate_engine_key(config: Config) -> int:
+    """`mlxd key rotate engine`: a new engine key. The engine and the gateway's
+    own clients read the file again at their next request; LiteLLM's
+    deployments hold the key they started with, so a running gateway is
+    restarted to take the new one (a few seconds without the gateway)."""
+    from mlxd.keyfile import ENGINE_KEY_PREFIX, rotate_key_file
+
+    config.paths.home.mkdir(parents=True, exist_ok=True)
+    rotate_key_file(config.paths.engine_key, ENGINE_KEY_PREFIX)
+    print(f"new engine key written to {config.paths.engine_key} (the old one no longer works)")
+    if control.supervisord_pid(config.paths) is not None and control.restart_gateway(config.paths):
+        print("the gateway restarted to take it")
+    if config.remote_engines:
+        print(f"copy {config.paths.engine_key} to every other host of `hosts` again: they hold the old key",
+              file=sys.stderr)
+    return exit_codes.OK
 
 
 def _autostart(config: Config) -> dict | None:

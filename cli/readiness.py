@@ -13,6 +13,7 @@ import psutil
 
 from mlxd import exit_codes
 from mlxd.config import Config
+from mlxd.keyfile import engine_headers
 from mlxd.probe import get_json
 from mlxd.reports import EngineHealth
 
@@ -81,7 +82,7 @@ def _wait_engine(config: Config, deadline: float, alive, supervisord: int | None
         if failure is not None:
             return (f"the engine cannot start: {failure}\n  Fix: see `mlxd logs engine`, fix it, then "
                     f"`mlxd restart` (meanwhile the gateway answers through Ollama)")
-        status, body = get_json(url)
+        status, body = get_json(url, headers=engine_headers(config.paths.engine_key))
         if status == 200 and not runs_under(_engine_pid(body), supervisord):
             status = None  # another program's engine took the port after the preflight: not ours to call ready
         if status == 200:

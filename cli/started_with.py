@@ -2,7 +2,8 @@
 
 `up` takes its ports, hosts, Ollama URL and config file from mlxd.toml and
 the MLXD_* variables of its own shell; `status`, `down`, `logs` and
-`restart` are often run from another shell, without those variables, and
+`restart` (and `doctor`, `models`, `key`, which read it) are often run from
+another shell, without those variables, and
 would otherwise probe the defaults and call a running stack "down". So `up`
 writes what it resolved to $MLXD_HOME/run/started_with.json (a StartedWith
 record) and those commands take from it every variable not set now:
@@ -28,7 +29,7 @@ from mlxd.records import StartedWith
 # The variables mlxd.config reads for the config file and the stack's addresses.
 OVERRIDE_VARS = CONFIG_ENV
 # The commands that talk to (or read the files of) a stack `up` started.
-STACK_COMMANDS = frozenset({"status", "down", "logs", "restart"})
+STACK_COMMANDS = frozenset({"status", "down", "logs", "restart", "doctor", "models", "key"})
 
 Purpose = Literal["reach", "start"]
 

@@ -35,6 +35,7 @@ State and contracts between processes
   exit_codes.py         exit codes: the engine's, read by the crash listener and the scripts
   api_errors.py         the error contract the engine and the gateway share: type by status, codes
   keyfile.py            key files: generated on first use, 0600, compared in constant time
+  host_check.py         the Host header check of every port mlxd opens (DNS rebinding)
   probe.py              one HTTP GET of a JSON document that never raises (the health probes)
 """
 

@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from mlxd.config_sections import ContextOverflow, KVBits, KVGroupSize, Speculative, Strict, is_loopback
+from mlxd.config_sections import ContextOverflow, KVBits, KVGroupSize, Speculative, Strict
 from mlxd.durations import parse_duration
 
 
@@ -113,11 +113,15 @@ class EngineConfig(Strict):
     grow while it generates."""
 
     host: str = Field(default="127.0.0.1", description=(
-        "The engine's bind address; any but a loopback address needs `require_key = true`."))
-    require_key: bool = Field(default=False, description=(
-        "Requests must carry the key in `$MLXD_HOME/engine.key` (created on first start; the gateway sends it). "
-        "Required wherever `host` is not a loopback address."))
+        "The engine's bind address. Every request but `GET /livez` must carry the key in `$MLXD_HOME/engine.key` "
+        "(made at first start, 0600; the gateway, the crash listener and the CLI send it; `mlxd key rotate` "
+        "renews it), on loopback too: containers, other users and web pages reach loopback ports."))
+    require_key: Literal[True] = Field(default=True, description=(
+        "Always true: the engine's port requires its key (kept so that configs that set it still load)."))
     port: int = Field(default=8080, ge=1, le=65535, description="The engine's port.")
+    allowed_hosts: list[str] = Field(default_factory=list, description=(
+        "Names the engine answers to beyond its built-in ones (a DNS-rebinding guard: any IP address, "
+        "`localhost`, `host.docker.internal` and this machine's own names always pass); `[\"*\"]`: any name."))
     default_model: str = Field(default="default", description="The alias or model id preloaded at start.")
     max_concurrency: int = Field(default=1, ge=1, le=64, description=(
         "Requests generated at once. 1 is single concurrency: one request holds the model, the rest wait in line. "
@@ -192,6 +196,12 @@ class EngineConfig(Strict):
         "request. 5 minutes, as Ollama: an agent's turns come seconds apart, so a session keeps its model, while "
         "memory comes back minutes after the work stops; the reload costs the weights' read (seconds) and no "
         "conversation's prefill. Health probes are not requests."))
+    stored_responses_ttl: str | int | float = Field(default="720h", description=(
+        "How long a stored Responses API answer (and its conversation, for `previous_response_id`) is kept: a "
+        "duration as `keep_alive` takes one; 720h (30 days) is OpenAI's; a negative one never expires them. Each "
+        "belongs to the key that made it (the gateway passes a hash of the caller's key): any other caller gets "
+        "404, as for an unknown id. `DELETE /v1/responses/{id}` removes one sooner; the latest 1,000 (256 MiB) "
+        "are kept at most."))
     kv_bits: KVBits = Field(default=16, description=(
         "The KV cache's precision: 16 keeps the model's dtype; 8 or 4 store keys and values quantised (above). "
         "Batches as the model's dtype does (`max_concurrency`)."))
@@ -214,16 +224,9 @@ class EngineConfig(Strict):
     images: ImagesConfig = ImagesConfig()
     ranks: RanksConfig = RanksConfig()
 
-    @field_validator("keep_alive")
+    @field_validator("keep_alive", "stored_responses_ttl")
     @classmethod
     def _a_duration(cls, v: str | int | float) -> str | int | float:
         parse_duration(v)  # ValueError names what it takes
         return v
 
-    @model_validator(mode="after")
-    def _key_beyond_loopback(self) -> "EngineConfig":
-        if not self.require_key and not is_loopback(self.host):
-            raise ValueError(f"host = {self.host!r} lets other machines reach the engine: set require_key = true "
-                             "(the gateway then sends the key in $MLXD_HOME/engine.key; copy that file to every "
-                             "gateway that uses this engine)")
-        return self

@@ -203,6 +203,10 @@ class GatewayConfig(Strict):
         "The gateway's bind address: `\"0.0.0.0\"` (or a bridge address) for Docker agents; the key is always "
         "required."))
     port: int = Field(default=4000, ge=1, le=65535, description="The gateway's port.")
+    allowed_hosts: list[str] = Field(default_factory=list, description=(
+        "Names the gateway answers to beyond its built-in ones (a DNS-rebinding guard: any IP address, "
+        "`localhost`, `host.docker.internal` and this machine's own names, `name.local` too, always pass); "
+        "`[\"*\"]`: any name."))
     ollama_url: str = Field(default="http://127.0.0.1:11434", description="Where Ollama answers.")
     default_ollama_model: str | None = Field(default="llama3.2:3b", description=(
         "The Ollama fallback of models without one of their own (`ollama`, `from_ollama`); unset: none."))

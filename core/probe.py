@@ -16,12 +16,13 @@ import urllib.request
 from typing import Any
 
 
-def get_json(url: str, timeout: float = 2.0) -> tuple[int | None, Any]:
+def get_json(url: str, timeout: float = 2.0, headers: dict[str, str] | None = None) -> tuple[int | None, Any]:
     """(HTTP status, parsed JSON body). (None, None) when no whole answer came
     (refused, timed out, cut off, not HTTP); the body is None when it is not
-    JSON. A 4xx/5xx is an answer: its status and body are returned."""
+    JSON. A 4xx/5xx is an answer: its status and body are returned.
+    `headers`: the engine's key (mlxd.keyfile.engine_headers), for one."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=timeout) as r:
             status, raw = r.status, r.read()
     except urllib.error.HTTPError as e:
         status = e.code

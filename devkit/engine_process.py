@@ -20,6 +20,8 @@ from typing import Any, ClassVar
 import requests
 
 from mlxd.devkit.ports import free_port
+from mlxd.keyfile import ENGINE_KEY_PREFIX, ensure_key_file
+from mlxd.paths import StatePaths
 from mlxd.devkit.wait import wait_for
 from mlxd.toml_text import dumps
 
@@ -71,10 +73,19 @@ class ServerProcess:
     extra_env: dict[str, str | None] = field(default_factory=dict)  # what it was given beyond mlxd_env's
     name: str = "mlxd engine"
     health_path: str = "/health"
+    key: str | None = None  # an mlxd engine's key (every route but /livez requires it)
     failure: ClassVar[type[Exception]] = NotReady  # what wait_ready raises (a benchmark's own error)
 
     @property
     def url(self) -> str:
+        """Its base URL; an engine's carries its key as the URL's password,
+        which `requests`, `openai` (httpx) and aiohttp send as Basic auth and
+        the engine accepts (mlxd.keyfile.authorization_key)."""
+        return with_key(self.bare_url, self.key)
+
+    @property
+    def bare_url(self) -> str:
+        """Its base URL without the key: what a client that does not hold it reaches."""
         return f"http://127.0.0.1:{self.port}"
 
     def health(self) -> dict[str, Any]:
@@ -109,6 +120,14 @@ class ServerProcess:
         stop_by_pid(self.proc, grace)
 
 
+def with_key(url: str, key: str | None) -> str:
+    """`http://host:port` -> `http://mlxd:KEY@host:port` (pure; no key: as it is)."""
+    if key is None:
+        return url
+    scheme, _, rest = url.partition("://")
+    return f"{scheme}://mlxd:{key}@{rest}"
+
+
 def spawn(name: str, argv: Sequence[str], env: Mapping[str, str], log_path: Path, port: int,
           health_path: str = "/health", *, home: Path | None = None, extra_env: Mapping[str, str | None] | None = None,
           append: bool = False, preexec_fn: Callable[[], None] | None = None,
@@ -139,7 +158,10 @@ def start_engine(home: Path, config: str | Mapping[str, Any] | None, *, port: in
     home.mkdir(parents=True, exist_ok=True)
     if config is not None:
         (home / "mlxd.toml").write_text(config if isinstance(config, str) else dumps(config))
+    key = ensure_key_file(StatePaths(home).engine_key, ENGINE_KEY_PREFIX)  # as set-up makes it
     port = port or free_port()
-    return spawn(name, [*launcher, *MLXD, "engine", "--port", str(port)], mlxd_env(home, env),
-                 log_path or home / "engine.log", port, "/health", home=home, extra_env=env, append=append,
-                 preexec_fn=preexec_fn, kind=kind)
+    server = spawn(name, [*launcher, *MLXD, "engine", "--port", str(port)], mlxd_env(home, env),
+                   log_path or home / "engine.log", port, "/health", home=home, extra_env=env, append=append,
+                   preexec_fn=preexec_fn, kind=kind)
+    server.key = key
+    return server

@@ -17,9 +17,10 @@ from typing import Any
 import requests
 
 from mlxd.config import Config, apply_env_overrides, parse_config
-from mlxd.devkit.engine_process import MLXD, mlxd_env
+from mlxd.devkit.engine_process import MLXD, mlxd_env, with_key
 from mlxd.devkit.ports import free_port
 from mlxd.devkit.wait import wait_for
+from mlxd.keyfile import ENGINE_KEY_PREFIX, ensure_key_file
 from mlxd.paths import StatePaths
 from mlxd.records import CrashRecord, EnginePid, SupervisionFile
 from mlxd.supervisor.control import kill_all
@@ -97,6 +98,12 @@ class Stack:
 
     @property
     def url(self) -> str:
+        """The engine's base URL, its key as the URL's password (devkit.engine_process.with_key)."""
+        return with_key(self.config.engine_url, ensure_key_file(self.paths.engine_key, ENGINE_KEY_PREFIX))
+
+    @property
+    def bare_url(self) -> str:
+        """The engine's base URL without its key."""
         return self.config.engine_url
 
     @property

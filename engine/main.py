@@ -20,7 +20,8 @@ import uvicorn
 
 from mlxd import exit_codes
 from mlxd.config import Config
-from mlxd.keyfile import ENGINE_KEY_PREFIX, ensure_key_file
+from mlxd.host_check import machine_names, served_names
+from mlxd.keyfile import ENGINE_KEY_PREFIX, KeyFile, ensure_key_file
 from mlxd.models import demo_model_dir, system_memory_budget
 
 from .cpu.fast_blas import activate as activate_fast_blas
@@ -147,9 +148,10 @@ def run_engine(config: Config) -> int:
     registry = ModelRegistry(config, budget, cpu_float32=config.engine.cpu_float32 and blas.fast and on_cpu,
                              on_cpu=on_cpu, on_cuda=on_cuda, few_shapes=few_shapes)
     engine = Engine(config, registry, faults, link)
-    key = ensure_key_file(config.paths.engine_key, ENGINE_KEY_PREFIX) if config.engine.require_key else None
+    ensure_key_file(config.paths.engine_key, ENGINE_KEY_PREFIX)  # made here on first start (0600), or the gateway's
+    names = served_names(config.engine.host, config.engine.allowed_hosts, machine_names())
     uv_config = uvicorn.Config(
-        create_app(engine, key),
+        create_app(engine, KeyFile(config.paths.engine_key), names),
         host=config.engine.host,
         port=config.engine.port,
         http="auto",  # HTTP/1.1 (httptools when installed, else h11); SSE streams are chunked

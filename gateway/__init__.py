@@ -11,6 +11,7 @@ whole):
   health.py          the open health routes (ours and LiteLLM's), answered without a key
   fastpath.py        the engine fast path: light-model requests relayed past LiteLLM's chunk work
   hangup.py          a client that hangs up cancels its request, upstream to the engine too
+  stored_responses.py  GET/DELETE /v1/responses/{id}: the engine's stored responses, the caller's own
   routing.py         the fast path's decisions (pure): refused, to LiteLLM or to the engine
   litellm_config.py  LiteLLM's proxy config, generated from mlxd's: model groups, Ollama fallbacks
   errors.py          the one way the gateway answers an error (OpenAI's shape, raw ASGI)

@@ -13,16 +13,18 @@ no data in them) are open; the page's data, /mlxd/status, needs the key.
 from __future__ import annotations
 
 import json
-import os
+import re
 from pathlib import Path
 from typing import Any
 
 from mlxd.api_errors import ANTHROPIC_PATHS, anthropic_error_body, error_type
+from mlxd.keyfile import OWNER_HEADER, KeyFile
 
-from .errors import JSON, ApiError, send_error, send_json
+from .errors import FALLBACK_HEADER, JSON, LITELLM_WRAPPER, ApiError, fallback_note, send_error, send_json
 from .health import PATHS as HEALTH_PATHS
 from .health import Health
-from .keys import matches, read_key
+from .keys import matches, owner_of_key
+from .stored_responses import STORED_PATH
 from .status_page import DATA_PATH as STATUS_DATA_PATH
 from .status_page import StatusPage, asset_for
 
@@ -39,7 +41,7 @@ SERVED_PATHS = frozenset({"/v1/chat/completions", "/chat/completions", "/v1/comp
                           "/v1/embeddings", "/embeddings"})
 # Auth headers never reach LiteLLM (it gets its inner key); nor does
 # accept-encoding: a gzip-compressed error could not be rewritten.
-AUTH_HEADERS = (b"authorization", b"x-api-key", b"api-key", b"accept-encoding")
+AUTH_HEADERS = (b"authorization", b"x-api-key", b"api-key", b"accept-encoding", OWNER_HEADER.encode())
 
 
 def presented_key(headers: list[tuple[bytes, bytes]]) -> str | None:
@@ -62,7 +64,8 @@ def admit(scope_type: str, path: str, key: str | None, given: str | None) -> Api
     if key is None or not matches(given, key):
         return ApiError(401, "missing API key: send 'Authorization: Bearer <key>' (see `mlxd key show`)"
                         if given is None else "invalid API key", "invalid_api_key")
-    served = path in SERVED_PATHS or path == STATUS_DATA_PATH or path.startswith("/v1/models/")
+    served = (path in SERVED_PATHS or path == STATUS_DATA_PATH or path.startswith("/v1/models/")
+              or STORED_PATH.fullmatch(path) is not None)
     if scope_type != "http" or not served:
         return ApiError(404, f"no such route: {path[:100]}", "not_found")
     return None
@@ -75,6 +78,34 @@ CODE_BY_STATUS = {400: "invalid_request", 401: "invalid_api_key", 403: "forbidde
 
 def _word_code(code: object) -> bool:
     return isinstance(code, str) and bool(code) and not code.isdigit()
+
+
+FALLBACK_FAILED = re.compile(r"Fallback to (\S+) also failed: (.*)", re.DOTALL)
+
+
+def unwrap_engine_error(body: bytes) -> tuple[bytes, bytes | None]:
+    """An engine's error as the engine wrote it, out of LiteLLM's (pure).
+    Where LiteLLM relayed an engine's refusal, its message is the engine's
+    whole error JSON after "OpenAIException - ", then what its fallback did:
+    the client gets the engine's object (message, param, code) and the
+    fallback's outcome apart, for the `x-mlxd-fallback` header. Anything
+    else: (body, None)."""
+    try:
+        message = json.loads(body)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return body, None
+    wrapper = LITELLM_WRAPPER.match(message) if isinstance(message, str) else None
+    if wrapper is None:
+        return body, None
+    try:
+        inner, end = json.JSONDecoder().raw_decode(message, wrapper.end())
+    except ValueError:
+        return body, None
+    err = inner.get("error") if isinstance(inner, dict) else None
+    if not isinstance(err, dict) or not _word_code(err.get("code")) or not isinstance(err.get("message"), str):
+        return body, None
+    failed = FALLBACK_FAILED.search(message, end)
+    return json.dumps({"error": err}).encode(), fallback_note(failed.group(1), failed.group(2)) if failed else None
 
 
 def rewrite_backend_error(status: int, body: bytes) -> tuple[int, bytes]:
@@ -152,10 +183,13 @@ class ErrorRewriter:
         self.parts.append(message.get("body", b""))
         if message.get("more_body"):
             return
-        status, body = rewrite_backend_error(self.start["status"], b"".join(self.parts))
+        body, fallback = unwrap_engine_error(b"".join(self.parts))
+        status, body = rewrite_backend_error(self.start["status"], body)
         body = in_route_shape(self.path, status, body)
         headers = [(k, v) for k, v in self.start.get("headers", [])
                    if k.lower() not in (b"content-length", b"content-type")]
+        if fallback is not None:
+            headers.append((FALLBACK_HEADER, fallback))
         await send_json(self.send, status, body, [*headers, JSON])
 
 
@@ -166,17 +200,10 @@ class KeyGuard:
         self.health = health
         self.status_page = status_page
         self._inner_auth = (b"authorization", b"Bearer " + inner_key.encode())
-        self._key: str | None = None
-        self._mtime: float | None = None
+        self.key = KeyFile(key_path)  # read again when `mlxd key rotate` renews it
 
     def current_key(self) -> str | None:
-        try:
-            mtime = os.stat(self.key_path).st_mtime
-        except OSError:
-            return None
-        if mtime != self._mtime:
-            self._key, self._mtime = read_key(self.key_path), mtime
-        return self._key
+        return self.key.current()
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":  # the status page's sampler lives as long as the gateway
@@ -203,6 +230,8 @@ class KeyGuard:
         if scope["path"] == STATUS_DATA_PATH:
             await self.status_page.serve_document(scope["method"], send)
             return
+        # Who the caller is, for the engine's stored responses: set here only (a client's own is dropped above).
+        owner = (OWNER_HEADER.encode(), owner_of_key(presented_key(scope.get("headers", [])) or "").encode())
         inner_headers = [h for h in scope.get("headers", []) if h[0].lower() not in AUTH_HEADERS]
-        await self.app({**scope, "headers": inner_headers + [self._inner_auth]}, receive,
+        await self.app({**scope, "headers": inner_headers + [self._inner_auth, owner]}, receive,
                        ErrorRewriter(send, scope.get("path", "")))

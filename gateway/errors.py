@@ -5,6 +5,7 @@ with the engine), or Anthropic's on its Messages routes, sent over raw ASGI."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -13,6 +14,17 @@ from mlxd.api_errors import error_body_for
 
 Headers = list[tuple[bytes, bytes]]
 JSON = (b"content-type", b"application/json")
+# Where the answer is the engine's error as it wrote it, what the fallback did beside it.
+FALLBACK_HEADER = b"x-mlxd-fallback"
+FALLBACK_NOTE_CHARS = 200
+LITELLM_WRAPPER = re.compile(r"(?:litellm\.\w+: )?\w*Exception - ")  # "litellm.BadRequestError: OpenAIException - "
+
+
+def fallback_note(target: str, said: str) -> bytes:
+    """`x-mlxd-fallback`'s value (pure): which fallback failed, and its word,
+    on one line of ASCII, without LiteLLM's exception names."""
+    why = LITELLM_WRAPPER.sub("", " ".join(said.split()))
+    return f"{target} failed too: {why}"[:FALLBACK_NOTE_CHARS].encode("ascii", "replace")
 
 
 @dataclass(frozen=True)

@@ -39,13 +39,14 @@ from typing import Any
 import aiohttp
 
 from mlxd.config import Config
+from mlxd.keyfile import OWNER_HEADER, KeyFile
 from mlxd.records import EngineExit, SupervisionFile
 
-from .errors import JSON, ApiError, send_error, send_json
+from .errors import FALLBACK_HEADER, JSON, ApiError, send_error, send_json
 from .hangup import read_body
 from .routing import (ENGINE_PATHS, NO_RESTART_MODES, SECOND_RETRY_WAIT_S, AfterRefusal, FastRoutes, StreamRenamer,
-                      ToEngine, after_refusal, engine_restarting, hold_for_restart, lost_together,
-                      refusal_after_fallback, rename_model, route_request, stream_failure)
+                      ToEngine, after_refusal, engine_restarting, failed_fallback_note, hold_for_restart,
+                      lost_together, rename_model, route_request, stream_failure)
 
 log = logging.getLogger("mlxd.gateway")
 RESTART_POLL_S = 0.2  # how often a held request looks for the engine back
@@ -76,9 +77,10 @@ class Replay:
 
 class _Substitute:
     """Wraps `send`: when the fallback fails too (LiteLLM answers an error),
-    the client gets the engine's refusal, which names the reason, with what
-    the fallback said after it (routing.refusal_after_fallback), and the
-    engine's `Retry-After` (a busy engine's 429 says when to come back)."""
+    the client gets the engine's refusal as the engine wrote it (its message,
+    param and code), what the fallback said in `x-mlxd-fallback`
+    (routing.failed_fallback_note), and the engine's `Retry-After` (a busy
+    engine's 429 says when to come back)."""
 
     def __init__(self, send: Any, status: int, body: bytes, headers: list[tuple[bytes, bytes]] = ()) -> None:
         self.send, self.status, self.body = send, status, body
@@ -94,17 +96,15 @@ class _Substitute:
         elif message["type"] == "http.response.body":  # LiteLLM's error body, held until it is whole
             self.parts.append(message.get("body", b""))
             if not message.get("more_body"):
-                await send_json(self.send, self.status, refusal_after_fallback(self.body, b"".join(self.parts)),
-                                self.headers)
+                await send_json(self.send, self.status, self.body,
+                                [*self.headers, (FALLBACK_HEADER, failed_fallback_note(b"".join(self.parts)))])
 
 
 class EngineFastPath:
-    def __init__(self, app: Any, config: Config, heavy: dict[str, bool], engine_key: str | None = None) -> None:
+    def __init__(self, app: Any, config: Config, heavy: dict[str, bool], engine_key: KeyFile) -> None:
         self.app = app
         self.base = config.engine_url
-        self.headers = {"Content-Type": "application/json"}
-        if engine_key is not None:  # the engine may require it
-            self.headers["Authorization"] = f"Bearer {engine_key}"
+        self.engine_key = engine_key  # read again when `mlxd key rotate` renews it
         self.routes = FastRoutes.plan(config, heavy)
         self.session: aiohttp.ClientSession | None = None
         self.supervision_path = config.paths.supervision
@@ -115,6 +115,11 @@ class EngineFastPath:
         # the process is gone and the runner can record its exit.
         self.engine_died_at: float | None = None
         self.losses: list[float] = []  # when requests were lost to the engine, the last minute's (lost_together)
+
+    def _headers(self, scope: dict) -> dict[str, str]:
+        """The engine's key, and who the caller is (KeyGuard's hash) for its stored responses."""
+        owner = {OWNER_HEADER: v.decode("latin-1") for k, v in scope.get("headers", ()) if k == OWNER_HEADER.encode()}
+        return {"Content-Type": "application/json", **self.engine_key.headers(), **owner}
 
     def _session(self) -> aiohttp.ClientSession:
         if self.session is None or self.session.closed:
@@ -148,7 +153,7 @@ class EngineFastPath:
         while True:
             lost_in_flight = True
             try:
-                resp = await self._session().post(self.base + path, data=to.body, headers=self.headers)
+                resp = await self._session().post(self.base + path, data=to.body, headers=self._headers(scope))
             except aiohttp.ClientConnectorError:
                 resp, lost_in_flight = None, False  # refused: the engine is down, not dying under this request
             except (aiohttp.ClientError, OSError):
@@ -215,7 +220,7 @@ class EngineFastPath:
             if self._supervision()[0] in NO_RESTART_MODES:
                 return False
             try:
-                async with self._session().get(self.base + "/health", headers=self.headers,
+                async with self._session().get(self.base + "/health", headers=self.engine_key.headers(),
                                                timeout=aiohttp.ClientTimeout(total=2)) as health:
                     if health.status == 200:
                         return True

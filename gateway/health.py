@@ -19,6 +19,8 @@ from typing import Any
 
 import aiohttp
 
+from mlxd.keyfile import KeyFile
+
 from .errors import send_json
 
 OWN_PATH = "/mlxd/health"
@@ -36,8 +38,9 @@ def readiness(engine_answers: bool, ollama_answers: bool) -> tuple[int, dict]:
 
 
 class Health:
-    def __init__(self, engine_url: str, ollama_url: str) -> None:
+    def __init__(self, engine_url: str, ollama_url: str, engine_key: KeyFile) -> None:
         self.engine_health = engine_url + "/health"
+        self.engine_key = engine_key
         self.ollama_version = ollama_url.rstrip("/") + "/api/version"
         self.started = time.time()
         self.session: aiohttp.ClientSession | None = None
@@ -48,15 +51,16 @@ class Health:
         elif path in LIVENESS_PATHS:
             status, doc = 200, "I'm alive!"
         else:
-            engine, ollama = await asyncio.gather(self._answers(self.engine_health), self._answers(self.ollama_version))
+            engine, ollama = await asyncio.gather(self._answers(self.engine_health, self.engine_key.headers()),
+                                                  self._answers(self.ollama_version))
             status, doc = readiness(engine, ollama)
         await send_json(send, status, json.dumps(doc).encode())
 
-    async def _answers(self, url: str) -> bool:
+    async def _answers(self, url: str, headers: dict[str, str] | None = None) -> bool:
         if self.session is None or self.session.closed:
             self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S))
         try:
-            async with self.session.get(url) as resp:
+            async with self.session.get(url, headers=headers) as resp:
                 return resp.status == 200
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
             return False

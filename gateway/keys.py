@@ -3,10 +3,10 @@ rotatable, compared in constant time, never logged."""
 
 from __future__ import annotations
 
-from mlxd.keyfile import ensure_key_file, matches, new_key as _new_key, read_key
-from mlxd.paths import StatePaths, write_atomic
+from mlxd.keyfile import ensure_key_file, matches, new_key as _new_key, owner_of_key, read_key, rotate_key_file
+from mlxd.paths import StatePaths
 
-__all__ = ["PREFIX", "ensure_key", "matches", "new_key", "read_key", "rotate_key"]
+__all__ = ["PREFIX", "ensure_key", "matches", "new_key", "owner_of_key", "read_key", "rotate_key"]
 PREFIX = "sk-mlxd-"
 
 
@@ -20,6 +20,4 @@ def ensure_key(paths: StatePaths) -> str:
 
 
 def rotate_key(paths: StatePaths) -> str:
-    key = new_key()
-    write_atomic(paths.key, key + "\n", mode=0o600)
-    return key
+    return rotate_key_file(paths.key, make=lambda: new_key())  # looked up when called, as ensure_key's

@@ -25,8 +25,8 @@ from typing import Any
 from mlxd.config import Config
 
 OLLAMA_SUFFIX = "--ollama"
-# With engine.require_key the engine deployments' api_key is read from this
-# variable (set by the gateway from $MLXD_HOME/engine.key): no key in the file.
+# The engine deployments' api_key is read from this variable (set by the
+# gateway from $MLXD_HOME/engine.key): no key in the file.
 ENGINE_KEY_ENV = "MLXD_ENGINE_KEY"
 
 
@@ -85,12 +85,6 @@ def plan_embedding_routes(config: Config) -> list[Route]:
             for name, spec in config.embeddings.items()]
 
 
-def sends_engine_key(config: Config) -> bool:
-    """Whether requests to engines carry the engine key: when this machine's
-    engine requires it, and always to other hosts (which must)."""
-    return config.engine.require_key or config.remote_engines
-
-
 # How often a model group on several hosts retries, by LiteLLM's error class:
 # a host that is down, busy, crashing or misconfigured -> the next host; the
 # client's own mistakes and the engine's deadline -> not again.
@@ -127,7 +121,7 @@ def engine_timeout_s(config: Config) -> float:
 def render_litellm_config(config: Config, heavy: dict[str, bool]) -> dict[str, Any]:
     """The proxy config as a dict (pure); the caller writes it as YAML."""
     timeout = engine_timeout_s(config)
-    api_key = f"os.environ/{ENGINE_KEY_ENV}" if sends_engine_key(config) else "mlxd-engine-loopback"
+    api_key = f"os.environ/{ENGINE_KEY_ENV}"  # every engine requires its key
     never_cooled = {"cooldown_time": 0}  # an engine or Ollama that is back gets traffic at once
     model_list: list[dict[str, Any]] = []
     fallbacks: list[dict[str, list[str]]] = []
@@ -186,6 +180,9 @@ def render_litellm_config(config: Config, heavy: dict[str, bool]) -> dict[str, A
             # /v1/messages (Anthropic clients) through chat/completions, the engine's
             # own route, not the Responses API LiteLLM picks for openai/ models.
             "use_chat_completions_url_for_anthropic_messages": True,
+            # The caller's hash (x-mlxd-owner, set by the gateway's key guard) reaches the engine, which files
+            # stored responses under it; LiteLLM forwards a client's x- headers to these groups only.
+            "model_group_settings": {"forward_client_headers_to_llm_api": [r.name for r in routes if r.engine_model]},
             "telemetry": False,
             "turn_off_message_logging": True,
             "callbacks": [],

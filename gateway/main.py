@@ -17,12 +17,13 @@ from typing import Any
 
 from mlxd import exit_codes
 from mlxd.config import Config
-from mlxd.keyfile import ENGINE_KEY_PREFIX, ensure_key_file
+from mlxd.host_check import HostCheck, machine_names, served_names
+from mlxd.keyfile import ENGINE_KEY_PREFIX, KeyFile, ensure_key_file
 from mlxd.models import heavy_models, device_memory_in_child, system_memory_budget
 from mlxd.paths import write_atomic
 
 from .keys import ensure_key
-from .litellm_config import ENGINE_KEY_ENV, render_litellm_config, sends_engine_key
+from .litellm_config import ENGINE_KEY_ENV, render_litellm_config
 
 log = logging.getLogger("mlxd.gateway")
 
@@ -56,10 +57,10 @@ def build_app(config: Config) -> Any:
     ensure_key(paths)
     budget = memory_budget(config)
     heavy = heavy_models(config, budget)  # model id -> over the budget: the engine's verdict
-    engine_key = None
-    if sends_engine_key(config):  # LiteLLM's deployments read it as os.environ/MLXD_ENGINE_KEY
-        engine_key = ensure_key_file(paths.engine_key, ENGINE_KEY_PREFIX)
-        os.environ[ENGINE_KEY_ENV] = engine_key
+    # Every engine requires its key; LiteLLM's deployments read it as os.environ/MLXD_ENGINE_KEY (at start:
+    # `mlxd key rotate` restarts the gateway), the gateway's own clients from the file (KeyFile).
+    os.environ[ENGINE_KEY_ENV] = ensure_key_file(paths.engine_key, ENGINE_KEY_PREFIX)
+    engine_key = KeyFile(paths.engine_key)
     write_litellm_config(config, heavy)
     os.environ["CONFIG_FILE_PATH"] = str(paths.litellm_config)
     # LiteLLM's Ollama provider looks models up at $OLLAMA_API_BASE whatever
@@ -77,6 +78,7 @@ def build_app(config: Config) -> Any:
     from .hangup import HangUpWatch
     from .health import Health
     from .status_page import StatusPage
+    from .stored_responses import StoredResponses
 
     inner = litellm_app
     if config.gateway.engine_fast_path:
@@ -86,8 +88,11 @@ def build_app(config: Config) -> Any:
     # Hosted tools and their calls out of every body, whichever backend answers (engine/api/set_aside.py).
     inner = SetAsideMiddleware(inner)
     inner = HangUpWatch(inner)  # a client that hangs up stops its request, upstream too
-    return KeyGuard(inner, paths.key, inner_key, Health(config.engine_url, config.gateway.ollama_url),
-                    StatusPage(config, budget))
+    inner = StoredResponses(inner, config.engine_url, engine_key)  # GET/DELETE /v1/responses/{id}: the engine's
+    guarded = KeyGuard(inner, paths.key, inner_key, Health(config.engine_url, config.gateway.ollama_url, engine_key),
+                       StatusPage(config, budget, engine_key))
+    names = served_names(config.gateway.host, config.gateway.allowed_hosts, machine_names())
+    return HostCheck(guarded, names, "[gateway] allowed_hosts")  # before the key: a rebound page learns nothing
 
 
 def run_gateway(config: Config) -> int:

@@ -12,7 +12,7 @@ from enum import Enum
 from mlxd.api_errors import CLIENT_MISTAKES, INVALID_REQUEST, UNSUPPORTED_PARAMETER
 from mlxd.config import Config
 
-from .errors import ApiError
+from .errors import ApiError, fallback_note
 from .litellm_config import OLLAMA_SUFFIX, plan_embedding_routes, plan_routes
 
 # Client path -> the engine's path, for the requests the fast path takes.
@@ -256,23 +256,14 @@ def stream_failure(path: str, error: ApiError) -> bytes:
     return b"data: " + error.body() + b"\n\n"
 
 
-def refusal_after_fallback(engine_body: bytes, fallback_body: bytes, limit: int = 300) -> bytes:
-    """The engine's refusal with the failed fallback's word after it (pure):
-    the client reads why the engine refused first (an unsupported field, a
-    model too large), not LiteLLM's fallback text."""
-    try:
-        doc = json.loads(engine_body)
-        error = doc["error"]
-    except (ValueError, KeyError, TypeError):
-        return engine_body
+def failed_fallback_note(fallback_body: bytes) -> bytes:
+    """What the failed fallback said, for the `x-mlxd-fallback` header beside
+    the engine's refusal, which the client gets as the engine wrote it (pure)."""
     try:
         said = json.loads(fallback_body)["error"]["message"]
     except (ValueError, KeyError, TypeError):
         said = fallback_body.decode(errors="replace")
-    said = " ".join(str(said).split())
-    said = said if len(said) <= limit else said[:limit - 3] + "..."
-    error["message"] = f"{error.get('message', '')} (the Ollama fallback did not answer either: {said})"
-    return json.dumps(doc).encode()
+    return fallback_note("the Ollama fallback", str(said))
 
 
 def _error_code(body: bytes) -> str | None:

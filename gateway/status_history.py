@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 
 import aiohttp
 
+from mlxd.keyfile import KeyFile
 from mlxd.reports import EngineHealth
 
 log = logging.getLogger("mlxd.gateway.status")
@@ -103,8 +104,9 @@ class HistorySampler:
     hour's points. One task (started with `start()` at the gateway's
     lifespan) writes the ring; `points()` reads it on the same event loop."""
 
-    def __init__(self, engine_url: str, interval_s: float) -> None:
+    def __init__(self, engine_url: str, interval_s: float, engine_key: KeyFile) -> None:
         self.health_url = engine_url + "/health"
+        self.engine_key = engine_key
         self.interval_s = interval_s
         self.ring: deque[Point] = deque(maxlen=int(SPAN_S / interval_s) + 2)
         self.last: Counted | None = None
@@ -133,7 +135,7 @@ class HistorySampler:
 
     async def _read(self, session: aiohttp.ClientSession) -> EngineHealth | None:
         try:
-            async with session.get(self.health_url) as resp:
+            async with session.get(self.health_url, headers=self.engine_key.headers()) as resp:
                 return EngineHealth.from_json(await resp.json(content_type=None))
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError):
             return None

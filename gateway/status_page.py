@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from mlxd.config import Config
+from mlxd.keyfile import KeyFile
 from mlxd.model_list import ModelRow, gather_rows
 from mlxd.records import CrashRecord, StartedWith
 from mlxd.reports import StatusReport
@@ -94,10 +95,10 @@ class StatusPage:
     """Serves the page's files and its document; owns the history sampler
     (started and stopped with the gateway's lifespan)."""
 
-    def __init__(self, config: Config, budget_bytes: int) -> None:
+    def __init__(self, config: Config, budget_bytes: int, engine_key: KeyFile) -> None:
         self.config = config
         self.budget_bytes = budget_bytes
-        self.history = HistorySampler(config.engine_url, config.gateway.status_sample_s)
+        self.history = HistorySampler(config.engine_url, config.gateway.status_sample_s, engine_key)
         self.assets = {name: (UI_DIR / name).read_bytes() for name in ASSETS}  # a few KiB, read once
         self.gathering: asyncio.Future | None = None  # one gather at a time, shared by concurrent requests
 

@@ -140,6 +140,21 @@ def shutdown(paths: StatePaths, timeout: float = 60.0) -> bool:
 OPERATOR_RESTART = ("mlxd", "operator-restart")  # supervisord remote-communication (type, data)
 
 
+def restart_gateway(paths: StatePaths) -> bool:
+    """Restart the gateway program if it runs (it reads the engine's key at
+    start, for LiteLLM's deployments); False where there is none running."""
+    server = rpc(paths)
+    try:
+        info = server.supervisor.getProcessInfo("gateway")
+    except xmlrpc.client.Fault:  # no gateway program ([gateway] enabled = false)
+        return False
+    if info["statename"] not in ("RUNNING", "STARTING"):
+        return False
+    server.supervisor.stopProcess("gateway", True)
+    server.supervisor.startProcess("gateway", False)
+    return True
+
+
 def restart_engine(paths: StatePaths) -> None:
     """An operator's restart: tell the crash listener (it clears the crash
     history, a crash loop included), have the standby keeper replace its

@@ -28,6 +28,7 @@ import time
 from typing import Any
 
 from mlxd.config import Config, load_config
+from mlxd.keyfile import KeyFile
 from mlxd.probe import get_json
 from mlxd.records import CrashRecord, EngineExit, EnginePid, ExitRecord, InflightRequest, Quarantine, SupervisionFile
 from mlxd.reports import EngineHealth
@@ -43,10 +44,10 @@ REPORT_WAIT_S = 5.0  # macOS writes its crash report a moment after the crash
 LOOP_S = 0.05  # the supervision loop's step: bounds how late a crash is noticed
 
 
-def health_event(url: str, now: float) -> tuple[Health, EngineHealth | None]:
-    """Poll /health once: the policy's view and, when the answer was an
-    engine's report, the report (never raises: see mlxd.probe)."""
-    status, body = get_json(url, timeout=2.0)
+def health_event(url: str, now: float, headers: dict[str, str] | None = None) -> tuple[Health, EngineHealth | None]:
+    """Poll /health once (with the engine's key): the policy's view and, when
+    the answer was an engine's report, the report (never raises: see mlxd.probe)."""
+    status, body = get_json(url, timeout=2.0, headers=headers)
     if status is None:
         return Health(now, ok=False), None
     report = EngineHealth.from_json(body)
@@ -78,6 +79,7 @@ class Supervision:
         self.rpc = rpc
         self.events: queue.Queue[tuple[str, dict[str, str], float]] = queue.Queue()
         self.health_url = f"{config.engine_url}/health"
+        self.engine_key = KeyFile(config.paths.engine_key)
         self.state = State()
         self.last_health: EngineHealth | None = None  # the engine's last report: a crash record's fallback facts
         self.stderr_offset = 0  # where this run's stderr starts in the log
@@ -107,7 +109,7 @@ class Supervision:
                 self.apply(event)
         if now >= self.next_poll and self.state.mode is Mode.RUNNING:
             self.next_poll = now + self.config.supervisor.health_interval_s
-            event, report = health_event(self.health_url, now)
+            event, report = health_event(self.health_url, now, self.engine_key.headers())
             if report is not None:
                 self.last_health = report
             self.apply(event)

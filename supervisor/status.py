@@ -15,6 +15,7 @@ import xmlrpc.client
 
 from mlxd.config import Config
 from mlxd.paths import StatePaths
+from mlxd.keyfile import engine_headers
 from mlxd.probe import get_json
 from mlxd.records import Quarantine, StandbyFile, SupervisionFile
 from mlxd.reports import (CrashCounts, EngineHealth, EngineProbe, ForeignListener, GatewayProbe, HostProbe,
@@ -24,9 +25,9 @@ from . import journal
 from .control import rpc, supervisord_pid
 
 
-def probe_engine(url: str) -> EngineProbe:
-    """GET an engine's /health once (never raises: see mlxd.probe)."""
-    status, body = get_json(url, timeout=2.0)
+def probe_engine(url: str, headers: dict[str, str] | None = None) -> EngineProbe:
+    """GET an engine's /health once, with its key (never raises: see mlxd.probe)."""
+    status, body = get_json(url, timeout=2.0, headers=headers)
     return EngineProbe(url=url, http_status=status, health=EngineHealth.from_json(body))
 
 
@@ -50,12 +51,14 @@ def other_hosts(config: Config) -> dict[str, list[str]]:
 
 
 def _hosts(config: Config) -> list[HostProbe]:
-    """Each other host's /health (open: no key needed), probed in parallel."""
+    """Each other host's /health (with this machine's engine key, which
+    every host holds), probed in parallel."""
     from concurrent.futures import ThreadPoolExecutor
 
     hosts = other_hosts(config)
+    headers = engine_headers(config.paths.engine_key)
     with ThreadPoolExecutor(max_workers=min(16, len(hosts) or 1)) as pool:
-        answers = list(pool.map(lambda url: probe_engine(url + "/health"), hosts))
+        answers = list(pool.map(lambda url: probe_engine(url + "/health", headers), hosts))
     return [HostProbe(url=url, models=models, http_status=got.http_status, health=got.health)
             for (url, models), got in zip(hosts.items(), answers)]
 
@@ -152,7 +155,7 @@ def collect_status(config: Config) -> StatusReport:
     sup_pid = supervisord_pid(paths)
     records = journal.read_records(paths.journal)
     supervision = SupervisionFile.read(paths.supervision) if sup_pid else None
-    engine = probe_engine(f"{config.engine_url}/health")
+    engine = probe_engine(f"{config.engine_url}/health", engine_headers(paths.engine_key))
     gateway = _gateway_health(config) if sup_pid else None
     last = records[-1] if records else None
     quarantine = Quarantine.read(paths.quarantine) or Quarantine()

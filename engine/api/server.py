@@ -22,7 +22,9 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mlxd.config import Config
-from mlxd.keyfile import bearer, matches
+from mlxd.durations import parse_duration
+from mlxd.host_check import ANY_HOST, HostCheck
+from mlxd.keyfile import KeyFile, authorization_key, matches
 from mlxd.memory_estimate import GIB, disk_tier_budget
 
 from ..core.admission import AdmissionQueue
@@ -47,7 +49,7 @@ from .request_schema import ChatCompletionRequest, CompletionRequest, EmbeddingR
 from .responses_api import ResponsesRequest
 from .responses_to_chat import TranslationError, input_messages, to_chat_request
 from .responses_builder import ResponsesBuilder
-from .responses_store import ResponseStore
+from .responses_store import OWNER_HEADER, ResponseStore, owner_of
 from .set_aside import SetAsideMiddleware
 from ..cache.reuse import ApproxPolicy
 from ..core.worker import ModelWorker
@@ -94,19 +96,21 @@ class Engine:
         register_gauges(self.metrics, self.lifecycle.worker, self.admission, lambda: self.health.state()[0] == "ok")
         self.relay = RequestRelay(limits, registry, QuarantineList(paths.quarantine), self.admission,
                                   self.lifecycle, self.health, self.metrics)
-        self.responses = ResponseStore(paths.responses)
+        self.responses = ResponseStore(paths.responses, ttl_s=parse_duration(config.engine.stored_responses_ttl))
 
     async def respond(self, request: Request, body: ResponsesRequest) -> Response:
         """POST /v1/responses: the request as a chat job, after the stored
-        conversation it continues; its answer stored unless store is false."""
-        history = self.responses.conversation(body.previous_response_id) if body.previous_response_id else []
+        conversation it continues (the caller's own); its answer stored, the
+        caller's, unless store is false."""
+        owner = request_owner(request)
+        history = self.responses.conversation(body.previous_response_id, owner) if body.previous_response_id else []
         try:
             chat = to_chat_request(body, history)
         except TranslationError as exc:
             raise EngineError(400, exc.message, code=exc.code, param=exc.param) from None
 
         def store(response: dict, answer: dict) -> None:
-            self.responses.put(response, [*history, *input_messages(body.input), answer])
+            self.responses.put(response, [*history, *input_messages(body.input), answer], owner)
 
         return await self.relay.answer(request, chat, "chat",
                                        lambda _: ResponsesBuilder(body, on_complete=store if body.store else None))
@@ -158,21 +162,24 @@ class RequestCounter:
 
 
 class KeyCheck:
-    """engine.require_key: every request but GET /health (the supervisor's
-    and status's probe) must carry the engine key as `Authorization:
-    Bearer`; else 401 in OpenAI's shape. A plain ASGI middleware, as above."""
+    """Every request but GET /livez (a liveness probe that says nothing but
+    "alive") must carry the engine's key, as `Authorization: Bearer` (or
+    Basic, the key as the password); else 401 in OpenAI's shape. The key
+    file is read again when `mlxd key rotate` renews it. A plain ASGI
+    middleware, as above."""
 
-    OPEN = ("/health",)
+    OPEN = (("GET", "/livez"), ("HEAD", "/livez"))
 
-    def __init__(self, app, key: str) -> None:
+    def __init__(self, app, key: KeyFile) -> None:
         self.app = app
         self.key = key
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["path"] not in self.OPEN:
+        if scope["type"] == "http" and (scope["method"], scope["path"]) not in self.OPEN:
             headers = dict(scope.get("headers") or [])
-            given = bearer(headers.get(b"authorization", b"").decode("latin-1"))
-            if not matches(given, self.key):
+            given = authorization_key(headers.get(b"authorization", b"").decode("latin-1"))
+            key = self.key.current()
+            if key is None or not matches(given, key):
                 response = error_response(EngineError(401, "this engine requires its key: send 'Authorization: "
                                                            "Bearer <key>' with the key in $MLXD_HOME/engine.key",
                                                       code="invalid_api_key"), scope["path"])
@@ -181,8 +188,9 @@ class KeyCheck:
         await self.app(scope, receive, send)
 
 
-def create_app(engine: Engine, key: str | None = None) -> FastAPI:
-    """The app; with `key`, requests must carry it (KeyCheck)."""
+def create_app(engine: Engine, key: KeyFile, host_names: frozenset[str] = frozenset({ANY_HOST})) -> FastAPI:
+    """The app: requests must carry the key in `key` (KeyCheck) and name one
+    of `host_names` in their Host header (mlxd.host_check)."""
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         engine.lifecycle.start()
@@ -192,9 +200,9 @@ def create_app(engine: Engine, key: str | None = None) -> FastAPI:
     app = FastAPI(title="mlxd engine", version="0.1.0", lifespan=lifespan)
     # Starlette runs the last added first: the key check, then hosted tools out of the body (named in a header).
     app.add_middleware(SetAsideMiddleware)
-    if key is not None:
-        app.add_middleware(KeyCheck, key=key)
-    app.add_middleware(RequestCounter, metrics=engine.metrics)  # added last: runs first, so 401s count too
+    app.add_middleware(KeyCheck, key=key)
+    app.add_middleware(RequestCounter, metrics=engine.metrics)  # 401s count too
+    app.add_middleware(HostCheck, names=host_names, setting="[engine] allowed_hosts")  # added last: runs first
 
     @app.exception_handler(EngineError)
     async def _engine_error(request: Request, exc: EngineError) -> JSONResponse:
@@ -250,15 +258,15 @@ def create_app(engine: Engine, key: str | None = None) -> FastAPI:
             engine.lifecycle.request_closed()
 
     @app.get("/v1/responses/{response_id}")
-    async def stored_response(response_id: str) -> dict:
-        found = engine.responses.response(response_id)
+    async def stored_response(response_id: str, request: Request) -> dict:
+        found = engine.responses.response(response_id, request_owner(request))
         if found is None:
             raise not_stored(response_id)
         return found
 
     @app.delete("/v1/responses/{response_id}")
-    async def delete_response(response_id: str) -> dict:
-        if not engine.responses.delete(response_id):
+    async def delete_response(response_id: str, request: Request) -> dict:
+        if not engine.responses.delete(response_id, request_owner(request)):
             raise not_stored(response_id)
         return {"id": response_id, "object": "response.deleted", "deleted": True}
 
@@ -271,6 +279,10 @@ def create_app(engine: Engine, key: str | None = None) -> FastAPI:
                 for row in engine.registry.listing()]
         return {"object": "list", "data": rows}
 
+    @app.get("/livez")
+    async def livez() -> dict:
+        return {"status": "alive"}  # open (KeyCheck.OPEN): nothing more than that
+
     @app.get("/health")
     async def health() -> JSONResponse:
         status, body = engine.health.report()
@@ -281,6 +293,15 @@ def create_app(engine: Engine, key: str | None = None) -> FastAPI:
         return Response(engine.metrics.render(), media_type=CONTENT_TYPE)
 
     return app
+
+
+def request_owner(request: Request) -> str:
+    """Who a request is, for the stored responses (responses_store.owner_of)."""
+    owner = owner_of(request.headers.get(OWNER_HEADER))
+    if owner is None:
+        raise EngineError(400, f"the {OWNER_HEADER} header must be a hex digest (the gateway's hash of a key)",
+                          code="invalid_request", param=OWNER_HEADER)
+    return owner
 
 
 def not_stored(response_id: str) -> EngineError:

@@ -205,9 +205,9 @@ def test_is_loopback(host, loopback):
     assert is_loopback(host) is loopback
 
 
-@pytest.mark.parametrize("host", ["0.0.0.0", "192.168.1.20", "mac-studio.local"])
-def test_an_engine_beyond_loopback_must_require_its_key(host):
-    with pytest.raises(ConfigError, match="require_key = true"):
-        parse_config({"engine": {"host": host}}, HOME)
-    assert parse_config({"engine": {"host": host, "require_key": True}}, HOME).engine.require_key
-    assert not parse_config({"engine": {"host": "127.0.0.1"}}, HOME).engine.require_key  # off by default
+@pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0", "192.168.1.20", "mac-studio.local"])
+def test_the_engine_always_requires_its_key(host):
+    assert parse_config({"engine": {"host": host}}, HOME).engine.require_key  # on loopback too
+    assert parse_config({"engine": {"host": host, "require_key": True}}, HOME).engine.require_key  # old configs load
+    with pytest.raises(ConfigError, match="require_key"):
+        parse_config({"engine": {"host": host, "require_key": False}}, HOME)

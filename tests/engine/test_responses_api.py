@@ -7,6 +7,9 @@ process), and the bounded store (engine/api/responses_store.py)."""
 from __future__ import annotations
 
 import json
+import math
+import os
+import time
 
 import httpx
 import openai
@@ -21,7 +24,7 @@ from mlxd.engine.api.responses_api import ResponsesRequest
 from mlxd.engine.api.responses_to_chat import (TranslationError, assistant_message, chat_body, input_messages,
                                            to_chat_request)
 from mlxd.engine.api.responses_builder import ResponsesBuilder
-from mlxd.engine.api.responses_store import ResponseStore
+from mlxd.engine.api.responses_store import DIRECT_OWNER, ResponseStore, owner_of, visible
 
 CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
 TOOL = {"type": "function", "name": "get_weather", "description": "the weather",
@@ -311,30 +314,80 @@ def test_the_openai_package_reads_a_failed_stream():
 
 # --- the store ----------------------------------------------------------------------------
 
+A, B = "a" * 32, "b" * 32  # two callers' hashes (gateway/keys.owner_of_key)
+
+
 def test_the_store_keeps_conversations_bounded_and_says_what_it_lost(tmp_path):
     store = ResponseStore(tmp_path / "responses", max_count=3, max_bytes=10_000)
     for i in range(5):
-        store.put({"id": f"resp_{i}", "n": i}, [{"role": "user", "content": str(i)}])
+        store.put({"id": f"resp_{i}", "n": i}, [{"role": "user", "content": str(i)}], A)
     assert sorted(p.name for p in (tmp_path / "responses").iterdir()) == ["resp_2.json", "resp_3.json", "resp_4.json"]
-    assert store.conversation("resp_4") == [{"role": "user", "content": "4"}]
-    assert store.response("resp_3") == {"id": "resp_3", "n": 3}
+    assert store.conversation("resp_4", A) == [{"role": "user", "content": "4"}]
+    assert store.response("resp_3", A) == {"id": "resp_3", "n": 3}
     for lost in ("resp_0", "resp_nope", "../../etc/passwd", "resp_1/../resp_4"):
         with pytest.raises(EngineError) as info:
-            store.conversation(lost)
+            store.conversation(lost, A)
         assert (info.value.status, info.value.code, info.value.param) == (400, PREVIOUS_RESPONSE_NOT_FOUND,
                                                                           "previous_response_id")
     assert (tmp_path / "responses" / "resp_4.json").stat().st_mode & 0o777 == 0o600
     # by bytes too: a big one pushes the oldest out; one over the whole bound is not kept
-    store.put({"id": "resp_big", "pad": "x" * 9_900}, [])
-    assert [store.response(f"resp_{i}") for i in (2, 3, 4)] == [None] * 3 and store.response("resp_big")
-    store.put({"id": "resp_huge", "pad": "x" * 20_000}, [])
-    assert store.response("resp_huge") is None and store.response("resp_big")
+    store.put({"id": "resp_big", "pad": "x" * 9_850}, [], A)
+    assert [store.response(f"resp_{i}", A) for i in (2, 3, 4)] == [None] * 3 and store.response("resp_big", A)
+    store.put({"id": "resp_huge", "pad": "x" * 20_000}, [], A)
+    assert store.response("resp_huge", A) is None and store.response("resp_big", A)
     # a new store on the same folder (a restarted engine) knows them, oldest first
     again = ResponseStore(tmp_path / "responses", max_count=2, max_bytes=100_000)
-    again.put({"id": "resp_5"}, [])
-    again.put({"id": "resp_6"}, [])
-    assert again.response("resp_big") is None and again.response("resp_5") and again.response("resp_6")
-    assert again.delete("resp_5") and not again.delete("resp_5") and again.response("resp_5") is None
+    again.put({"id": "resp_5"}, [], A)
+    again.put({"id": "resp_6"}, [], A)
+    assert again.response("resp_big", A) is None and again.response("resp_5", A) and again.response("resp_6", A)
+    assert again.delete("resp_5", A) and not again.delete("resp_5", A) and again.response("resp_5", A) is None
+
+
+def test_a_stored_response_is_its_owners_alone(tmp_path):
+    store = ResponseStore(tmp_path / "responses")
+    store.put({"id": "resp_a"}, [{"role": "user", "content": "secret"}], A)
+    assert store.response("resp_a", A) == {"id": "resp_a"}
+    for other in (B, DIRECT_OWNER):  # another key's caller, and one of the engine's own port: as for an unknown id
+        assert store.response("resp_a", other) is None
+        with pytest.raises(EngineError) as info:
+            store.conversation("resp_a", other)
+        assert info.value.code == PREVIOUS_RESPONSE_NOT_FOUND
+        assert not store.delete("resp_a", other)
+    assert store.response("resp_a", A) == {"id": "resp_a"}  # still there for its owner
+    # one stored before owners were recorded is nobody's
+    (tmp_path / "responses" / "resp_old.json").write_text(json.dumps({"response": {"id": "resp_old"}, "messages": []}))
+    assert all(store.response("resp_old", who) is None for who in (A, B, DIRECT_OWNER))
+
+
+def test_a_stored_response_expires(tmp_path):
+    store = ResponseStore(tmp_path / "responses", ttl_s=3600)
+    store.put({"id": "resp_old"}, [], A)
+    store.put({"id": "resp_new"}, [], A)
+    hours_ago = time.time() - 2 * 3600
+    os.utime(tmp_path / "responses" / "resp_old.json", (hours_ago, hours_ago))
+    assert store.response("resp_old", A) is None and not (tmp_path / "responses" / "resp_old.json").exists()
+    assert store.response("resp_new", A) == {"id": "resp_new"}
+    # and a new store finds the expired ones gone at its next put, oldest first
+    os.utime(tmp_path / "responses" / "resp_new.json", (hours_ago, hours_ago))
+    again = ResponseStore(tmp_path / "responses", ttl_s=3600)
+    again.put({"id": "resp_next"}, [], A)
+    assert sorted(p.name for p in (tmp_path / "responses").iterdir()) == ["resp_next.json"]
+
+
+@pytest.mark.parametrize("header, owner", [
+    (None, DIRECT_OWNER), ("a" * 32, "a" * 32), ("0123456789abcdef", "0123456789abcdef"),
+    ("A" * 32, None), ("a" * 15, None), ("a" * 65, None), ("../x", None), ("", None),
+])
+def test_who_a_request_is(header, owner):
+    assert owner_of(header) == owner
+
+
+@pytest.mark.parametrize("stored_owner, asker, age_s, ttl_s, seen", [
+    (A, A, 10, 3600, True), (A, B, 10, 3600, False), (None, A, 10, 3600, False),
+    (A, A, 3601, 3600, False), (A, A, 10**9, math.inf, True),
+])
+def test_what_a_caller_sees(stored_owner, asker, age_s, ttl_s, seen):
+    assert visible({"owner": stored_owner}, asker, 10**10, 10**10 - age_s, ttl_s) is seen
 
 
 def test_a_stored_answer_continues_the_conversation():

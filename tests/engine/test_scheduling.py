@@ -28,12 +28,12 @@ def hold_worker(url: str, max_tokens: int = 100_000) -> requests.Response:
     return r
 
 
-def raw_request(port: int, body: dict) -> socket.socket:
-    """Send a request on a bare socket (so the test can vanish without reading)."""
+def raw_request(eng, body: dict) -> socket.socket:
+    """Send a request on a bare socket (so the test can vanish without reading), with the engine's key."""
     payload = json.dumps(body).encode()
-    s = socket.create_connection(("127.0.0.1", port), timeout=10)
-    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-              + f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+    s = socket.create_connection(("127.0.0.1", eng.port), timeout=10)
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+              + f"Authorization: Bearer {eng.key}\r\nContent-Length: {len(payload)}\r\n\r\n".encode() + payload)
     return s
 
 
@@ -65,7 +65,7 @@ def test_three_concurrent_requests_run_one_at_a_time_in_arrival_order(start_engi
 def test_full_queue_answers_429_with_retry_after(start_engine):
     eng = start_engine({"max_queue": 1, "max_tokens_cap": 100_000})
     holder = hold_worker(eng.url)
-    queued = raw_request(eng.port, {"model": "default", "messages": [{"role": "user", "content": "q"}],
+    queued = raw_request(eng, {"model": "default", "messages": [{"role": "user", "content": "q"}],
                                     "max_tokens": 2})
     try:
         wait_until(lambda: eng.health()["queue_depth"] == 1, 30, what="one request queued")
@@ -115,7 +115,7 @@ def test_disconnect_before_the_first_chunk_frees_the_worker(start_engine):
     stream generator's `finally`)."""
     eng = start_engine({"max_tokens_cap": 100_000, "request_deadline_s": 120})
     for attempt in range(5):  # each vanishes within a few ms, well before the handler's 0.25 s disconnect poll
-        s = raw_request(eng.port, {"model": "default", "messages": [{"role": "user", "content": f"go {attempt}"}],
+        s = raw_request(eng, {"model": "default", "messages": [{"role": "user", "content": f"go {attempt}"}],
                                    "max_tokens": 100_000, "stream": True, "temperature": 0})
         s.close()
         wait_until(lambda: eng.health()["in_flight"] is None, 5, what=f"worker freed after disconnect {attempt}")
@@ -128,7 +128,7 @@ def test_disconnect_while_queued_frees_the_place(start_engine):
     eng = start_engine({"max_queue": 2, "max_tokens_cap": 100_000})
     holder = hold_worker(eng.url)
     try:
-        queued = raw_request(eng.port, {"model": "default", "messages": [{"role": "user", "content": "q"}]})
+        queued = raw_request(eng, {"model": "default", "messages": [{"role": "user", "content": "q"}]})
         wait_until(lambda: eng.health()["queue_depth"] == 1, 30, what="request queued")
         queued.close()
         wait_until(lambda: eng.health()["queue_depth"] == 0, 5, what="queued place freed after disconnect")

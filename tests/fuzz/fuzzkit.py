@@ -26,6 +26,7 @@ import zlib
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Iterable
+from urllib.parse import urlsplit
 
 import psutil
 import schemathesis
@@ -208,14 +209,24 @@ RECORDER = Recorder()
 
 # --- clients --------------------------------------------------------------------
 
+def split_base(base: str) -> tuple[str, int, dict[str, str]]:
+    """A base URL -> (host, port, the engine key's header where the URL
+    carries it as its password: devkit.engine_process.with_key)."""
+    url = urlsplit(base)
+    return url.hostname or "", url.port or 80, {"Authorization": f"Bearer {url.password}"} if url.password else {}
+
+
 def http_request(target: str, base: str, method: str, path: str, body: bytes | None = None,
                  headers: dict[str, str] | None = None, timeout: float = REQUEST_TIMEOUT) -> Answer:
-    """A well-formed HTTP request (the body may be anything) via http.client."""
-    host, port = base.removeprefix("http://").split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    """A well-formed HTTP request (the body may be anything) via http.client;
+    the URL's key is sent unless `headers` name an Authorization of their own."""
+    host, port, auth = split_base(base)
+    if any(name.lower() == "authorization" for name in headers or {}):
+        auth = {}
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
     started = time.monotonic()
     try:
-        conn.request(method, path, body=body, headers=headers or {})
+        conn.request(method, path, body=body, headers={**auth, **(headers or {})})
         resp = conn.getresponse()
         answer = decode_body(Answer(resp.status, dict(resp.getheaders()), resp.read()))
     except (ConnectionError, http.client.HTTPException) as exc:
@@ -245,9 +256,12 @@ def raw_request(target: str, base: str, data: bytes, *, label_method: str = "RAW
     """Bytes straight onto a socket, for requests no HTTP library would
     send (odd header bytes, bad framing). half_close: shut our side down
     after sending, for requests that promise more body than they send."""
-    host, port = base.removeprefix("http://").split(":")
+    host, port, auth = split_base(base)
+    if auth and b"\r\n" in data:  # the key after the request line, so the bytes reach the handlers
+        line, rest = data.split(b"\r\n", 1)
+        data = line + b"\r\nAuthorization: " + auth["Authorization"].encode() + b"\r\n" + rest
     started = time.monotonic()
-    sock = socket.create_connection((host, int(port)), timeout=timeout)
+    sock = socket.create_connection((host, port), timeout=timeout)
     try:
         try:
             sock.sendall(data)

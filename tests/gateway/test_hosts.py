@@ -189,7 +189,7 @@ def test_status_shows_every_host(fleet):
     far = [u for u, h in hosts.items() if h["models"] == ["far"]]
     assert len(far) == 2 and all(hosts[u]["http_status"] is None for u in far)  # nobody there
     for ep in remotes:
-        assert hosts[ep.url]["models"] == ["demo-a"] and hosts[ep.url]["http_status"] == 200
+        assert hosts[ep.bare_url]["models"] == ["demo-a"] and hosts[ep.bare_url]["http_status"] == 200
     text = st.mlxd("status").stdout
-    assert all(f"host          {ep.url}  " in text for ep in remotes), text
+    assert all(f"host          {ep.bare_url}  " in text for ep in remotes), text
     assert text.count("no answer") >= 2 and "(serves far)" in text

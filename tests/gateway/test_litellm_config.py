@@ -6,7 +6,7 @@ import pytest
 
 from mlxd.config import ConfigError, engine_host_url, host_entry_problem, parse_config
 from mlxd.gateway.litellm_config import (OLLAMA_SUFFIX, Route, max_fallbacks, plan_routes, render_litellm_config,
-                                         retry_policy, sends_engine_key)
+                                         retry_policy)
 from mlxd.gateway.routing import FastRoutes
 
 HOME = Path("/nonexistent")
@@ -51,7 +51,7 @@ def test_light_model_choice(gateway, light):
     assert r["coding"].engine_model == light
 
 
-def test_rendered_config_of_single_engines_has_no_retries_no_cooldowns_and_no_key():
+def test_rendered_config_of_single_engines_has_no_retries_no_cooldowns_and_no_key_in_it():
     config = cfg(ollama_url="http://127.0.0.1:11434")
     out = render_litellm_config(config, HEAVY)
     groups = {m["model_name"]: m["litellm_params"] for m in out["model_list"]}
@@ -62,7 +62,7 @@ def test_rendered_config_of_single_engines_has_no_retries_no_cooldowns_and_no_ke
     assert out["router_settings"]["num_retries"] == 0 and out["litellm_settings"]["num_retries"] == 0
     assert out["router_settings"]["model_group_retry_policy"] == {}
     assert all(m["model_info"]["cooldown_time"] == 0 for m in out["model_list"])  # back at once: no cooldown
-    assert groups["fast"]["api_key"] == "mlxd-engine-loopback"
+    assert groups["fast"]["api_key"] == "os.environ/MLXD_ENGINE_KEY"  # the engine always requires its key
     assert "master_key" not in out["general_settings"] and "sk-" not in str(out)
 
 
@@ -149,11 +149,16 @@ def test_the_fast_path_takes_only_models_on_this_macs_engine_alone():
     assert {"fast", "fast" + OLLAMA_SUFFIX, "remote", "coding"} <= routes.known
 
 
-@pytest.mark.parametrize("models, require_key, sends", [
-    (MODELS, False, False), (MODELS, True, True), (SPREAD, False, True)])
-def test_the_engine_key_is_sent_where_an_engine_requires_it_and_to_every_other_host(models, require_key, sends):
-    config = parse_config({"models": models, "engine": {"require_key": require_key}}, HOME)
-    assert sends_engine_key(config) is sends
+@pytest.mark.parametrize("models", [MODELS, SPREAD])
+def test_every_engine_deployment_is_sent_the_key_and_the_callers_hash(models):
+    out = render_litellm_config(parse_config({"models": models}, HOME), {})
+    engine_groups = {m["model_name"] for m in out["model_list"]
+                     if m["litellm_params"]["model"].startswith("openai/") and "mode" not in m["model_info"]}
+    assert engine_groups and all(m["litellm_params"]["api_key"] == "os.environ/MLXD_ENGINE_KEY"
+                                 for m in out["model_list"] if m["model_name"] in engine_groups)
+    # x-mlxd-owner (the gateway's hash of the caller's key) is forwarded to the engine's groups, none other
+    forwarded = set(out["litellm_settings"]["model_group_settings"]["forward_client_headers_to_llm_api"])
+    assert forwarded == engine_groups
 
 
 @pytest.mark.parametrize("widths, hops", [((), 5), ((1, 1), 5), ((3, 1), 5), ((5,), 5), ((6, 2), 6), ((12,), 12)])

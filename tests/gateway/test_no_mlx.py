@@ -27,7 +27,7 @@ def test_building_the_gateway_app_imports_no_mlx(tmp_path):
     done = subprocess.run([sys.executable, "-c", BUILD], env=env, capture_output=True, text=True, timeout=150)
     assert done.returncode == 0, done.stderr[-3000:]
     app, mlx_modules = json.loads(done.stdout.strip().splitlines()[-1])
-    assert app == "KeyGuard" and mlx_modules == []
+    assert app == "HostCheck" and mlx_modules == []  # the Host check, then the key guard, before anything
     from mlxd.config import load_config
 
     routes = load_config(home=tmp_path).paths.litellm_config.read_text()

@@ -359,19 +359,45 @@ def test_the_gateways_own_errors_on_the_messages_route_have_anthropics_shape():
                          MESSAGES) is AfterRefusal.FALL_BACK_UNLESS_500
 
 
-def test_the_engines_reason_comes_before_the_failed_fallbacks():
-    from mlxd.gateway.routing import refusal_after_fallback
+def test_what_the_failed_fallback_said_is_one_short_line_beside_the_engines_error():
+    from mlxd.gateway.routing import failed_fallback_note
 
-    engine = ApiError(400, "response_format.json_schema.schema: cannot enforce uniqueItems", "unsupported_parameter",
-                      param="response_format.json_schema.schema").body()
-    fallback = json.dumps({"error": {"message": "litellm.BadRequestError: Fallback to default--ollama also failed: "
-                                                "Cannot connect to host 127.0.0.1:11434 " + "x" * 500,
-                                     "type": None, "code": "400"}}).encode()
-    err = json.loads(refusal_after_fallback(engine, fallback))["error"]
-    assert err["code"] == "unsupported_parameter" and err["param"] == "response_format.json_schema.schema"
-    assert err["message"].startswith("response_format.json_schema.schema: cannot enforce uniqueItems (the Ollama")
-    assert "Cannot connect" in err["message"] and len(err["message"]) < 500
-    assert refusal_after_fallback(b"not json", fallback) == b"not json"
+    fallback = json.dumps({"error": {"message": "litellm.APIConnectionError: Ollama_chatException - Cannot\n connect "
+                                                "to host 127.0.0.1:11434 " + "x" * 500, "type": None,
+                                     "code": "400"}}).encode()
+    note = failed_fallback_note(fallback)
+    assert note.startswith(b"the Ollama fallback failed too: Cannot connect to host 127.0.0.1:11434 x")
+    assert len(note) == 200 and b"\n" not in note and b"Exception" not in note
+    assert failed_fallback_note(b"not json") == b"the Ollama fallback failed too: not json"
+    assert failed_fallback_note("caf\u00e9".encode()).isascii()
+
+
+@pytest.mark.parametrize("message, code, note", [
+    # LiteLLM relayed the engine's refusal, then its fallback failed: the engine's error whole, the fallback apart
+    ('litellm.BadRequestError: OpenAIException - {"error":{"message":"previous response x not found","type":'
+     '"invalid_request_error","param":"previous_response_id","code":"previous_response_not_found"}}\n\nLiteLLM: '
+     "model group 'default' failed with the error above. Fallback to default--ollama also failed: "
+     "litellm.APIConnectionError: Ollama_chatException - Cannot connect to host 127.0.0.1:11434",
+     "previous_response_not_found", b"default--ollama failed too: Cannot connect to host 127.0.0.1:11434"),
+    # the engine's error with no fallback after it
+    ('litellm.RateLimitError: OpenAIException - {"error":{"message":"busy","type":"rate_limit_error","param":null,'
+     '"code":"engine_busy"}}', "engine_busy", None),
+    # not an engine's error: left to rewrite_backend_error
+    ("litellm.BadRequestError: OpenAIException - not json at all", None, None),
+    ('litellm.BadRequestError: OpenAIException - {"error":{"message":"x","code":"400"}}', None, None),
+    ("Fallback to default--ollama also failed: nothing", None, None),
+])
+def test_an_engines_error_relayed_by_litellm_reaches_the_client_as_the_engine_wrote_it(message, code, note):
+    from mlxd.gateway.app import unwrap_engine_error
+
+    body = json.dumps({"error": {"message": message, "type": None, "param": None, "code": "400"}}).encode()
+    out, got_note = unwrap_engine_error(body)
+    if code is None:
+        assert (out, got_note) == (body, None)
+    else:
+        err = json.loads(out)["error"]
+        assert err["code"] == code and "litellm" not in err["message"] and "Fallback" not in err["message"]
+        assert got_note == note
 
 
 def test_a_broken_stream_ends_in_its_apis_error_event():

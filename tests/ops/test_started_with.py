@@ -60,6 +60,13 @@ def test_status_logs_restart_and_down_reach_the_stack_without_the_variables(tmp_
         table = bare.mlxd("status").stdout
         assert f"MLXD_GATEWAY_PORT={given['MLXD_GATEWAY_PORT']}" in table and "healthy" in table
 
+        doctor = json.loads(bare.mlxd("doctor", "--json").stdout)  # the ports it runs on, not the defaults
+        ports = {c["name"]: c["detail"] for c in doctor if c["name"].endswith(" port")}
+        assert ports["engine port"].startswith(f"127.0.0.1:{given['MLXD_ENGINE_PORT']} in use"), ports
+        assert ports["gateway port"].startswith(f"127.0.0.1:{given['MLXD_GATEWAY_PORT']} in use"), ports
+        models = json.loads(bare.mlxd("models", "--json").stdout)["models"]
+        assert [m["state"] for m in models if m["id"] == "demo-a"] == ["loaded"], models  # read from the engine
+
         other_port = str(free_port())  # a variable set now wins over what `up` started with
         r = subprocess.run([*MLXD, "status", "--json"], env={**bare.env, "MLXD_GATEWAY_PORT": other_port},
                            capture_output=True, text=True, timeout=60)

@@ -200,6 +200,13 @@ def write(i):
     keys.new_key = lambda: keys.PREFIX + big(i)
     keys.rotate_key(paths)
 """, check=_key, mode=0o600),
+    Writer("keyfile.rotate_key_file", """
+from mlxd import keyfile
+from mlxd.paths import StatePaths
+target = StatePaths(home).engine_key
+def write(i):
+    keyfile.rotate_key_file(target, make=lambda: "sk-mlxd-" + big(i))  # `mlxd key rotate engine`
+""", check=_key, mode=0o600),
     Writer("gateway.keys.ensure_key", """
 from mlxd.gateway import keys
 from mlxd.paths import StatePaths

@@ -751,7 +751,7 @@ def run_arm(arm: str, rnd: int, args: argparse.Namespace, models: dict[str, Path
                 return rows, memory
             t0 = time.monotonic()
             stack.up(args.startup_timeout)
-            say(f"   stack up in {time.monotonic() - t0:.1f} s (gateway {stack.gateway_url}, engine {stack.url})")
+            say(f"   stack up in {time.monotonic() - t0:.1f} s (gateway {stack.gateway_url}, engine {stack.bare_url})")
             target = Target(arm, {"openai": OpenAIRoute(stack.gateway_url + "/v1", stack.key, args.max_tokens),
                                   "anthropic": AnthropicRoute(stack.gateway_url, stack.key, args.max_tokens)},
                             lambda kind: "think" if kind == "reasoning" else "default", stack.url,

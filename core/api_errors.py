@@ -37,6 +37,12 @@ UNSUPPORTED_PARAMETER = "unsupported_parameter"
 # conversation), so the engine's 400 stands, as OpenAI's does.
 PREVIOUS_RESPONSE_NOT_FOUND = "previous_response_not_found"
 CLIENT_MISTAKES = frozenset({INVALID_REQUEST, INVALID_MESSAGES, PREVIOUS_RESPONSE_NOT_FOUND})
+# The engine's error answers say their code and param in headers too: LiteLLM
+# keeps an upstream's headers (as llm_provider-<name>) where it keeps only the
+# message of some errors (a 429's), so the gateway can give the client the
+# engine's error whole (gateway/app.py, unwrap_engine_error).
+ERROR_CODE_HEADER = "x-mlxd-error-code"
+ERROR_PARAM_HEADER = "x-mlxd-error-param"
 
 
 def error_type(status: int) -> str:

@@ -17,7 +17,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from mlxd.api_errors import ANTHROPIC_PATHS, anthropic_error_body, error_type
+from mlxd.api_errors import (ANTHROPIC_PATHS, ERROR_CODE_HEADER, ERROR_PARAM_HEADER, anthropic_error_body,
+                             error_type)
 from mlxd.keyfile import OWNER_HEADER, KeyFile
 
 from .errors import FALLBACK_HEADER, JSON, LITELLM_WRAPPER, ApiError, fallback_note, send_error, send_json
@@ -81,15 +82,19 @@ def _word_code(code: object) -> bool:
 
 
 FALLBACK_FAILED = re.compile(r"Fallback to (\S+) also failed: (.*)", re.DOTALL)
+AFTER_THE_ERROR = "\n\nLiteLLM: model group"  # where LiteLLM's own words start, after the upstream's
+PROVIDER = "llm_provider-"  # LiteLLM's prefix for an upstream's response headers
 
 
-def unwrap_engine_error(body: bytes) -> tuple[bytes, bytes | None]:
+def unwrap_engine_error(status: int, body: bytes, headers: dict[str, str]) -> tuple[bytes, bytes | None]:
     """An engine's error as the engine wrote it, out of LiteLLM's (pure).
-    Where LiteLLM relayed an engine's refusal, its message is the engine's
-    whole error JSON after "OpenAIException - ", then what its fallback did:
-    the client gets the engine's object (message, param, code) and the
+    Where LiteLLM relayed an engine's refusal, its message is LiteLLM's
+    exception names, the engine's error (its whole JSON, or for some errors
+    only its message, its code and param then in the engine's headers, which
+    LiteLLM passes on as `llm_provider-x-mlxd-error-code`), then what its
+    fallback did. The client gets the engine's error object and the
     fallback's outcome apart, for the `x-mlxd-fallback` header. Anything
-    else: (body, None)."""
+    else: (body, None). `headers`: the answer's, lower-cased."""
     try:
         message = json.loads(body)["error"]["message"]
     except (ValueError, KeyError, TypeError):
@@ -97,15 +102,25 @@ def unwrap_engine_error(body: bytes) -> tuple[bytes, bytes | None]:
     wrapper = LITELLM_WRAPPER.match(message) if isinstance(message, str) else None
     if wrapper is None:
         return body, None
+    code = headers.get(PROVIDER + ERROR_CODE_HEADER)
     try:
         inner, end = json.JSONDecoder().raw_decode(message, wrapper.end())
+        err = inner.get("error") if isinstance(inner, dict) else None
     except ValueError:
-        return body, None
-    err = inner.get("error") if isinstance(inner, dict) else None
+        end = message.find(AFTER_THE_ERROR, wrapper.end())
+        end = len(message) if end < 0 else end
+        err = None if code is None else {"message": message[wrapper.end():end], "type": error_type(status),
+                                         "param": headers.get(PROVIDER + ERROR_PARAM_HEADER), "code": code}
     if not isinstance(err, dict) or not _word_code(err.get("code")) or not isinstance(err.get("message"), str):
         return body, None
     failed = FALLBACK_FAILED.search(message, end)
     return json.dumps({"error": err}).encode(), fallback_note(failed.group(1), failed.group(2)) if failed else None
+
+
+def kept_retry_after(headers: dict[str, str]) -> str | None:
+    """The upstream's Retry-After LiteLLM kept only as `llm_provider-retry-after`,
+    where the answer has none of its own (pure)."""
+    return None if "retry-after" in headers else headers.get(PROVIDER + "retry-after")
 
 
 def rewrite_backend_error(status: int, body: bytes) -> tuple[int, bytes]:
@@ -183,13 +198,16 @@ class ErrorRewriter:
         self.parts.append(message.get("body", b""))
         if message.get("more_body"):
             return
-        body, fallback = unwrap_engine_error(b"".join(self.parts))
+        named = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in self.start.get("headers", [])}
+        body, fallback = unwrap_engine_error(self.start["status"], b"".join(self.parts), named)
         status, body = rewrite_backend_error(self.start["status"], body)
         body = in_route_shape(self.path, status, body)
         headers = [(k, v) for k, v in self.start.get("headers", [])
                    if k.lower() not in (b"content-length", b"content-type")]
         if fallback is not None:
             headers.append((FALLBACK_HEADER, fallback))
+        if (retry_after := kept_retry_after(named)) is not None:
+            headers.append((b"retry-after", retry_after.encode("latin-1")))
         await send_json(self.send, status, body, [*headers, JSON])
 
 

@@ -17,7 +17,8 @@ JSON = (b"content-type", b"application/json")
 # Where the answer is the engine's error as it wrote it, what the fallback did beside it.
 FALLBACK_HEADER = b"x-mlxd-fallback"
 FALLBACK_NOTE_CHARS = 200
-LITELLM_WRAPPER = re.compile(r"(?:litellm\.\w+: )?\w*Exception - ")  # "litellm.BadRequestError: OpenAIException - "
+# "litellm.BadRequestError: OpenAIException - ", "litellm.RateLimitError: RateLimitError: OpenAIException - "
+LITELLM_WRAPPER = re.compile(r"(?:[\w.]+: )*\w*Exception - ")
 
 
 def fallback_note(target: str, said: str) -> bytes:

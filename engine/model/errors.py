@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from mlxd.api_errors import INVALID_REQUEST, error_body_for, error_type
+from mlxd.api_errors import ERROR_CODE_HEADER, ERROR_PARAM_HEADER, INVALID_REQUEST, error_body_for, error_type
 
 
 class EngineError(Exception):
@@ -39,10 +39,18 @@ class EngineError(Exception):
         return error_body_for(path, self.status, self.message, self.code, self.param)
 
     def headers(self) -> dict[str, str]:
-        return {"Retry-After": str(self.retry_after)} if self.retry_after is not None else {}
+        """Retry-After where it has one; its code and param (mlxd.api_errors.ERROR_CODE_HEADER)."""
+        out = {ERROR_CODE_HEADER: header_safe(self.code)} | (
+            {ERROR_PARAM_HEADER: header_safe(self.param)} if self.param else {})
+        return out | ({"Retry-After": str(self.retry_after)} if self.retry_after is not None else {})
 
     def __repr__(self) -> str:
         return f"EngineError({self.status}, {self.code!r}, {self.message!r})"
+
+
+def header_safe(value: str, limit: int = 200) -> str:
+    """A value a header can carry (pure): ASCII, one line, bounded (a param may echo a client's key)."""
+    return " ".join(value.split())[:limit].encode("ascii", "replace").decode()
 
 
 def bad_request(message: str, *, param: str | None = None, code: str = INVALID_REQUEST) -> EngineError:

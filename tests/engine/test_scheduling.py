@@ -72,7 +72,7 @@ def test_full_queue_answers_429_with_retry_after(start_engine):
         r = chat(eng.url)
         assert r.status_code == 429
         assert r.json()["error"]["code"] == "queue_full" and r.json()["error"]["type"] == "rate_limit_error"
-        assert int(r.headers["Retry-After"]) >= 1
+        assert int(r.headers["Retry-After"]) >= 1 and r.headers["x-mlxd-error-code"] == "queue_full"
     finally:
         holder.close()
         queued.close()

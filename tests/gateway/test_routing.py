@@ -386,18 +386,46 @@ def test_what_the_failed_fallback_said_is_one_short_line_beside_the_engines_erro
     ("litellm.BadRequestError: OpenAIException - not json at all", None, None),
     ('litellm.BadRequestError: OpenAIException - {"error":{"message":"x","code":"400"}}', None, None),
     ("Fallback to default--ollama also failed: nothing", None, None),
+    # a 429's: LiteLLM keeps only the engine's message; its code comes in the engine's header (below)
+    ("litellm.RateLimitError: RateLimitError: OpenAIException - the engine is busy: 1 request(s) already waiting"
+     "\n\nLiteLLM: model group 'lonely' failed with the error above. Fallback to lonely--ollama also failed: "
+     "litellm.NotFoundError: Ollama_chatException - {\"error\":\"model 'missing:1b' not found\"}",
+     "queue_full", b"lonely--ollama failed too: {\"error\":\"model 'missing:1b' not found\"}"),
 ])
 def test_an_engines_error_relayed_by_litellm_reaches_the_client_as_the_engine_wrote_it(message, code, note):
     from mlxd.gateway.app import unwrap_engine_error
 
     body = json.dumps({"error": {"message": message, "type": None, "param": None, "code": "400"}}).encode()
-    out, got_note = unwrap_engine_error(body)
+    out, got_note = unwrap_engine_error(429, body, {"llm_provider-x-mlxd-error-code": "queue_full"}
+                                        if "RateLimitError" in message else {})
     if code is None:
         assert (out, got_note) == (body, None)
     else:
         err = json.loads(out)["error"]
         assert err["code"] == code and "litellm" not in err["message"] and "Fallback" not in err["message"]
-        assert got_note == note
+        assert not err["message"].startswith(("RateLimitError", "OpenAIException")) and got_note == note
+
+
+def test_without_the_engines_header_a_text_only_error_is_left_to_litellms_rewrite():
+    from mlxd.gateway.app import unwrap_engine_error
+
+    body = json.dumps({"error": {"message": "litellm.RateLimitError: RateLimitError: OpenAIException - busy",
+                                 "type": None, "code": "429"}}).encode()
+    assert unwrap_engine_error(429, body, {}) == (body, None)
+    out, _ = unwrap_engine_error(429, body, {"llm_provider-x-mlxd-error-code": "queue_full",
+                                             "llm_provider-x-mlxd-error-param": "model"})
+    assert json.loads(out)["error"] == {"message": "busy", "type": "rate_limit_error", "param": "model",
+                                        "code": "queue_full"}
+
+
+@pytest.mark.parametrize("headers, kept", [
+    ({"llm_provider-retry-after": "4"}, "4"), ({"retry-after": "2", "llm_provider-retry-after": "4"}, None),
+    ({}, None),
+])
+def test_an_upstreams_retry_after_is_kept(headers, kept):
+    from mlxd.gateway.app import kept_retry_after
+
+    assert kept_retry_after(headers) == kept
 
 
 def test_a_broken_stream_ends_in_its_apis_error_event():

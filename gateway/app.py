@@ -25,6 +25,7 @@ from .errors import FALLBACK_HEADER, JSON, LITELLM_WRAPPER, ApiError, fallback_n
 from .health import PATHS as HEALTH_PATHS
 from .health import Health
 from .keys import matches, owner_of_key
+from .openapi import DOCUMENT_PATH
 from .stored_responses import STORED_PATH
 from .status_page import DATA_PATH as STATUS_DATA_PATH
 from .status_page import StatusPage, asset_for
@@ -65,7 +66,7 @@ def admit(scope_type: str, path: str, key: str | None, given: str | None) -> Api
     if key is None or not matches(given, key):
         return ApiError(401, "missing API key: send 'Authorization: Bearer <key>' (see `mlxd key show`)"
                         if given is None else "invalid API key", "invalid_api_key")
-    served = (path in SERVED_PATHS or path == STATUS_DATA_PATH or path.startswith("/v1/models/")
+    served = (path in SERVED_PATHS or path in (STATUS_DATA_PATH, DOCUMENT_PATH) or path.startswith("/v1/models/")
               or STORED_PATH.fullmatch(path) is not None)
     if scope_type != "http" or not served:
         return ApiError(404, f"no such route: {path[:100]}", "not_found")

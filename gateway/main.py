@@ -78,6 +78,7 @@ def build_app(config: Config) -> Any:
     from .hangup import HangUpWatch
     from .health import Health
     from .status_page import StatusPage
+    from .openapi import GatewayDocument
     from .stored_responses import StoredResponses
 
     inner = litellm_app
@@ -89,6 +90,7 @@ def build_app(config: Config) -> Any:
     inner = SetAsideMiddleware(inner)
     inner = HangUpWatch(inner)  # a client that hangs up stops its request, upstream too
     inner = StoredResponses(inner, config.engine_url, engine_key)  # GET/DELETE /v1/responses/{id}: the engine's
+    inner = GatewayDocument(inner, config.engine_url, engine_key)  # GET /openapi.json: ours, not LiteLLM's
     guarded = KeyGuard(inner, paths.key, inner_key, Health(config.engine_url, config.gateway.ollama_url, engine_key),
                        StatusPage(config, budget, engine_key))
     names = served_names(config.gateway.host, config.gateway.allowed_hosts, machine_names())

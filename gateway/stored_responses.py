@@ -81,7 +81,8 @@ class StoredResponses:
             await send_error(send, ApiError(405, f"{scope['method'][:20]} is not allowed here: GET or DELETE",
                                             "method_not_allowed"), [(b"allow", b"GET, DELETE")], scope["path"])
             return
-        owner = {OWNER_HEADER: v.decode("latin-1") for k, v in scope.get("headers", ()) if k == OWNER_HEADER.encode()}
+        owner = {OWNER_HEADER: v.decode("latin-1")
+                 for k, v in scope.get("headers", ()) if k == OWNER_HEADER.encode()}
         if self.session is None or self.session.closed:
             self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT_S))
         try:

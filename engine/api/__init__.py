@@ -12,6 +12,7 @@ JSON or SSE; it never touches MLX. Every file, one line each:
   metrics.py              GET /metrics (Prometheus, read from published snapshots)
   request_schema.py       the OpenAI request models (pydantic; shared with the gateway), how their errors read
   request_fields.py       the field types and validators the request models share: bounds, Unsupported, reasoning
+  request_limits.py       every request field's limits as one table (docs/LIMITS.md), from the models' schemas
   chat_messages.py        a chat request's messages: text and image parts, tool calls, tools, as templates take them
   request_metadata.py     agents' per-request metadata removed before the chat template (pure)
   set_aside.py            hosted tools no local model can run, out of the body and named in a header (pure + ASGI)

@@ -8,7 +8,7 @@ answers a valid request, never counted a 5xx in its own metrics, and its RSS
 grew by at most RSS_GROWTH_BOUND over the warmed-up baseline.
 
 Bounded for CI (a few dozen examples per test); MLXD_FUZZ_EXAMPLES=N for a
-long run (scripts/fuzz.py). Inputs hitting bugs already reported are
+long run (bench/fuzz.py). Inputs hitting bugs already reported are
 neutralised (fuzzkit.neutralise_known_bugs) and reproduced below as strict
 xfails; MLXD_FUZZ_KNOWN_BUGS=1 sends them anyway.
 """
@@ -48,7 +48,7 @@ ROUTES = {CHAT: "POST", COMPLETIONS: "POST", "/v1/models": "GET", "/health": "GE
 # mark (refused huge prompts are still tokenized whole: ~170 B a character);
 # what is left is allocator noise: 200 random huge prompts after the
 # warm-up moved RSS by under 20 MiB. A leak of 10 KiB a request over a long
-# run (scripts/fuzz.py, ~10k requests) would exceed it.
+# run (bench/fuzz.py, ~10k requests) would exceed it.
 RSS_GROWTH_BOUND = 96 * 2**20
 
 
@@ -138,7 +138,17 @@ def engine_schemas(engine, names) -> dict:
     return {"as_served": _load(engine.url + "/openapi.json", engine.url), "known_models": _load(pinned, engine.url)}
 
 
-SCHEMA_RUNS = ([("as_served", path, method, "positive") for path, method in ROUTES.items()]
+# Every operation of the engine's document (test_every_operation_is_fuzzed keeps this whole).
+OPERATIONS = [*ROUTES.items(), ("/v1/responses", "POST"), ("/v1/messages", "POST"), ("/v1/embeddings", "POST"),
+              ("/v1/responses/{response_id}", "GET"), ("/v1/responses/{response_id}", "DELETE"), ("/livez", "GET")]
+
+
+def test_every_operation_is_fuzzed(engine):
+    doc = requests.get(engine.url + "/openapi.json", timeout=10).json()
+    assert {(path, method.upper()) for path, ops in doc["paths"].items() for method in ops} == set(OPERATIONS)
+
+
+SCHEMA_RUNS = ([("as_served", path, method, "positive") for path, method in OPERATIONS]
                + [(doc, path, "POST", mode) for doc in ("as_served", "known_models") for path in (CHAT, COMPLETIONS)
                   for mode in ("positive", "negative") if (doc, mode) != ("as_served", "positive")])
 

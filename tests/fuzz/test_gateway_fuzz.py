@@ -120,14 +120,14 @@ def send(gw, baseline, key_headers, path: str, body, what: str, **kw):
     return answer
 
 
-# --- schemathesis: the engine's document, through the gateway ---------------------
+# --- schemathesis: the gateway's own document ---------------------------------------
 
 @pytest.fixture(scope="module")
 def gateway_schemas(gw, key_headers) -> dict:
-    """The engine's OpenAPI document (the API the gateway fronts) pointed at
-    the gateway; "known_models" pins `model` to the gateway's model names."""
-    doc = requests.get(gw.url + "/openapi.json", timeout=10).json()
-    doc["paths"] = {p: v for p, v in doc["paths"].items() if p in (CHAT, COMPLETIONS, "/v1/models")}
+    """The gateway's OpenAPI document (GET /openapi.json, with the key: the
+    engine's, cut to what the gateway serves); "known_models" pins `model`
+    to the gateway's model names."""
+    doc = requests.get(gw.gateway_url + "/openapi.json", headers=key_headers, timeout=30).json()
     names = [m["id"] for m in requests.get(gw.gateway_url + "/v1/models", headers=key_headers, timeout=30).json()["data"]]
     pinned = copy.deepcopy(doc)
     for name in ("ChatCompletionRequest", "CompletionRequest"):
@@ -140,9 +140,21 @@ def gateway_schemas(gw, key_headers) -> dict:
     return out
 
 
-SCHEMA_RUNS = [("as_served", "/v1/models", "GET", "positive")] + [
+# Every operation of the gateway's document (test_every_gateway_operation_is_fuzzed keeps this whole).
+OPERATIONS = [(CHAT, "POST"), (COMPLETIONS, "POST"), ("/v1/responses", "POST"), ("/v1/messages", "POST"),
+              ("/v1/embeddings", "POST"), ("/v1/models", "GET"), ("/v1/responses/{response_id}", "GET"),
+              ("/v1/responses/{response_id}", "DELETE")]
+SCHEMA_RUNS = [("as_served", path, method, "positive") for path, method in OPERATIONS
+               if path not in (CHAT, COMPLETIONS)] + [
     (doc, path, "POST", mode) for doc in ("as_served", "known_models") for path in (CHAT, COMPLETIONS)
     for mode in ("positive", "negative")]
+
+
+def test_every_gateway_operation_is_fuzzed(gw, key_headers):
+    doc = requests.get(gw.gateway_url + "/openapi.json", headers=key_headers, timeout=30).json()
+    assert {(path, method.upper()) for path, ops in doc["paths"].items() for method in ops} == set(OPERATIONS)
+    assert doc["info"]["title"] == "mlxd gateway" and "/health" not in doc["paths"]  # the engine's own: not here
+    assert requests.get(gw.gateway_url + "/openapi.json", timeout=30).status_code == 401  # the key, as everywhere
 
 
 @pytest.mark.parametrize("doc,path,method,mode", SCHEMA_RUNS)

@@ -7,9 +7,9 @@ prints: requests per endpoint, the status-code histogram, responses >= 500
 (unexpected ones must be 0; those of reported gateway bugs are counted
 apart), engine restarts (must be 0) and RSS before/after.
 
-    .venv/bin/python scripts/fuzz.py                   # 300 examples per test, engine and gateway
-    .venv/bin/python scripts/fuzz.py --examples 2000 --only engine
-    .venv/bin/python scripts/fuzz.py --known-bugs      # also send inputs of reported bugs
+    .venv/bin/python bench/fuzz.py                   # 300 examples per test, engine and gateway
+    .venv/bin/python bench/fuzz.py --examples 2000 --only engine
+    .venv/bin/python bench/fuzz.py --known-bugs      # also send inputs of reported bugs
 
 Exit status: 0 when pytest passed and no unexpected 5xx was seen, 1 otherwise.
 """
@@ -55,10 +55,13 @@ def summarise(stats: Path) -> dict:
         rec = json.loads(line)
         (requests if rec["kind"] == "request" else notes).append(rec)
     per_endpoint: Counter = Counter()
+    per_document: Counter = Counter()  # schemathesis's requests, generated from each target's OpenAPI document
     histogram: dict[str, Counter] = defaultdict(Counter)
     five: Counter = Counter()
     for r in requests:
         per_endpoint[(r["target"], r["endpoint"])] += 1
+        if r.get("openapi"):
+            per_document[r["target"]] += 1
         histogram[r["target"]][str(r["status"])] += 1
         if r["status"] is not None and r["status"] >= 500:
             five[r["target"]] += 1
@@ -68,7 +71,8 @@ def summarise(stats: Path) -> dict:
     for n in notes:
         if "target" in n:
             rss[n["target"]].update({k: v for k, v in n.items() if k not in ("kind", "target")})
-    return {"requests": len(requests), "per_endpoint": per_endpoint, "histogram": histogram, "five": five,
+    return {"requests": len(requests), "per_endpoint": per_endpoint, "per_document": per_document,
+            "histogram": histogram, "five": five,
             "known": known, "neutralised": neutralised, "rss": rss}
 
 
@@ -79,6 +83,10 @@ def report(s: dict, rc: int, seconds: float, examples: int) -> int:
     print(f"  {'target':<8} {'endpoint':<34} {'requests':>8}")
     for (target, endpoint), n in sorted(s["per_endpoint"].items()):
         print(f"  {target:<8} {endpoint:<34} {n:>8}")
+    print("\nschemathesis: requests generated from each OpenAPI document (the engine's own, the gateway's), every "
+          "response checked against it (a violation fails the run)")
+    for target, n in sorted(s["per_document"].items()):
+        print(f"  {target:<8} {n:>8}")
     print("\nstatus codes (None: the server closed the connection without an answer; xfail: the known bugs' "
           "reproductions)")
     for target, counts in sorted(s["histogram"].items()):

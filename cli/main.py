@@ -22,6 +22,7 @@ import os
 import sys
 import textwrap
 from pathlib import Path
+from typing import NoReturn
 
 from mlxd import __version__, exit_codes
 from mlxd.config import CONFIG_ENV, ConfigError, config_path, default_home, env_help, load_config
@@ -30,9 +31,18 @@ from mlxd.paths import StatePaths
 from . import started_with
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, but a bad command line exits 64 (sysexits' EX_USAGE), as the
+    commands' own usage errors do, not 2 (`mlxd status`'s "down")."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(exit_codes.USAGE, f"{self.prog}: error: {message}\n")
+
+
 def _parser() -> argparse.ArgumentParser:
     remembered = ", ".join(CONFIG_ENV[:-1]) + " or " + CONFIG_ENV[-1]
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="mlxd", description="Dependable local MLX serving (OpenAI API).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=textwrap.fill("status, down, logs and restart reach the stack `mlxd up` started in this home: its "

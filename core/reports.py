@@ -225,7 +225,7 @@ class HostProbe(EngineProbe):
 
 @dataclass(frozen=True)
 class GatewayProbe(Report):
-    """One GET of the gateway's /mlxd/health (its body: status, pid, uptime_s)."""
+    """One GET of the gateway's /mlxd/health (its body: {"status": "ok"}, nothing more: it is open)."""
 
     url: str
     http_status: int | None = None

@@ -18,6 +18,7 @@ request models.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +39,7 @@ ANTHROPIC_BLOCKS = ("text", "image", "document", "tool_use", "tool_result", "thi
 # Top-level fields that ask for a hosted feature, per API.
 CHAT_HOSTED_FIELDS = ("web_search_options",)
 ANTHROPIC_HOSTED_FIELDS = ("mcp_servers", "container")
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # no header may carry these
 
 
 @dataclass(frozen=True)
@@ -46,10 +48,13 @@ class SetAside:
     names: tuple[str, ...] = ()  # what was taken out, as the warning names it
 
     def warning(self) -> str | None:
+        """The header's text: ASCII without control characters, whatever a client named its tools (a CR in a
+        tool's type once made the header invalid, and the server dropped the connection)."""
         if not self.names:
             return None
-        return ("set aside, not served by a local model: " + ", ".join(self.names)
+        text = ("set aside, not served by a local model: " + ", ".join(self.names)
                 + "; the rest of the request was answered")
+        return CONTROL.sub("?", text).encode("ascii", "replace").decode()
 
 
 def _type(value: Any) -> str | None:

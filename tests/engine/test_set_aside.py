@@ -161,3 +161,10 @@ def test_middleware_passes_a_clean_body_untouched_without_a_header():
     body = json.dumps({"model": "m", "input": "x", "tools": [FN]}).encode()
     got, _, sent = _run_middleware("/v1/responses", body)
     assert got == body and WARNING_HEADER.encode() not in dict(sent[0]["headers"])
+
+
+@pytest.mark.parametrize("kind", ["\r", "a\r\nx-evil: 1", "\x00\x7f", "caf\u00e9 \u2603"])
+def test_the_warning_is_a_valid_header_whatever_a_tool_is_called(kind):
+    """Found by the long fuzz: a tool whose type held a CR made the header invalid, and the connection dropped."""
+    warning = chat_request({"tools": [CHAT_FN, {"type": kind, "function": {"name": "0"}}]}).warning()
+    assert warning is not None and warning.isascii() and not any(ord(c) < 32 or ord(c) == 127 for c in warning)

@@ -98,7 +98,8 @@ def test_missing_or_wrong_key_is_401_in_openai_format(st):
     for path in ("/v1/models", "/health", "/key/generate", "/ui/login", "/mlxd/status"):
         assert requests.get(st.gateway_url + path, timeout=10).status_code == 401, path
     assert requests.post(url, json={**body, "max_tokens": 2}, headers={"x-api-key": st.key}, timeout=60).ok
-    assert requests.get(st.gateway_url + "/mlxd/health", timeout=5).status_code == 200  # liveness is open
+    open_health = requests.get(st.gateway_url + "/mlxd/health", timeout=5)
+    assert open_health.status_code == 200 and open_health.json() == {"status": "ok"}  # open, and says no more
     assert os.stat(st.paths.key).st_mode & 0o777 == 0o600
 
 

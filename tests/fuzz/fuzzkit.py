@@ -1,10 +1,10 @@
 """Shared pieces of the bad-input fuzz tests (tests/fuzz/): how many
 examples to run, the properties every answer must have, a raw-socket HTTP
 client for inputs `requests` refuses to send, hypothesis strategies for
-nasty values, and a recorder that `bench/fuzz.py` reads for its summary.
+nasty values, and a recorder that `bench/bad_input_fuzz.py` reads for its summary.
 
 Examples per test: a small default keeps CI short; `MLXD_FUZZ_EXAMPLES=N`
-runs N per test (bench/fuzz.py sets it for long runs).
+runs N per test (bench/bad_input_fuzz.py sets it for long runs).
 
 Known bugs: inputs that hit a bug already reported (and tested as a strict
 xfail in the test files) are neutralised here, so the fuzz keeps looking for
@@ -52,7 +52,7 @@ def fuzz_settings(default: int) -> settings:
     request's time is not the property), no example database (nothing is
     written into the work tree), and no health checks about slow or
     filtered data (a live server is slow by nature)."""
-    # Derandomized unless asked (bench/fuzz.py does): the same examples on
+    # Derandomized unless asked (bench/bad_input_fuzz.py does): the same examples on
     # every run, so the test suite is repeatable; long random runs find new bugs.
     return settings(max_examples=examples(default), deadline=None, database=None,
                     suppress_health_check=list(HealthCheck), print_blob=True,
@@ -175,7 +175,7 @@ def error_code(answer: Answer) -> str | None:
         return None
 
 
-# --- recording (for bench/fuzz.py) ---------------------------------------------
+# --- recording (for bench/bad_input_fuzz.py) ----------------------------------
 
 class Recorder:
     """Counts requests by (target, endpoint, status); with MLXD_FUZZ_STATS

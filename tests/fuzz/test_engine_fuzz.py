@@ -8,7 +8,7 @@ answers a valid request, never counted a 5xx in its own metrics, and its RSS
 grew by at most RSS_GROWTH_BOUND over the warmed-up baseline.
 
 Bounded for CI (a few dozen examples per test); MLXD_FUZZ_EXAMPLES=N for a
-long run (bench/fuzz.py). Inputs hitting bugs already reported are
+long run (bench/bad_input_fuzz.py). Inputs hitting bugs already reported are
 neutralised (fuzzkit.neutralise_known_bugs) and reproduced below as strict
 xfails; MLXD_FUZZ_KNOWN_BUGS=1 sends them anyway.
 """
@@ -48,7 +48,7 @@ ROUTES = {CHAT: "POST", COMPLETIONS: "POST", "/v1/models": "GET", "/health": "GE
 # mark (refused huge prompts are still tokenized whole: ~170 B a character);
 # what is left is allocator noise: 200 random huge prompts after the
 # warm-up moved RSS by under 20 MiB. A leak of 10 KiB a request over a long
-# run (bench/fuzz.py, ~10k requests) would exceed it.
+# run (bench/bad_input_fuzz.py, ~10k requests) would exceed it.
 RSS_GROWTH_BOUND = 96 * 2**20
 
 

@@ -367,7 +367,7 @@ def test_without_a_key_everything_is_401(gw, method, path, body, headers):
 
 def test_the_open_path_is_only_liveness(gw):
     r = requests.get(gw.gateway_url + OPEN_PATH, timeout=10)
-    assert r.status_code == 200 and set(r.json()) == {"status", "pid", "uptime_s"}
+    assert r.status_code == 200 and r.json() == {"status": "ok"}  # nothing more: it is open
 
 
 # --- bugs this fuzz found, fixed: their reproductions -------------------------------

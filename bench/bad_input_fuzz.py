@@ -7,9 +7,9 @@ prints: requests per endpoint, the status-code histogram, responses >= 500
 (unexpected ones must be 0; those of reported gateway bugs are counted
 apart), engine restarts (must be 0) and RSS before/after.
 
-    .venv/bin/python bench/fuzz.py                   # 300 examples per test, engine and gateway
-    .venv/bin/python bench/fuzz.py --examples 2000 --only engine
-    .venv/bin/python bench/fuzz.py --known-bugs      # also send inputs of reported bugs
+    .venv/bin/python bench/bad_input_fuzz.py                   # 300 examples per test, engine and gateway
+    .venv/bin/python bench/bad_input_fuzz.py --examples 2000 --only engine
+    .venv/bin/python bench/bad_input_fuzz.py --known-bugs      # also send inputs of reported bugs
 
 Exit status: 0 when pytest passed and no unexpected 5xx was seen, 1 otherwise.
 """

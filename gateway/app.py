@@ -13,7 +13,6 @@ no data in them) are open; the page's data, /mlxd/status, needs the key.
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ from mlxd.api_errors import (ANTHROPIC_PATHS, ERROR_CODE_HEADER, ERROR_PARAM_HEA
                              error_type)
 from mlxd.keyfile import OWNER_HEADER, KeyFile
 
-from .errors import FALLBACK_HEADER, JSON, LITELLM_WRAPPER, ApiError, fallback_note, send_error, send_json
+from .errors import FALLBACK_FAILED, FALLBACK_HEADER, JSON, LITELLM_WRAPPER, ApiError, fallback_note, send_error, send_json
 from .health import PATHS as HEALTH_PATHS
 from .health import Health
 from .keys import matches, owner_of_key
@@ -82,7 +81,6 @@ def _word_code(code: object) -> bool:
     return isinstance(code, str) and bool(code) and not code.isdigit()
 
 
-FALLBACK_FAILED = re.compile(r"Fallback to (\S+) also failed: (.*)", re.DOTALL)
 AFTER_THE_ERROR = "\n\nLiteLLM: model group"  # where LiteLLM's own words start, after the upstream's
 PROVIDER = "llm_provider-"  # LiteLLM's prefix for an upstream's response headers
 

@@ -19,13 +19,15 @@ FALLBACK_HEADER = b"x-mlxd-fallback"
 FALLBACK_NOTE_CHARS = 200
 # "litellm.BadRequestError: OpenAIException - ", "litellm.RateLimitError: RateLimitError: OpenAIException - "
 LITELLM_WRAPPER = re.compile(r"(?:[\w.]+: )*\w*Exception - ")
+FALLBACK_FAILED = re.compile(r"Fallback to (\S+) also failed: (.*)", re.DOTALL)  # LiteLLM's words for it
 
 
 def fallback_note(target: str, said: str) -> bytes:
     """`x-mlxd-fallback`'s value (pure): which fallback failed, and its word,
-    on one line of ASCII, without LiteLLM's exception names."""
+    on one line of ASCII, without LiteLLM's exception names, and no space at
+    either end (h11 refuses such a header, and the connection would drop)."""
     why = LITELLM_WRAPPER.sub("", " ".join(said.split()))
-    return f"{target} failed too: {why}"[:FALLBACK_NOTE_CHARS].encode("ascii", "replace")
+    return f"{target} failed too: {why}"[:FALLBACK_NOTE_CHARS].strip().encode("ascii", "replace")
 
 
 @dataclass(frozen=True)

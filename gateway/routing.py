@@ -12,7 +12,7 @@ from enum import Enum
 from mlxd.api_errors import CLIENT_MISTAKES, INVALID_REQUEST, UNSUPPORTED_PARAMETER
 from mlxd.config import Config
 
-from .errors import ApiError, fallback_note
+from .errors import FALLBACK_FAILED, ApiError, fallback_note
 from .litellm_config import OLLAMA_SUFFIX, plan_embedding_routes, plan_routes
 
 # Client path -> the engine's path, for the requests the fast path takes.
@@ -260,10 +260,11 @@ def failed_fallback_note(fallback_body: bytes) -> bytes:
     """What the failed fallback said, for the `x-mlxd-fallback` header beside
     the engine's refusal, which the client gets as the engine wrote it (pure)."""
     try:
-        said = json.loads(fallback_body)["error"]["message"]
+        said = str(json.loads(fallback_body)["error"]["message"])
     except (ValueError, KeyError, TypeError):
         said = fallback_body.decode(errors="replace")
-    return fallback_note("the Ollama fallback", str(said))
+    failed = FALLBACK_FAILED.search(said)  # LiteLLM tried the engine again first: the fallback's own words
+    return fallback_note(failed.group(1), failed.group(2)) if failed else fallback_note("the Ollama fallback", said)
 
 
 def _error_code(body: bytes) -> str | None:

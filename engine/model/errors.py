@@ -50,7 +50,7 @@ class EngineError(Exception):
 
 def header_safe(value: str, limit: int = 200) -> str:
     """A value a header can carry (pure): ASCII, one line, bounded (a param may echo a client's key)."""
-    return " ".join(value.split())[:limit].encode("ascii", "replace").decode()
+    return " ".join(value.split())[:limit].strip().encode("ascii", "replace").decode()  # no end space: h11's rule
 
 
 def bad_request(message: str, *, param: str | None = None, code: str = INVALID_REQUEST) -> EngineError:

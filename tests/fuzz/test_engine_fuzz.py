@@ -445,6 +445,9 @@ def test_engine_survived_the_fuzz(engine, baseline):
     rss = min(rss_bytes(engine.proc.pid) for _ in range(3))
     RECORDER.note(target=TARGET, rss_after=rss, pid=engine.proc.pid, restarts=0)
     grown = rss - baseline["rss"]
+    health = requests.get(engine.url + "/health", timeout=10).json()  # where it went, for a failure's message
+    cache = {k: v for k, v in (health.get("prompt_cache") or {}).items() if "bytes" in k or "entries" in k}
     assert grown <= RSS_GROWTH_BOUND, (f"engine RSS grew {grown / 2**20:.1f} MiB during the fuzz "
-                                       f"({baseline['rss'] / 2**20:.0f} -> {rss / 2**20:.0f} MiB)")
+                                       f"({baseline['rss'] / 2**20:.0f} -> {rss / 2**20:.0f} MiB); the engine's "
+                                       f"memory: {health.get('memory')}, prompt cache: {cache}")
 

@@ -369,7 +369,18 @@ def test_what_the_failed_fallback_said_is_one_short_line_beside_the_engines_erro
     assert note.startswith(b"the Ollama fallback failed too: Cannot connect to host 127.0.0.1:11434 x")
     assert len(note) == 200 and b"\n" not in note and b"Exception" not in note
     assert failed_fallback_note(b"not json") == b"the Ollama fallback failed too: not json"
+    litellms = json.dumps({"error": {"message": "litellm.BadRequestError: OpenAIException - the engine's words\n\n"
+                                                "LiteLLM: model group 'coding' failed with the error above. Fallback to "
+                                                "coding--ollama also failed: litellm.APIConnectionError: "
+                                                "APIConnectionError: OpenAIException - Unmapped prompt format."}})
+    assert failed_fallback_note(litellms.encode()) == b"coding--ollama failed too: Unmapped prompt format."
     assert failed_fallback_note("caf\u00e9".encode()).isascii()
+    # cut where a space falls at the end: trimmed, or h11 refuses the header and the connection drops (found by fuzz)
+    spaced = json.dumps({"error": {"message": "x" * 167 + " tail words"}}).encode()  # the 200th character a space
+    assert not failed_fallback_note(spaced).endswith(b" ")
+    import h11
+
+    h11.Response(status_code=400, headers=[("x-mlxd-fallback", failed_fallback_note(spaced))])  # a valid header
 
 
 @pytest.mark.parametrize("message, code, note", [

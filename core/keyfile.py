@@ -14,7 +14,7 @@ import hmac
 import os
 import secrets
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 from mlxd.paths import remove_stale_temps, write_atomic
 
@@ -28,6 +28,12 @@ OWNER_HEADER = "x-mlxd-owner"
 def owner_of_key(key: str) -> str:
     """The owner a caller's key stands for (pure): a hash, so the key itself never leaves the gateway."""
     return hashlib.sha256(b"mlxd-owner:" + key.encode()).hexdigest()[:32]
+
+
+def owner_headers(asgi_headers: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
+    """The owner header the gateway's key guard set on a request, to pass on to the engine (pure)."""
+    name = OWNER_HEADER.encode()
+    return {OWNER_HEADER: v.decode("latin-1") for k, v in asgi_headers if k == name}
 
 
 def new_key(prefix: str) -> str:
@@ -112,10 +118,7 @@ def engine_headers(path: Path) -> dict[str, str]:
     """What a client of the engine's port sends: its key as `Authorization:
     Bearer`; nothing where the key file is not there yet (no engine has
     started in this home, so there is no engine to answer either)."""
-    try:
-        return {"Authorization": f"Bearer {read_key(path)}"}
-    except OSError:
-        return {}
+    return KeyFile(path).headers()
 
 
 class KeyFile:

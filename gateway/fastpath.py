@@ -39,7 +39,7 @@ from typing import Any
 import aiohttp
 
 from mlxd.config import Config
-from mlxd.keyfile import OWNER_HEADER, KeyFile
+from mlxd.keyfile import KeyFile, owner_headers
 from mlxd.records import EngineExit, SupervisionFile
 
 from .errors import FALLBACK_HEADER, JSON, ApiError, send_error, send_json
@@ -118,8 +118,8 @@ class EngineFastPath:
 
     def _headers(self, scope: dict) -> dict[str, str]:
         """The engine's key, and who the caller is (KeyGuard's hash) for its stored responses."""
-        owner = {OWNER_HEADER: v.decode("latin-1") for k, v in scope.get("headers", ()) if k == OWNER_HEADER.encode()}
-        return {"Content-Type": "application/json", **self.engine_key.headers(), **owner}
+        return {"Content-Type": "application/json", **self.engine_key.headers(),
+                **owner_headers(scope.get("headers", ()))}
 
     def _session(self) -> aiohttp.ClientSession:
         if self.session is None or self.session.closed:

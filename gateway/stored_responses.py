@@ -21,7 +21,7 @@ from urllib.parse import quote
 
 import aiohttp
 
-from mlxd.keyfile import OWNER_HEADER, KeyFile
+from mlxd.keyfile import KeyFile, owner_headers
 
 from .errors import JSON, ApiError, send_error, send_json
 
@@ -81,13 +81,12 @@ class StoredResponses:
             await send_error(send, ApiError(405, f"{scope['method'][:20]} is not allowed here: GET or DELETE",
                                             "method_not_allowed"), [(b"allow", b"GET, DELETE")], scope["path"])
             return
-        owner = {OWNER_HEADER: v.decode("latin-1")
-                 for k, v in scope.get("headers", ()) if k == OWNER_HEADER.encode()}
         if self.session is None or self.session.closed:
             self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT_S))
+        url = f"{self.base}/v1/responses/{quote(engine_response_id(response_id), safe='')}"
+        headers = {**self.engine_key.headers(), **owner_headers(scope.get("headers", ()))}
         try:
-            async with self.session.request(scope["method"], f"{self.base}/v1/responses/{quote(engine_response_id(response_id), safe='')}",
-                                            headers={**self.engine_key.headers(), **owner}) as resp:
+            async with self.session.request(scope["method"], url, headers=headers) as resp:
                 body = await resp.read()
                 status = resp.status
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError):

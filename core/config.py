@@ -24,12 +24,12 @@ from mlxd.config_loading import (CONFIG_ENV, ENV_OVERRIDES, ConfigError, EnvOver
 from mlxd.config_reference import default_config_text, env_help, reference_markdown
 from mlxd.config_schema import DEMO_MODEL_ID, MODEL_ID_PATTERN, REQUIRED_ALIASES, Config, connect_host, default_models
 from mlxd.config_engine import EngineConfig, ImagesConfig, PromptCacheConfig, RanksConfig
-from mlxd.config_sections import (LOCAL_ENGINE, SOURCES, EmbeddingSpec, GatewayConfig, ModelSpec, Strict,
+from mlxd.config_sections import (LOCAL_ENGINE, SOURCES, EmbeddingSpec, GatewayConfig, ModelSpec, RerankerSpec, Strict,
                                   SupervisorConfig, engine_host_url, host_entry_problem, is_loopback)
 from mlxd.paths import write_atomic
 
 __all__ = ["CONFIG_ENV", "DEFAULT_CONFIG_TEXT", "DEMO_MODEL_ID", "ENV_OVERRIDES", "LOCAL_ENGINE", "MODEL_ID_PATTERN",
-           "REQUIRED_ALIASES", "SOURCES", "Config", "ConfigError", "EmbeddingSpec", "EngineConfig", "EnvOverride", "GatewayConfig",
+           "REQUIRED_ALIASES", "SOURCES", "Config", "ConfigError", "EmbeddingSpec", "EngineConfig", "RerankerSpec", "EnvOverride", "GatewayConfig",
            "ImagesConfig", "ModelSpec", "PromptCacheConfig", "RanksConfig", "Strict", "SupervisorConfig",
            "apply_env_overrides", "config_path", "connect_host", "default_home", "default_models", "engine_host_url",
            "env_help", "host_entry_problem", "is_loopback", "load_config", "parse_config", "reference_markdown",

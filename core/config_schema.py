@@ -11,8 +11,8 @@ from pydantic import Field, model_validator
 
 from mlxd import default_embedding, default_model
 from mlxd.config_engine import EngineConfig
-from mlxd.config_sections import (LOCAL_ENGINE, EmbeddingSpec, GatewayConfig, ModelSpec, Strict, SupervisorConfig,
-                                  engine_host_url)
+from mlxd.config_sections import (LOCAL_ENGINE, EmbeddingSpec, GatewayConfig, ModelSpec, RerankerSpec, Strict,
+                                  SupervisorConfig, engine_host_url)
 from mlxd.paths import StatePaths
 
 REQUIRED_ALIASES = ("fast", "default", "coding", "reasoning")
@@ -39,6 +39,18 @@ def default_embeddings(folder: Path) -> dict[str, EmbeddingSpec]:
     return {}
 
 
+DEFAULT_RERANKER_ID = "reranker"
+
+
+def default_rerankers(embeddings: list[str]) -> dict[str, RerankerSpec]:
+    """With no reranker configured: `reranker`, the first embedding model's
+    vectors (the default one, all-MiniLM-L6-v2: no cross-encoder is published
+    on the package registry), else none."""
+    if DEFAULT_RERANKER_ID in embeddings or not embeddings:
+        return {}
+    return {DEFAULT_RERANKER_ID: RerankerSpec(embedding=embeddings[0])}
+
+
 def connect_host(bind_host: str) -> str:
     """The address a local client uses for a server bound to `bind_host`:
     a wildcard bind ("0.0.0.0", "::", "") is reached over IPv4 loopback; an
@@ -63,17 +75,38 @@ class Config(Strict):
         default_factory=lambda: default_embeddings(default_embedding.folder()), description=(
             "The embedding models by id (`[embeddings.ID]`), for `/v1/embeddings`. None configured: `embedding`, "
             "all-MiniLM-L6-v2, once set-up fetched it."))
+    rerankers: dict[str, RerankerSpec] = Field(default_factory=dict, description=(
+        "The rerankers by id (`[rerankers.ID]`), for `/v1/rerank`. None configured: `reranker`, the cosine of the "
+        "first embedding model's vectors (all-MiniLM-L6-v2 by default)."))
     aliases: dict[str, str] = Field(default_factory=dict, description=(
         "`alias = \"model id\"`. `fast`, `default`, `coding` and `reasoning` always exist; unset ones point at the "
         "first model under [models] (the default model, SmolLM2-135M-Instruct or the built-in demo model, when "
         "there is none)."))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_rerankers(cls, data: object) -> object:
+        """No `[rerankers]` in the file: the default follows the embedding models."""
+        if isinstance(data, dict) and "rerankers" not in data:
+            embeddings = data.get("embeddings")
+            names = list(embeddings) if isinstance(embeddings, dict) else \
+                list(default_embeddings(default_embedding.folder()))
+            data = {**data, "rerankers": default_rerankers(names)}
+        return data
 
     @model_validator(mode="after")
     def _check_names(self) -> "Config":
         for name in self.embeddings:
             if name in self.models or name in self.all_aliases:
                 raise ValueError(f"embeddings.{name} is also a model id or alias; pick one")
-        for name in list(self.models) + list(self.aliases) + list(self.embeddings):
+        for name, spec in self.rerankers.items():
+            if name in self.models or name in self.all_aliases or name in self.embeddings:
+                raise ValueError(f"rerankers.{name} is also a model id, alias or embedding model; pick one")
+            if spec.embedding is not None and spec.embedding not in self.embeddings:
+                raise ValueError(f"rerankers.{name}: embedding {spec.embedding!r} is not under [embeddings]")
+            if spec.chat_model is not None and self.resolve(spec.chat_model) is None:
+                raise ValueError(f"rerankers.{name}: chat_model {spec.chat_model!r} is not a model id or alias")
+        for name in list(self.models) + list(self.aliases) + list(self.embeddings) + list(self.rerankers):
             if not re.match(MODEL_ID_PATTERN, name):
                 raise ValueError(f"model/alias name {name!r} must match {MODEL_ID_PATTERN}")
         if self.gateway.light_model is not None and self.gateway.light_model not in self.models:

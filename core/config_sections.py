@@ -161,6 +161,39 @@ class EmbeddingSpec(Strict):
         return self
 
 
+class RerankerSpec(Strict):
+    """One reranker, under `[rerankers.ID]` (the ID is the name clients send to `/v1/rerank`), from exactly one
+    source: `path`/`repo`, a cross-encoder folder (a `...ForSequenceClassification` checkpoint with one label: BERT,
+    XLM-R, ModernBERT, as ms-marco-MiniLM or bge-reranker; resident beside the chat model, its memory counted in the
+    engine's budget, given back with it when idle); `embedding`, an `[embeddings]` id whose vectors' cosine ranks
+    (no second model in memory); or `chat_model`, a chat model id or alias whose answer "yes" or "no" to "does the
+    document meet the query?" ranks by its two logits (Qwen3-Reranker's way: a Mac running one big model needs no
+    second)."""
+
+    path: str | None = Field(default=None, description="A local cross-encoder folder (config.json, *.safetensors, "
+                                                       "tokenizer).")
+    repo: str | None = Field(default=None, description="A Hugging Face repo id of a cross-encoder.")
+    embedding: str | None = Field(default=None, description=(
+        "An `[embeddings]` id: documents ranked by the cosine of their vectors to the query's."))
+    chat_model: str | None = Field(default=None, description=(
+        "A chat model id or alias under `[models]`: documents ranked by its yes/no logits, one forward each."))
+    instruction: str = Field(default="Given a search query, retrieve relevant passages that answer the query",
+                             max_length=2000, description="The task `chat_model` is told (a request's "
+                                                          "`instruction` replaces it).")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "RerankerSpec":
+        given = [k for k in ("path", "repo", "embedding", "chat_model") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of path, repo, embedding, chat_model")
+        return self
+
+    @property
+    def kind(self) -> str:
+        """"cross-encoder", "embedding" or "chat"."""
+        return "embedding" if self.embedding else "chat" if self.chat_model else "cross-encoder"
+
+
 class SupervisorConfig(Strict):
     """Crash-aware supervision (supervisor/policy.py): backoff, crash loops, hangs. A crash after a healthy run
     restarts at once; crashes in a row back off; a crash loop stops restarts for a cool-down, while the gateway

@@ -30,7 +30,7 @@ class ModelRow:
     fits: bool
     verdict: str  # the estimate's reason: why it fits, or why it is served by Ollama only
     state: str  # "loaded", "idle, unloaded", "-" (not resident), "?" (engine not reachable)
-    kind: str = "chat"  # or "embedding": /v1/embeddings' models ([embeddings.ID]), resident beside the chat model
+    kind: str = "chat"  # or "embedding" ([embeddings.ID]) or "reranker" ([rerankers.ID]), beside the chat model
 
 
 def source_of(info: ModelInfo) -> str:
@@ -77,6 +77,34 @@ def embedding_rows(config: Config, weights: dict[str, int | None], disk: dict[st
     return rows
 
 
+def reranker_rows(config: Config, weights: dict[str, int | None], disk: dict[str, int | None],
+                  budget_bytes: int, health: EngineHealth | None) -> list[ModelRow]:
+    """One row per reranker (pure): a cross-encoder's weights are its
+    estimate (counted beside every chat model, as an embedding model's);
+    one of embeddings or of a chat model holds none of its own."""
+    rows = []
+    for reranker_id, spec in config.rerankers.items():
+        if spec.kind != "cross-encoder":
+            uses = spec.embedding if spec.embedding is not None else config.resolve(spec.chat_model or "")
+            if health is None:
+                state = "?"
+            else:
+                resident = health.embedding_model if spec.embedding is not None else health.resident_model
+                state = "loaded" if resident == uses else "-"
+            rows.append(ModelRow(reranker_id, [], f"{spec.kind} {uses}", True, None, 0, True,
+                                 f"ranks by {uses}'s {'vectors' if spec.embedding else 'yes/no'}: no weights of its "
+                                 "own", state, kind="reranker"))
+            continue
+        size = weights.get(reranker_id)
+        fits = size is None or size <= budget_bytes
+        state = "?" if health is None else "loaded" if health.reranker_model == reranker_id else "-"
+        rows.append(ModelRow(reranker_id, [], spec.path or spec.repo or "", disk.get(reranker_id) is not None,
+                             disk.get(reranker_id), size, fits, "resident beside the chat model, counted in its "
+                             "estimate" if fits else "its weights alone are over the memory budget", state,
+                             kind="reranker"))
+    return rows
+
+
 def _folder_bytes(folder: Path | None) -> int | None:
     if folder is None:
         return None
@@ -102,5 +130,10 @@ def gather_rows(config: Config, budget_bytes: int, health: EngineHealth | None) 
     folders = {m: embedding_dir(spec) for m, spec in config.embeddings.items()}
     weights = {m: (found[0] if (found := read_weight_bytes(f)) else None) if f is not None else None
                for m, f in folders.items()}
+    cross = {r: embedding_dir(spec) for r, spec in config.rerankers.items() if spec.kind == "cross-encoder"}
+    cross_weights = {r: (found[0] if (found := read_weight_bytes(f)) else None) if f is not None else None
+                     for r, f in cross.items()}
     return (model_rows(config, infos, {m: disk_bytes(config, m) for m in config.models}, health)
-            + embedding_rows(config, weights, {m: _folder_bytes(f) for m, f in folders.items()}, budget_bytes, health))
+            + embedding_rows(config, weights, {m: _folder_bytes(f) for m, f in folders.items()}, budget_bytes, health)
+            + reranker_rows(config, cross_weights, {r: _folder_bytes(f) for r, f in cross.items()}, budget_bytes,
+                            health))

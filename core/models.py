@@ -22,7 +22,7 @@ from pathlib import Path
 from mlxd import gguf, ollama_store
 from mlxd import memory_estimate as me
 from mlxd import moe_expert_bytes
-from mlxd.config import Config, EmbeddingSpec, ModelSpec
+from mlxd.config import Config, EmbeddingSpec, ModelSpec, RerankerSpec
 
 log = logging.getLogger("mlxd.models")
 
@@ -151,6 +151,7 @@ def model_info(config: Config, model_id: str, budget_bytes: int, weights_dtype: 
         draft = model_info(config, spec.draft, budget_bytes, weights_dtype, experts_float32).footprint
         footprint = with_draft(footprint, draft, spec.draft)
     footprint = with_encoder(footprint, largest_encoder(config))
+    footprint = with_encoder(footprint, largest_cross_encoder(config), "reranker")
     verdict = me.judge(name, footprint, budget_bytes, config.engine.heavy_patterns)
     pc = config.engine.prompt_cache
     configured = None if pc.memory_gib is None else int(pc.memory_gib * me.GIB)
@@ -173,8 +174,8 @@ def with_draft(footprint: me.Footprint, draft: me.Footprint, draft_id: str) -> m
                         f"{footprint.source}; with draft {draft_id}")
 
 
-def embedding_dir(spec: EmbeddingSpec) -> Path | None:
-    """An embedding model's folder on disk, if it is there (no download)."""
+def embedding_dir(spec: EmbeddingSpec | RerankerSpec) -> Path | None:
+    """A side model's folder on disk (an embedding model's, a cross-encoder's), if it is there (no download)."""
     if spec.path is not None:
         d = Path(spec.path).expanduser()
         return d if d.is_dir() else None
@@ -184,23 +185,36 @@ def embedding_dir(spec: EmbeddingSpec) -> Path | None:
 def largest_encoder(config: Config) -> tuple[str, int] | None:
     """(id, weight bytes) of the largest embedding model on disk: the room
     the engine keeps beside any chat model for the one resident (at most one)."""
+    return _largest({name: embedding_dir(spec) for name, spec in config.embeddings.items()})
+
+
+def largest_cross_encoder(config: Config) -> tuple[str, int] | None:
+    """(id, weight bytes) of the largest cross-encoder reranker on disk: the
+    room for the one resident beside the chat model and the embedding model
+    (a reranker of embeddings or of a chat model holds no weights of its own)."""
+    folders = {name: embedding_dir(spec) for name, spec in config.rerankers.items()  # type: ignore[arg-type]
+               if spec.kind == "cross-encoder"}
+    return _largest(folders)
+
+
+def _largest(folders: dict[str, Path | None]) -> tuple[str, int] | None:
     largest: tuple[str, int] | None = None
-    for name, spec in config.embeddings.items():
-        folder = embedding_dir(spec)
+    for name, folder in folders.items():
         found = me.read_weight_bytes(folder) if folder is not None else None
         if found is not None and (largest is None or found[0] > largest[1]):
             largest = (name, found[0])
     return largest
 
 
-def with_encoder(footprint: me.Footprint, encoder: tuple[str, int] | None) -> me.Footprint:
-    """A chat model's footprint with the room of an embedding model resident
-    beside it added to its weights (pure)."""
+def with_encoder(footprint: me.Footprint, encoder: tuple[str, int] | None,
+                 what: str = "embedding model") -> me.Footprint:
+    """A chat model's footprint with the room of a side model resident beside
+    it (an embedding model, a cross-encoder) added to its weights (pure)."""
     if footprint.weights_bytes is None or encoder is None:
         return footprint
     name, size = encoder
     return me.Footprint(footprint.weights_bytes + size, footprint.kv_bytes,
-                        f"{footprint.source}; with embedding model {name}")
+                        f"{footprint.source}; with {what} {name}")
 
 
 def heavy_models(config: Config, budget_bytes: int) -> dict[str, bool]:

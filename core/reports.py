@@ -153,6 +153,7 @@ class EngineHealth(Report):
     kv_cache: KVCacheLayout | None = None
     tools: str | None = None  # who renders a request's tools for the resident model: "template" or "mlxd"
     embedding_model: str | None = None  # the embedding model resident beside the chat model (/v1/embeddings)
+    reranker_model: str | None = None  # the cross-encoder reranker resident beside it (/v1/rerank)
     in_flight: str | None = None
     in_flight_fingerprint: str | None = None
     running: list[str] | None = None

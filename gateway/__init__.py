@@ -12,6 +12,7 @@ whole):
   fastpath.py        the engine fast path: light-model requests relayed past LiteLLM's chunk work
   hangup.py          a client that hangs up cancels its request, upstream to the engine too
   stored_responses.py  GET/DELETE /v1/responses/{id}: the engine's stored responses, the caller's own
+  rerank.py            POST /v1/rerank: checked, then LiteLLM's rerank route; a 503 that says Ollama has none
   openapi.py         GET /openapi.json: the gateway's API document, the engine's cut to what it serves
   routing.py         the fast path's decisions (pure): refused, to LiteLLM or to the engine
   litellm_config.py  LiteLLM's proxy config, generated from mlxd's: model groups, Ollama fallbacks

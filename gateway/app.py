@@ -39,7 +39,9 @@ SERVED_PATHS = frozenset({"/v1/chat/completions", "/chat/completions", "/v1/comp
                           # (engine/api/messages_api.py), LiteLLM's adapter for the fallback and count_tokens.
                           "/v1/messages", "/v1/messages/count_tokens",
                           # Embeddings: the engine's encoder, Ollama's twin as the fallback.
-                          "/v1/embeddings", "/embeddings"})
+                          "/v1/embeddings", "/embeddings",
+                          # Rerank (Cohere's v1 and v2 paths, Jina's): the engine's rerankers, no fallback.
+                          "/v1/rerank", "/rerank", "/v2/rerank"})
 # Auth headers never reach LiteLLM (it gets its inner key); nor does
 # accept-encoding: a gzip-compressed error could not be rewritten.
 AUTH_HEADERS = (b"authorization", b"x-api-key", b"api-key", b"accept-encoding", OWNER_HEADER.encode())

@@ -7,6 +7,7 @@ Every model id and alias becomes a LiteLLM model group:
   is never asked;
 - with `only_light`, every alias is the light model on MLX;
 - embedding models (`[embeddings]`): the engine, then their Ollama twin (`ollama/...`).
+- rerankers (`[rerankers]`): the engine's /v1/rerank through LiteLLM's vLLM provider; Ollama has no rerank.
 LiteLLM's defaults are wrong for a local fallback: a model on one engine gets
 no retries and no cooldown, so a refused connection falls back at once and
 an engine that is back gets traffic at once. A model on several engines
@@ -158,6 +159,10 @@ def render_litellm_config(config: Config, heavy: dict[str, bool]) -> dict[str, A
             "model": f"ollama/{r.ollama_model}", "api_base": config.gateway.ollama_url, "timeout": timeout},
             "model_info": embedding | never_cooled})
         fallbacks.append({r.name: [r.name + OLLAMA_SUFFIX]})
+    for name in config.rerankers:  # LiteLLM's rerank route through its vLLM provider (our /v1/rerank); no fallback
+        model_list.append({"model_name": name, "litellm_params": {
+            "model": f"hosted_vllm/{name}", "api_base": config.engine_url + "/v1", "api_key": api_key,
+            "timeout": timeout, "max_retries": 0}, "model_info": {"mode": "rerank"} | never_cooled})
     return {
         "model_list": model_list,
         "router_settings": {

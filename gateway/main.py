@@ -79,6 +79,7 @@ def build_app(config: Config) -> Any:
     from .health import Health
     from .status_page import StatusPage
     from .openapi import GatewayDocument
+    from .rerank import RerankRoute
     from .stored_responses import StoredResponses
 
     inner = litellm_app
@@ -90,6 +91,7 @@ def build_app(config: Config) -> Any:
     inner = SetAsideMiddleware(inner)
     inner = HangUpWatch(inner)  # a client that hangs up stops its request, upstream too
     inner = StoredResponses(inner, config.engine_url, engine_key)  # GET/DELETE /v1/responses/{id}: the engine's
+    inner = RerankRoute(inner, config)  # /v1/rerank: checked here, LiteLLM's route, no fallback
     inner = GatewayDocument(inner, config.engine_url, engine_key)  # GET /openapi.json: ours, not LiteLLM's
     guarded = KeyGuard(inner, paths.key, inner_key, Health(config.engine_url, config.gateway.ollama_url, engine_key),
                        StatusPage(config, budget, engine_key))

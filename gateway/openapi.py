@@ -24,7 +24,7 @@ from .errors import JSON, ApiError, send_error, send_json
 DOCUMENT_PATH = "/openapi.json"
 # The engine's operations the gateway serves (its SERVED_PATHS, in the engine's spelling).
 SERVED = {"/v1/chat/completions": ("post",), "/v1/completions": ("post",), "/v1/responses": ("post",),
-          "/v1/messages": ("post",), "/v1/embeddings": ("post",), "/v1/models": ("get",),
+          "/v1/messages": ("post",), "/v1/embeddings": ("post",), "/v1/rerank": ("post",), "/v1/models": ("get",),
           "/v1/responses/{response_id}": ("get", "delete")}
 ENGINE_DOWN = ApiError(503, "the gateway's API document is the engine's, and the engine is unavailable (down or "
                             "restarting): retry shortly", "engine_unavailable")

@@ -27,4 +27,5 @@ JSON or SSE; it never touches MLX. Every file, one line each:
   messages_api.py         Anthropic's Messages API request and its chat translation (pure; shared with the gateway)
   messages_builder.py     the Messages API's answers: the message and its streamed events, Anthropic's errors
   embeddings_api.py       POST /v1/embeddings: its model and dimensions decided (pure), the answer's formats
+  rerank_api.py           POST /v1/rerank (and /rerank, /v2/rerank): its reranker decided (pure), the answer
 """

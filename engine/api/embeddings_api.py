@@ -45,12 +45,16 @@ def output_size(requested: int | None, native: int, trained: list[int]) -> int:
 
 
 def cut(vectors: Any, size: int) -> Any:
-    """The first `size` components, made unit length again (pure; numpy)."""
+    """The first `size` components (pure; numpy), made unit length again
+    where the model's vectors are (OpenAI's `dimensions`); a model that does
+    not normalise (no Normalize module) keeps its scale."""
     import numpy as np
 
     if size == vectors.shape[1]:
         return vectors
     part = vectors[:, :size]
+    if not np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-3):
+        return part
     return part / np.maximum(np.linalg.norm(part, axis=1, keepdims=True), 1e-12)
 
 

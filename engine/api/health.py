@@ -106,6 +106,7 @@ class Health:
             kv_cache=KVCacheLayout(**dataclasses.asdict(w.resident_kv)) if w.resident_kv is not None else None,
             tools=w.resident_tools,
             embedding_model=w.resident_encoder,
+            reranker_model=w.resident_reranker,
             in_flight=s.in_flight,
             in_flight_fingerprint=s.in_flight_fingerprint,
             running=list(s.in_flight_ids),  # every request generating now (several when batching)

@@ -65,7 +65,10 @@ def register_gauges(metrics: EngineMetrics, worker: ModelWorker, admission: Admi
                      ("spec_tokens", "Tokens those forward passes produced"),
                      ("embedding_requests", "/v1/embeddings requests answered since start"),
                      ("embedding_inputs", "Inputs embedded since start"),
-                     ("embedding_tokens", "Tokens of the inputs embedded since start")):
+                     ("embedding_tokens", "Tokens of the inputs embedded since start"),
+                     ("rerank_requests", "/v1/rerank requests answered since start"),
+                     ("rerank_documents", "Documents ranked since start"),
+                     ("rerank_tokens", "Tokens the rerankers read since start")):
         m.gauge(f"mlxd_engine_{key}", doc, lambda k=key: w.counters[k])
     m.gauge("mlxd_engine_mlx_active_bytes", "MLX active memory", lambda: w.memory.active_bytes)
     m.gauge("mlxd_engine_mlx_peak_bytes", "MLX peak memory", lambda: w.memory.peak_bytes)

@@ -14,12 +14,13 @@ from typing import Any
 
 from .messages_api import MessagesRequest
 from .request_fields import MAX_STOP_SEQUENCES, MAX_TOKENS_SANITY
-from .request_schema import MAX_EMBEDDING_INPUTS, ChatCompletionRequest, CompletionRequest, EmbeddingRequest
+from .request_schema import (MAX_EMBEDDING_INPUTS, MAX_RERANK_DOCUMENTS, ChatCompletionRequest, CompletionRequest,
+                             EmbeddingRequest, RerankRequest)
 from .responses_api import ResponsesRequest
 
 ROUTES = (("POST /v1/chat/completions", ChatCompletionRequest), ("POST /v1/completions", CompletionRequest),
           ("POST /v1/responses", ResponsesRequest), ("POST /v1/messages", MessagesRequest),
-          ("POST /v1/embeddings", EmbeddingRequest))
+          ("POST /v1/embeddings", EmbeddingRequest), ("POST /v1/rerank", RerankRequest))
 BOUNDS = (("minLength", "length ≥ {}"), ("maxLength", "length ≤ {}"), ("minItems", "items ≥ {}"),
           ("maxItems", "items ≤ {}"), ("minProperties", "entries ≥ {}"), ("maxProperties", "entries ≤ {}"),
           ("minimum", "≥ {}"), ("exclusiveMinimum", "> {}"), ("maximum", "≤ {}"), ("exclusiveMaximum", "< {}"))
@@ -36,6 +37,12 @@ BEYOND_THE_SCHEMA = (
      "400 `invalid_request`"),
     ("chat, completions", "stop", f"at most {MAX_STOP_SEQUENCES} sequences", "400 `invalid_request`"),
     ("embeddings", "input", f"at most {MAX_EMBEDDING_INPUTS:,} inputs", "400 `invalid_request`"),
+    ("rerank", "documents", f"at most {MAX_RERANK_DOCUMENTS:,}, strings or objects with a `text` string; each pair "
+     "cut to the reranker's limit (a cross-encoder's tokens, an embedding model's inputs)",
+     "400 `invalid_request`"),
+    ("rerank", "instruction", "only for a chat-model reranker (`[rerankers.ID] chat_model`)", "400 `invalid_request`"),
+    ("rerank", "model", "a `[rerankers]` id (a chat or embedding model's name says which names rerank)",
+     "400 `invalid_request` / 404 `model_not_found`"),
     ("every route", "model", "a configured model id or alias, exactly", "404 `model_not_found`"),
     ("responses", "previous_response_id", "a response stored by the same key, within `stored_responses_ttl`",
      "400 `previous_response_not_found`"),

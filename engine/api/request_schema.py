@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, StringConstraints, field_validator, model_validator
 
 from mlxd.api_errors import INVALID_REQUEST, UNSUPPORTED_PARAMETER
 
@@ -251,6 +251,51 @@ class EmbeddingRequest(Lenient):
         if isinstance(v[0], str):
             return [clean_text(t) for t in v]  # type: ignore[arg-type]
         return [list(ids) for ids in v]  # type: ignore[union-attr]
+
+
+# Cohere's limit on documents in one rerank request; a text's length in characters.
+MAX_RERANK_DOCUMENTS = 1000
+MAX_RERANK_TEXT = 200_000
+
+
+class RerankRequest(Lenient):
+    """POST /v1/rerank (and /rerank, /v2/rerank), the shape Cohere's and
+    Jina's clients send: documents as strings or `{text}` objects, the best
+    `top_n`, the documents echoed back on `return_documents`, each cut to
+    `max_tokens_per_doc` tokens (Cohere's v2); `instruction` is for a
+    chat-model reranker (Qwen3-Reranker's task line). Unknown fields (LiteLLM's
+    truncation options, rank_fields) are ignored."""
+
+    model: ModelName
+    query: str = Field(min_length=1, max_length=MAX_RERANK_TEXT)
+    documents: list[Annotated[str, StringConstraints(max_length=MAX_RERANK_TEXT)]] = Field(
+        min_length=1, max_length=MAX_RERANK_DOCUMENTS)
+    top_n: int | None = Field(default=None, ge=1)
+    return_documents: bool = False
+    max_tokens_per_doc: int | None = Field(default=None, ge=1, le=1_000_000)
+    instruction: str | None = Field(default=None, min_length=1, max_length=2000)
+    keep_alive: KeepAlive = None
+
+    @field_validator("documents", mode="before")
+    @classmethod
+    def _texts(cls, v: object) -> object:
+        """`{text}` objects (Jina's, Cohere's v1) read as their text."""
+        if not isinstance(v, list):
+            return v
+        out = []
+        for i, d in enumerate(v):
+            if isinstance(d, dict):
+                if not isinstance(d.get("text"), str):
+                    raise ValueError(f"documents[{i}] must be a string or an object with a \"text\" string")
+                d = d["text"]
+            elif not isinstance(d, str):
+                raise ValueError(f"documents[{i}] must be a string or an object with a \"text\" string")
+            out.append(d)
+        return out
+
+    def texts(self) -> list[str]:
+        """The documents' texts, clean Unicode."""
+        return [clean_text(d) for d in self.documents]
 
 
 _UNION_MEMBER = re.compile(r"^(str|int|float|bool|none|.*\[.*\]|function-.*)$")

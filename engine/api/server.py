@@ -42,10 +42,12 @@ from ..cache.prompt_cache import PromptCache
 from .quarantine import QuarantineList
 from .relay import ClientGone, RequestRelay
 from .embeddings_api import answer_embeddings
+from .rerank_api import answer_rerank
 from .messages_api import MessagesRequest
 from .messages_api import to_chat_request as messages_to_chat
 from .messages_builder import MessagesBuilder
-from .request_schema import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, describe_validation_errors
+from .request_schema import (ChatCompletionRequest, CompletionRequest, EmbeddingRequest, RerankRequest,
+                             describe_validation_errors)
 from .responses_api import ResponsesRequest
 from .responses_to_chat import TranslationError, input_messages, to_chat_request
 from .responses_builder import ResponsesBuilder
@@ -137,7 +139,7 @@ class RequestCounter:
     BaseHTTPMiddleware would hide client disconnects from the handlers."""
 
     ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/embeddings",
-              "/v1/models", "/health", "/metrics")
+              "/v1/rerank", "/v1/models", "/health", "/metrics")
 
     def __init__(self, app, metrics: EngineMetrics) -> None:
         self.app = app
@@ -256,6 +258,19 @@ def create_app(engine: Engine, key: KeyFile, host_names: frozenset[str] = frozen
                                            engine.registry.config.engine.request_deadline_s)
         finally:
             engine.lifecycle.request_closed()
+
+    async def rerank(body: RerankRequest) -> dict:
+        engine.lifecycle.request_opened()
+        try:
+            return await answer_rerank(body, engine.registry.config, engine.embeddings,
+                                       engine.registry.config.engine.request_deadline_s)
+        finally:
+            engine.lifecycle.request_closed()
+
+    # Cohere's v2 and v1 paths, Jina's, vLLM's: one route, documented once.
+    app.post("/v1/rerank")(rerank)
+    for path in ("/rerank", "/v2/rerank"):
+        app.post(path, include_in_schema=False)(rerank)
 
     @app.get("/v1/responses/{response_id}")
     async def stored_response(response_id: str, request: Request) -> dict:

@@ -1,5 +1,6 @@
-"""An embedding request's turn between the core's steps (engine/core/embedding_queue.py
-holds the line): one owner, `EmbeddingTurn`, of the request under way.
+"""An embedding or rerank request's turn between the core's steps
+(engine/core/embedding_queue.py holds the line): one owner, `EmbeddingTurn`,
+of the request under way.
 
 An encoder's forward takes milliseconds, so a running answer waits one group
 of an embedding request's forwards between two of its tokens, never a whole
@@ -13,8 +14,8 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..model.errors import EngineError
-from ..model.runner import ModelRunner
-from .embedding_queue import EmbeddingQueue, EmbedJob
+from ..model.runner import ModelRunner, NeedsModel
+from .embedding_queue import EmbeddingQueue, SideJob
 
 
 def mlx_fault(exc: BaseException) -> EngineError:
@@ -24,14 +25,15 @@ def mlx_fault(exc: BaseException) -> EngineError:
 class EmbeddingTurn:
     def __init__(self, queue: EmbeddingQueue | None, runner: ModelRunner, counters: dict[str, int],
                  progress: Callable[[], None], served: Callable[[float | None], None],
-                 fatal: Callable[[BaseException], None]) -> None:
+                 fatal: Callable[[BaseException], None], make_resident: Callable[[str], None]) -> None:
         self.queue = queue
         self.runner = runner
         self.counters = counters
         self.progress = progress  # the core's heartbeat: a long request's forwards are no hang
         self.served = served  # the model's idle time starts again (keep_alive: the request's own, or None)
         self.fatal = fatal  # an MLX fault: the core fails everything and the engine exits
-        self.under_way: tuple[EmbedJob, Any] | None = None  # the request and its forwards
+        self.make_resident = make_resident  # the core's load of a chat model (a chat-model reranker's)
+        self.under_way: tuple[SideJob, Any] | None = None  # the request and its forwards
         self._last = False  # the last step was an embedding's: the next one is the scheduler's
 
     def take(self, chat_work: bool) -> bool:
@@ -48,7 +50,9 @@ class EmbeddingTurn:
             job = self.queue.take()
             if job is None:
                 return False
-            self._start(job)
+            if not self._start(job, chat_work):
+                self._last = False
+                return False
         if self.under_way is not None:
             self._advance()
         return True
@@ -59,18 +63,27 @@ class EmbeddingTurn:
             self.under_way[0].future.set_exception(error)
         self.under_way = None
 
-    def _start(self, job: EmbedJob) -> None:
-        """Its encoder resident (loaded when another or none is) and its inputs
-        tokenized; a refusal goes to its future."""
+    def _start(self, job: SideJob, chat_work: bool) -> bool:
+        """Its model resident (loaded when another or none is) and its inputs
+        tokenized; a refusal goes to its future. False: it waits at the head
+        of the line for the running answers to end (a chat-model reranker's
+        model to load)."""
         try:
-            encoder = self.runner.load_encoder(job.model_id)
-            self.under_way = (job, encoder.start(encoder.tokenize(job.inputs, job.truncate)))
+            try:
+                self.under_way = (job, job.start(self.runner))
+            except NeedsModel as need:
+                if chat_work:
+                    self.queue.put_back(job)  # type: ignore[union-attr]
+                    return False
+                self.make_resident(need.model_id)
+                self.under_way = (job, job.start(self.runner))
         except EngineError as exc:
             job.future.set_exception(exc)
         except (ValueError, TypeError) as exc:  # the tokenizer's refusal of an input
             job.future.set_exception(EngineError(400, f"input: {exc}", code="invalid_request", param="input"))
         except BaseException as exc:  # noqa: BLE001 - an MLX fault in the load: do not limp on
             self._fault(job, exc)
+        return True
 
     def _advance(self) -> None:
         """The request's next group of forwards; its vectors to its future once done."""
@@ -89,12 +102,11 @@ class EmbeddingTurn:
         if not done:
             return
         self.under_way = None
-        for key, value in (("embedding_requests", 1), ("embedding_inputs", len(run.ids)),
-                           ("embedding_tokens", run.tokens)):
-            self.counters[key] += value
+        for key, value in job.counted(run).items():
+            self.counters[key] = self.counters.get(key, 0) + value
         self.served(job.keep_alive_s)
-        job.future.set_result((run.vectors(), run.tokens))
+        job.future.set_result(job.result(run))
 
-    def _fault(self, job: EmbedJob, exc: BaseException) -> None:
+    def _fault(self, job: SideJob, exc: BaseException) -> None:
         job.future.set_exception(mlx_fault(exc))
         self.fatal(exc)

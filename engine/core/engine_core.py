@@ -114,9 +114,9 @@ class EngineCore:
         self.counters = {"model_loads": 0, "model_unloads": 0, "idle_unloads": 0, "generated_tokens": 0,
                          "prompt_tokens": 0, "jobs": 0, "spec_requests": 0, "spec_proposed": 0, "spec_accepted": 0,
                          "spec_forwards": 0, "spec_tokens": 0, "embedding_requests": 0, "embedding_inputs": 0,
-                         "embedding_tokens": 0}
+                         "embedding_tokens": 0, "rerank_requests": 0, "rerank_documents": 0, "rerank_tokens": 0}
         self.embedding_turn = EmbeddingTurn(embeddings, runner, self.counters, self.heartbeat, self.idle_unload.served,
-                                            self.fatal)
+                                            self.fatal, lambda model_id: self.residency.ensure(model_id))
 
     @property
     def embedding(self) -> Any:

@@ -174,6 +174,12 @@ class ModelWorker(threading.Thread):
         return encoder.model_id if encoder is not None else None
 
     @property
+    def resident_reranker(self) -> str | None:
+        """The cross-encoder reranker resident beside the chat model, if any (for /health)."""
+        reranker = getattr(self.core.runner, "reranker", None)
+        return reranker.model_id if reranker is not None else None
+
+    @property
     def resident_tools(self) -> str | None:
         """Who renders the resident model's tools: "template" or "mlxd" (for /health)."""
         resident = self.core.runner.resident

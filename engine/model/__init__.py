@@ -45,6 +45,9 @@ them. Every file, one line each:
   tool_calls.py           tool-call bodies in OpenAI's shape
   call_repair.py          malformed tool calls seen in the field, repaired before they are given up as text (pure)
   encoder.py              an embedding model: its load, limits, inputs' tokens and batched forwards
+  reranker.py             rerankers' models and forwards: a cross-encoder, an embedding model's cosine, a chat
+                          model's yes/no
+  rerank_decisions.py     the rerankers' decisions (pure): results' order, a cross-encoder's limit and activation
   gguf_convert.py         a GGUF file -> an MLX model folder, converted once
   demo_model.py           the tiny random-weight demo models, built locally
   demo_text.py            their chat templates and tokenizer corpus (data)

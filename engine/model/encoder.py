@@ -2,14 +2,31 @@
 
 mlx-vlm's encoders (MIT: BERT, ModernBERT, XLM-R, Qwen3-Embedding, Gemma
 embeddings...) are loaded as a sentence-transformers folder holds them
-(`load_embedding_model`, the pooling of `1_Pooling/`); the tokenizer is the
-folder's own (transformers). Inputs are tokenized whole: one longer than the
-model's limit is refused (400) unless the request asks to truncate, as
-sentence-transformers would silently. The forwards are batched by length
+(`load_embedding_model`); the tokenizer is the folder's own (transformers).
+Inputs are tokenized whole: one longer than the model's limit is refused
+(400) unless the request asks to truncate, as sentence-transformers would
+silently. The forwards are batched by length
 (`plan_batches`, pure): sorted, so rows of one forward are padded little, and
 bounded in padded tokens, so a forward's memory is bounded whatever the
 request. Runs on the worker thread only (engine/core/engine_core.py), beside
 the resident chat model (docs/DESIGN.md, "Embeddings beside the chat model").
+
+The vector is what sentence-transformers gives on the same folder
+(`pooling_plan`, pure): the model's last hidden states pooled here as
+`1_Pooling/config.json` says (cls, mean, max, mean_sqrt_len_tokens,
+weightedmean, lasttoken: a decoder embedder such as Qwen3-Embedding pools its
+last token, the <|endoftext|> its tokenizer appends), and made unit length
+only where `modules.json` lists a Normalize module -- so a model without one
+answers /v1/embeddings with vectors that are not unit length, as
+sentence-transformers does (mlx-vlm's own `text_embeds` are always
+normalised). A folder with other modules (Dense heads: EmbeddingGemma) keeps
+mlx-vlm's `text_embeds`, which apply them. A folder with no
+sentence-transformers files pools as sentence-transformers' fallback does
+(the last token of a causal LM's architecture, else the mean) but is
+normalised: there the files state nothing, model cards and OpenAI's
+embeddings are unit vectors, and the cosine is sentence-transformers' all the
+same. tests/engine/test_pooling.py checks each pooling against
+sentence-transformers on tiny folders (mlxd.devkit.tiny_encoders).
 """
 
 from __future__ import annotations
@@ -23,7 +40,6 @@ from typing import Any, Sequence
 
 import mlx.core as mx
 from mlx_vlm.embedding_loader import load_embedding_model
-from mlx_vlm.models.pooling import read_pooling_config
 
 from mlxd.api_errors import INVALID_REQUEST
 
@@ -37,6 +53,86 @@ log = logging.getLogger("mlxd.engine.model.encoder")
 # go in pairs, one per core, on CPU streams of their own (MLX's elementwise kernels use one core each).
 FORWARD_BOUNDS = {"gpu": (8192, 32 * 2**20), "cpu": (512, 4 * 2**20)}
 LENGTH_BUCKET = 8  # lengths padded to a multiple: fewer distinct shapes (MLX plans and compiles per shape)
+# sentence-transformers' pooling modes: its 1_Pooling/config.json's `pooling_mode`, or a legacy flag of each.
+POOLING_MODES = {"cls": "pooling_mode_cls_token", "max": "pooling_mode_max_tokens", "mean": "pooling_mode_mean_tokens",
+                 "mean_sqrt_len_tokens": "pooling_mode_mean_sqrt_len_tokens",
+                 "weightedmean": "pooling_mode_weightedmean_tokens", "lasttoken": "pooling_mode_lasttoken"}
+POOLED_HERE = {"Transformer", "Pooling", "Normalize"}  # modules.json's modules this file applies itself
+
+
+@dataclass(frozen=True)
+class PoolingPlan:
+    mode: str | None  # pooled here from the last hidden states; None: the model's own text_embeds
+    normalize: bool  # made unit length
+    why: str  # for the load's log line
+
+
+def default_pooling(config: dict) -> str:
+    """sentence-transformers' pooling for a folder without its files (pure):
+    the last token of a causal LM (unless `is_causal` is false), else the mean."""
+    architectures = config.get("architectures") or [""]
+    causal = architectures[0].endswith("ForCausalLM") and bool(config.get("is_causal", True))
+    return "lasttoken" if causal else "mean"
+
+
+def pooling_mode(pooling: dict) -> str:
+    """The one mode of a 1_Pooling/config.json (pure); ValueError for what is
+    not one of sentence-transformers' modes, or several concatenated."""
+    mode = pooling.get("pooling_mode")
+    if mode is None:
+        mode = [name for name, flag in POOLING_MODES.items() if pooling.get(flag)] or ["mean"]
+    modes = [mode] if isinstance(mode, str) else list(mode)
+    if len(modes) != 1 or modes[0] not in POOLING_MODES:
+        raise ValueError(f"1_Pooling/config.json asks for the pooling {mode!r}; mlxd pools with one of "
+                         f"{sorted(POOLING_MODES)}")
+    return modes[0]
+
+
+def pooling_plan(modules: list[dict] | None, pooling: dict | None, config: dict) -> PoolingPlan:
+    """How an encoder folder's vector is made (pure), from its modules.json,
+    1_Pooling/config.json and config.json (None where absent): as
+    sentence-transformers makes it, except that a folder with none of its
+    files is normalised (the module docstring says why)."""
+    mode = pooling_mode(pooling) if pooling is not None else default_pooling(config)
+    if modules is None:
+        return PoolingPlan(mode, True, f"{mode} pooling (no modules.json: sentence-transformers' default), normalised")
+    kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
+    normalize = "Normalize" in kinds
+    if not set(kinds) <= POOLED_HERE:
+        others = sorted(set(kinds) - POOLED_HERE)
+        return PoolingPlan(None, True, f"the model's own head (modules {others}), normalised"
+                                       + ("" if normalize else " (modules.json has no Normalize)"))
+    if "Pooling" not in kinds:
+        mode = default_pooling(config)
+    return PoolingPlan(mode, normalize, f"{mode} pooling, " + ("normalised" if normalize else "not normalised"))
+
+
+def read_pooling_plan(folder: Path) -> PoolingPlan:
+    def read(name: str) -> Any:
+        path = folder / name
+        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+    return pooling_plan(read("modules.json"), read("1_Pooling/config.json"), read("config.json") or {})
+
+
+def pool(hidden: Any, mask: Any, mode: str) -> Any:
+    """Rows' vectors from their tokens' last hidden states (float32), as
+    sentence-transformers' Pooling computes them; `mask` 1 on real tokens."""
+    h = hidden.astype(mx.float32)
+    m = mask.astype(mx.float32)[..., None]
+    length = h.shape[1]
+    first = mx.argmax(mask, axis=1)  # the first real token (rows are padded on the right: 0)
+    if mode == "cls":
+        return mx.take_along_axis(h, first[:, None, None], axis=1)[:, 0]
+    if mode == "lasttoken":
+        last = length - 1 - mx.argmax(mask[:, ::-1], axis=1)
+        return mx.take_along_axis(h * m, last[:, None, None], axis=1)[:, 0]
+    if mode == "max":
+        return mx.max(mx.where(m > 0, h, -mx.inf), axis=1)
+    if mode == "weightedmean":  # weights 1, 2, ... from the first real token
+        m = m * (mx.arange(1, length + 1, dtype=mx.float32)[None, :, None] - first[:, None, None])
+    total = mx.maximum(mx.sum(m, axis=1), 1e-9)
+    return mx.sum(h * m, axis=1) / (mx.sqrt(total) if mode == "mean_sqrt_len_tokens" else total)
 
 
 @dataclass(frozen=True)
@@ -106,8 +202,14 @@ class Encoder:
 
         started = time.monotonic()
         self.model_id = model_id
+        self.plan = read_pooling_plan(folder)
         self.model = load_embedding_model(folder)
-        self.model.pooling_config = read_pooling_config(folder)
+        if self.plan.mode is None:
+            from mlx_vlm.models.pooling import read_pooling_config
+
+            self.model.pooling_config = read_pooling_config(folder)
+        else:  # pooled here: the model's own (normalised) text_embeds are built lazily, never evaluated
+            self.model.pooling_config = {"pooling_mode": "cls"}
         self.tokenizer = AutoTokenizer.from_pretrained(str(folder))
         config = json.loads((folder / "config.json").read_text())
         st_path = folder / "sentence_bert_config.json"
@@ -125,6 +227,7 @@ class Encoder:
             prepare_encoder(self.model)  # the CPU's slow transcendental kernels replaced (engine/cpu/)
             self.streams = prompt_streams(usable_cores())
         self.load_s = time.monotonic() - started
+        log.info("embedding model %s: %s", model_id, self.plan.why)
 
     def tokenize(self, inputs: list[str] | list[list[int]], truncate: bool) -> list[list[int]]:
         """Token ids of each input, with the model's special tokens for text;
@@ -159,7 +262,14 @@ class Encoder:
         for k, row in enumerate(ids):
             tokens[k, :len(row)] = row
             mask[k, :len(row)] = 1
-        return self.model(mx.array(tokens), attention_mask=mx.array(mask)).text_embeds
+        mask = mx.array(mask)
+        out = self.model(mx.array(tokens), attention_mask=mask)
+        if self.plan.mode is None or out.last_hidden_state is None:
+            return out.text_embeds
+        vectors = pool(out.last_hidden_state, mask, self.plan.mode)
+        if self.plan.normalize:
+            vectors = vectors / mx.maximum(mx.linalg.norm(vectors, axis=-1, keepdims=True), 1e-12)
+        return vectors
 
     def _on_stream(self, k: int) -> Any:
         from contextlib import nullcontext

@@ -144,16 +144,12 @@ class ModelRegistry:
         """An embedding model's folder: its path, or its repo from the hub
         cache (downloaded once; an EngineError 503 where it cannot be)."""
         spec = self.config.embeddings[model_id]
-        if spec.path is not None:
-            return Path(spec.path).expanduser()
-        try:
-            from huggingface_hub import snapshot_download
+        return side_model_folder("embedding model", model_id, spec.path, spec.repo)
 
-            return Path(snapshot_download(spec.repo, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model",
-                                                                    "1_Pooling/*"]))
-        except Exception as exc:  # noqa: BLE001 - offline, no such repo: the gateway falls back
-            raise EngineError(503, f"could not fetch embedding model {model_id!r} ({spec.repo}): {exc}",
-                              code="model_load_failed", param="model", retry_after=30) from None
+    def reranker_folder(self, reranker_id: str) -> Path:
+        """A cross-encoder reranker's folder, as an embedding model's."""
+        spec = self.config.rerankers[reranker_id]
+        return side_model_folder("reranker", reranker_id, spec.path, spec.repo)
 
     def build_key(self, model_id: str, target: str) -> str:
         """`id@fingerprint` of the files `target` loads and the dtype they
@@ -186,3 +182,19 @@ class ModelRegistry:
         rows += [{"id": a, "object": "model", "created": 0, "owned_by": "mlxd", "alias_of": t}
                  for a, t in self.config.all_aliases.items()]
         return rows
+
+
+def side_model_folder(kind: str, model_id: str, path: str | None, repo: str | None) -> Path:
+    """A side model's folder (an embedding model, a cross-encoder): its path,
+    or its repo from the hub cache (downloaded once; an EngineError 503 where
+    it cannot be)."""
+    if path is not None:
+        return Path(path).expanduser()
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(repo, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model",
+                                                            "1_Pooling/*"]))
+    except Exception as exc:  # noqa: BLE001 - offline, no such repo: the gateway falls back
+        raise EngineError(503, f"could not fetch {kind} {model_id!r} ({repo}): {exc}",
+                          code="model_load_failed", param="model", retry_after=30) from None

@@ -25,6 +25,7 @@ from .generation import Generation, ResidentModel, VisionPrompt, tokenize, visio
 from .job import Job
 from .model_registry import ModelRegistry
 from .prefill_pace import PrefillPace
+from .rerank_decisions import RerankWork
 from ..cache.prompt_cache_policy import Fetched
 from .serving_plan import ServingPlan, serving_plan
 from .mlx_memory import MemorySnapshot
@@ -43,6 +44,14 @@ class Prompt:
     @property
     def image_tokens(self) -> int:
         return self.vision.image_tokens if self.vision is not None else 0
+
+
+class NeedsModel(Exception):
+    """A chat-model reranker's model is not the resident one."""
+
+    def __init__(self, model_id: str) -> None:
+        super().__init__(model_id)
+        self.model_id = model_id
 
 
 class ModelRunner:
@@ -64,6 +73,7 @@ class ModelRunner:
         self.decoders: Decoders | None = None
         self._wired_before: int | None = None
         self.encoder: Any = None  # the embedding model (engine/model/encoder.py), resident beside the chat model
+        self.reranker: Any = None  # the cross-encoder reranker (engine/model/reranker.py), likewise
 
     @property
     def resident_id(self) -> str | None:
@@ -183,7 +193,8 @@ class ModelRunner:
 
         if self.encoder is not None and self.encoder.model_id == model_id:
             return self.encoder
-        self.unload_encoder()
+        self.encoder = None  # one at a time: the other's buffers go before this one's load
+        gc.collect()
         folder = self.registry.embedding_folder(model_id)
         log.info("loading embedding model %s from %s", model_id, folder)
         try:
@@ -196,13 +207,60 @@ class ModelRunner:
         return self.encoder
 
     def unload_encoder(self) -> None:
-        if self.encoder is None:
+        """The side models (the embedding model, the cross-encoder) out of memory."""
+        if self.encoder is None and self.reranker is None:
             return
         import mlx.core as mx
 
-        self.encoder = None
+        self.encoder = self.reranker = None
         gc.collect()
         mx.clear_cache()
+
+    # --- rerankers ---------------------------------------------------------------
+    def load_reranker(self, reranker_id: str) -> Any:
+        """The cross-encoder `reranker_id`, loaded unless it is the one
+        resident; an EngineError (503) for a load that failed outside MLX."""
+        from .reranker import CrossEncoder
+
+        if self.reranker is not None and self.reranker.model_id == reranker_id:
+            return self.reranker
+        self.reranker = None
+        folder = self.registry.reranker_folder(reranker_id)
+        log.info("loading reranker %s from %s", reranker_id, folder)
+        try:
+            self.reranker = CrossEncoder(reranker_id, folder)
+        except (OSError, ValueError, KeyError, ImportError) as exc:
+            raise EngineError(503, f"could not load reranker {reranker_id!r}: {exc}", code="model_load_failed",
+                              param="model", retry_after=30) from exc
+        log.info("loaded reranker %s in %.2fs (pairs up to %d tokens)", reranker_id, self.reranker.load_s,
+                 self.reranker.max_tokens)
+        return self.reranker
+
+    def start_rerank(self, reranker_id: str, work: RerankWork) -> Any:
+        """A rerank request's forwards (stepped by the core's side turn) on
+        the model its reranker names; NeedsModel where that is a chat model
+        not resident (the core loads it once no answer is running)."""
+        from .reranker import ChatRerankRun, CosineRun, cut_documents
+
+        spec = self.registry.config.rerankers[reranker_id]
+        if spec.embedding is not None:
+            encoder = self.load_encoder(spec.embedding)
+            texts = [work.query, *cut_documents(encoder.tokenizer, work.documents, work.max_tokens_per_doc)]
+            if work.instruction is not None:
+                raise EngineError(400, "instruction: this reranker ranks by embeddings and takes no instruction (a "
+                                       "chat-model reranker does)", code="invalid_request", param="instruction")
+            return CosineRun(encoder.start(encoder.tokenize(texts, truncate=True)))
+        if spec.chat_model is not None:
+            model_id = self.registry.config.resolve(spec.chat_model)
+            if self.resident is None or self.resident.model_id != model_id:
+                raise NeedsModel(model_id)  # type: ignore[arg-type]
+            if self.resident.processor is not None or self.link is not None:
+                raise EngineError(400, f"the reranker {reranker_id!r} needs a text model served by one process; "
+                                       f"{model_id!r} is a vision model or a rank group", code="invalid_request",
+                                  param="model")
+            return ChatRerankRun(self.resident.model, self.resident.tokenizer, work,
+                                 work.instruction or spec.instruction, self.max_prompt_tokens)
+        return self.load_reranker(reranker_id).start(work)
 
     def reset_peak(self) -> None:
         import mlx.core as mx

@@ -66,7 +66,7 @@ def test_the_command_as_a_table_and_as_json(tmp_path, demo_models):
     out = subprocess.run(MLXD + ["models", "--json"], env=env, capture_output=True, text=True, timeout=60)
     body = json.loads(out.stdout)
     rows = {r["id"]: r for r in body["models"]}
-    assert set(rows) == {"demo-a", "big", "enc", "gone"} and body["budget_bytes"] > 0
+    assert set(rows) == {"demo-a", "big", "enc", "gone", "reranker"} and body["budget_bytes"] > 0
     assert [rows[m]["kind"] for m in ("demo-a", "enc")] == ["chat", "embedding"]
     assert rows["enc"]["on_disk"] and rows["enc"]["fits"] and not rows["gone"]["on_disk"]
     assert rows["demo-a"]["fits"] and rows["demo-a"]["disk_bytes"] == sum(
@@ -88,3 +88,27 @@ def test_an_embedding_models_row(tmp_path, health, weights, state, fits):
     assert (row.id, row.kind, row.state, row.fits, row.estimate_bytes, row.disk_bytes) == (
         "enc", "embedding", state, fits, weights, 1234)
     assert ("beside the chat model" in row.verdict) is fits
+
+
+@pytest.mark.parametrize("health, states", [
+    (None, {"cos": "?", "judge": "?", "ce": "?"}),
+    (EngineHealth(status="ok", resident_model="demo-a", embedding_model="enc", reranker_model="ce"),
+     {"cos": "loaded", "judge": "loaded", "ce": "loaded"}),
+    (EngineHealth(status="ok", resident_model=None, embedding_model=None, reranker_model=None),
+     {"cos": "-", "judge": "-", "ce": "-"}),
+])
+def test_rerankers_are_listed_with_what_they_use(tmp_path, health, states):
+    """`mlxd models` lists rerankers as embedding models are: a cross-encoder by its own weights, one of
+    embeddings or of a chat model by what it ranks with, none of its own; loaded as what it uses is."""
+    from mlxd.config import parse_config
+    from mlxd.model_list import reranker_rows
+
+    config = parse_config({"models": {"demo-a": {"demo": "a"}}, "aliases": {"default": "demo-a"},
+                           "embeddings": {"enc": {"path": str(tmp_path)}},
+                           "rerankers": {"cos": {"embedding": "enc"}, "judge": {"chat_model": "default"},
+                                         "ce": {"path": str(tmp_path)}}}, tmp_path)
+    rows = {r.id: r for r in reranker_rows(config, {"ce": 90 * 2**20}, {"ce": 91 * 2**20}, 2**30, health)}
+    assert {k: r.state for k, r in rows.items()} == states
+    assert all(r.kind == "reranker" for r in rows.values())
+    assert rows["ce"].estimate_bytes == 90 * 2**20 and rows["cos"].estimate_bytes == 0
+    assert rows["judge"].source == "chat demo-a" and rows["cos"].source == "embedding enc"

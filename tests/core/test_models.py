@@ -79,3 +79,32 @@ def test_the_largest_embedding_model_on_disk_is_counted_beside_every_chat_model(
     beside = model_info(config, "chat", 2**40).footprint
     assert beside.weights_bytes == alone.weights_bytes + 8192 and "embedding model large" in beside.source
     assert largest_encoder(parse_config(base, tmp_path)) is None
+
+
+def test_a_cross_encoder_reranker_is_counted_beside_the_embedding_model(tmp_path):
+    """A cross-encoder stays resident beside the chat and embedding models: the largest's weights count too;
+    a reranker of embeddings or of a chat model holds none of its own."""
+    from mlxd.config import parse_config
+    from mlxd.models import largest_cross_encoder, model_info
+
+    def folder(name: str, size: int) -> str:
+        d = tmp_path / name
+        d.mkdir()
+        header = json.dumps({"w": {"dtype": "F32", "shape": [size // 4], "data_offsets": [0, size]}}).encode()
+        (d / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + bytes(size))
+        return str(d)
+
+    chat = folder("chat", 1 << 20)
+    (tmp_path / "chat" / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64,
+                                                             "num_hidden_layers": 2, "num_attention_heads": 4}))
+    base = {"models": {"chat": {"path": chat}}, "embeddings": {"enc": {"path": folder("enc", 4096)}}}
+    no_cross = parse_config({**base, "rerankers": {"cos": {"embedding": "enc"}, "judge": {"chat_model": "chat"}}},
+                            tmp_path)
+    assert largest_cross_encoder(no_cross) is None
+    alone = model_info(no_cross, "chat", 2**40).footprint
+    assert alone.weights_bytes == (1 << 20) + 4096
+    config = parse_config({**base, "rerankers": {"ce": {"path": folder("ce", 16384)}, "cos": {"embedding": "enc"}}},
+                          tmp_path)
+    assert largest_cross_encoder(config) == ("ce", 16384)
+    beside = model_info(config, "chat", 2**40).footprint
+    assert beside.weights_bytes == alone.weights_bytes + 16384 and "reranker ce" in beside.source

@@ -113,7 +113,7 @@ def test_a_crash_record_names_what_was_in_flight(data, in_flight, fingerprints):
 
 # --- reports: the engine's /health and `mlxd status` ------------------------------
 
-WIRE_KEYS = {"status", "reason", "worker_alive", "phase", "resident_model", "kv_cache", "tools", "embedding_model", "in_flight",
+WIRE_KEYS = {"status", "reason", "worker_alive", "phase", "resident_model", "kv_cache", "tools", "embedding_model", "reranker_model", "in_flight",
              "in_flight_fingerprint", "running", "batch_size", "requests", "max_concurrency", "serving", "queue_depth", "queue_capacity",
              "max_observed_concurrency", "memory", "counters", "prompt_cache", "timings", "keep_alive_s",
              "unload_in_s", "unloaded_idle_at", "unloaded_idle_model", "uptime_s", "process_started_at", "ready_at", "pid"}

@@ -120,11 +120,14 @@ def test_the_vectors_size(requested, native, trained, size):
 
 
 def test_cut_vectors_are_unit_length_and_point_the_same_way():
-    vectors = np.random.default_rng(0).normal(size=(3, 16)).astype(np.float32)
+    raw = np.random.default_rng(0).normal(size=(3, 16)).astype(np.float32)
+    vectors = raw / np.linalg.norm(raw, axis=1, keepdims=True)  # a normalising model's
     got = cut(vectors, 8)
     assert got.shape == (3, 8) and np.allclose(np.linalg.norm(got, axis=1), 1, atol=1e-6)
     assert np.allclose(got / got[:, :1], vectors[:, :8] / vectors[:, :1], atol=1e-5)
     assert cut(vectors, 16) is vectors
+    kept = cut(raw, 8)  # a model without a Normalize module keeps its scale, as sentence-transformers' truncate_dim
+    assert np.array_equal(kept, raw[:, :8])
 
 
 @pytest.mark.parametrize("encoding", ["float", "base64"])

@@ -148,7 +148,7 @@ def engine_schemas(engine, names) -> dict:
 
 # Every operation of the engine's document (test_every_operation_is_fuzzed keeps this whole).
 OPERATIONS = [*ROUTES.items(), ("/v1/responses", "POST"), ("/v1/messages", "POST"), ("/v1/embeddings", "POST"),
-              ("/v1/responses/{response_id}", "GET"), ("/v1/responses/{response_id}", "DELETE"), ("/livez", "GET")]
+              ("/v1/rerank", "POST"), ("/v1/responses/{response_id}", "GET"), ("/v1/responses/{response_id}", "DELETE"), ("/livez", "GET")]
 
 
 def test_every_operation_is_fuzzed(engine):

@@ -143,8 +143,8 @@ def gateway_schemas(gw, key_headers) -> dict:
 
 # Every operation of the gateway's document (test_every_gateway_operation_is_fuzzed keeps this whole).
 OPERATIONS = [(CHAT, "POST"), (COMPLETIONS, "POST"), ("/v1/responses", "POST"), ("/v1/messages", "POST"),
-              ("/v1/embeddings", "POST"), ("/v1/models", "GET"), ("/v1/responses/{response_id}", "GET"),
-              ("/v1/responses/{response_id}", "DELETE")]
+              ("/v1/embeddings", "POST"), ("/v1/rerank", "POST"), ("/v1/models", "GET"),
+              ("/v1/responses/{response_id}", "GET"), ("/v1/responses/{response_id}", "DELETE")]
 SCHEMA_RUNS = [("as_served", path, method, "positive") for path, method in OPERATIONS
                if path not in (CHAT, COMPLETIONS)] + [
     (doc, path, "POST", mode) for doc in ("as_served", "known_models") for path in (CHAT, COMPLETIONS)

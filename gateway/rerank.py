@@ -1,0 +1,106 @@
+"""POST /v1/rerank (also /rerank and /v2/rerank) at the gateway: LiteLLM's
+rerank route, each reranker a `hosted_vllm/` deployment on the engine
+(gateway/litellm_config.py), with the checks LiteLLM does not make.
+
+LiteLLM answers a malformed body or an unknown model with a 500, so the body
+is checked here against the engine's own request model and the name against
+the rerankers (`rerank_refusal`, pure). Ollama has no rerank API, so there is
+no fallback: where the engine cannot answer (down, restarting), the client
+gets a 503 that says so, with Retry-After, instead of LiteLLM's 500; the
+engine's own refusals (400, 404, 429) pass as the engine wrote them
+(gateway/app.py's ErrorRewriter).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from mlxd.api_errors import INVALID_REQUEST
+from mlxd.config import Config
+
+from .errors import JSON, ApiError, send_error, send_json
+from .hangup import read_body
+
+PATHS = frozenset({"/v1/rerank", "/rerank", "/v2/rerank"})
+NO_FALLBACK = ("the MLX engine could not answer the rerank request (down or restarting) and there is no fallback: "
+               "Ollama has no rerank API; retry shortly")
+RETRY_AFTER_S = 5
+
+
+def rerank_refusal(body: bytes, config: Config) -> ApiError | None:
+    """Why the gateway refuses a rerank request before LiteLLM sees it, or None (pure)."""
+    from pydantic import ValidationError
+
+    from mlxd.engine.api.request_schema import RerankRequest, describe_validation_errors
+
+    try:
+        req = json.loads(body)
+    except (ValueError, RecursionError):
+        return ApiError(400, "the request body is not valid JSON" if body.strip() else "the request body is empty",
+                        INVALID_REQUEST)
+    if not isinstance(req, dict):
+        return ApiError(400, "the request body must be a JSON object", INVALID_REQUEST)
+    try:
+        RerankRequest.model_validate(req)
+    except ValidationError as exc:
+        message, param, code = describe_validation_errors(exc.errors())
+        return ApiError(400, message, code, param=param)
+    except (RecursionError, ValueError, TypeError):
+        return ApiError(400, "the request body could not be read", INVALID_REQUEST)
+    name = req["model"]
+    if name in config.rerankers:
+        return None
+    names = ", ".join(sorted(config.rerankers)) or "none is configured"
+    if name in config.embeddings or config.resolve(name) is not None:
+        return ApiError(400, f"{name!r} is not a reranker; /v1/rerank takes a reranker ({names})", INVALID_REQUEST,
+                        param="model")
+    return ApiError(404, f"the reranker {name[:100]!r} does not exist here (rerankers: {names})", "model_not_found",
+                    param="model")
+
+
+class _NoFallback:
+    """Wraps `send`: LiteLLM's 5xx for a rerank request becomes the 503 above."""
+
+    def __init__(self, send: Any) -> None:
+        self.send = send
+        self.replaced = False
+
+    async def __call__(self, message: dict) -> None:
+        if message["type"] == "http.response.start" and message["status"] >= 500:
+            self.replaced = True
+            error = ApiError(503, NO_FALLBACK, "engine_unavailable")
+            await send_json(self.send, 503, error.body(), [JSON, (b"retry-after", str(RETRY_AFTER_S).encode())])
+            return
+        if not self.replaced:
+            await self.send(message)
+
+
+class RerankRoute:
+    """ASGI: rerank requests checked, then LiteLLM's; anything else passes."""
+
+    def __init__(self, app: Any, config: Config) -> None:
+        self.app = app
+        self.config = config
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["path"] not in PATHS or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        body = await read_body(receive)
+        if body is None:
+            return  # the client went away
+        refusal = rerank_refusal(body, self.config)
+        if refusal is not None:
+            await send_error(send, refusal)
+            return
+        sent = False
+
+        async def replay() -> dict:
+            nonlocal sent
+            if sent:
+                return await receive()
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, _NoFallback(send))

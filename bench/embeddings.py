@@ -111,17 +111,35 @@ def reference(python: str, folder: Path, texts: list[str], batch: int, rounds: i
         return json.loads(out.read_text())
 
 
-def mlxd_arm(url: str, texts: list[str], batch: int, rounds: int) -> dict[str, Any]:
+def mlxd_arm(url: str, texts: list[str], batch: int, rounds: int, clients: int = 1,
+             encoding: str = "float") -> dict[str, Any]:
+    """The corpus as requests of `batch` inputs, sent by `clients` clients at once (each takes the next request
+    when its last is answered), the vectors as floats or as base64 (what the openai client asks for)."""
+    import base64
+    from concurrent.futures import ThreadPoolExecutor
+
+    import threading
+
+    chunks = [texts[i:i + batch] for i in range(0, len(texts), batch)]
+    local = threading.local()  # a session (kept-alive connection) per client
+
+    def post(chunk: list[str]) -> tuple[list[list[float]], int]:
+        if not hasattr(local, "session"):
+            local.session = requests.Session()
+        resp = local.session.post(url + "/v1/embeddings", timeout=300, json={
+            "model": "embedding", "input": chunk, "truncate": True, "encoding_format": encoding})
+        resp.raise_for_status()
+        body = resp.json()
+        if encoding == "base64":
+            rows = [np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4").tolist() for d in body["data"]]
+        else:
+            rows = [d["embedding"] for d in body["data"]]
+        return rows, body["usage"]["prompt_tokens"]
+
     def once() -> tuple[list[list[float]], int]:
-        vectors, tokens = [], 0
-        for i in range(0, len(texts), batch):
-            resp = requests.post(url + "/v1/embeddings", timeout=300, json={
-                "model": "embedding", "input": texts[i:i + batch], "truncate": True})
-            resp.raise_for_status()
-            body = resp.json()
-            vectors += [d["embedding"] for d in body["data"]]
-            tokens += body["usage"]["prompt_tokens"]
-        return vectors, tokens
+        with ThreadPoolExecutor(clients) as pool:
+            answers = list(pool.map(post, chunks))
+        return [v for rows, _ in answers for v in rows], sum(t for _, t in answers)
 
     once()  # warm: the load, the first shapes
     seconds = []
@@ -214,6 +232,9 @@ def main() -> None:
                     "(default: --batch); e.g. --batch 512 --reference-batch 32: the whole corpus in one call, "
                     "each arm batching it its own best way")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--clients", type=int, default=1, help="mlxd: clients sending the requests at once")
+    ap.add_argument("--encoding", choices=("float", "base64"), default="float",
+                    help="mlxd: the answer's encoding_format (the openai client asks for base64)")
     ap.add_argument("--reference-threads", type=int, default=0, help="torch threads (0: PyTorch's default)")
     ap.add_argument("--write-reference", type=Path, help="write the test fixture's vectors from the reference")
     ap.add_argument("--out", type=Path, default=RESULTS / "embeddings.json")
@@ -254,7 +275,7 @@ def main() -> None:
         mine = theirs = None
         for r in range(args.rounds):  # alternated: the machine's drift falls on both arms
             say(f"round {r + 1}/{args.rounds}: mlxd")
-            mine = mlxd_arm(engine.url, texts, args.batch, 1)
+            mine = mlxd_arm(engine.url, texts, args.batch, 1, args.clients, args.encoding)
             runs["mlxd"] += mine["seconds"]
             say(f"round {r + 1}/{args.rounds}: sentence-transformers")
             theirs = reference(args.reference_python, folder, texts, args.batch, 1, args.reference_threads,

@@ -15,6 +15,7 @@ too. What a request is (a job) and what it is told (events, errors) are the mode
   admission.py            the bounded FIFO in front of the worker (429, 503; pure policy)
   embedding_queue.py      embedding requests' own short line, served between the steps
   embedding_turn.py       the embedding request under way: its turn between the steps, its forwards, its answer
+  side_jobs.py            the side jobs: an embedding request, several joined into one run, a rerank request
   prompt_turns.py         a request's turn through the prompt cache: fetched, checkpointed, stored
   held_answers.py         answers' ends held until their prompt is on disk, sent from the step (never waited under it)
   backend_limit.py        a backend's capability limit met by a forward: the requests told, the model reloaded

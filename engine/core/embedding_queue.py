@@ -16,69 +16,14 @@ import threading
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import Callable
 
 from ..model.errors import EngineError
-from ..model.rerank_decisions import RerankWork
+from .side_jobs import JOIN_INPUTS, EmbedJob, JoinedEmbedJob, RerankJob, SideJob
 
-if TYPE_CHECKING:
-    from ..model.runner import ModelRunner
+__all__ = ["EMBEDDING_QUEUE", "EmbedJob", "EmbeddingQueue", "JoinedEmbedJob", "RerankJob", "SideJob"]
 
 EMBEDDING_QUEUE = 64  # waiting requests; one more is a 429
-
-
-class SideRun(Protocol):
-    """A request's forwards, a group at a time (engine/core/embedding_turn.py steps it)."""
-
-    tokens: int
-
-    def step(self) -> bool: ...
-
-
-@dataclass(frozen=True)
-class EmbedJob:
-    """One /v1/embeddings request for the worker: its inputs as strings or token ids."""
-
-    model_id: str
-    inputs: list[str] | list[list[int]]
-    truncate: bool
-    keep_alive_s: float | None
-    future: Future = field(default_factory=Future, compare=False)  # the vectors (numpy, n x d) and the token count
-    kind = "embedding"
-
-    def start(self, runner: ModelRunner) -> SideRun:
-        """Its encoder resident (loaded when another or none is), its inputs tokenized."""
-        encoder = runner.load_encoder(self.model_id)
-        return encoder.start(encoder.tokenize(self.inputs, self.truncate))
-
-    def result(self, run: Any) -> tuple[Any, int]:
-        return run.vectors(), run.tokens
-
-    def counted(self, run: Any) -> dict[str, int]:
-        return {"embedding_requests": 1, "embedding_inputs": len(run.ids), "embedding_tokens": run.tokens}
-
-
-@dataclass(frozen=True)
-class RerankJob:
-    """One /v1/rerank request for the worker: the reranker's id and the work."""
-
-    model_id: str
-    work: RerankWork
-    keep_alive_s: float | None
-    future: Future = field(default_factory=Future, compare=False)  # the scores (one a document) and the token count
-    kind = "rerank"
-
-    def start(self, runner: ModelRunner) -> SideRun:
-        return runner.start_rerank(self.model_id, self.work)
-
-    def result(self, run: Any) -> tuple[list[float], int]:
-        return run.scores(), run.tokens
-
-    def counted(self, run: Any) -> dict[str, int]:
-        return {"rerank_requests": 1, "rerank_documents": len(self.work.documents), "rerank_tokens": run.tokens}
-
-
-SideJob = EmbedJob | RerankJob
 
 
 class EmbeddingQueue:
@@ -102,8 +47,25 @@ class EmbeddingQueue:
         return None
 
     def take(self) -> SideJob | None:
+        """The first job in line; an embedding request takes the embedding
+        requests for its model right behind it along (a JoinedEmbedJob, up
+        to JOIN_INPUTS inputs in all): several clients' inputs sorted by
+        length together, in full forwards."""
         with self._lock:
-            return self._waiting.popleft() if self._waiting else None
+            if not self._waiting:
+                return None
+            job = self._waiting.popleft()
+            if not isinstance(job, EmbedJob):
+                return job
+            parts, inputs = [job], len(job.inputs)
+            while self._waiting:
+                nxt = self._waiting[0]
+                if not isinstance(nxt, EmbedJob) or nxt.model_id != job.model_id \
+                        or inputs + len(nxt.inputs) > JOIN_INPUTS:
+                    break
+                parts.append(self._waiting.popleft())
+                inputs += len(nxt.inputs)
+            return job if len(parts) == 1 else JoinedEmbedJob(tuple(parts))
 
     def put_back(self, job: SideJob) -> None:
         """A job taken that waits its turn again, first in line."""

@@ -59,8 +59,8 @@ class EmbeddingTurn:
 
     def fail(self, error: EngineError) -> None:
         """The request under way told `error` (the engine is going down)."""
-        if self.under_way is not None and not self.under_way[0].future.done():
-            self.under_way[0].future.set_exception(error)
+        if self.under_way is not None:
+            self.under_way[0].fail(error)
         self.under_way = None
 
     def _start(self, job: SideJob, chat_work: bool) -> bool:
@@ -78,9 +78,9 @@ class EmbeddingTurn:
                 self.make_resident(need.model_id)
                 self.under_way = (job, job.start(self.runner))
         except EngineError as exc:
-            job.future.set_exception(exc)
+            job.fail(exc)
         except (ValueError, TypeError) as exc:  # the tokenizer's refusal of an input
-            job.future.set_exception(EngineError(400, f"input: {exc}", code="invalid_request", param="input"))
+            job.fail(EngineError(400, f"input: {exc}", code="invalid_request", param="input"))
         except BaseException as exc:  # noqa: BLE001 - an MLX fault in the load: do not limp on
             self._fault(job, exc)
         return True
@@ -92,7 +92,7 @@ class EmbeddingTurn:
             done = run.step()
         except EngineError as exc:
             self.under_way = None
-            job.future.set_exception(exc)
+            job.fail(exc)
             return
         except BaseException as exc:  # noqa: BLE001 - an MLX fault: do not limp on
             self.under_way = None
@@ -105,8 +105,8 @@ class EmbeddingTurn:
         for key, value in job.counted(run).items():
             self.counters[key] = self.counters.get(key, 0) + value
         self.served(job.keep_alive_s)
-        job.future.set_result(job.result(run))
+        job.finish(run)
 
     def _fault(self, job: SideJob, exc: BaseException) -> None:
-        job.future.set_exception(mlx_fault(exc))
+        job.fail(mlx_fault(exc))
         self.fatal(exc)

@@ -151,6 +151,8 @@ class FakeEncoder:
         self.model_id, self.runner = model_id, runner
 
     def tokenize(self, inputs: list, truncate: bool) -> list[list[int]]:
+        if any(not isinstance(text, str) and min(text) < 0 for text in inputs):
+            raise EngineError(400, "a token id outside the vocabulary", code="invalid_request", param="input")
         return [list(range(len(text.split()))) if isinstance(text, str) else list(text) for text in inputs]
 
     def start(self, ids: list[list[int]]) -> "FakeRun":
@@ -903,6 +905,41 @@ def test_an_embedding_requests_forwards_alternate_with_decode_steps(engine, conc
     assert e.core.counters["embedding_requests"] == 1 and e.core.counters["embedding_inputs"] == 3
     for name in chat_jobs:
         e.jobs[name].cancelled.set()
+    e.run_until(lambda: e.all_ended() and e.idle())
+
+
+def test_waiting_embedding_requests_for_one_model_run_as_one(engine):
+    """Several clients' requests waiting together are one run (their inputs
+    planned together), each answered with its own vectors; another model's
+    request is not joined, nor one refused at its tokens."""
+    e = engine(1)
+    e.runner.answer = 100
+    e.submit("a", max_tokens=100)
+    e.run_until(lambda: len(e.runner.steps) >= 1)
+    first, second = e.embed("one two", "three"), e.embed("four five six")
+    other = e.embed("seven", model="other")
+    e.run_until(lambda: first.future.done() and second.future.done(), max_steps=20)
+    (v1, t1), (v2, t2) = first.future.result(0), second.future.result(0)
+    assert v1[:, 0].tolist() == [2, 1] and t1 == 3 and v2[:, 0].tolist() == [3] and t2 == 3
+    assert e.runner.encoder_loads == ["enc"] and not other.future.done()  # the other model's: the next run
+    assert e.core.counters["embedding_requests"] == 2 and e.core.counters["embedding_inputs"] == 3
+    e.run_until(other.future.done, max_steps=20)
+    assert e.runner.encoder_loads == ["enc", "other"]
+    e.jobs["a"].cancelled.set()
+    e.run_until(lambda: e.all_ended() and e.idle())
+
+
+def test_a_joined_request_refused_at_its_tokens_leaves_the_others(engine):
+    e = engine(1)
+    e.runner.answer = 100
+    e.submit("a", max_tokens=100)
+    e.run_until(lambda: len(e.runner.steps) >= 1)
+    good, bad = e.embed("one two"), e.embed("x")
+    object.__setattr__(bad, "inputs", [[-1]])  # ids the fake's tokenizer refuses
+    e.run_until(good.future.done, max_steps=20)
+    assert good.future.result(0)[1] == 2
+    assert bad.future.exception(0).status == 400 and e.core.counters["embedding_requests"] == 1
+    e.jobs["a"].cancelled.set()
     e.run_until(lambda: e.all_ended() and e.idle())
 
 

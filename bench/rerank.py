@@ -68,6 +68,29 @@ json.dump(out, open(args["out"], "w"))
 """
 
 
+def minilm_sized_cross_encoder(minilm: Path, dest: Path) -> Path:
+    """A cross-encoder of a real one's size (ms-marco-MiniLM-L6-v2's shape: 22.7M parameters): all-MiniLM-L6-v2's
+    encoder under a seeded random classifier. Its order means nothing; its speed and memory are a real one's."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    dest.mkdir(parents=True, exist_ok=True)
+    weights = {f"bert.{k}": v for k, v in load_file(str(minilm / "model.safetensors")).items()
+               if not k.endswith("position_ids")}
+    rng = np.random.default_rng(53)
+    weights["classifier.weight"] = rng.normal(0, 0.05, (1, 384)).astype(np.float32)
+    weights["classifier.bias"] = np.zeros(1, np.float32)
+    save_file(weights, str(dest / "model.safetensors"))
+    config = json.loads((minilm / "config.json").read_text())
+    config.update(architectures=["BertForSequenceClassification"], num_labels=1, id2label={"0": "LABEL_0"},
+                  label2id={"LABEL_0": 0})
+    (dest / "config.json").write_text(json.dumps(config))
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+        shutil.copy(minilm / name, dest / name)
+    return dest
+
+
 def spearman(a: list[float], b: list[float]) -> float:
     def ranks(x: list[float]) -> np.ndarray:
         x_arr = np.asarray(x, dtype=np.float64)
@@ -93,7 +116,9 @@ def mlxd_scores(url: str, model: str, query: str, documents: list[str]) -> list[
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reference-python", required=True, help="a Python with sentence-transformers and torch")
-    ap.add_argument("--cross-encoder", type=Path, help="a cross-encoder folder (default: the tiny BERT one)")
+    ap.add_argument("--cross-encoder", help="a cross-encoder folder; 'tiny' (devkit.tiny_encoders' BERT one), or "
+                    "'minilm-sized' (the default: all-MiniLM-L6-v2's encoder under a random classifier)",
+                    default="minilm-sized")
     ap.add_argument("--documents", type=int, default=256, help="passages ranked against one query, for the speed")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", type=Path, default=RESULTS / "rerank.json")
@@ -102,11 +127,14 @@ def main() -> None:
     if minilm is None:
         sys.exit("the default embedding model is not fetched (./scripts/setup.sh)")
     home = Path(tempfile.mkdtemp(prefix="mlxd-bench-rerank-"))
-    cross = args.cross_encoder
-    if cross is None:
+    if args.cross_encoder == "tiny":
         from mlxd.devkit import tiny_encoders
 
         cross = tiny_encoders.build("bert-cross-encoder", home / "cross", minilm)
+    elif args.cross_encoder == "minilm-sized":
+        cross = minilm_sized_cross_encoder(minilm, home / "cross")
+    else:
+        cross = Path(args.cross_encoder)
     sets = [(q, docs) for q, docs, _ in RANKING_SETS]
     speed_query, speed_docs = "why did the release build fail on the laptop?", corpus(args.documents, seed=7)
     engine = start_engine(home, {"engine": {"keep_alive": "-1"}, "embeddings": {"embedding": {"path": str(minilm)}},

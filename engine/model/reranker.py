@@ -64,10 +64,13 @@ class CrossEncoder:
         self.pad_id = self.tokenizer.pad_token_id or 0
         on_cpu = mx.default_device().type == mx.DeviceType.cpu
         self.bounds = FORWARD_BOUNDS["cpu" if on_cpu else "gpu"]
+        self.streams = 1
         if on_cpu:
             from ..cpu.cpu_encoder import prepare_encoder
+            from ..cpu.cpu_linear import prompt_streams, usable_cores
 
             prepare_encoder(self.model)  # BERT's layers: the CPU's slow exp/erf replaced (engine/cpu/)
+            self.streams = prompt_streams(usable_cores())  # forwards in pairs, one per core, as the encoder's
         self.load_s = time.monotonic() - started
 
     def start(self, work: RerankWork) -> "CrossEncoderRun":
@@ -105,11 +108,26 @@ class CrossEncoderRun:
         self._next = 0
 
     def step(self) -> bool:
-        batch = self.batches[self._next]
-        self._next += 1
-        got = self.encoder.forward([self.ids[i] for i in batch], [self.types[i] for i in batch])
-        for i, score in zip(batch, np.array(got.astype(mx.float32))):
-            self._scores[i] = float(score)
+        """The next group of forwards (one per stream), evaluated together; whether the request is done."""
+        from contextlib import nullcontext
+
+        enc = self.encoder
+        group = self.batches[self._next:self._next + enc.streams]
+        self._next += len(group)
+        scores = []
+        for k, batch in enumerate(group):
+            if enc.streams > 1:
+                from ..cpu.cpu_linear import on_stream
+
+                context = on_stream(k)
+            else:
+                context = nullcontext()
+            with context:
+                scores.append(enc.forward([self.ids[i] for i in batch], [self.types[i] for i in batch]))
+        mx.eval(*scores)
+        for batch, got in zip(group, scores):
+            for i, score in zip(batch, np.array(got.astype(mx.float32))):
+                self._scores[i] = float(score)
         return self._next >= len(self.batches)
 
     def scores(self) -> list[float]:

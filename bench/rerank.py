@@ -92,15 +92,9 @@ def minilm_sized_cross_encoder(minilm: Path, dest: Path) -> Path:
 
 
 def spearman(a: list[float], b: list[float]) -> float:
-    def ranks(x: list[float]) -> np.ndarray:
-        x_arr = np.asarray(x, dtype=np.float64)
-        r = np.argsort(np.argsort(x_arr, kind="stable"), kind="stable").astype(np.float64)
-        for value in np.unique(x_arr):
-            tied = x_arr == value
-            r[tied] = r[tied].mean()
-        return r
-    ra, rb = ranks(a), ranks(b)
-    return float(np.corrcoef(ra, rb)[0, 1])
+    from scipy.stats import spearmanr
+
+    return float(spearmanr(a, b).statistic)
 
 
 def mlxd_scores(url: str, model: str, query: str, documents: list[str]) -> list[float]:

@@ -13,9 +13,22 @@ from mlxd.api_errors import INVALID_REQUEST
 from mlxd.config import Config
 from mlxd.durations import parse_duration
 
-from ..core.embedding_queue import EmbeddingQueue, EmbedJob
+from ..core.embedding_queue import EmbeddingQueue, EmbedJob, RerankJob
 from ..model.errors import EngineError
 from .request_schema import EmbeddingRequest
+
+
+async def run_side_job(queue: EmbeddingQueue, job: EmbedJob | RerankJob, timeout_s: float, what: str) -> Any:
+    """The job handed to the worker's side line and its result awaited: the
+    line's refusal (busy, shutting down) or a 503 past `timeout_s`."""
+    refusal = queue.offer(job)
+    if refusal is not None:
+        raise refusal
+    try:
+        return await asyncio.wait_for(asyncio.wrap_future(job.future), timeout_s)
+    except asyncio.TimeoutError:
+        raise EngineError(503, f"the {what} request took longer than {timeout_s:.0f}s", code="queue_timeout",
+                          retry_after=5) from None
 
 
 def embedding_model(config: Config, name: str) -> str:
@@ -76,13 +89,6 @@ async def answer_embeddings(body: EmbeddingRequest, config: Config, queue: Embed
     model_id = embedding_model(config, body.model)
     keep_alive = None if body.keep_alive is None else parse_duration(body.keep_alive)
     job = EmbedJob(model_id, body.inputs(), body.truncate, keep_alive)
-    refusal = queue.offer(job)
-    if refusal is not None:
-        raise refusal
-    try:
-        vectors, tokens = await asyncio.wait_for(asyncio.wrap_future(job.future), timeout_s)
-    except asyncio.TimeoutError:
-        raise EngineError(503, f"the embedding request took longer than {timeout_s:.0f}s", code="queue_timeout",
-                          retry_after=5) from None
+    vectors, tokens = await run_side_job(queue, job, timeout_s, "embedding")
     size = output_size(body.dimensions, vectors.shape[1], config.embeddings[model_id].dimensions)
     return embeddings_body(cut(vectors, size), body.encoding_format, body.model, tokens)

@@ -8,7 +8,6 @@ them.
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 
 from mlxd.api_errors import INVALID_REQUEST
@@ -18,6 +17,7 @@ from mlxd.durations import parse_duration
 from ..core.embedding_queue import EmbeddingQueue, RerankJob
 from ..model.errors import EngineError
 from ..model.rerank_decisions import RerankWork, ranked
+from .embeddings_api import run_side_job
 from .request_schema import RerankRequest
 
 
@@ -58,13 +58,5 @@ async def answer_rerank(body: RerankRequest, config: Config, queue: EmbeddingQue
     keep_alive = None if body.keep_alive is None else parse_duration(body.keep_alive)
     texts = body.texts()
     work = RerankWork(body.query, texts, body.max_tokens_per_doc, body.instruction)
-    job = RerankJob(reranker_id, work, keep_alive)
-    refusal = queue.offer(job)
-    if refusal is not None:
-        raise refusal
-    try:
-        scores, tokens = await asyncio.wait_for(asyncio.wrap_future(job.future), timeout_s)
-    except asyncio.TimeoutError:
-        raise EngineError(503, f"the rerank request took longer than {timeout_s:.0f}s", code="queue_timeout",
-                          retry_after=5) from None
+    scores, tokens = await run_side_job(queue, RerankJob(reranker_id, work, keep_alive), timeout_s, "rerank")
     return rerank_body(scores, body, texts, tokens)

@@ -36,7 +36,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import mlx.core as mx
 from mlx_vlm.embedding_loader import load_embedding_model
@@ -271,14 +271,25 @@ class Encoder:
             vectors = vectors / mx.maximum(mx.linalg.norm(vectors, axis=-1, keepdims=True), 1e-12)
         return vectors
 
-    def _on_stream(self, k: int) -> Any:
-        from contextlib import nullcontext
 
-        if self.streams == 1:
-            return nullcontext()
-        from ..cpu.cpu_linear import on_stream
 
-        return on_stream(k)
+def forwards_on_streams(streams: int, forwards: list[Callable[[], Any]]) -> list[Any]:
+    """Each forward built on a stream of its own (one per CPU core: MLX's
+    elementwise kernels use one core each) and all evaluated together."""
+    from contextlib import nullcontext
+
+    out = []
+    for k, forward in enumerate(forwards):
+        if streams > 1:
+            from ..cpu.cpu_linear import on_stream
+
+            context: Any = on_stream(k)
+        else:
+            context = nullcontext()
+        with context:
+            out.append(forward())
+    mx.eval(*out)
+    return out
 
 
 class EmbeddingRun:
@@ -301,11 +312,8 @@ class EmbeddingRun:
         enc = self.encoder
         group = self.batches[self._next:self._next + enc.streams]
         self._next += len(group)
-        vectors = []
-        for k, batch in enumerate(group):  # built on a stream each, evaluated together
-            with enc._on_stream(k):
-                vectors.append(enc._forward([self.ids[i] for i in batch]))
-        mx.eval(*vectors)
+        vectors = forwards_on_streams(enc.streams, [
+            lambda batch=batch: enc._forward([self.ids[i] for i in batch]) for batch in group])
         for batch, got in zip(group, vectors):
             for row, i in zip(np.array(got.astype(mx.float32)), batch):
                 self._rows[i] = row

@@ -28,7 +28,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from .encoder import FORWARD_BOUNDS, EmbeddingRun, padded, plan_batches
+from .encoder import FORWARD_BOUNDS, EmbeddingRun, forwards_on_streams, padded, plan_batches
 from .errors import EngineError
 from .rerank_decisions import (CHAT_SUFFIX, IDENTITY, RerankWork, activation, chat_messages, cosine_scores, pair_limit,
                                yes_probability)
@@ -109,22 +109,12 @@ class CrossEncoderRun:
 
     def step(self) -> bool:
         """The next group of forwards (one per stream), evaluated together; whether the request is done."""
-        from contextlib import nullcontext
-
         enc = self.encoder
         group = self.batches[self._next:self._next + enc.streams]
         self._next += len(group)
-        scores = []
-        for k, batch in enumerate(group):
-            if enc.streams > 1:
-                from ..cpu.cpu_linear import on_stream
-
-                context = on_stream(k)
-            else:
-                context = nullcontext()
-            with context:
-                scores.append(enc.forward([self.ids[i] for i in batch], [self.types[i] for i in batch]))
-        mx.eval(*scores)
+        scores = forwards_on_streams(enc.streams, [
+            lambda batch=batch: enc.forward([self.ids[i] for i in batch], [self.types[i] for i in batch])
+            for batch in group])
         for batch, got in zip(group, scores):
             for i, score in zip(batch, np.array(got.astype(mx.float32))):
                 self._scores[i] = float(score)

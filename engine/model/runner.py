@@ -191,20 +191,26 @@ class ModelRunner:
         (one at a time); an EngineError (503) for a load that failed outside MLX."""
         from .encoder import Encoder
 
-        if self.encoder is not None and self.encoder.model_id == model_id:
-            return self.encoder
-        self.encoder = None  # one at a time: the other's buffers go before this one's load
-        gc.collect()
-        folder = self.registry.embedding_folder(model_id)
-        log.info("loading embedding model %s from %s", model_id, folder)
-        try:
-            self.encoder = Encoder(model_id, folder)
-        except (OSError, ValueError, KeyError, ImportError) as exc:
-            raise EngineError(503, f"could not load embedding model {model_id!r}: {exc}", code="model_load_failed",
-                              param="model", retry_after=30) from exc
-        log.info("loaded embedding model %s in %.2fs (%d dimensions, inputs up to %d tokens)", model_id,
-                 self.encoder.load_s, self.encoder.limits.dimensions, self.encoder.limits.max_tokens)
+        if self.encoder is None or self.encoder.model_id != model_id:
+            self.encoder = None  # one at a time: the other's buffers go before this one's load
+            self.encoder = self._load_side("embedding model", model_id, self.registry.embedding_folder, Encoder)
+            log.info("embedding model %s: %d dimensions, inputs up to %d tokens", model_id,
+                     self.encoder.limits.dimensions, self.encoder.limits.max_tokens)
         return self.encoder
+
+    def _load_side(self, kind: str, model_id: str, folder_of: Callable[[str], Any], build: Callable[..., Any]) -> Any:
+        """A side model (an encoder, a cross-encoder) from its folder; an EngineError (503) for a load that failed
+        outside MLX."""
+        gc.collect()
+        folder = folder_of(model_id)
+        log.info("loading %s %s from %s", kind, model_id, folder)
+        try:
+            loaded = build(model_id, folder)
+        except (OSError, ValueError, KeyError, ImportError) as exc:
+            raise EngineError(503, f"could not load {kind} {model_id!r}: {exc}", code="model_load_failed",
+                              param="model", retry_after=30) from exc
+        log.info("loaded %s %s in %.2fs", kind, model_id, loaded.load_s)
+        return loaded
 
     def unload_encoder(self) -> None:
         """The side models (the embedding model, the cross-encoder) out of memory."""
@@ -222,18 +228,9 @@ class ModelRunner:
         resident; an EngineError (503) for a load that failed outside MLX."""
         from .reranker import CrossEncoder
 
-        if self.reranker is not None and self.reranker.model_id == reranker_id:
-            return self.reranker
-        self.reranker = None
-        folder = self.registry.reranker_folder(reranker_id)
-        log.info("loading reranker %s from %s", reranker_id, folder)
-        try:
-            self.reranker = CrossEncoder(reranker_id, folder)
-        except (OSError, ValueError, KeyError, ImportError) as exc:
-            raise EngineError(503, f"could not load reranker {reranker_id!r}: {exc}", code="model_load_failed",
-                              param="model", retry_after=30) from exc
-        log.info("loaded reranker %s in %.2fs (pairs up to %d tokens)", reranker_id, self.reranker.load_s,
-                 self.reranker.max_tokens)
+        if self.reranker is None or self.reranker.model_id != reranker_id:
+            self.reranker = None
+            self.reranker = self._load_side("reranker", reranker_id, self.registry.reranker_folder, CrossEncoder)
         return self.reranker
 
     def start_rerank(self, reranker_id: str, work: RerankWork) -> Any:

@@ -54,17 +54,21 @@ def test_the_child_process_sees_what_this_process_sees(caplog):
     assert "could not ask" not in caplog.text
 
 
+def weights_folder(d, size: int) -> str:
+    """A folder whose model.safetensors holds `size` bytes of weights."""
+    d.mkdir()
+    header = json.dumps({"w": {"dtype": "F32", "shape": [size // 4], "data_offsets": [0, size]}}).encode()
+    (d / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + bytes(size))
+    return str(d)
+
+
 def test_the_largest_embedding_model_on_disk_is_counted_beside_every_chat_model(tmp_path):
     """At most one encoder is resident beside the chat model: the largest's weights are in each estimate."""
     from mlxd.config import parse_config
     from mlxd.models import largest_encoder, model_info
 
     def folder(name: str, size: int) -> str:
-        d = tmp_path / name
-        d.mkdir()
-        header = json.dumps({"w": {"dtype": "F32", "shape": [size // 4], "data_offsets": [0, size]}}).encode()
-        (d / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + bytes(size))
-        return str(d)
+        return weights_folder(tmp_path / name, size)
 
     chat = folder("chat", 1 << 20)
     (tmp_path / "chat" / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64,
@@ -88,11 +92,7 @@ def test_a_cross_encoder_reranker_is_counted_beside_the_embedding_model(tmp_path
     from mlxd.models import largest_cross_encoder, model_info
 
     def folder(name: str, size: int) -> str:
-        d = tmp_path / name
-        d.mkdir()
-        header = json.dumps({"w": {"dtype": "F32", "shape": [size // 4], "data_offsets": [0, size]}}).encode()
-        (d / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + bytes(size))
-        return str(d)
+        return weights_folder(tmp_path / name, size)
 
     chat = folder("chat", 1 << 20)
     (tmp_path / "chat" / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64,

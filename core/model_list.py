@@ -128,12 +128,17 @@ def gather_rows(config: Config, budget_bytes: int, health: EngineHealth | None) 
     """model_rows from the disk as it is now: each model's estimate and files."""
     infos = {m: model_info(config, m, budget_bytes) for m in config.models}
     folders = {m: embedding_dir(spec) for m, spec in config.embeddings.items()}
-    weights = {m: (found[0] if (found := read_weight_bytes(f)) else None) if f is not None else None
-               for m, f in folders.items()}
     cross = {r: embedding_dir(spec) for r, spec in config.rerankers.items() if spec.kind == "cross-encoder"}
-    cross_weights = {r: (found[0] if (found := read_weight_bytes(f)) else None) if f is not None else None
-                     for r, f in cross.items()}
     return (model_rows(config, infos, {m: disk_bytes(config, m) for m in config.models}, health)
-            + embedding_rows(config, weights, {m: _folder_bytes(f) for m, f in folders.items()}, budget_bytes, health)
-            + reranker_rows(config, cross_weights, {r: _folder_bytes(f) for r, f in cross.items()}, budget_bytes,
-                            health))
+            + embedding_rows(config, _weights(folders), _disk(folders), budget_bytes, health)
+            + reranker_rows(config, _weights(cross), _disk(cross), budget_bytes, health))
+
+
+def _weights(folders: dict[str, Path | None]) -> dict[str, int | None]:
+    """Each side model's weight bytes, as its files say (None: not on disk)."""
+    return {m: (found[0] if (found := read_weight_bytes(f)) else None) if f is not None else None
+            for m, f in folders.items()}
+
+
+def _disk(folders: dict[str, Path | None]) -> dict[str, int | None]:
+    return {m: _folder_bytes(f) for m, f in folders.items()}

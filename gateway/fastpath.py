@@ -43,7 +43,7 @@ from mlxd.keyfile import KeyFile, owner_headers
 from mlxd.records import EngineExit, SupervisionFile
 
 from .errors import FALLBACK_HEADER, JSON, ApiError, send_error, send_json
-from .hangup import read_body
+from .hangup import Replay, read_body
 from .routing import (ENGINE_PATHS, NO_RESTART_MODES, SECOND_RETRY_WAIT_S, AfterRefusal, FastRoutes, StreamRenamer,
                       ToEngine, after_refusal, engine_restarting, failed_fallback_note, hold_for_restart,
                       lost_together, rename_model, route_request, stream_failure)
@@ -58,21 +58,6 @@ MID_STREAM_FAILURE = "the engine failed mid-stream ({}); the answer is incomplet
 ENGINE_GONE = ApiError(503, "the MLX engine is unavailable (down or restarting) and previous_response_id names a "
                             "conversation only it stores (the Ollama fallback would answer without it): retry "
                             "shortly, or send the whole conversation as input", "engine_unavailable")
-
-
-class Replay:
-    """`receive` for LiteLLM: the body already read, then the real channel
-    (which can only say the client went away)."""
-
-    def __init__(self, body: bytes, receive: Any) -> None:
-        self.body: bytes | None = body
-        self.receive = receive
-
-    async def __call__(self) -> dict:
-        if self.body is None:
-            return await self.receive()
-        body, self.body = self.body, None
-        return {"type": "http.request", "body": body, "more_body": False}
 
 
 class _Substitute:

@@ -55,6 +55,21 @@ async def read_body(receive: Any) -> bytes | None:
     return b"".join(parts)
 
 
+class Replay:
+    """`receive` for LiteLLM: the body already read, then the real channel
+    (which can only say the client went away)."""
+
+    def __init__(self, body: bytes, receive: Any) -> None:
+        self.body: bytes | None = body
+        self.receive = receive
+
+    async def __call__(self) -> dict:
+        if self.body is None:
+            return await self.receive()
+        body, self.body = self.body, None
+        return {"type": "http.request", "body": body, "more_body": False}
+
+
 class HangUpWatch:
     def __init__(self, app: Any) -> None:
         self.app = app

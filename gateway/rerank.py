@@ -13,14 +13,14 @@ engine's own refusals (400, 404, 429) pass as the engine wrote them
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from mlxd.api_errors import INVALID_REQUEST
 from mlxd.config import Config
 
 from .errors import JSON, ApiError, send_error, send_json
-from .hangup import read_body
+from .hangup import Replay, read_body
+from .routing import RERANK, invalid_for_any_backend, json_object
 
 PATHS = frozenset({"/v1/rerank", "/rerank", "/v2/rerank"})
 NO_FALLBACK = ("the MLX engine could not answer the rerank request (down or restarting) and there is no fallback: "
@@ -29,25 +29,15 @@ RETRY_AFTER_S = 5
 
 
 def rerank_refusal(body: bytes, config: Config) -> ApiError | None:
-    """Why the gateway refuses a rerank request before LiteLLM sees it, or None (pure)."""
-    from pydantic import ValidationError
-
-    from mlxd.engine.api.request_schema import RerankRequest, describe_validation_errors
-
-    try:
-        req = json.loads(body)
-    except (ValueError, RecursionError):
-        return ApiError(400, "the request body is not valid JSON" if body.strip() else "the request body is empty",
-                        INVALID_REQUEST)
-    if not isinstance(req, dict):
-        return ApiError(400, "the request body must be a JSON object", INVALID_REQUEST)
-    try:
-        RerankRequest.model_validate(req)
-    except ValidationError as exc:
-        message, param, code = describe_validation_errors(exc.errors())
+    """Why the gateway refuses a rerank request before LiteLLM sees it, or
+    None (pure): the body as the fast path reads one, then the name."""
+    req = json_object(body)
+    if isinstance(req, ApiError):
+        return req
+    invalid = invalid_for_any_backend(RERANK, req)
+    if invalid is not None:
+        message, code, param = invalid
         return ApiError(400, message, code, param=param)
-    except (RecursionError, ValueError, TypeError):
-        return ApiError(400, "the request body could not be read", INVALID_REQUEST)
     name = req["model"]
     if name in config.rerankers:
         return None
@@ -94,13 +84,4 @@ class RerankRoute:
         if refusal is not None:
             await send_error(send, refusal)
             return
-        sent = False
-
-        async def replay() -> dict:
-            nonlocal sent
-            if sent:
-                return await receive()
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        await self.app(scope, replay, _NoFallback(send))
+        await self.app(scope, Replay(body, receive), _NoFallback(send))

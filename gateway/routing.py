@@ -22,6 +22,7 @@ ENGINE_PATHS = {"/v1/chat/completions": "/v1/chat/completions", "/chat/completio
                 "/v1/messages": "/v1/messages",
                 "/v1/embeddings": "/v1/embeddings", "/embeddings": "/v1/embeddings"}
 EMBEDDINGS = "/v1/embeddings"
+RERANK = "/v1/rerank"  # gateway/rerank.py's: checked here as the others, then LiteLLM's route
 MESSAGES = "/v1/messages"  # Anthropic's Messages API: its errors, in the gateway too, have Anthropic's shape
 
 
@@ -86,11 +87,11 @@ def invalid_for_any_backend(path: str, req: dict) -> tuple[str, str, str | None]
 
     from mlxd.engine.api.messages_api import MessagesRequest
     from mlxd.engine.api.request_schema import (ChatCompletionRequest, CompletionRequest, EmbeddingRequest,
-                                                describe_validation_errors)
+                                                RerankRequest, describe_validation_errors)
     from mlxd.engine.api.responses_api import ResponsesRequest
 
     model = {"/v1/chat/completions": ChatCompletionRequest, "/v1/responses": ResponsesRequest,
-             MESSAGES: MessagesRequest, EMBEDDINGS: EmbeddingRequest}.get(path, CompletionRequest)
+             MESSAGES: MessagesRequest, EMBEDDINGS: EmbeddingRequest, RERANK: RerankRequest}.get(path, CompletionRequest)
     try:
         model.model_validate(req)
     except ValidationError as exc:
@@ -119,9 +120,8 @@ def unfit_for_ollama(path: str, req: dict) -> str | None:
     return None
 
 
-def route_request(path: str, body: bytes, routes: FastRoutes) -> ApiError | ToLiteLLM | ToEngine:
-    """Where a POST to an ENGINE_PATHS value goes. LiteLLM does not validate
-    bodies (it answers bad ones with a 500), so malformed input is refused here."""
+def json_object(body: bytes) -> dict | ApiError:
+    """A request body read as a JSON object, or the 400 that says why it is not (pure)."""
     try:
         req = json.loads(body)
     except RecursionError:  # arrays and objects nested past the parser's depth (~1,000 levels): said as such
@@ -132,6 +132,15 @@ def route_request(path: str, body: bytes, routes: FastRoutes) -> ApiError | ToLi
                         else "the request body is empty", INVALID_REQUEST)
     if not isinstance(req, dict):
         return ApiError(400, "the request body must be a JSON object", INVALID_REQUEST)
+    return req
+
+
+def route_request(path: str, body: bytes, routes: FastRoutes) -> ApiError | ToLiteLLM | ToEngine:
+    """Where a POST to an ENGINE_PATHS value goes. LiteLLM does not validate
+    bodies (it answers bad ones with a 500), so malformed input is refused here."""
+    req = json_object(body)
+    if isinstance(req, ApiError):
+        return req
     invalid = invalid_for_any_backend(path, req)
     if invalid is not None:
         message, code, param = invalid

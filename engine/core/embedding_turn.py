@@ -16,6 +16,7 @@ from typing import Any, Callable
 from ..model.errors import EngineError
 from ..model.runner import ModelRunner, NeedsModel
 from .embedding_queue import EmbeddingQueue, SideJob
+from .side_jobs import tokenizer_refusal
 
 
 def mlx_fault(exc: BaseException) -> EngineError:
@@ -79,8 +80,8 @@ class EmbeddingTurn:
                 self.under_way = (job, job.start(self.runner))
         except EngineError as exc:
             job.fail(exc)
-        except (ValueError, TypeError) as exc:  # the tokenizer's refusal of an input
-            job.fail(EngineError(400, f"input: {exc}", code="invalid_request", param="input"))
+        except (ValueError, TypeError) as exc:
+            job.fail(tokenizer_refusal(exc))
         except BaseException as exc:  # noqa: BLE001 - an MLX fault in the load: do not limp on
             self._fault(job, exc)
         return True
@@ -103,7 +104,7 @@ class EmbeddingTurn:
             return
         self.under_way = None
         for key, value in job.counted(run).items():
-            self.counters[key] = self.counters.get(key, 0) + value
+            self.counters[key] += value
         self.served(job.keep_alive_s)
         job.finish(run)
 

@@ -22,6 +22,11 @@ if TYPE_CHECKING:
 JOIN_INPUTS = 512
 
 
+def tokenizer_refusal(exc: ValueError | TypeError) -> EngineError:
+    """A tokenizer's refusal of an input as the 400 its client gets."""
+    return EngineError(400, f"input: {exc}", code="invalid_request", param="input")
+
+
 class SideRun(Protocol):
     """A request's forwards, a group at a time (engine/core/embedding_turn.py steps it)."""
 
@@ -113,8 +118,8 @@ class JoinedEmbedJob:
             except EngineError as exc:
                 part.fail(exc)
                 continue
-            except (ValueError, TypeError) as exc:  # the tokenizer's refusal of an input
-                part.fail(EngineError(400, f"input: {exc}", code="invalid_request", param="input"))
+            except (ValueError, TypeError) as exc:
+                part.fail(tokenizer_refusal(exc))
                 continue
             self.live.append((part, len(ids), len(ids) + len(rows)))
             ids += rows

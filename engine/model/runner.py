@@ -241,11 +241,11 @@ class ModelRunner:
 
         spec = self.registry.config.rerankers[reranker_id]
         if spec.embedding is not None:
-            encoder = self.load_encoder(spec.embedding)
-            texts = [work.query, *cut_documents(encoder.tokenizer, work.documents, work.max_tokens_per_doc)]
             if work.instruction is not None:
                 raise EngineError(400, "instruction: this reranker ranks by embeddings and takes no instruction (a "
                                        "chat-model reranker does)", code="invalid_request", param="instruction")
+            encoder = self.load_encoder(spec.embedding)
+            texts = [work.query, *cut_documents(encoder.tokenizer, work.documents, work.max_tokens_per_doc)]
             return CosineRun(encoder.start(encoder.tokenize(texts, truncate=True)))
         if spec.chat_model is not None:
             model_id = self.registry.config.resolve(spec.chat_model)
